@@ -1,0 +1,19 @@
+# Sourced by the set-up scripts: makes ./.venv and installs the package with the given extras.
+# Usage: source scripts/_venv.sh EXTRAS   (e.g. "test" or "examples")
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating virtualenv in $VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+fi
+STAMP="$VENV/.installed-$1"
+if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ]; then
+  echo "[setup] installing gluon_dynbatch[$1] (mxnet 1.9.1, numpy<1.24, ...)"
+  "$VENV/bin/pip" install -q -e "$ROOT[$1]" 2>&1 | grep -v "is ignored: it is neither" || true
+  touch "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"
+export MXNET_SUBGRAPH_VERBOSE=0

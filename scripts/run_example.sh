@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Installs what the example needs into ./.venv, then trains the SICK Tree-LSTM.
+# Extra arguments go to the example, e.g. `bash scripts/run_example.sh --epochs 10`.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/_venv.sh" examples
+cd "$ROOT"
+exec python examples/tree_lstm_sick.py "$@"
