@@ -1,15 +1,114 @@
-"""DynBatchBlock (skeleton: eager only, replaced by the engine)."""
+"""DynBatchBlock and the interception of block calls inside a scope."""
 import mxnet as mx
 from mxnet import gluon
 
+from . import record
+from .errors import BatchingError, describe_call
+from .lazy import LazyArray
+from .plan import STRATEGIES
+
 
 class DynBatchBlock(gluon.HybridBlock):
+    """A HybridBlock whose ``hybrid_forward`` handles one sample in plain Python.
+
+    Outside :func:`batching` a call runs eagerly with ``F = mx.nd``, like any
+    Gluon block.  Inside, the calls of all samples are recorded and run batched
+    when the scope ends.  ``hybrid_forward(self, F, *args)`` may take any mix of
+    NDArrays and Python objects (trees, ints, lists of arrays) and may call the
+    block itself recursively.
+
+    Parameters
+    ----------
+    strategy : str, default "agenda"
+        Planning strategy: ``"agenda"``, ``"depth"``, ``"unbatched"`` or ``"reference"``.
+    analysis_budget : float or "auto", optional
+        Seconds of analysis per flush (used by the compiling planner).
+    **kwargs
+        Passed to ``gluon.HybridBlock`` (``prefix``, ``params``).
+    """
+
     def __init__(self, strategy="agenda", analysis_budget=None, **kwargs):
         super().__init__(**kwargs)
-        self._strategy = strategy
-        self._analysis_budget = analysis_budget
+        if strategy not in STRATEGIES:
+            raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
+        self.strategy = strategy
+        self.analysis_budget = analysis_budget
 
     def forward(self, *args):
-        ctx = mx.current_context()
+        """Eager, one-sample call (outside a batching scope)."""
+        ctx = _context_of(args)
         params = {name: p.data(ctx) for name, p in self._reg_params.items()}
         return self.hybrid_forward(mx.nd, *args, **params)
+
+    def _record_call(self, rec, args):
+        top = rec.depth == 0
+        if top:
+            rec.sample = rec.num_samples
+            rec.num_samples += 1
+            if getattr(rec, "strategy", None) is None:
+                rec.strategy = self.strategy
+            args = rec.wrap_inputs(args)
+        rec.depth += 1
+        rec.path.append(self.name)
+        try:
+            params = {name: rec.param(p) for name, p in self._reg_params.items()}
+            return self.hybrid_forward(rec.F, *args, **params)
+        except BatchingError:
+            raise
+        except Exception as err:
+            if top and hasattr(err, "add_note"):
+                err.add_note("gluon_dynbatch: raised while recording %s"
+                             % describe_call(rec.sample, rec.path))
+            raise
+        finally:
+            rec.depth -= 1
+            rec.path.pop()
+            if top:
+                rec.sample = None
+
+
+def _context_of(args):
+    for a in args:
+        if isinstance(a, mx.nd.NDArray):
+            return a.context
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, mx.nd.NDArray):
+                    return b.context
+    return mx.current_context()
+
+
+def _has_lazy(args):
+    for a in args:
+        if isinstance(a, LazyArray):
+            return True
+        if isinstance(a, (list, tuple)) and _has_lazy(a):
+            return True
+    return False
+
+
+def _traceable(block):
+    cls = type(block)
+    return (cls.forward is gluon.HybridBlock.forward
+            and cls.hybrid_forward is not gluon.HybridBlock.hybrid_forward)
+
+
+_ORIGINAL_CALL = gluon.Block.__call__
+
+
+def _dispatching_call(self, *args):
+    """``Block.__call__`` that records inside a batching scope."""
+    rec = record.current()
+    if rec is None:
+        return _ORIGINAL_CALL(self, *args)
+    if isinstance(self, DynBatchBlock):
+        return self._record_call(rec, args)  # pylint: disable=protected-access
+    if isinstance(self, gluon.HybridBlock) and _has_lazy(args):
+        if _traceable(self):
+            return rec.trace_block(self, args)
+        # Opaque block (SymbolBlock, custom forward): run it on concrete values.
+        return rec.wrap_inputs(_ORIGINAL_CALL(self, *args))
+    return _ORIGINAL_CALL(self, *args)
+
+
+gluon.Block.__call__ = _dispatching_call

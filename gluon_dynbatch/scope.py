@@ -1,7 +1,140 @@
-"""batching() (skeleton: no-op, replaced by the engine)."""
-import contextlib
+"""The batching scope: records calls while open, plans and runs them at flush."""
+import logging
+import time
+
+from . import record
+from .errors import BatchingError
+from .execute import Executor
+from .plan import STRATEGIES, make_plan
+from .reference import run_reference
+from .stats import BatchStats
+
+log = logging.getLogger(__name__)
 
 
-@contextlib.contextmanager
-def batching(**kwargs):
-    yield None
+class BatchingScope:
+    """Context manager returned by :func:`batching`.
+
+    Attributes
+    ----------
+    stats : BatchStats
+        Counters and timings of the scope's flushes, complete after it exits.
+    """
+
+    def __init__(self, strategy=None):
+        if strategy is not None and strategy not in STRATEGIES:
+            raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
+        self.strategy = strategy
+        self.stats = BatchStats()
+        self.recorder = None
+        self._outer = None
+        self._mark = None
+
+    def __enter__(self):
+        outer = record.current()
+        if outer is not None:
+            # Nested scope: it joins the outer one and flushes when it ends.
+            self._outer = outer
+            self.recorder = outer
+            return self
+        self.recorder = record.Recorder(self.flush)
+        self.recorder.scope = self
+        record._set_current(self.recorder)  # pylint: disable=protected-access
+        self._mark = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._outer is not None:
+            if exc_type is None:
+                self._outer.scope.flush()
+            return False
+        try:
+            if exc_type is None:
+                self.flush()
+            else:
+                self._discard("%s: %s" % (exc_type.__name__, exc))
+        finally:
+            record._set_current(None)  # pylint: disable=protected-access
+        return False
+
+    def _discard(self, why):
+        """Drop everything pending; its values raise a clear error when read."""
+        self.recorder.graph.error = why
+        self.recorder.new_graph()
+
+    def _strategy(self):
+        return self.strategy or getattr(self.recorder, "strategy", None) or "agenda"
+
+    def flush(self):
+        """Plan and run everything pending; fill in the live LazyArrays."""
+        rec = self.recorder
+        graph = rec.graph
+        start = time.perf_counter()
+        stats = BatchStats(flushes=1, samples=rec.num_samples, nodes=rec.num_recorded,
+                           record_ms=1000.0 * (start - self._mark))
+        rec.num_samples = rec.num_recorded = 0
+        rec.new_graph()
+        live = graph.live_outputs()
+        try:
+            if live:
+                self._run(graph, live, stats)
+        except Exception as err:
+            graph.error = "%s: %s" % (type(err).__name__, err)
+            if isinstance(err, BatchingError):
+                raise
+            raise BatchingError("running the batched plan failed: %s" % err) from err
+        finally:
+            self.stats.add(stats)
+            self._mark = time.perf_counter()
+        log.debug("flush: %s", stats)
+
+    def _run(self, graph, live, stats):
+        needed = graph.needed(live)
+        strategy = self._strategy()
+        ctx = graph.ctx
+        if strategy == "reference":
+            t0 = time.perf_counter()
+            run_reference(needed, live, ctx)
+            stats.execute_ms = 1000.0 * (time.perf_counter() - t0)
+            ops = sum(1 for n in needed if n.kind != "leaf")
+            stats.steps = stats.planned_nodes = ops
+            return
+        t0 = time.perf_counter()
+        plan = make_plan(needed, strategy)
+        t1 = time.perf_counter()
+        _execute(plan, live, ctx)
+        t2 = time.perf_counter()
+        stats.plan_ms = 1000.0 * (t1 - t0)
+        stats.execute_ms = 1000.0 * (t2 - t1)
+        stats.steps = len(plan.steps)
+        stats.planned_nodes = plan.num_nodes
+        self.last_plan = plan
+
+
+def _execute(plan, live, ctx):
+    executor = Executor(ctx)
+    executor.run(plan)
+    executor.deliver(live)
+
+
+def batching(strategy=None):
+    """Open a batching scope on this thread.
+
+    Inside it, calls of :class:`DynBatchBlock` s (and of any child block, ``F``
+    operator, arithmetic or indexing on their values) are recorded; when the
+    scope ends they run as batched steps and every returned value becomes an
+    ordinary ``NDArray``.  Reading a value inside the scope runs what is
+    pending first.
+
+    Parameters
+    ----------
+    strategy : str, optional
+        ``"agenda"``, ``"depth"``, ``"unbatched"`` or ``"reference"``;
+        defaults to the strategy of the first DynBatchBlock called.
+
+    Returns
+    -------
+    BatchingScope
+        Its ``stats`` describe the work done.
+    """
+    return BatchingScope(strategy)

@@ -1,0 +1,148 @@
+"""The recorded graph: nodes for leaves and operator calls, in creation order.
+
+Creation order is a topological order: a node's inputs always exist before it.
+A value is referenced as ``(node, output_index)``.
+"""
+import weakref
+
+LEAF, OP, VIEW = "leaf", "op", "view"
+
+
+class Node:
+    """One recorded item.
+
+    Attributes
+    ----------
+    kind : str
+        ``"leaf"`` (a concrete array or a Parameter), ``"op"`` (an operator
+        call, scheduled as a step) or ``"view"`` (rows of other values, no step).
+    op : OpDef or None
+        The operator (name and callables), for op and view nodes.
+    inputs : list of (Node, int)
+        Input values, in the order of ``ArgTemplate`` slots.
+    args, kwargs : tuple, dict
+        Call template: ``Slot(k)`` stands for ``inputs[k]``; others are constants.
+    out_shapes, out_dtypes : list
+        One entry per output.
+    sig : hashable or None
+        Batching signature: nodes with equal signatures may run as one step.
+        A unique object for nodes that must run alone; None for leaves and views.
+    rule : Rule or None
+        How the node batches (see ``signatures.py``).
+    deps : tuple of Node
+        Op nodes this one waits for (through views).
+    depth : int
+        1 + the largest depth among ``deps`` (0 for leaves; views take the max).
+    sample, path : int, tuple
+        Which top-level call recorded it and where, for error messages.
+    """
+
+    __slots__ = ("id", "graph", "kind", "op", "inputs", "args", "kwargs",
+                 "out_shapes", "out_dtypes", "sig", "rule", "deps", "depth",
+                 "sample", "path", "value", "param", "outs", "meta")
+
+    def __init__(self, graph, kind, op=None, inputs=(), args=(), kwargs=None):
+        self.graph = graph
+        self.id = len(graph.nodes)
+        self.kind = kind
+        self.op = op
+        self.inputs = inputs
+        self.args = args
+        self.kwargs = kwargs or {}
+        self.out_shapes = None
+        self.out_dtypes = None
+        self.sig = None
+        self.rule = None
+        self.deps = ()
+        self.depth = 0
+        self.sample = None
+        self.path = ()
+        self.value = None      # leaf: the concrete NDArray
+        self.param = None      # leaf: the gluon Parameter
+        self.outs = None       # weakrefs to the LazyArrays of the outputs
+        self.meta = None       # rule-specific facts (e.g. row ranges of a view)
+
+    def __repr__(self):
+        name = self.op.name if self.op is not None else (
+            "param:" + self.param.name if self.param is not None else "array")
+        return "Node(%d, %s, %s, %s)" % (self.id, self.kind, name, self.out_shapes)
+
+    def rows(self, idx=0):
+        """Rows of output ``idx`` along axis 0."""
+        return self.out_shapes[idx][0]
+
+    def set_output(self, idx, lazy):
+        """Remember ``lazy`` as the LazyArray of output ``idx`` (weakly)."""
+        if self.outs is None:
+            self.outs = [None] * len(self.out_shapes)
+        self.outs[idx] = weakref.ref(lazy)
+
+
+class Slot:
+    """Placeholder in a call template for the k-th array input."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, k):
+        self.k = k
+
+    def __repr__(self):
+        return "Slot(%d)" % self.k
+
+
+class Graph:
+    """Nodes recorded since the last flush of a scope."""
+
+    def __init__(self, ctx, flush_fn):
+        self.nodes = []
+        self.ctx = ctx
+        self.flush_fn = flush_fn
+        self.error = None          # set when the scope failed
+        self.leaf_by_id = {}       # id(NDArray) or id(Parameter) -> leaf Node
+
+    def add(self, node):
+        self.nodes.append(node)
+        return node
+
+    def live_outputs(self):
+        """(node, idx, LazyArray) for every output a user still holds."""
+        live = []
+        for node in self.nodes:
+            if node.outs is None or node.kind == LEAF:
+                continue
+            for idx, ref in enumerate(node.outs):
+                lazy = ref() if ref is not None else None
+                if lazy is not None and lazy.is_pending:
+                    live.append((node, idx, lazy))
+        return live
+
+    def needed(self, live):
+        """Nodes the live outputs depend on, in creation order."""
+        mark = bytearray(len(self.nodes))
+        stack = [node for node, _, _ in live]
+        while stack:
+            node = stack.pop()
+            if mark[node.id]:
+                continue
+            mark[node.id] = 1
+            stack.extend(src for src, _ in node.inputs)
+        return [n for n in self.nodes if mark[n.id]]
+
+    def lint(self):
+        """Check the invariants; raise AssertionError naming the first broken one."""
+        for i, node in enumerate(self.nodes):
+            assert node.id == i, "node ids must follow creation order"
+            assert node.graph is self, "node of another graph"
+            for src, idx in node.inputs:
+                assert src.graph is self and src.id < node.id, \
+                    "input %r of %r is not an earlier node" % (src, node)
+                assert 0 <= idx < len(src.out_shapes), "bad output index"
+            if node.kind == LEAF:
+                assert not node.inputs and (node.value is not None or node.param is not None)
+            else:
+                assert node.op is not None and node.out_shapes
+                if node.kind == OP:
+                    assert node.sig is not None, "op node without signature"
+                    assert all(d.kind == OP for d in node.deps)
+                    want = 1 + max((d.depth for d in node.deps), default=0)
+                    assert node.depth == want, "depth of %r" % node

@@ -1,0 +1,131 @@
+"""LazyArray: the value a call returns inside a batching scope.
+
+A LazyArray is an ``mx.nd.NDArray`` whose handle is filled in when the
+recorded graph that produces it has run.  Until then it knows its shape,
+dtype and context, and the recorder intercepts arithmetic, indexing and
+fluent methods on it.  Anything else that needs its data (``asnumpy``, a
+plain ``mx.nd`` operator, ``backward``) reaches for ``handle``, which first
+runs what is pending.
+"""
+from mxnet import nd
+from mxnet.base import _LIB, check_call
+
+from .errors import BatchingError
+
+# Set by record.py to avoid an import cycle: returns the active recorder or None.
+active_recorder = None
+
+
+class LazyArray(nd.NDArray):
+    """An NDArray produced by a recorded call, materialised on demand."""
+
+    def __init__(self, node, index):  # pylint: disable=super-init-not-called
+        d = self.__dict__
+        d["_h"] = None
+        d["_node"] = node
+        d["_idx"] = index
+        self.writable = True
+
+    # -- the handle: materialise on first use --------------------------------
+    @property
+    def handle(self):
+        h = self.__dict__["_h"]
+        if h is None:
+            h = self._materialize()
+        return h
+
+    @handle.setter
+    def handle(self, value):
+        self.__dict__["_h"] = value
+
+    def _materialize(self):
+        node = self.__dict__["_node"]
+        if node is None:
+            raise BatchingError("this LazyArray was never given a value")
+        graph = node.graph
+        if node.kind == "leaf":
+            # An input wrapped for recording, used as a plain array: copy it.
+            from mxnet import nd as _nd
+            source = node.value if node.value is not None else node.param.data(graph.ctx)
+            self._set_result(_nd.identity(source))
+            return self.__dict__["_h"]
+        if graph.error is not None:
+            raise BatchingError(
+                "this value comes from a batching scope that failed (%s); "
+                "record it again in a new scope" % graph.error)
+        graph.flush_fn()
+        h = self.__dict__["_h"]
+        if h is None:
+            raise BatchingError("internal error: value not produced by its flush")
+        return h
+
+    def _set_result(self, array):
+        """Take over ``array``'s handle (and so its autograd history)."""
+        self.__dict__["_h"] = array.handle
+        array.handle = None
+        self.__dict__["_node"] = None
+
+    @property
+    def is_pending(self):
+        """True while the value has not been computed yet."""
+        return self.__dict__["_h"] is None
+
+    def __del__(self):
+        h = self.__dict__.get("_h")
+        if h is not None:
+            check_call(_LIB.MXNDArrayFree(h))
+
+    # -- metadata known without running ---------------------------------------
+    @property
+    def shape(self):
+        node = self.__dict__["_node"]
+        if node is not None:
+            return node.out_shapes[self.__dict__["_idx"]]
+        return nd.NDArray.shape.fget(self)
+
+    @property
+    def dtype(self):
+        node = self.__dict__["_node"]
+        if node is not None:
+            return node.out_dtypes[self.__dict__["_idx"]]
+        return nd.NDArray.dtype.fget(self)
+
+    @property
+    def context(self):
+        node = self.__dict__["_node"]
+        if node is not None:
+            return node.graph.ctx
+        return nd.NDArray.context.fget(self)
+
+    ctx = context
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def stype(self):
+        if self.__dict__["_node"] is not None:
+            return "default"
+        return nd.NDArray.stype.fget(self)
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        if self.__dict__["_h"] is None:
+            return "<LazyArray %s %s, pending>" % (
+                "x".join(str(s) for s in self.shape), self.context)
+        return nd.NDArray.__repr__(self)
+
+    __hash__ = nd.NDArray.__hash__
+
+    def __reduce__(self):
+        return nd.NDArray.__reduce__(self)

@@ -1,0 +1,205 @@
+"""Arithmetic, indexing and fluent methods of LazyArray, recorded in a scope.
+
+Each operation uses the same MXNet operator that ``NDArray`` itself would
+(``x + y`` is ``broadcast_add``, ``x + 2`` is ``_plus_scalar``, ``-x`` is
+``_mul_scalar(x, -1)``), so batched and eager runs compute the same thing.
+Outside a scope LazyArray behaves exactly as NDArray.
+"""
+import operator
+
+import numpy as np
+from mxnet import nd
+
+from .lazy import LazyArray
+from .record import current, opdef
+
+# name: (array op, scalar op with array on the left, scalar op with array on the right, python op)
+_BINARY = {
+    "add": ("broadcast_add", "_plus_scalar", None, operator.add),
+    "subtract": ("broadcast_sub", "_minus_scalar", "_rminus_scalar", operator.sub),
+    "multiply": ("broadcast_mul", "_mul_scalar", None, operator.mul),
+    "divide": ("broadcast_div", "_div_scalar", "_rdiv_scalar", operator.truediv),
+    "modulo": ("broadcast_mod", "_mod_scalar", "_rmod_scalar", operator.mod),
+    "power": ("broadcast_power", "_power_scalar", "_rpower_scalar", operator.pow),
+    "maximum": ("broadcast_maximum", "_maximum_scalar", None, max),
+    "minimum": ("broadcast_minimum", "_minimum_scalar", None, min),
+    "equal": ("broadcast_equal", "_equal_scalar", None, lambda a, b: int(a == b)),
+    "not_equal": ("broadcast_not_equal", "_not_equal_scalar", None,
+                  lambda a, b: int(a != b)),
+    "greater": ("broadcast_greater", "_greater_scalar", "_lesser_scalar",
+                lambda a, b: int(a > b)),
+    "greater_equal": ("broadcast_greater_equal", "_greater_equal_scalar",
+                      "_lesser_equal_scalar", lambda a, b: int(a >= b)),
+    "lesser": ("broadcast_lesser", "_lesser_scalar", "_greater_scalar",
+               lambda a, b: int(a < b)),
+    "lesser_equal": ("broadcast_lesser_equal", "_lesser_equal_scalar",
+                     "_greater_equal_scalar", lambda a, b: int(a <= b)),
+}
+
+
+def _make_binary(name):
+    array_op, lscalar, rscalar, pyop = _BINARY[name]
+    eager = getattr(nd, name)
+
+    def binary(lhs, rhs):
+        rec = current()
+        if rec is None:
+            return eager(lhs, rhs)
+        lhs_arr, rhs_arr = isinstance(lhs, nd.NDArray), isinstance(rhs, nd.NDArray)
+        if lhs_arr and rhs_arr:
+            return rec.call_op(opdef(array_op), (lhs, rhs), {})
+        if lhs_arr:
+            return rec.call_op(opdef("_internal", lscalar), (lhs, float(rhs)), {})
+        if rhs_arr:
+            return rec.call_op(opdef("_internal", rscalar or lscalar), (rhs, float(lhs)), {})
+        return pyop(lhs, rhs)
+    binary.__name__ = name
+    return binary
+
+
+PYTHON_HELPERS = {name: _make_binary(name) for name in _BINARY}
+PYTHON_HELPERS["true_divide"] = PYTHON_HELPERS["divide"]
+
+
+def _dunder(name, reflected=False):
+    fn = PYTHON_HELPERS[name]
+    if reflected:
+        return lambda self, other: fn(other, self)
+    return lambda self, other: fn(self, other)
+
+
+for _dn, _name in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"),
+                   ("truediv", "divide"), ("mod", "modulo"), ("pow", "power")]:
+    setattr(LazyArray, "__%s__" % _dn, _dunder(_name))
+    setattr(LazyArray, "__r%s__" % _dn, _dunder(_name, reflected=True))
+    setattr(LazyArray, "__i%s__" % _dn, _dunder(_name))
+for _dn, _name in [("eq", "equal"), ("ne", "not_equal"), ("gt", "greater"),
+                   ("ge", "greater_equal"), ("lt", "lesser"), ("le", "lesser_equal")]:
+    setattr(LazyArray, "__%s__" % _dn, _dunder(_name))
+
+
+def _neg(self):
+    rec = current()
+    if rec is None:
+        return nd.NDArray.__neg__(self)
+    return rec.call_op(opdef("_internal", "_mul_scalar"), (self, -1.0), {})
+
+
+def _abs(self):
+    return self.abs()
+
+
+LazyArray.__neg__ = _neg
+LazyArray.__abs__ = _abs
+
+
+def _fluent(name, op_name=None):
+    op_path = (op_name or name,)
+    base = getattr(nd.NDArray, name)
+
+    def method(self, *args, **kwargs):
+        rec = current()
+        if rec is None:
+            return base(self, *args, **kwargs)
+        return rec.call_op(opdef(*op_path), (self,) + args, kwargs)
+    method.__name__ = name
+    return method
+
+
+_FLUENT = """sum mean max min prod nansum nanprod norm argmax argmin transpose tanh sigmoid
+relu exp expm1 log log1p log2 log10 sqrt rsqrt square abs sign clip softmax log_softmax
+softmin slice_axis slice take pick one_hot broadcast_to broadcast_like zeros_like
+ones_like tile repeat flip topk sort argsort swapaxes sin cos tan floor ceil round rint
+fix trunc reciprocal expand_dims flatten squeeze split reshape_like diag
+arcsin arccos arctan sinh cosh degrees radians""".split()
+for _name in _FLUENT:
+    if hasattr(nd.NDArray, _name):
+        setattr(LazyArray, _name, _fluent(_name))
+
+
+def _reshape(self, *shape, **kwargs):
+    rec = current()
+    if rec is None:
+        return nd.NDArray.reshape(self, *shape, **kwargs)
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
+        shape = tuple(shape[0])
+    if not shape:
+        shape = tuple(kwargs.pop("shape"))
+    return rec.call_op(opdef("reshape"), (self,), dict(kwargs, shape=tuple(shape)))
+
+
+def _astype(self, dtype, copy=True):
+    rec = current()
+    if rec is None:
+        return nd.NDArray.astype(self, dtype, copy=copy)
+    if not copy and np.dtype(dtype) == np.dtype(self.dtype):
+        return self
+    return rec.call_op(opdef("Cast"), (self,), {"dtype": np.dtype(dtype).name})
+
+
+def _copy(self):
+    rec = current()
+    if rec is None:
+        return nd.NDArray.copy(self)
+    return rec.call_op(opdef("identity"), (self,), {})
+
+
+def _T(self):  # pylint: disable=invalid-name
+    rec = current()
+    if rec is None:
+        return nd.NDArray.T.fget(self)
+    return rec.call_op(opdef("transpose"), (self,), {})
+
+
+LazyArray.reshape = _reshape
+LazyArray.astype = _astype
+LazyArray.copy = _copy
+LazyArray.T = property(_T)
+
+
+def _getitem(self, key):
+    rec = current()
+    if rec is None:
+        return nd.NDArray.__getitem__(self, key)
+    parts = key if isinstance(key, tuple) else (key,)
+    shape = self.shape
+    if len(parts) > len(shape) or not all(
+            isinstance(p, (int, np.integer)) or (isinstance(p, slice) and p.step in (None, 1))
+            for p in parts):
+        # Advanced indexing: run on concrete values (correct, not batched).
+        return rec.wrap_inputs(nd.NDArray.__getitem__(self, key))
+    begins, ends, drop = [], [], []
+    for axis, part in enumerate(parts):
+        size = shape[axis]
+        if isinstance(part, slice):
+            start, stop, _ = part.indices(size)
+        else:
+            start = int(part) + size if part < 0 else int(part)
+            if not 0 <= start < size:
+                raise IndexError("index %d is out of bounds for axis %d with size %d"
+                                 % (part, axis, size))
+            stop = start + 1
+            drop.append(axis)
+        if stop <= start:
+            raise IndexError("empty slice %r of axis %d (size %d) inside a batching "
+                             "scope" % (part, axis, size))
+        begins.append(start)
+        ends.append(stop)
+    out = self
+    if (begins[0], ends[0]) != (0, shape[0]):
+        out = rec.call_op(opdef("slice_axis"), (out,),
+                          {"axis": 0, "begin": begins[0], "end": ends[0]})
+    rest = [(b, e) if (b, e) != (0, shape[a + 1]) else (None, None)
+            for a, (b, e) in enumerate(zip(begins[1:], ends[1:]))]
+    if any(b is not None for b, _ in rest):
+        out = rec.call_op(opdef("slice"), (out,), {
+            "begin": (None,) + tuple(b for b, _ in rest),
+            "end": (None,) + tuple(e for _, e in rest)})
+    if drop:
+        new_shape = tuple(e - b for a, (b, e) in enumerate(zip(begins, ends))
+                          if a not in drop) + tuple(shape[len(parts):])
+        out = rec.call_op(opdef("reshape"), (out,), {"shape": new_shape or (1,)})
+    return out
+
+
+LazyArray.__getitem__ = _getitem

@@ -1,0 +1,98 @@
+"""Planning: order the recorded operator nodes into batched steps.
+
+Strategies (``strategy=`` of ``DynBatchBlock`` or ``batching``):
+
+``"depth"``
+    TensorFlow Fold / the first Gluon prototype: nodes with the same signature
+    at the same depth (longest path from the inputs) form one step.
+``"agenda"``
+    DyNet's agenda: repeatedly run every ready node of the signature whose
+    nodes lie shallowest on average, so a signature waits while more of its
+    nodes can still become ready.
+``"unbatched"``
+    One node per step, in recording order: exercises the executor without batching.
+``"reference"``
+    No plan: the reference executor runs node by node (the test oracle).
+"""
+from dataclasses import dataclass, field
+from typing import Tuple
+
+from .graph import OP
+
+STRATEGIES = ("agenda", "depth", "unbatched", "reference")
+
+
+@dataclass(frozen=True)
+class Step:
+    """Nodes of one signature run as one batched call."""
+
+    sig: object
+    nodes: Tuple
+
+
+@dataclass
+class Plan:
+    """The steps of one flush, in execution order."""
+
+    steps: list = field(default_factory=list)
+
+    @property
+    def num_nodes(self):
+        return sum(len(s.nodes) for s in self.steps)
+
+    def batch_sizes(self):
+        return [len(s.nodes) for s in self.steps]
+
+
+def make_plan(nodes, strategy="agenda"):
+    """Plan the operator nodes among ``nodes`` (creation order) with ``strategy``."""
+    ops = [n for n in nodes if n.kind == OP]
+    if strategy == "depth":
+        return _depth_plan(ops)
+    if strategy == "agenda":
+        return _agenda_plan(ops)
+    if strategy == "unbatched":
+        return Plan([Step(n.sig, (n,)) for n in ops])
+    raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
+
+
+def _depth_plan(ops):
+    groups = {}
+    for node in ops:
+        key = (node.depth, node.sig)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [node]
+        else:
+            group.append(node)
+    ordered = sorted(groups.items(), key=lambda item: item[0][0])
+    return Plan([Step(key[1], tuple(group)) for key, group in ordered])
+
+
+def _agenda_plan(ops):
+    waiting = {}
+    consumers = {}
+    depth_sum, count = {}, {}
+    ready = {}
+    for node in ops:
+        waiting[node] = len(node.deps)
+        for dep in node.deps:
+            consumers.setdefault(dep, []).append(node)
+        depth_sum[node.sig] = depth_sum.get(node.sig, 0) + node.depth
+        count[node.sig] = count.get(node.sig, 0) + 1
+        if not node.deps:
+            ready.setdefault(node.sig, []).append(node)
+    mean_depth = {sig: depth_sum[sig] / count[sig] for sig in count}
+    plan = Plan()
+    while ready:
+        sig = min(ready, key=mean_depth.__getitem__)
+        batch = ready.pop(sig)
+        plan.steps.append(Step(sig, tuple(batch)))
+        for node in batch:
+            for consumer in consumers.get(node, ()):
+                waiting[consumer] -= 1
+                if waiting[consumer] == 0:
+                    ready.setdefault(consumer.sig, []).append(consumer)
+    if plan.num_nodes != len(ops):
+        raise RuntimeError("internal error: the graph has a cycle or a lost dependency")
+    return plan

@@ -1,0 +1,385 @@
+"""Recording: turn calls on lazy values into graph nodes.
+
+The recorder of the active scope (one per thread) is reached through
+``current()``.  It records
+
+* operator calls through the ``F`` namespace handed to ``hybrid_forward``,
+* calls of child HybridBlocks (traced into: their own ``hybrid_forward`` runs
+  with the recording ``F`` and lazy parameter values), and
+* arithmetic, indexing and fluent methods of ``LazyArray`` (see ``lazy_ops.py``).
+
+Shapes and dtypes of outputs come from MXNet's symbolic inference, cached
+per (operator, attributes, input shapes, input dtypes).
+"""
+import threading
+
+import mxnet as mx
+import numpy as np
+
+from . import lazy as lazy_mod
+from .errors import BatchingError, describe_call
+from .graph import LEAF, OP, VIEW, Graph, Node, Slot
+from .lazy import LazyArray
+from .signatures import ALONE, rule_for
+
+_TLS = threading.local()
+
+
+def current():
+    """The recorder of this thread's active batching scope, or None."""
+    return getattr(_TLS, "recorder", None)
+
+
+def _set_current(recorder):
+    _TLS.recorder = recorder
+
+
+lazy_mod.active_recorder = current
+
+
+class OpDef:
+    """An MXNet operator reachable as ``mx.nd.<path>`` and ``mx.sym.<path>``."""
+
+    __slots__ = ("name", "path", "nd_fn", "sym_fn")
+
+    def __init__(self, path):
+        self.path = path
+        self.name = path[-1]
+        self.nd_fn = _resolve(mx.nd, path)
+        self.sym_fn = _resolve(mx.sym, path)
+
+    def __repr__(self):
+        return "OpDef(%s)" % ".".join(self.path)
+
+
+def _resolve(module, path):
+    obj = module
+    for part in path:
+        obj = getattr(obj, part)
+    return obj
+
+
+_OPDEFS = {}
+
+
+def opdef(*path):
+    """The cached OpDef of ``mx.nd.<path>``."""
+    found = _OPDEFS.get(path)
+    if found is None:
+        found = _OPDEFS[path] = OpDef(path)
+    return found
+
+
+def _hashable(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.dtype) or isinstance(value, type):
+        return np.dtype(value).name
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+class _InferCache:
+    """Output shapes and dtypes per (op, attributes, input shapes, dtypes)."""
+
+    def __init__(self):
+        self._cache = {}
+        self._lock = threading.Lock()
+
+    def infer(self, op, node, in_shapes, in_dtypes, attrs_key):
+        key = (op.name, attrs_key, in_shapes, in_dtypes)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        result = _infer_symbolic(op, node, in_shapes, in_dtypes)
+        if all(all(s > 0 for s in shape) for shape in in_shapes):
+            with self._lock:
+                self._cache[key] = result
+        return result
+
+
+def _infer_symbolic(op, node, in_shapes, in_dtypes):
+    """Run MXNet's shape and type inference on a one-operator symbol."""
+    names = ["x%d" % k for k in range(len(in_shapes))]
+    syms = [mx.sym.var(n) for n in names]
+    args = [syms[a.k] if isinstance(a, Slot) else a for a in node.args]
+    kwargs = {k: (syms[v.k] if isinstance(v, Slot) else v) for k, v in node.kwargs.items()}
+    sym = op.sym_fn(*args, **kwargs)
+    known = {n: s for n, s in zip(names, in_shapes) if s and all(d > 0 for d in s)}
+    arg_shapes, out_shapes, aux_shapes = sym.infer_shape(**known)
+    if out_shapes is None or any(s is None or 0 in s for s in out_shapes):
+        raise ValueError("cannot infer output shapes from input shapes %s" % (in_shapes,))
+    all_names = sym.list_arguments() + sym.list_auxiliary_states()
+    all_shapes = dict(zip(all_names, list(arg_shapes) + list(aux_shapes)))
+    _, out_types, _ = sym.infer_type(**dict(zip(names, in_dtypes)))
+    out_dtypes = tuple(np.dtype(t).type for t in out_types)
+    inferred_inputs = tuple(tuple(all_shapes.get(n, ())) for n in names)
+    return tuple(tuple(s) for s in out_shapes), out_dtypes, inferred_inputs
+
+
+INFER = _InferCache()
+
+
+class RecordingNamespace:
+    """The ``F`` given to ``hybrid_forward`` inside a scope: ``mx.nd`` that records."""
+
+    def __init__(self, recorder, module=mx.nd, path=()):
+        self._recorder = recorder
+        self._module = module
+        self._path = path
+
+    def __getattr__(self, name):
+        target = getattr(self._module, name)
+        path = self._path + (name,)
+        if not callable(target):
+            if hasattr(target, "__dict__") and type(target).__name__ == "module":
+                value = RecordingNamespace(self._recorder, target, path)
+            else:
+                value = target
+        elif getattr(target, "__module__", None) == "ndarray":
+            op = opdef(*path)
+            rec = self._recorder
+
+            def value(*args, **kwargs):
+                return rec.call_op(op, args, kwargs)
+            value.__name__ = name
+        else:
+            value = self._recorder.wrap_python_function(target, path)
+        self.__dict__[name] = value      # later lookups skip __getattr__
+        return value
+
+
+class Recorder:
+    """Records the calls of one batching scope on this thread."""
+
+    def __init__(self, flush, ctx=None):
+        self._flush = flush
+        self.ctx = ctx
+        self.graph = Graph(ctx, flush)
+        self.F = RecordingNamespace(self)
+        self.sample = None          # index of the current top-level call
+        self.num_samples = 0
+        self.path = []              # block names being traced, for messages
+        self.depth = 0              # nesting of DynBatchBlock calls
+        self.num_recorded = 0
+
+    # -- values ---------------------------------------------------------------
+    def new_graph(self):
+        """Start a fresh graph (after a flush or a failure)."""
+        self.graph = Graph(self.ctx, self._flush)
+
+    def _set_ctx(self, ctx):
+        if self.ctx is None:
+            self.ctx = self.graph.ctx = ctx
+        elif ctx != self.ctx:
+            raise BatchingError("%s: arrays on different contexts (%s and %s)" % (
+                describe_call(self.sample, self.path), self.ctx, ctx))
+
+    def leaf(self, array):
+        """The LazyArray standing for concrete ``array`` in this graph."""
+        graph = self.graph
+        found = graph.leaf_by_id.get(id(array))
+        if found is not None and found[0].value is array:
+            return found[1]
+        self._set_ctx(array.context)
+        node = graph.add(Node(graph, LEAF))
+        node.value = array
+        node.out_shapes = (array.shape,)
+        node.out_dtypes = (array.dtype,)
+        lazy = LazyArray(node, 0)
+        graph.leaf_by_id[id(array)] = (node, lazy)
+        return lazy
+
+    def param(self, parameter):
+        """The LazyArray standing for a gluon Parameter (shared by every call)."""
+        graph = self.graph
+        found = graph.leaf_by_id.get(id(parameter))
+        if found is not None:
+            return found[1]
+        node = graph.add(Node(graph, LEAF))
+        node.param = parameter
+        node.out_shapes = (tuple(parameter.shape),)
+        node.out_dtypes = (np.dtype(parameter.dtype).type,)
+        lazy = LazyArray(node, 0)
+        graph.leaf_by_id[id(parameter)] = (node, lazy)
+        return lazy
+
+    def value_of(self, x):
+        """(node, index) of array ``x`` in the current graph."""
+        if isinstance(x, LazyArray):
+            node = x.__dict__["_node"]
+            if node is not None and node.graph is self.graph:
+                return node, x.__dict__["_idx"]
+            if node is not None:          # pending in an older graph: run it
+                x.handle  # pylint: disable=pointless-statement
+        lazy = self.leaf(x)
+        return lazy.__dict__["_node"], 0
+
+    def wrap_inputs(self, obj):
+        """Replace NDArrays in (nested lists/tuples of) ``obj`` by lazy leaves."""
+        if isinstance(obj, LazyArray):
+            node = obj.__dict__["_node"]
+            if node is not None and node.graph is self.graph:
+                return obj
+            return self.leaf(obj) if node is None else obj
+        if isinstance(obj, mx.nd.NDArray):
+            return self.leaf(obj)
+        if isinstance(obj, (list, tuple)) and any(
+                isinstance(o, (mx.nd.NDArray, list, tuple)) for o in obj):
+            wrapped = [self.wrap_inputs(o) for o in obj]
+            return wrapped if isinstance(obj, list) else type(obj)(wrapped) \
+                if type(obj) is tuple else type(obj)(*wrapped)
+        return obj
+
+    # -- operator calls ---------------------------------------------------------
+    def call_op(self, op, args, kwargs):
+        """Record ``op(*args, **kwargs)``; return its LazyArray output(s)."""
+        inputs = []
+        targs = []
+        for a in args:
+            if isinstance(a, mx.nd.NDArray):
+                targs.append(Slot(len(inputs)))
+                inputs.append(self.value_of(a))
+            else:
+                targs.append(a)
+        tkw = {}
+        for k, v in kwargs.items():
+            if k == "name":
+                continue
+            if isinstance(v, mx.nd.NDArray):
+                tkw[k] = Slot(len(inputs))
+                inputs.append(self.value_of(v))
+            else:
+                tkw[k] = v
+        if not inputs:
+            return self.constant(op, args, kwargs)
+        return self.add_node(op, inputs, tuple(targs), tkw)
+
+    def constant(self, op, args, kwargs):
+        """An operator without array inputs (zeros, random, ...) runs now."""
+        kwargs = {k: v for k, v in kwargs.items() if k != "name"}
+        with (self.ctx or mx.current_context()):
+            out = op.nd_fn(*args, **kwargs)
+        if isinstance(out, (list, tuple)):
+            return [self.leaf(o) for o in out]
+        return self.leaf(out)
+
+    def add_node(self, op, inputs, targs, tkw):
+        """Create, infer and sign one op node; return its LazyArray output(s)."""
+        graph = self.graph
+        node = Node(graph, OP, op, inputs, targs, tkw)
+        node.sample = self.sample
+        node.path = tuple(self.path)
+        in_shapes = tuple(src.out_shapes[i] for src, i in inputs)
+        in_dtypes = tuple(src.out_dtypes[i] for src, i in inputs)
+        attrs_key = (tuple((i, _hashable(a)) for i, a in enumerate(targs)
+                           if not isinstance(a, Slot)),
+                     tuple(sorted((k, _hashable(v)) for k, v in tkw.items()
+                                  if not isinstance(v, Slot))))
+        try:
+            out_shapes, out_dtypes, inferred = INFER.infer(
+                op, node, in_shapes, in_dtypes, attrs_key)
+        except Exception as err:  # MXNetError, TypeError, ValueError from MXNet
+            raise BatchingError("%s: invalid call with input shapes %s: %s" % (
+                describe_call(self.sample, self.path, op.name), list(in_shapes),
+                _first_line(err))) from None
+        self._finish_deferred(inputs, inferred)
+        node.out_shapes, node.out_dtypes = out_shapes, out_dtypes
+        self._sign(node, attrs_key)
+        graph.add(node)
+        self.num_recorded += 1
+        if len(out_shapes) == 1:
+            lazy = LazyArray(node, 0)
+            node.set_output(0, lazy)
+            return lazy
+        outs = []
+        for i in range(len(out_shapes)):
+            lazy = LazyArray(node, i)
+            node.set_output(i, lazy)
+            outs.append(lazy)
+        return outs
+
+    def _sign(self, node, attrs_key):
+        """Attach rule, signature, kind, dependencies and depth to ``node``."""
+        rule = rule_for(node.op.name)
+        node.rule = rule
+        key = rule.signature(node)
+        rule = node.rule
+        if rule.kind == "view" and key is not None:
+            node.kind = VIEW
+            deps = set()
+            for src, _ in node.inputs:
+                if src.kind == OP:
+                    deps.add(src)
+                elif src.kind == VIEW:
+                    deps.update(src.deps)
+            node.deps = tuple(deps)
+            node.depth = max((d.depth for d in node.deps), default=0)
+            return
+        if key is None:
+            node.rule = ALONE
+            node.sig = ("alone", node.graph, node.id)
+        else:
+            attrs = attrs_key if getattr(rule, "keyed_attrs", True) else None
+            node.sig = (node.op.name, attrs, len(node.out_shapes), key)
+        deps = set()
+        for src, _ in node.inputs:
+            if src.kind == OP:
+                deps.add(src)
+            elif src.kind == VIEW:
+                deps.update(src.deps)
+        node.deps = tuple(deps)
+        node.depth = 1 + max((d.depth for d in deps), default=0)
+
+    def _finish_deferred(self, inputs, inferred):
+        """Give deferred-initialised parameters the shapes inference found."""
+        for (src, _), shape in zip(inputs, inferred):
+            if src.param is not None and 0 in src.out_shapes[0]:
+                param = src.param
+                param.shape = shape
+                param._finish_deferred_init()  # pylint: disable=protected-access
+                src.out_shapes = (tuple(shape),)
+
+    def wrap_python_function(self, fn, path):
+        """``F.<f>`` for a Python-level helper of mx.nd (not an operator)."""
+        from . import lazy_ops
+        special = lazy_ops.PYTHON_HELPERS.get(path[-1])
+        if special is not None:
+            return special
+        rec = self
+
+        def fallback(*args, **kwargs):
+            # Not an operator: run it on concrete values (correct, not batched).
+            out = fn(*args, **kwargs)
+            return rec.wrap_inputs(out)
+        return fallback
+
+    # -- blocks -----------------------------------------------------------------
+    def trace_block(self, block, args):
+        """Run a child HybridBlock's hybrid_forward with recording F."""
+        self.path.append(block.name)
+        try:
+            for hook in block._forward_pre_hooks.values():
+                hook(block, args)
+            params = {name: self.param(p) for name, p in block._reg_params.items()}
+            out = block.hybrid_forward(self.F, *args, **params)
+            for hook in block._forward_hooks.values():
+                hook(block, args, out)
+            return out
+        finally:
+            self.path.pop()
+
+
+def _first_line(err):
+    text = str(err).strip()
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("Stack trace"):
+            if "Check failed" in line or "Error" in line or len(text.splitlines()) == 1:
+                return line[:300]
+    return text.splitlines()[0][:300] if text else type(err).__name__

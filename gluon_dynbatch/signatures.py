@@ -1,0 +1,361 @@
+"""Batching signatures and the registry of batching rules.
+
+A rule looks at one recorded node and says whether, and with which other
+nodes, it may run as one batched call along axis 0:
+
+* ``RowRule``: run the same operator on the inputs concatenated along axis 0
+  and split the outputs by each node's rows.  Each array input has a role:
+  ``ROW`` (concatenated; rows match the output's), ``BROW`` (concatenated;
+  a one-row input is repeated to the node's output rows, as broadcasting
+  would) or ``SHARED`` (the same value for every node in the batch, passed once).
+* ``ReshapeRule``: reshapes keep each sample's data contiguous, so the batch
+  is one reshape of the concatenation.
+* ``SegmentRule``: sum or mean over axis 0 of each node's rows (ragged), by
+  padding to the longest and reducing a new axis.
+* ``ViewRule``: row slices, axis-0 concatenation and axis-0 broadcasting only
+  move rows; they become index lists resolved by the consumer's gather, not steps.
+* ``ALONE``: everything else runs one node at a time, exactly as recorded.
+
+The signature of a node is a hashable tuple: nodes with equal signatures are
+interchangeable for batching.  ``register_rule`` adds rules for more operators.
+"""
+ROW, BROW, SHARED = "row", "brow", "shared"
+
+
+class Rule:
+    """Base class: ``signature(node)`` returns a hashable key, or None to run alone."""
+
+    kind = "rows"
+
+    def signature(self, node):
+        raise NotImplementedError
+
+
+class AloneRule(Rule):
+    """Never batch: the node runs by itself, exactly as recorded."""
+
+    kind = "alone"
+
+    def signature(self, node):
+        return None
+
+
+ALONE = AloneRule()
+
+
+def _trail(shape):
+    return shape[1:]
+
+
+def _in_shape(node, k):
+    src, idx = node.inputs[k]
+    return src.out_shapes[idx]
+
+
+def _in_dtype(node, k):
+    src, idx = node.inputs[k]
+    return src.out_dtypes[idx]
+
+
+def _shared_key(node, k):
+    src, idx = node.inputs[k]
+    return (SHARED, src.id, idx)
+
+
+class RowRule(Rule):
+    """Batch by concatenating inputs along axis 0.
+
+    Parameters
+    ----------
+    roles : callable
+        ``roles(node) -> tuple of ROW/BROW/SHARED`` per array input, or None
+        when this particular call cannot be batched.
+    """
+
+    def __init__(self, roles):
+        self._roles = roles
+
+    def signature(self, node):
+        if not node.inputs:
+            return None
+        roles = self._roles(node)
+        if roles is None:
+            return None
+        keys = []
+        for k, role in enumerate(roles):
+            shape = _in_shape(node, k)
+            if role == SHARED:
+                keys.append(_shared_key(node, k))
+            else:
+                if not shape:
+                    return None
+                keys.append((role, _trail(shape), _in_dtype(node, k)))
+        node.meta = roles
+        return tuple(keys)
+
+    def batch_kwargs(self, node):
+        """Keyword overrides for the batched call (none for plain row rules)."""
+        return None
+
+
+def _out_ndim(node):
+    return len(node.out_shapes[0])
+
+
+def elementwise_roles(node):
+    """Inputs with the output's rank broadcast by rows; lower rank ones are shared."""
+    ndim = _out_ndim(node)
+    out_rows = node.out_shapes[0][0]
+    roles = []
+    for k in range(len(node.inputs)):
+        shape = _in_shape(node, k)
+        if len(shape) < ndim:
+            roles.append(SHARED)
+        elif shape[0] == out_rows or shape[0] == 1:
+            roles.append(BROW)
+        else:
+            return None
+    return tuple(roles)
+
+
+def first_row_roles(node):
+    """The first input is concatenated, the others (weights) are shared."""
+    if len(_in_shape(node, 0)) < 2:
+        return None
+    return (ROW,) + (SHARED,) * (len(node.inputs) - 1)
+
+
+def all_row_roles(node):
+    """Every input is concatenated; all have the output's rows."""
+    rows = node.out_shapes[0][0]
+    if any(_in_shape(node, k)[0] != rows for k in range(len(node.inputs))):
+        return None
+    return (ROW,) * len(node.inputs)
+
+
+def _axis(node, name, default):
+    """Normalised non-negative axis attribute of input 0 (None if absent/None)."""
+    axis = node.kwargs.get(name, default)
+    if axis is None or isinstance(axis, (tuple, list)):
+        return axis
+    ndim = len(_in_shape(node, 0))
+    return axis + ndim if axis < 0 else axis
+
+
+def axis_roles(name, default, extra_shared=False):
+    """Unary along an axis: batchable when the axis is not 0."""
+    def roles(node):
+        axis = _axis(node, name, default)
+        if axis is None:
+            return None
+        axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+        ndim = len(_in_shape(node, 0))
+        if any((a + ndim if a < 0 else a) == 0 for a in axes) or not axes:
+            return None
+        if node.kwargs.get("exclude", False):
+            return None
+        tail = SHARED if extra_shared else ROW
+        return (ROW,) + (tail,) * (len(node.inputs) - 1)
+    return roles
+
+
+def concat_roles(node):
+    if _axis(node, "dim", 1) == 0:
+        return None
+    return all_row_roles(node)
+
+
+def transpose_roles(node):
+    axes = node.kwargs.get("axes")
+    if not axes or axes[0] != 0:
+        return None
+    return (ROW,)
+
+
+def swapaxes_roles(node):
+    d1, d2 = node.kwargs.get("dim1", 0), node.kwargs.get("dim2", 0)
+    return None if 0 in (d1, d2) else (ROW,)
+
+
+def slice_roles(node):
+    begin, end = node.kwargs.get("begin", ()), node.kwargs.get("end", ())
+    step = node.kwargs.get("step", ()) or ()
+    if (begin and begin[0] not in (None, 0)) or (end and end[0] is not None):
+        return None
+    if step and step[0] not in (None, 1):
+        return None
+    return (ROW,)
+
+
+def batchnorm_roles(node):
+    from mxnet import autograd
+    if autograd.is_training() and not node.kwargs.get("use_global_stats", False):
+        return None   # training statistics mix the rows of a batch
+    if _axis(node, "axis", 1) == 0:
+        return None
+    return first_row_roles(node)
+
+
+def take_roles(node):
+    if node.kwargs.get("axis", 0) != 0 or len(_in_shape(node, 1)) < 1:
+        return None
+    return (SHARED, ROW)
+
+
+def dot_roles(node):
+    if node.kwargs.get("transpose_a", False):
+        return None
+    return first_row_roles(node)
+
+
+def dropout_roles(node):
+    axes = node.kwargs.get("axes", ()) or ()
+    return None if 0 in axes else (ROW,)
+
+
+class ReshapeRule(Rule):
+    """Any reshape of a sample's rows: batched as one reshape to ``(-1,) + tail``."""
+
+    keyed_attrs = False     # the shape attribute differs with rows; the tail decides
+
+    def signature(self, node):
+        shape_in, shape_out = _in_shape(node, 0), node.out_shapes[0]
+        if not shape_in or not shape_out:
+            return None
+        node.meta = (ROW,)
+        return (("reshape", _trail(shape_out), _in_dtype(node, 0)),)
+
+    def batch_kwargs(self, node):
+        return {"shape": (-1,) + tuple(_trail(node.out_shapes[0]))}
+
+
+class SegmentRule(Rule):
+    """``sum``/``mean`` over axis 0 of each node's (ragged) rows."""
+
+    kind = "segment"
+
+    def signature(self, node):
+        axis = node.kwargs.get("axis")
+        if isinstance(axis, (tuple, list)):
+            axis = axis[0] if len(axis) == 1 else None
+        if axis != 0 or node.kwargs.get("exclude", False) or len(node.inputs) != 1:
+            return None
+        shape = _in_shape(node, 0)
+        node.meta = (ROW,)
+        return (("segment", _trail(shape), _in_dtype(node, 0),
+                 bool(node.kwargs.get("keepdims", False))),)
+
+
+class RowFallback(Rule):
+    """Try ``first`` (usually a segment rule), else ``second``."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+        self.kind = "choice"
+
+    def signature(self, node):
+        key = self.first.signature(node)
+        if key is not None:
+            node.rule = self.first
+            return key
+        node.rule = self.second
+        return self.second.signature(node)
+
+
+class ViewRule(Rule):
+    """Row movements: no step, the consumer gathers the rows directly."""
+
+    kind = "view"
+
+    def __init__(self, applies):
+        self._applies = applies
+
+    def signature(self, node):
+        return "view" if self._applies(node) else None
+
+
+def _rows_view(node):
+    return node.kwargs.get("axis") == 0 and len(node.inputs) == 1
+
+
+def _concat_view(node):
+    if _axis(node, "dim", 1) != 0:
+        return False
+    tail = _trail(node.out_shapes[0])
+    return all(_trail(_in_shape(node, k)) == tail for k in range(len(node.inputs)))
+
+
+def _bcast_view(node):
+    shape_in, shape_out = _in_shape(node, 0), node.out_shapes[0]
+    return (len(shape_in) == len(shape_out) and shape_in[0] == 1
+            and _trail(shape_in) == _trail(shape_out))
+
+
+RULES = {}
+
+
+def register_rule(op_names, rule):
+    """Register ``rule`` for operators named ``op_names`` (a name or a list).
+
+    Names are those of ``mx.nd`` (``"FullyConnected"``, ``"_internal._plus_scalar"``
+    is registered as ``"_plus_scalar"``).
+    """
+    if isinstance(op_names, str):
+        op_names = [op_names]
+    for name in op_names:
+        RULES[name] = rule
+
+
+def rule_for(op_name):
+    """The rule of an operator; ``ALONE`` when none is registered."""
+    return RULES.get(op_name, ALONE)
+
+
+_UNARY = """Activation relu sigmoid tanh softsign exp expm1 log log1p log2 log10 sqrt
+rsqrt cbrt rcbrt square abs sign negative reciprocal floor ceil round rint trunc fix
+sin cos tan arcsin arccos arctan sinh cosh arcsinh arccosh arctanh erf erfinv gamma
+gammaln degrees radians clip Cast cast identity _copy zeros_like ones_like BlockGrad
+stop_gradient hard_sigmoid smooth_l1 logical_not LeakyReLU _plus_scalar _minus_scalar
+_rminus_scalar _mul_scalar _div_scalar _rdiv_scalar _mod_scalar _rmod_scalar
+_power_scalar _rpower_scalar _maximum_scalar _minimum_scalar _equal_scalar
+_not_equal_scalar _greater_scalar _greater_equal_scalar _lesser_scalar
+_lesser_equal_scalar _hypot_scalar _logical_and_scalar _logical_or_scalar
+_logical_xor_scalar""".split()
+_NARY = """broadcast_add broadcast_sub broadcast_mul broadcast_div broadcast_mod
+broadcast_power broadcast_maximum broadcast_minimum broadcast_hypot broadcast_equal
+broadcast_not_equal broadcast_greater broadcast_greater_equal broadcast_lesser
+broadcast_lesser_equal broadcast_logical_and broadcast_logical_or broadcast_logical_xor
+broadcast_plus broadcast_minus elemwise_add elemwise_sub elemwise_mul elemwise_div
+_plus _minus _mul _div _grad_add _Plus _Minus _Mul _Div _power _Power _maximum _minimum
+add_n ElementWiseSum where""".split()
+
+register_rule(_UNARY + _NARY, RowRule(elementwise_roles))
+register_rule(["FullyConnected", "Embedding", "Convolution", "Deconvolution", "Pooling",
+               "one_hot", "L2Normalization"], RowRule(first_row_roles))
+register_rule("LayerNorm", RowRule(axis_roles("axis", -1, extra_shared=True)))
+register_rule("BatchNorm", RowRule(batchnorm_roles))
+register_rule("dot", RowRule(dot_roles))
+register_rule("batch_dot", RowRule(all_row_roles))
+register_rule("take", RowRule(take_roles))
+register_rule("Dropout", RowRule(dropout_roles))
+register_rule(["softmax", "log_softmax", "softmin", "topk", "sort", "argsort"],
+              RowRule(axis_roles("axis", -1)))
+register_rule(["max", "min", "prod", "nansum", "nanprod", "norm", "argmax", "argmin"],
+              RowRule(axis_roles("axis", None)))
+register_rule(["sum", "mean"], RowFallback(SegmentRule(), RowRule(axis_roles("axis", None))))
+register_rule(["SliceChannel", "split"], RowRule(axis_roles("axis", 1)))
+register_rule("pick", RowRule(axis_roles("axis", -1)))
+register_rule(["flip", "reverse"], RowRule(axis_roles("axis", None)))
+register_rule("repeat", RowRule(axis_roles("axis", None)))
+register_rule(["Concat", "concat"], RowFallback(ViewRule(_concat_view), RowRule(concat_roles)))
+register_rule(["stack"], RowRule(lambda n: all_row_roles(n) if n.kwargs.get("axis", 0) != 0
+                                 else None))
+register_rule(["transpose"], RowRule(transpose_roles))
+register_rule(["SwapAxis", "swapaxes"], RowRule(swapaxes_roles))
+register_rule(["slice"], RowRule(slice_roles))
+register_rule(["slice_axis"], RowFallback(ViewRule(_rows_view), RowRule(axis_roles("axis", 0))))
+register_rule(["broadcast_to", "broadcast_axis"],
+              RowFallback(ViewRule(_bcast_view), RowRule(
+                  lambda n: (ROW,) if n.out_shapes[0][0] == _in_shape(n, 0)[0] else None)))
+register_rule(["Reshape", "reshape", "Flatten", "flatten", "expand_dims", "squeeze"],
+              ReshapeRule())
