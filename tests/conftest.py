@@ -1,0 +1,19 @@
+"""Test configuration: import paths and hypothesis profiles.
+
+``GDB_HYPOTHESIS_PROFILE=long`` runs the property tests with many more cases.
+"""
+import os
+import sys
+
+from hypothesis import HealthCheck, settings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for path in (ROOT, os.path.dirname(os.path.abspath(__file__))):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+settings.register_profile("ci", max_examples=25, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("long", max_examples=1000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("GDB_HYPOTHESIS_PROFILE", "ci"))

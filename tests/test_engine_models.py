@@ -1,0 +1,94 @@
+"""Batched runs equal eager and reference runs on the models the issue names."""
+from collections import Counter
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import nd
+
+from dynbatch_testing import (BinaryTreeLSTM, ChildSumTreeLSTM, TokenRNN,
+                              check_all_strategies, make_model, random_binary_tree,
+                              random_tree, rng, run_model, sick_trees)
+import gluon_dynbatch as gdb
+
+
+def test_child_sum_tree_lstm_random_trees():
+    r = rng(0)
+    trees = [random_tree(r, 30, max_depth=3) for _ in range(6)]
+    model = make_model(ChildSumTreeLSTM, hidden=6)
+    emb = nd.random.uniform(shape=(30, 5))
+    check_all_strategies(model, trees, [emb])
+
+
+def test_child_sum_tree_lstm_sick_trees():
+    trees = sick_trees(10)
+    if trees is None:
+        pytest.skip("SICK data not found at ../shared/data/sick")
+    vocab = max(n.word for t in trees for n in t.nodes()) + 1
+    model = make_model(ChildSumTreeLSTM, hidden=10)
+    emb = nd.random.uniform(-1, 1, shape=(vocab, 7))
+    check_all_strategies(model, trees, [emb])
+
+
+def test_binary_tree_lstm():
+    r = rng(1)
+    trees = [random_binary_tree(r, 25, r.randint(1, 9)) for _ in range(7)]
+    model = make_model(BinaryTreeLSTM, hidden=5)
+    emb = nd.random.uniform(shape=(25, 4))
+    stats = check_all_strategies(model, trees, [emb])
+    assert stats["depth"].mean_batch_size > 2
+
+
+def test_token_rnn_ragged_sentences():
+    r = rng(2)
+    sentences = [[r.randrange(40) for _ in range(r.randint(1, 9))] for _ in range(8)]
+    model = make_model(TokenRNN, hidden=6)
+    emb = nd.random.uniform(shape=(40, 5))
+    stats = check_all_strategies(model, sentences, [emb])
+    # One step per time step at most for the recurrence (plus the output layers).
+    assert stats["depth"].steps < 8 * 9
+
+
+def _cell_batches(plan, weight):
+    """Sizes of the steps that apply the layer whose weight Parameter is ``weight``."""
+    sizes = []
+    for step in plan.steps:
+        node = step.nodes[0]
+        if node.op.name == "FullyConnected" and any(
+                src.param is weight for src, _ in node.inputs):
+            sizes.append(len(step.nodes))
+    return sizes
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+def test_sick_cell_batch_size_near_nodes_per_level(strategy):
+    """Variable arity must not split the cell's batches (issue: >= 80% of nodes/levels)."""
+    trees = sick_trees(50)
+    if trees is None:
+        pytest.skip("SICK data not found at ../shared/data/sick")
+    model = make_model(ChildSumTreeLSTM, hidden=8)
+    emb = nd.random.uniform(shape=(max(n.word for t in trees for n in t.nodes()) + 1, 6))
+    with gdb.batching(strategy=strategy) as scope:
+        outs = [model(t, emb) for t in trees]
+    nodes = sum(1 for t in trees for _ in t.nodes())
+    levels = max(t.height() for t in trees)
+    sizes = _cell_batches(scope.last_plan, model.cell.iou_x.weight)
+    assert sum(sizes) == nodes
+    assert np.mean(sizes) >= 0.8 * nodes / levels, (sizes, nodes, levels)
+    assert outs[0][0].shape == (1, 8)
+    arities = Counter(len(n.children) for t in trees for n in t.nodes())
+    assert len(arities) >= 3      # the data really mixes arities
+
+
+def test_batched_steps_are_few_and_results_exact_for_many_trees():
+    r = rng(3)
+    trees = [random_tree(r, 50, max_depth=4, arities=(0, 1, 2, 3)) for _ in range(20)]
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(50, 3))
+    ref = run_model(model, trees, [emb], "reference")
+    got = run_model(model, trees, [emb], "agenda")
+    for a, b in zip(got[0], ref[0]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    stats = got[2]
+    assert stats.mean_batch_size > 10
+    assert stats.steps < stats.planned_nodes / 10
