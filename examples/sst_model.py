@@ -1,0 +1,405 @@
+"""Binary Tree-LSTM sentiment model on SST trees (the Gluon side of the
+benchmark against DyNet's Tree-LSTM).
+
+The cell is written for ONE tree, recursing through ``self(child, ...)``;
+inside a :func:`gluon_dynbatch.batching` scope the calls of many trees are
+recorded and run batched. The math (identical in
+``scripts/dynet_treelstm.py``):
+
+* pre-terminal with word embedding ``x``::
+
+      i, o, u = sigmoid, sigmoid, tanh of (W_iou x + b_iou_leaf)
+      c = i * u;  h = o * tanh(c)
+
+* internal node with children ``(h1, c1), (h2, c2)`` and ``e = [h1; h2]``::
+
+      i, o, u = sigmoid, sigmoid, tanh of (U_iou e + b_iou)
+      f1 = sigmoid(U_f1 h1 + b_f);  f2 = sigmoid(U_f2 h2 + b_f)
+      c = i * u + f1 * c1 + f2 * c2;  h = o * tanh(c)
+
+* every non-terminal (pre-terminals and internal nodes) has logits
+  ``W_out h`` (no bias); the loss is the summed softmax cross-entropy of the
+  logits against the nodes' labels.
+
+Weights are exchanged with the DyNet side as a dict of numpy arrays (see
+:data:`WEIGHT_NAMES`, :func:`get_weights`, :func:`set_weights`,
+:func:`save_weights`).
+"""
+import logging
+
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon
+
+import gluon_dynbatch as gdb
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_NAMES = ("embedding", "leaf_iou_weight", "leaf_iou_bias", "iou_weight",
+                "iou_bias", "forget_left_weight", "forget_right_weight",
+                "forget_bias", "out_weight")
+"""Names of the exported weights, shared with ``scripts/dynet_treelstm.py``."""
+
+CELL_WEIGHT_NAMES = WEIGHT_NAMES[1:]
+
+
+def _iou(F, z, hidden):
+    """Split gate pre-activations (1, 3H) into sigmoid i, sigmoid o, tanh u."""
+    i = F.Activation(F.slice_axis(z, axis=1, begin=0, end=hidden),
+                     act_type="sigmoid")
+    o = F.Activation(F.slice_axis(z, axis=1, begin=hidden, end=2 * hidden),
+                     act_type="sigmoid")
+    u = F.Activation(F.slice_axis(z, axis=1, begin=2 * hidden, end=3 * hidden),
+                     act_type="tanh")
+    return i, o, u
+
+
+class BinaryTreeLSTM(gdb.DynBatchBlock):
+    """Binary Tree-LSTM over one SST tree, with per-node sentiment logits.
+
+    Call it as ``cell(tree, embeddings)`` with an :class:`~sst_data.SSTTree`
+    whose pre-terminals have ``word_id`` set and the (V, E) embedding table.
+
+    Parameters
+    ----------
+    embed_size : int
+        Size E of the word embeddings.
+    hidden_size : int
+        Size H of the hidden and memory states.
+    num_classes : int, optional
+        Number of sentiment classes (5 for SST).
+    **kwargs
+        Passed to :class:`gluon_dynbatch.DynBatchBlock` (``strategy``,
+        ``analysis_budget``, ``prefix``, ``params``).
+    """
+
+    def __init__(self, embed_size, hidden_size, num_classes=5, **kwargs):
+        super().__init__(**kwargs)
+        self._embed_size = embed_size
+        self._hidden_size = hidden_size
+        self._num_classes = num_classes
+        hid3 = 3 * hidden_size
+        with self.name_scope():
+            self.leaf_iou_weight = self.params.get(
+                "leaf_iou_weight", shape=(hid3, embed_size))
+            self.leaf_iou_bias = self.params.get(
+                "leaf_iou_bias", shape=(hid3,), init="zeros")
+            self.iou_weight = self.params.get(
+                "iou_weight", shape=(hid3, 2 * hidden_size))
+            self.iou_bias = self.params.get("iou_bias", shape=(hid3,),
+                                            init="zeros")
+            self.forget_left_weight = self.params.get(
+                "forget_left_weight", shape=(hidden_size, hidden_size))
+            self.forget_right_weight = self.params.get(
+                "forget_right_weight", shape=(hidden_size, hidden_size))
+            self.forget_bias = self.params.get(
+                "forget_bias", shape=(hidden_size,), init="zeros")
+            self.out_weight = self.params.get(
+                "out_weight", shape=(num_classes, hidden_size))
+
+    def hybrid_forward(self, F, tree, embeddings, **params):
+        """Run the cell over ``tree``.
+
+        Parameters
+        ----------
+        F : module
+            ``mx.nd`` (or whatever the engine passes).
+        tree : SSTTree
+            The (sub)tree; pre-terminals need ``word_id``.
+        embeddings : NDArray
+            The (V, E) embedding table.
+        **params : NDArray
+            The cell's weights, by name.
+
+        Returns
+        -------
+        h, c : NDArray
+            (1, H) hidden and memory state of the root.
+        logits : list of NDArray
+            (1, num_classes) logits of every node, in ``tree.postorder()``
+            order (children first).
+        """
+        if tree.is_preterminal:
+            x = embeddings[tree.word_id:tree.word_id + 1]
+            h, c = self._leaf(F, x, params)
+            logits = []
+        else:
+            h, c, logits = self._internal(F, tree, embeddings, params)
+        own = F.FullyConnected(h, params["out_weight"], no_bias=True,
+                               num_hidden=self._num_classes)
+        logits.append(own)
+        return h, c, logits
+
+    def _leaf(self, F, x, params):
+        """State (h, c) of a pre-terminal with word embedding ``x``."""
+        z = F.FullyConnected(x, params["leaf_iou_weight"],
+                             params["leaf_iou_bias"],
+                             num_hidden=3 * self._hidden_size)
+        i, o, u = _iou(F, z, self._hidden_size)
+        c = i * u
+        h = o * F.Activation(c, act_type="tanh")
+        return h, c
+
+    def _internal(self, F, tree, embeddings, params):
+        """State (h, c) and collected logits of an internal binary node."""
+        if len(tree.children) != 2:
+            raise ValueError("BinaryTreeLSTM needs binary trees, got a node "
+                             "with %d children" % len(tree.children))
+        left, right = tree.children
+        h1, c1, logits1 = self(left, embeddings)
+        h2, c2, logits2 = self(right, embeddings)
+        hidden = self._hidden_size
+        z = F.FullyConnected(F.concat(h1, h2, dim=1), params["iou_weight"],
+                             params["iou_bias"], num_hidden=3 * hidden)
+        i, o, u = _iou(F, z, hidden)
+        f1 = F.Activation(F.FullyConnected(h1, params["forget_left_weight"],
+                                           params["forget_bias"],
+                                           num_hidden=hidden),
+                          act_type="sigmoid")
+        f2 = F.Activation(F.FullyConnected(h2, params["forget_right_weight"],
+                                           params["forget_bias"],
+                                           num_hidden=hidden),
+                          act_type="sigmoid")
+        c = i * u + f1 * c1 + f2 * c2
+        h = o * F.Activation(c, act_type="tanh")
+        return h, c, list(logits1) + list(logits2)
+
+
+class SSTSentimentModel(gluon.Block):
+    """Embedding table plus :class:`BinaryTreeLSTM`: the whole SST model.
+
+    Parameters
+    ----------
+    vocab_size : int
+        Number of rows V of the embedding table (including the UNK row).
+    embed_size : int
+        Embedding size E.
+    hidden_size : int
+        Hidden size H.
+    num_classes : int, optional
+        Number of sentiment classes.
+    strategy : str, optional
+        Batching strategy passed to the cell.
+    **kwargs
+        Passed to :class:`mxnet.gluon.Block`.
+    """
+
+    def __init__(self, vocab_size, embed_size, hidden_size, num_classes=5,
+                 strategy="agenda", **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embedding = self.params.get(
+                "embedding", shape=(vocab_size, embed_size),
+                init=mx.init.Uniform(0.1))
+            self.tree_lstm = BinaryTreeLSTM(embed_size, hidden_size,
+                                            num_classes, strategy=strategy)
+
+    def forward(self, trees, batched=True):
+        """Run the cell over every tree.
+
+        Parameters
+        ----------
+        trees : list of SSTTree
+            Trees with word ids assigned.
+        batched : bool, optional
+            Run inside a :func:`gluon_dynbatch.batching` scope (True) or one
+            tree after the other, eagerly (False).
+
+        Returns
+        -------
+        list of tuple
+            Per tree ``(h, c, logits)`` as returned by :class:`BinaryTreeLSTM`.
+        """
+        embeddings = self.embedding.data()
+        if not batched:
+            return [self.tree_lstm(tree, embeddings) for tree in trees]
+        with gdb.batching():
+            return [self.tree_lstm(tree, embeddings) for tree in trees]
+
+
+def node_labels(trees):
+    """Labels of every node of ``trees``, in the order of the model's logits.
+
+    Parameters
+    ----------
+    trees : list of SSTTree
+
+    Returns
+    -------
+    numpy.ndarray
+        1-d float32 array.
+    """
+    return np.array([node.label for tree in trees
+                     for node in tree.postorder()], dtype=np.float32)
+
+
+def sst_loss(outputs, trees):
+    """Summed softmax cross-entropy over every node of every tree.
+
+    Parameters
+    ----------
+    outputs : list of tuple
+        Per tree ``(h, c, logits)``, from :class:`SSTSentimentModel` or
+        :class:`BinaryTreeLSTM`; used after the batching scope.
+    trees : list of SSTTree
+        The same trees, in the same order.
+
+    Returns
+    -------
+    NDArray
+        Shape (1,): the summed loss (differentiable when recorded).
+
+    Raises
+    ------
+    ValueError
+        If the number of logits differs from the number of nodes.
+    """
+    logits = [z for _, _, tree_logits in outputs for z in tree_logits]
+    labels = node_labels(trees)
+    if len(logits) != len(labels):
+        raise ValueError("got %d logits for %d tree nodes"
+                         % (len(logits), len(labels)))
+    scores = mx.nd.log_softmax(mx.nd.concat(*logits, dim=0), axis=1)
+    labels = mx.nd.array(labels, ctx=scores.context)
+    picked = mx.nd.pick(scores, labels, axis=1)
+    return -mx.nd.sum(picked, axis=0, keepdims=True)
+
+
+def batch_loss(model, trees, batched=True):
+    """Forward pass only: the summed loss of ``trees`` as a float.
+
+    Parameters
+    ----------
+    model : SSTSentimentModel
+    trees : list of SSTTree
+    batched : bool, optional
+        Use the batching scope.
+
+    Returns
+    -------
+    float
+    """
+    return float(sst_loss(model(trees, batched), trees).asscalar())
+
+
+def train_step(model, trainer, trees, batched=True):
+    """One training step: forward, backward and ``trainer.step(1)``.
+
+    The loss is a sum (not a mean), so the step is not rescaled by the
+    batch size, as in DyNet.
+
+    Parameters
+    ----------
+    model : SSTSentimentModel
+    trainer : mxnet.gluon.Trainer
+    trees : list of SSTTree
+    batched : bool, optional
+        Use the batching scope.
+
+    Returns
+    -------
+    float
+        The loss of the batch before the update.
+    """
+    with autograd.record():
+        loss = sst_loss(model(trees, batched), trees)
+    loss.backward()
+    trainer.step(1)
+    return float(loss.asscalar())
+
+
+def _params_by_name(model):
+    """Map from :data:`WEIGHT_NAMES` to the model's Parameters."""
+    params = {name: getattr(model.tree_lstm, name)
+              for name in CELL_WEIGHT_NAMES}
+    params["embedding"] = model.embedding
+    return params
+
+
+def get_weights(model):
+    """Export the model's weights as numpy arrays.
+
+    Parameters
+    ----------
+    model : SSTSentimentModel
+        An initialised model.
+
+    Returns
+    -------
+    dict
+        :data:`WEIGHT_NAMES` -> float32 numpy array, in MXNet's layout
+        (a weight is (out, in), so ``W x`` is ``FullyConnected``).
+    """
+    return {name: param.data().asnumpy()
+            for name, param in _params_by_name(model).items()}
+
+
+def set_weights(model, weights):
+    """Load weights exported by :func:`get_weights` into ``model``.
+
+    Parameters
+    ----------
+    model : SSTSentimentModel
+        An initialised model of the same sizes.
+    weights : dict
+        :data:`WEIGHT_NAMES` -> numpy array; other keys are ignored.
+
+    Raises
+    ------
+    KeyError
+        If a weight is missing.
+    ValueError
+        If a shape differs.
+    """
+    for name, param in _params_by_name(model).items():
+        value = np.asarray(weights[name], dtype=np.float32)
+        if value.shape != param.shape:
+            raise ValueError("weight %s has shape %s, model expects %s"
+                             % (name, value.shape, param.shape))
+        param.set_data(mx.nd.array(value))
+
+
+def save_weights(model, path, vocab=None):
+    """Write the model's weights (and vocabulary) to an ``.npz`` file.
+
+    Parameters
+    ----------
+    model : SSTSentimentModel
+    path : str
+        Output file, read by ``scripts/dynet_treelstm.py --weights``.
+    vocab : dict, optional
+        word -> id; stored as the array ``vocab`` of words in id order so the
+        DyNet side maps words to the same embedding rows.
+    """
+    arrays = get_weights(model)
+    if vocab is not None:
+        words = sorted(vocab, key=vocab.get)
+        if [vocab[w] for w in words] != list(range(len(words))):
+            raise ValueError("vocabulary ids must be 0..V-1")
+        arrays["vocab"] = np.array(words, dtype=str)
+    np.savez(path, **arrays)
+    logger.info("saved %d arrays to %s", len(arrays), path)
+
+
+def make_model(vocab_size, embed_size, hidden_size, seed=None, ctx=None):
+    """Build and initialise an :class:`SSTSentimentModel`.
+
+    Parameters
+    ----------
+    vocab_size, embed_size, hidden_size : int
+        Sizes V, E, H.
+    seed : int, optional
+        Seeds MXNet's and numpy's generators first, for reproducible weights.
+    ctx : mxnet.Context, optional
+        Defaults to the CPU.
+
+    Returns
+    -------
+    SSTSentimentModel
+    """
+    if seed is not None:
+        mx.random.seed(seed)
+        np.random.seed(seed)
+    model = SSTSentimentModel(vocab_size, embed_size, hidden_size)
+    model.initialize(mx.init.Xavier(), ctx=ctx or mx.cpu())
+    return model

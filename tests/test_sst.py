@@ -1,0 +1,374 @@
+"""Tests of the SST benchmark pieces: tree parsing, vocabulary, the Gluon
+Tree-LSTM model and its equivalence with the DyNet implementation in
+scripts/dynet_treelstm.py (same weights -> same loss, before and after Adam).
+
+Tests on the real SST files skip where ../shared/data/sst is absent; tests of
+the DyNet side skip where dynet is not installed.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+from mxnet import autograd, gluon  # noqa: E402
+
+from examples import sst_model  # noqa: E402
+from examples.sst_data import (  # noqa: E402
+    UNK, SSTFormatError, SSTTree, assign_ids, build_vocab, default_sst_dir,
+    load_sst, parse_sst_line)
+
+DYNET_SCRIPT = os.path.join(REPO_ROOT, "scripts", "dynet_treelstm.py")
+SST_DIR = default_sst_dir()
+HAVE_DYNET = importlib.util.find_spec("dynet") is not None
+
+needs_sst = pytest.mark.skipif(SST_DIR is None, reason="SST data not found "
+                               "(expected ../shared/data/sst)")
+needs_dynet = pytest.mark.skipif(not HAVE_DYNET, reason="dynet not installed "
+                                 "(pip install dynet38)")
+
+SMALL_TREES = [
+    "(3 (2 The) (4 (3 good) (2 film)))",
+    "(1 (2 (2 A) (1 dull)) (2 (2 film) (2 .)))",
+    "(4 (4 great) (2 .))",
+    "(2 film)",
+    "(0 (1 (0 (1 awful) (2 ,)) (1 (2 dull) (2 film))) (2 .))",
+]
+
+
+def small_trees():
+    """The synthetic trees, with ids from a vocabulary built from them."""
+    trees = [parse_sst_line(line, "small:%d" % i)
+             for i, line in enumerate(SMALL_TREES, 1)]
+    return assign_ids(trees, build_vocab(trees))
+
+
+# --------------------------------------------------------------------- parser
+
+def test_parse_good_tree():
+    tree = parse_sst_line("(3 (2 The) (4 (3 good) (2 film)))", "x.txt:1")
+    assert tree.label == 3 and tree.word is None and len(tree.children) == 2
+    left, right = tree.children
+    assert left.is_preterminal and left.word == "The" and left.children == []
+    assert [n.label for n in tree.postorder()] == [2, 3, 2, 4, 3]
+    assert tree.words() == ["The", "good", "film"]
+    assert tree.depth() == 3 and tree.is_binary()
+    assert tree.to_string() == "(3 (2 The) (4 (3 good) (2 film)))"
+
+
+def test_parse_single_preterminal_and_spacing():
+    tree = parse_sst_line("  (2   film )\n", "x.txt:2")
+    assert tree.is_preterminal and tree.word == "film" and tree.label == 2
+    assert tree.postorder() == [tree]
+
+
+def test_no_break_space_stays_inside_a_word():
+    tree = parse_sst_line("(2 (2 8\u00a01\\/2) (2 .))", "x.txt:3")
+    assert tree.words() == ["8\u00a01\\/2", "."]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("(3 (2 a) (2 b)", "not closed"),
+    ("(3 (2 a) (2 b)))", "after the end of the tree"),
+    ("(3 (2 a)) (2 b)", "after the end of the tree"),
+    ("(x a)", "expected a label"),
+    ("(7 a)", "outside 0-4"),
+    ("(2 )", "no word and no children"),
+    ("(2 a b)", "more than one child"),
+    ("(2 (2 a) b)", "more than one child"),
+    ("(2 a (2 b))", "mixes the word"),
+    ("a (2 b)", "must start with '('"),
+    ("", "empty line"),
+    ("(3 (2 a) (", "line ends after"),
+    ("(2", "not closed"),
+])
+def test_malformed_lines_raise_with_source(line, message):
+    with pytest.raises(SSTFormatError) as info:
+        parse_sst_line(line, "bad.txt:17")
+    text = str(info.value)
+    assert text.startswith("bad.txt:17: ") and message in text
+
+
+def test_load_names_file_and_line(tmp_path):
+    lines = SMALL_TREES[:2] + ["", "(3 (2 a) (2 b)"]
+    (tmp_path / "dev.txt").write_text("\n".join(lines) + "\n")
+    with pytest.raises(SSTFormatError, match=r"dev\.txt:4: unbalanced"):
+        load_sst(str(tmp_path), "dev")
+
+
+def test_load_skips_blank_lines(tmp_path):
+    path = tmp_path / "test.txt"
+    path.write_text("\n" + SMALL_TREES[0] + "\n\n" + SMALL_TREES[2] + "\n")
+    trees = load_sst(str(tmp_path), "test")
+    assert [t.to_string() for t in trees] == [SMALL_TREES[0], SMALL_TREES[2]]
+
+
+def test_load_missing_file_and_bad_split(tmp_path):
+    with pytest.raises(FileNotFoundError, match="train.txt"):
+        load_sst(str(tmp_path), "train")
+    with pytest.raises(ValueError, match="unknown SST split"):
+        load_sst(str(tmp_path), "validation")
+
+
+_WORDS = st.text(alphabet="abcXYZ.,'`-\\/\u00a0", min_size=1, max_size=4)
+_LABELS = st.integers(0, 4)
+_TREES = st.recursive(
+    st.builds(lambda label, word: SSTTree(label, word=word), _LABELS, _WORDS),
+    lambda kids: st.builds(lambda label, a, b: SSTTree(label, children=[a, b]),
+                           _LABELS, kids, kids),
+    max_leaves=12)
+
+
+@settings(deadline=None)
+@given(_TREES)
+def test_roundtrip_random_trees(tree):
+    text = tree.to_string()
+    parsed = parse_sst_line(text, "gen")
+    assert parsed.to_string() == text
+    assert [n.label for n in parsed.postorder()] == \
+        [n.label for n in tree.postorder()]
+
+
+# ---------------------------------------------------------------- vocabulary
+
+def test_vocab_ids_and_unknown_words():
+    trees = small_trees()
+    vocab = build_vocab(trees)
+    assert vocab[UNK] == 0
+    assert sorted(vocab.values()) == list(range(len(vocab)))
+    assert set(vocab) == {UNK, "The", "good", "film", "A", "dull", "great",
+                          ".", "awful", ","}
+    assert build_vocab(list(reversed(trees))) == vocab
+    unseen = assign_ids([parse_sst_line("(2 (2 film) (2 zebra))", "u")], vocab)
+    ids = [n.word_id for n in unseen[0].postorder() if n.is_preterminal]
+    assert ids == [vocab["film"], vocab[UNK]]
+
+
+@pytest.fixture(scope="module")
+def sst_train():
+    if SST_DIR is None:
+        pytest.skip("SST data not found (expected ../shared/data/sst)")
+    return load_sst(SST_DIR, "train")
+
+
+@needs_sst
+def test_real_sst_files(sst_train):
+    assert len(sst_train) == 8544
+    assert len(load_sst(SST_DIR, "dev")) == 1101
+    assert all(tree.is_binary() for tree in sst_train)
+    labels = {node.label for tree in sst_train[:500]
+              for node in tree.postorder()}
+    assert labels == {0, 1, 2, 3, 4}
+    vocab = build_vocab(sst_train)
+    assert len(vocab) > 15000 and vocab[UNK] == 0
+
+
+# --------------------------------------------------------------- Gluon model
+
+
+def make(vocab_size, embed=7, hidden=5, seed=3):
+    return sst_model.make_model(vocab_size, embed, hidden, seed=seed)
+
+
+def make_sensitive(vocab_size, embed, hidden, seed=4):
+    """A model with large random weights and biases.
+
+    With the default small initialisation the states stay near zero and a
+    wrong gate or weight changes the loss by less than the tolerance.
+    """
+    model = make(vocab_size, embed, hidden)
+    rng = np.random.RandomState(seed)
+    weights = {}
+    for name, value in sst_model.get_weights(model).items():
+        fan_in = value.shape[1] if value.ndim == 2 else 1
+        scale = 1.0 if name == "embedding" else 1.5 / np.sqrt(fan_in)
+        weights[name] = rng.normal(0, scale, value.shape).astype(np.float32)
+    sst_model.set_weights(model, weights)
+    return model
+
+
+def loss_and_grads(model, trees, batched):
+    with autograd.record():
+        loss = sst_model.sst_loss(model(trees, batched), trees)
+    loss.backward()
+    grads = {name: p.grad().asnumpy()
+             for name, p in model.collect_params().items()}
+    return float(loss.asscalar()), grads
+
+
+def test_gluon_loss_finite_and_gradients_exist():
+    trees = small_trees()
+    vocab = build_vocab(trees)
+    model = make(len(vocab))
+    outputs = model(trees, False)
+    assert len(outputs) == len(trees)
+    for tree, (h, c, logits) in zip(trees, outputs):
+        assert h.shape == (1, 5) and c.shape == (1, 5)
+        assert len(logits) == len(tree.postorder())
+        assert all(z.shape == (1, 5) for z in logits)
+    loss, grads = loss_and_grads(model, trees, batched=False)
+    n_nodes = sum(len(t.postorder()) for t in trees)
+    assert np.isfinite(loss) and 0.5 * n_nodes < loss < 3 * n_nodes
+    for name, grad in grads.items():
+        assert np.all(np.isfinite(grad)), name
+        assert np.abs(grad).sum() > 0, "no gradient for %s" % name
+    emb_grad = grads[model.embedding.name]
+    assert np.abs(emb_grad[vocab[UNK]]).sum() == 0  # UNK row is never used
+    assert np.abs(emb_grad[vocab["film"]]).sum() > 0
+
+
+def test_gluon_loss_matches_numpy_reference():
+    tree = parse_sst_line("(1 (3 good) (0 bad))", "ref")
+    vocab = build_vocab([tree])
+    assign_ids([tree], vocab)
+    model = make_sensitive(len(vocab), embed=4, hidden=3)
+    w = sst_model.get_weights(model)
+
+    def sig(x):
+        return 1 / (1 + np.exp(-x))
+
+    def gates(z):
+        return sig(z[:3]), sig(z[3:6]), np.tanh(z[6:])
+
+    def leaf(word):
+        i, o, u = gates(w["leaf_iou_weight"] @ w["embedding"][vocab[word]]
+                        + w["leaf_iou_bias"])
+        c = i * u
+        return o * np.tanh(c), c
+
+    def nll(h, label):
+        z = w["out_weight"] @ h
+        return np.log(np.exp(z).sum()) - z[label]
+
+    (h1, c1), (h2, c2) = leaf("good"), leaf("bad")
+    i, o, u = gates(w["iou_weight"] @ np.concatenate([h1, h2]) + w["iou_bias"])
+    f1 = sig(w["forget_left_weight"] @ h1 + w["forget_bias"])
+    f2 = sig(w["forget_right_weight"] @ h2 + w["forget_bias"])
+    c = i * u + f1 * c1 + f2 * c2
+    h = o * np.tanh(c)
+    expected = nll(h1, 3) + nll(h2, 0) + nll(h, 1)
+    got = sst_model.batch_loss(model, [tree], batched=False)
+    assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_batched_scope_matches_eager():
+    trees = small_trees()
+    vocab = build_vocab(trees)
+    model = make(len(vocab))
+    eager_loss, eager_grads = loss_and_grads(model, trees, batched=False)
+    batched_loss, batched_grads = loss_and_grads(model, trees, batched=True)
+    assert batched_loss == pytest.approx(eager_loss, rel=1e-5)
+    for name, grad in eager_grads.items():
+        np.testing.assert_allclose(batched_grads[name], grad, rtol=1e-4,
+                                   atol=1e-6, err_msg=name)
+
+
+def test_sst_loss_rejects_wrong_trees():
+    trees = small_trees()
+    model = make(len(build_vocab(trees)))
+    outputs = model(trees[:2], False)
+    with pytest.raises(ValueError, match="logits"):
+        sst_model.sst_loss(outputs, trees[:3])
+
+
+def test_weights_roundtrip(tmp_path):
+    trees = small_trees()
+    vocab = build_vocab(trees)
+    source, target = make(len(vocab), seed=1), make(len(vocab), seed=2)
+    before = sst_model.batch_loss(target, trees, batched=False)
+    weights = sst_model.get_weights(source)
+    assert set(weights) == set(sst_model.WEIGHT_NAMES)
+    sst_model.set_weights(target, weights)
+    after = sst_model.batch_loss(target, trees, batched=False)
+    assert after == pytest.approx(sst_model.batch_loss(source, trees, False))
+    assert after != pytest.approx(before)
+    path = str(tmp_path / "w.npz")
+    sst_model.save_weights(source, path, vocab)
+    with np.load(path) as data:
+        assert list(data["vocab"]) == sorted(vocab, key=vocab.get)
+        np.testing.assert_array_equal(data["out_weight"],
+                                      weights["out_weight"])
+    weights["out_weight"] = weights["out_weight"][:, :-1]
+    with pytest.raises(ValueError, match="out_weight"):
+        sst_model.set_weights(target, weights)
+
+
+# ------------------------------------------------------ Gluon == DyNet check
+
+def run_dynet(args):
+    done = subprocess.run([sys.executable, DYNET_SCRIPT] + args,
+                          capture_output=True, text=True, timeout=120)
+    return done
+
+
+def gluon_and_dynet_losses(tmp_path, trees, vocab, embed=7, hidden=5, steps=3):
+    """Losses of ``steps`` Adam steps on the same batch, Gluon and DyNet."""
+    model = make_sensitive(len(vocab), embed, hidden)
+    weights_file = str(tmp_path / "weights.npz")
+    trees_file = str(tmp_path / "trees.txt")
+    sst_model.save_weights(model, weights_file, vocab)
+    with open(trees_file, "w") as handle:
+        handle.write("\n".join(t.to_string() for t in trees) + "\n")
+    trainer = gluon.Trainer(model.collect_params(), "adam")
+    gluon_losses = [sst_model.train_step(model, trainer, trees, batched=False)
+                    for _ in range(steps)]
+    done = run_dynet(["--trees", trees_file, "--weights", weights_file,
+                      "--embed", str(embed), "--hidden", str(hidden),
+                      "--batch-size", str(len(trees)), "--warmup", "0",
+                      "--train-batches", str(steps), "--mode", "train",
+                      "--no-shuffle", "--autobatch", "1"])
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["first_batch_loss"] == result["train"]["losses"][0]
+    return gluon_losses, result["train"]["losses"]
+
+
+@needs_dynet
+def test_dynet_matches_gluon_on_small_trees(tmp_path):
+    trees = small_trees()
+    vocab = build_vocab(trees[:3])  # later trees hold unknown words
+    assign_ids(trees, vocab)
+    gluon_losses, dynet_losses = gluon_and_dynet_losses(tmp_path, trees, vocab)
+    assert gluon_losses[0] > gluon_losses[-1]  # Adam steps do something
+    np.testing.assert_allclose(dynet_losses, gluon_losses, rtol=1e-4)
+
+
+@needs_dynet
+@needs_sst
+def test_dynet_matches_gluon_on_sst_trees(tmp_path, sst_train):
+    vocab = build_vocab(sst_train)
+    trees = load_sst(SST_DIR, "dev")[:2] + sst_train[:3]
+    assign_ids(trees, vocab)
+    gluon_losses, dynet_losses = gluon_and_dynet_losses(
+        tmp_path, trees, vocab, embed=9, hidden=6, steps=2)
+    np.testing.assert_allclose(dynet_losses, gluon_losses, rtol=1e-4)
+
+
+def test_dynet_script_help():
+    done = run_dynet(["--help"])
+    assert done.returncode == 0
+    for option in ("--autobatch", "--mode", "--weights", "--json-out"):
+        assert option in done.stdout
+
+
+@needs_dynet
+def test_dynet_script_rejects_mismatched_weights(tmp_path):
+    trees = small_trees()
+    vocab = build_vocab(trees)
+    weights_file = str(tmp_path / "w.npz")
+    trees_file = str(tmp_path / "t.txt")
+    sst_model.save_weights(make(len(vocab), 7, 5), weights_file, vocab)
+    with open(trees_file, "w") as handle:
+        handle.write("\n".join(SMALL_TREES) + "\n")
+    done = run_dynet(["--trees", trees_file, "--weights", weights_file,
+                      "--embed", "7", "--hidden", "6", "--batch-size", "5",
+                      "--warmup", "0", "--train-batches", "1"])
+    assert done.returncode != 0 and "shape" in done.stderr
