@@ -3,6 +3,7 @@ import mxnet as mx
 from mxnet import gluon
 
 from . import record
+from .cache import PlanCache
 from .errors import BatchingError, describe_call
 from .lazy import LazyArray
 from .plan import STRATEGIES
@@ -23,16 +24,23 @@ class DynBatchBlock(gluon.HybridBlock):
         Planning strategy: ``"agenda"``, ``"depth"``, ``"unbatched"`` or ``"reference"``.
     analysis_budget : float or "auto", optional
         Seconds of analysis per flush (used by the compiling planner).
+    compiled : bool, default False
+        Run flushes as compiled MXNet graphs (CachedOp) kept in a plan cache.
+    max_cached_plans : int, default 64
+        Bound of this block's plan cache (least recently used plans go first).
     **kwargs
         Passed to ``gluon.HybridBlock`` (``prefix``, ``params``).
     """
 
-    def __init__(self, strategy="agenda", analysis_budget=None, **kwargs):
+    def __init__(self, strategy="agenda", analysis_budget=None, compiled=False,
+                 max_cached_plans=64, **kwargs):
         super().__init__(**kwargs)
         if strategy not in STRATEGIES:
             raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
         self.strategy = strategy
         self.analysis_budget = analysis_budget
+        self.compiled = compiled
+        self.plan_cache = PlanCache(max_cached_plans)
 
     def forward(self, *args):
         """Eager, one-sample call (outside a batching scope)."""
@@ -47,6 +55,8 @@ class DynBatchBlock(gluon.HybridBlock):
             rec.num_samples += 1
             if getattr(rec, "strategy", None) is None:
                 rec.strategy = self.strategy
+                rec.compiled = self.compiled
+                rec.cache = self.plan_cache
             args = rec.wrap_inputs(args)
         rec.depth += 1
         rec.path.append(self.name)

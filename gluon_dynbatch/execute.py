@@ -10,19 +10,23 @@ segments, so many rows taken from one array become a single gather.
 import mxnet as mx
 import numpy as np
 
-from .graph import LEAF, VIEW, Slot
-from .signatures import BROW, SHARED
+from .graph import LEAF, VIEW
+from .signatures import BROW, SHARED, call_as_recorded
 
 
-class Executor:
-    """Runs one plan on ``ctx`` and hands results to the live LazyArrays."""
+class SegmentWalker:
+    """Segment bookkeeping shared by the imperative executor and the compiler.
 
-    def __init__(self, ctx):
-        self.ctx = ctx or mx.current_context()
+    Subclasses say what a leaf's source is (``leaf_source``); a source has a
+    row count given by ``source_rows``.
+    """
+
+    def __init__(self):
         self.segs = {}
-        self.num_gathers = 0
 
-    # -- segments -----------------------------------------------------------------
+    def leaf_source(self, node):
+        raise NotImplementedError
+
     def segments(self, node, idx=0):
         """The segment list of output ``idx`` of ``node``."""
         key = (node, idx)
@@ -30,8 +34,7 @@ class Executor:
         if found is not None:
             return found
         if node.kind == LEAF:
-            array = node.value if node.value is not None else node.param.data(self.ctx)
-            found = [(array, 0, node.out_shapes[0][0])]
+            found = [(self.leaf_source(node), 0, node.out_shapes[0][0])]
         elif node.kind == VIEW:
             found = self._view_segments(node)
         else:
@@ -52,14 +55,75 @@ class Executor:
             return _cut(segs, node.kwargs["begin"], node.kwargs["end"], src.rows(i))
         return segs * node.out_shapes[0][0]          # broadcast of a single row
 
+    def input_segments(self, nodes, k, role):
+        """Segments of input ``k`` of every node, rows broadcast where ``role`` says."""
+        segs = []
+        for node in nodes:
+            src, i = node.inputs[k]
+            part = self.segments(src, i)
+            rows_out = node.out_shapes[0][0]
+            if role == BROW and src.out_shapes[i][0] == 1 and rows_out > 1:
+                part = part * rows_out
+            segs.extend(part)
+        return segs
+
+    def assign(self, nodes, outs):
+        """Record the rows of step outputs ``outs`` belonging to each node."""
+        for j, out in enumerate(outs):
+            offset = 0
+            for node in nodes:
+                rows = node.out_shapes[j][0]
+                self.segs[(node, j)] = [(out, offset, offset + rows)]
+                offset += rows
+
+
+def shared_inputs(nodes):
+    """Per input of a batch: True when it is passed once rather than gathered.
+
+    SHARED inputs always are.  A one-row BROW input that every node shares can
+    broadcast natively too, provided another input is gathered at full rows
+    (otherwise the batch would have one row instead of one per node).
+    """
+    node0 = nodes[0]
+    shared = []
+    for k, role in enumerate(node0.meta):
+        first = node0.inputs[k]
+        shared.append(role == SHARED or (
+            role == BROW and first[0].out_shapes[first[1]][0] == 1
+            and all(n.inputs[k] == first for n in nodes)))
+    if all(shared[k] for k, role in enumerate(node0.meta) if role != SHARED):
+        for k, role in enumerate(node0.meta):
+            if role != SHARED:
+                shared[k] = False
+                break
+    return shared
+
+
+def merge_segments(segs):
+    """Join adjacent segments of the same source."""
+    merged = []
+    for source, start, stop in segs:
+        if merged and merged[-1][0] is source and merged[-1][2] == start:
+            merged[-1] = (source, merged[-1][1], stop)
+        else:
+            merged.append((source, start, stop))
+    return merged
+
+
+class Executor(SegmentWalker):
+    """Runs one plan on ``ctx`` and hands results to the live LazyArrays."""
+
+    def __init__(self, ctx):
+        super().__init__()
+        self.ctx = ctx or mx.current_context()
+        self.num_gathers = 0
+
+    def leaf_source(self, node):
+        return node.value if node.value is not None else node.param.data(self.ctx)
+
     def gather(self, segs):
         """One array holding the rows of ``segs`` in order; (array, is_new)."""
-        merged = []
-        for array, start, stop in segs:
-            if merged and merged[-1][0] is array and merged[-1][2] == start:
-                merged[-1] = (array, merged[-1][1], stop)
-            else:
-                merged.append((array, start, stop))
+        merged = merge_segments(segs)
         if len(merged) == 1:
             array, start, stop = merged[0]
             if start == 0 and stop == array.shape[0]:
@@ -90,84 +154,28 @@ class Executor:
             nodes = step.nodes
             if len(nodes) == 1:
                 outs = self._run_single(nodes[0])
-            elif nodes[0].rule.kind == "segment":
-                outs = self._run_segment(nodes)
             else:
-                outs = self._run_rows(nodes)
-            self._assign(nodes, outs)
-
-    def _call(self, node, inputs, extra_kwargs=None):
-        args = [inputs[a.k] if isinstance(a, Slot) else a for a in node.args]
-        kwargs = {k: (inputs[v.k] if isinstance(v, Slot) else v)
-                  for k, v in node.kwargs.items()}
-        if extra_kwargs:
-            kwargs.update(extra_kwargs)
-        out = node.op.nd_fn(*args, **kwargs)
-        return list(out) if isinstance(out, (list, tuple)) else [out]
+                outs = self._run_batch(nodes)
+            self.assign(nodes, outs)
 
     def _run_single(self, node):
         inputs = [self.gather(self.segments(src, i))[0] for src, i in node.inputs]
-        return self._call(node, inputs)
+        return call_as_recorded(mx.nd, node, inputs)
 
-    def _run_rows(self, nodes):
+    def _run_batch(self, nodes):
         node0 = nodes[0]
-        inputs = []
-        for k, role in enumerate(node0.meta):
-            inputs.append(self._gather_input(nodes, k, role))
-        outs = self._call(node0, inputs, node0.rule.batch_kwargs(node0))
-        return outs
+        shared = shared_inputs(nodes)
+        inputs = [self._gather_input(nodes, k, role, shared[k])
+                  for k, role in enumerate(node0.meta)]
+        if node0.rule.kind == "segment":
+            inputs.append(mx.nd.array(node0.rule.segment_matrix(nodes, inputs[0].dtype),
+                                      ctx=self.ctx, dtype=inputs[0].dtype))
+        return node0.rule.batched_call(mx.nd, node0, inputs)
 
-    def _gather_input(self, nodes, k, role):
-        first = nodes[0].inputs[k]
-        if role == SHARED:
-            return self.gather(self.segments(*first))[0]
-        if role == BROW and first[0].out_shapes[first[1]][0] == 1 and \
-                all(n.inputs[k] == first for n in nodes):
-            return self.gather(self.segments(*first))[0]   # broadcasts natively
-        segs = []
-        for node in nodes:
-            src, i = node.inputs[k]
-            part = self.segments(src, i)
-            rows_out = node.out_shapes[0][0]
-            if role == BROW and src.out_shapes[i][0] == 1 and rows_out > 1:
-                part = part * rows_out
-            segs.extend(part)
-        return self.gather(segs)[0]
-
-    def _run_segment(self, nodes):
-        """sum/mean over axis 0 of ragged rows: pad, reshape, reduce a new axis."""
-        node0 = nodes[0]
-        data = self._gather_input(nodes, 0, "row")
-        counts = [n.inputs[0][0].out_shapes[n.inputs[0][1]][0] for n in nodes]
-        longest, total = max(counts), sum(counts)
-        tail = node0.inputs[0][0].out_shapes[node0.inputs[0][1]][1:]
-        index = np.full((len(nodes), longest), total, dtype=np.int32)
-        start = 0
-        for row, count in enumerate(counts):
-            index[row, :count] = np.arange(start, start + count)
-            start += count
-        pad = mx.nd.zeros((1,) + tuple(tail), ctx=self.ctx, dtype=data.dtype)
-        padded = mx.nd.take(mx.nd.concat(data, pad, dim=0),
-                            mx.nd.array(index.reshape(-1), ctx=self.ctx, dtype="int32"))
-        padded = padded.reshape((len(nodes), longest) + tuple(tail))
-        out = mx.nd.sum(padded, axis=1)
-        if node0.op.name == "mean":
-            shape = (len(nodes),) + (1,) * len(tail)
-            out = mx.nd.broadcast_div(out, mx.nd.array(
-                np.array(counts, dtype=np.float64).reshape(shape), ctx=self.ctx,
-                dtype=out.dtype))
-        return [out.reshape((-1,) + tuple(node0.out_shapes[0][1:]))]
-
-    def _assign(self, nodes, outs):
-        for j, out in enumerate(outs):
-            if len(nodes) == 1:
-                self.segs[(nodes[0], j)] = [(out, 0, nodes[0].out_shapes[j][0])]
-                continue
-            offset = 0
-            for node in nodes:
-                rows = node.out_shapes[j][0]
-                self.segs[(node, j)] = [(out, offset, offset + rows)]
-                offset += rows
+    def _gather_input(self, nodes, k, role, shared):
+        if shared:
+            return self.gather(self.segments(*nodes[0].inputs[k]))[0]
+        return self.gather(self.input_segments(nodes, k, role))[0]
 
     # -- results ----------------------------------------------------------------------
     def deliver(self, live):

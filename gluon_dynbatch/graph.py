@@ -39,7 +39,7 @@ class Node:
 
     __slots__ = ("id", "graph", "kind", "op", "inputs", "args", "kwargs",
                  "out_shapes", "out_dtypes", "sig", "rule", "deps", "depth",
-                 "sample", "path", "value", "param", "outs", "meta")
+                 "sample", "path", "value", "param", "outs", "meta", "attrs")
 
     def __init__(self, graph, kind, op=None, inputs=(), args=(), kwargs=None):
         self.graph = graph
@@ -60,7 +60,8 @@ class Node:
         self.value = None      # leaf: the concrete NDArray
         self.param = None      # leaf: the gluon Parameter
         self.outs = None       # weakrefs to the LazyArrays of the outputs
-        self.meta = None       # rule-specific facts (e.g. row ranges of a view)
+        self.meta = None       # rule-specific facts (roles of the inputs)
+        self.attrs = None      # hashable constant arguments (for signatures and cache keys)
 
     def __repr__(self):
         name = self.op.name if self.op is not None else (

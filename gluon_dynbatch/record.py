@@ -290,6 +290,7 @@ class Recorder:
                 _first_line(err))) from None
         self._finish_deferred(inputs, inferred)
         node.out_shapes, node.out_dtypes = out_shapes, out_dtypes
+        node.attrs = attrs_key
         self._sign(node, attrs_key)
         graph.add(node)
         self.num_recorded += 1

@@ -4,7 +4,8 @@ It is the oracle of the tests: batched plans must give its outputs and gradients
 """
 import mxnet as mx
 
-from .graph import LEAF, Slot
+from .graph import LEAF
+from .signatures import call_as_recorded
 
 
 def run_reference(nodes, live, ctx):
@@ -17,12 +18,7 @@ def run_reference(nodes, live, ctx):
             values[(node, 0)] = array
             continue
         inputs = [values[(src, i)] for src, i in node.inputs]
-        args = [inputs[a.k] if isinstance(a, Slot) else a for a in node.args]
-        kwargs = {k: (inputs[v.k] if isinstance(v, Slot) else v)
-                  for k, v in node.kwargs.items()}
-        out = node.op.nd_fn(*args, **kwargs)
-        outs = out if isinstance(out, (list, tuple)) else [out]
-        for j, array in enumerate(outs):
+        for j, array in enumerate(call_as_recorded(mx.nd, node, inputs)):
             values[(node, j)] = array
     for node, idx, lazy in live:
         lazy._set_result(mx.nd.identity(values[(node, idx)]))  # pylint: disable=protected-access

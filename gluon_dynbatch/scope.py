@@ -6,6 +6,8 @@ import time
 
 from . import record
 from .errors import BatchingError
+from .cache import PlanCache
+from .compile import run_compiled
 from .execute import Executor
 from .plan import STRATEGIES, make_plan
 from .reference import run_reference
@@ -53,10 +55,11 @@ class BatchingScope:
         Counters and timings of the scope's flushes, complete after it exits.
     """
 
-    def __init__(self, strategy=None):
+    def __init__(self, strategy=None, compiled=None):
         if strategy is not None and strategy not in STRATEGIES:
             raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
         self.strategy = strategy
+        self.compiled = compiled
         self.stats = BatchStats()
         self.recorder = None
         self._outer = None
@@ -99,6 +102,14 @@ class BatchingScope:
     def _strategy(self):
         return self.strategy or getattr(self.recorder, "strategy", None) or "agenda"
 
+    def _compiled(self):
+        if self.compiled is not None:
+            return self.compiled
+        return bool(getattr(self.recorder, "compiled", False))
+
+    def _cache(self):
+        return getattr(self.recorder, "cache", None) or DEFAULT_CACHE
+
     def flush(self):
         """Plan and run everything pending; fill in the live LazyArrays."""
         rec = self.recorder
@@ -136,7 +147,10 @@ class BatchingScope:
         t0 = time.perf_counter()
         plan = make_plan(needed, strategy)
         t1 = time.perf_counter()
-        _execute(plan, live, ctx)
+        if self._compiled():
+            run_compiled(plan, live, ctx, self._cache(), stats)
+        else:
+            _execute(plan, live, ctx)
         t2 = time.perf_counter()
         stats.plan_ms = 1000.0 * (t1 - t0)
         stats.execute_ms = 1000.0 * (t2 - t1)
@@ -151,7 +165,10 @@ def _execute(plan, live, ctx):
     executor.deliver(live)
 
 
-def batching(strategy=None):
+DEFAULT_CACHE = PlanCache(64)
+
+
+def batching(strategy=None, compiled=None):
     """Open a batching scope on this thread.
 
     Inside it, calls of :class:`DynBatchBlock` s (and of any child block, ``F``
@@ -165,10 +182,13 @@ def batching(strategy=None):
     strategy : str, optional
         ``"agenda"``, ``"depth"``, ``"unbatched"`` or ``"reference"``;
         defaults to the strategy of the first DynBatchBlock called.
+    compiled : bool, optional
+        Run each flush as one compiled MXNet graph (CachedOp), cached by plan
+        shape; defaults to the setting of the first DynBatchBlock called.
 
     Returns
     -------
     BatchingScope
         Its ``stats`` describe the work done.
     """
-    return BatchingScope(strategy)
+    return BatchingScope(strategy, compiled)

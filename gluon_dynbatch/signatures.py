@@ -26,9 +26,36 @@ class Rule:
     """Base class: ``signature(node)`` returns a hashable key, or None to run alone."""
 
     kind = "rows"
+    keyed_attrs = True      # constant arguments are part of the signature
 
     def signature(self, node):
         raise NotImplementedError
+
+    def batched_call(self, F, node, inputs):
+        """Run the batch of ``node``'s signature on gathered ``inputs``.
+
+        ``F`` is ``mx.nd`` or ``mx.sym``; returns a list of outputs laid out
+        as the nodes' outputs concatenated along axis 0.
+        """
+        return call_as_recorded(F, node, inputs)
+
+
+def call_as_recorded(F, node, inputs, extra_kwargs=None):
+    """Call ``node``'s operator through ``F`` with ``inputs`` in its array slots."""
+    fn = F
+    for part in node.op.path:
+        fn = getattr(fn, part)
+    args = [inputs[a.k] if type(a).__name__ == "Slot" else a for a in node.args]
+    kwargs = {k: (inputs[v.k] if type(v).__name__ == "Slot" else v)
+              for k, v in node.kwargs.items()}
+    if extra_kwargs:
+        kwargs.update(extra_kwargs)
+    out = fn(*args, **kwargs)
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    if hasattr(out, "list_outputs") and len(out.list_outputs()) > 1:
+        return [out[i] for i in range(len(out.list_outputs()))]
+    return [out]
 
 
 class AloneRule(Rule):
@@ -93,9 +120,6 @@ class RowRule(Rule):
         node.meta = roles
         return tuple(keys)
 
-    def batch_kwargs(self, node):
-        """Keyword overrides for the batched call (none for plain row rules)."""
-        return None
 
 
 def _out_ndim(node):
@@ -225,8 +249,8 @@ class ReshapeRule(Rule):
         node.meta = (ROW,)
         return (("reshape", _trail(shape_out), _in_dtype(node, 0)),)
 
-    def batch_kwargs(self, node):
-        return {"shape": (-1,) + tuple(_trail(node.out_shapes[0]))}
+    def batched_call(self, F, node, inputs):
+        return [F.reshape(inputs[0], shape=(-1,) + tuple(_trail(node.out_shapes[0])))]
 
 
 class SegmentRule(Rule):
@@ -244,6 +268,25 @@ class SegmentRule(Rule):
         node.meta = (ROW,)
         return (("segment", _trail(shape), _in_dtype(node, 0),
                  bool(node.kwargs.get("keepdims", False))),)
+
+    @staticmethod
+    def segment_matrix(nodes, dtype):
+        """(nodes, rows) matrix summing (or averaging) each node's input rows."""
+        import numpy as np
+        counts = [n.inputs[0][0].out_shapes[n.inputs[0][1]][0] for n in nodes]
+        matrix = np.zeros((len(nodes), sum(counts)), dtype=dtype)
+        mean = nodes[0].op.name == "mean"
+        start = 0
+        for row, count in enumerate(counts):
+            matrix[row, start:start + count] = 1.0 / count if mean else 1.0
+            start += count
+        return matrix
+
+    def batched_call(self, F, node, inputs):
+        """``inputs`` = (rows of every node, segment matrix)."""
+        data, matrix = inputs
+        summed = F.dot(matrix, F.reshape(data, shape=(0, -1)))
+        return [F.reshape(summed, shape=(-1,) + tuple(node.out_shapes[0][1:]))]
 
 
 class RowFallback(Rule):

@@ -21,6 +21,10 @@ class BatchStats:
     record_ms, plan_ms, execute_ms : float
         Wall time recording (the user's forward code included), planning and
         executing (launching MXNet work; the engine may still be computing).
+    compile_ms : float
+        Part of ``execute_ms`` spent building CachedOps for new plan shapes.
+    cache_hits, cache_misses, evictions : int
+        Plan-cache lookups of compiled flushes, and plans evicted by the LRU bound.
     """
 
     flushes: int = 0
@@ -31,6 +35,10 @@ class BatchStats:
     record_ms: float = 0.0
     plan_ms: float = 0.0
     execute_ms: float = 0.0
+    compile_ms: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    evictions: int = 0
 
     @property
     def mean_batch_size(self):
@@ -42,6 +50,12 @@ class BatchStats:
         """Recording time per recorded call, in microseconds."""
         return 1000.0 * self.record_ms / self.nodes if self.nodes else 0.0
 
+    @property
+    def hit_rate(self):
+        """Plan-cache hits per compiled flush (0 when nothing was compiled)."""
+        lookups = self.cache_hits + self.cache_misses
+        return self.cache_hits / lookups if lookups else 0.0
+
     def add(self, other):
         """Add the counters of ``other`` into this object."""
         for f in fields(self):
@@ -52,10 +66,15 @@ class BatchStats:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["mean_batch_size"] = self.mean_batch_size
         out["us_per_node"] = self.us_per_node
+        out["hit_rate"] = self.hit_rate
         return out
 
     def __str__(self):
-        return ("%d samples, %d nodes recorded -> %d steps (mean batch %.1f) in %d "
+        text = ("%d samples, %d nodes recorded -> %d steps (mean batch %.1f) in %d "
                 "flush(es); record %.1f ms (%.2f us/node), plan %.1f ms, execute %.1f ms"
                 % (self.samples, self.nodes, self.steps, self.mean_batch_size, self.flushes,
                    self.record_ms, self.us_per_node, self.plan_ms, self.execute_ms))
+        if self.cache_hits or self.cache_misses:
+            text += "; plan cache %d hit(s), %d miss(es), compile %.1f ms" % (
+                self.cache_hits, self.cache_misses, self.compile_ms)
+        return text

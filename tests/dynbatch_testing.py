@@ -182,7 +182,7 @@ def _flatten(obj):
             yield from _flatten(item)
 
 
-def run_model(model, samples, inputs, strategy):
+def run_model(model, samples, inputs, strategy, compiled=False):
     """Forward and backward of all samples; returns outputs, gradients and stats."""
     for array in inputs:
         array.attach_grad()
@@ -191,7 +191,7 @@ def run_model(model, samples, inputs, strategy):
         if strategy == "eager":
             outs = [model(s, *inputs) for s in samples]
         else:
-            with gdb.batching(strategy=strategy) as scope:
+            with gdb.batching(strategy=strategy, compiled=compiled) as scope:
                 outs = [model(s, *inputs) for s in samples]
             stats = scope.stats
         loss = _loss(outs)
@@ -219,16 +219,21 @@ def assert_same(result, expected, rtol=1e-5, atol=1e-6):
                                    atol=atol * scale, err_msg=name)
 
 
-def check_all_strategies(model, samples, inputs, strategies=BATCHED):
-    """Compare eager, reference and every batched strategy; return their stats."""
+def check_all_strategies(model, samples, inputs, strategies=BATCHED, compiled=(False, True)):
+    """Compare eager, reference and every strategy, imperative and compiled.
+
+    Returns the stats of each run, keyed by ``(strategy, compiled)``.
+    """
     eager = run_model(model, samples, inputs, "eager")
     reference = run_model(model, samples, inputs, "reference")
     assert_same(reference, eager, rtol=1e-6, atol=1e-7)   # same ops, same order
     stats = {}
     for strategy in strategies:
-        result = run_model(model, samples, inputs, strategy)
-        assert_same(result, reference)
-        stats[strategy] = result[2]
+        for mode in compiled:
+            result = run_model(model, samples, inputs, strategy, compiled=mode)
+            assert_same(result, reference)
+            stats[(strategy, mode)] = result[2]
+            stats.setdefault(strategy, result[2])
     return stats
 
 

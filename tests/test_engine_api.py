@@ -238,3 +238,20 @@ def test_graph_invariants_hold_after_recording():
         scope.recorder.graph.lint()
         assert len(scope.recorder.graph.nodes) > 10
     assert all(not h.is_pending for h, _ in outs)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_regression_batch_whose_inputs_are_all_one_shared_row(compiled):
+    """Found by fuzzing: two `add(v, v)` of one shared row must give two rows."""
+    class Twice(gdb.DynBatchBlock):
+        def hybrid_forward(self, F, k, x):
+            v = x[0:1]
+            return F.broadcast_add(v, v), F.broadcast_add(v, v) * k
+
+    model, x = Twice(), nd.random.uniform(shape=(3, 4))
+    with gdb.batching(strategy="depth", compiled=compiled):
+        outs = [model(k, x) for k in (1, 2)]
+    for k, (a, b) in zip((1, 2), outs):
+        want_a, want_b = model(k, x)
+        np.testing.assert_allclose(a.asnumpy(), want_a.asnumpy(), rtol=1e-6)
+        np.testing.assert_allclose(b.asnumpy(), want_b.asnumpy(), rtol=1e-6)

@@ -17,12 +17,12 @@ def trees(draw, depth=0, vocab=12):
     return Tree(word, [draw(trees(depth=depth + 1)) for _ in range(arity)])
 
 
-@given(st.lists(trees(), min_size=1, max_size=6), st.sampled_from(BATCHED))
-def test_random_trees_all_arities(samples, strategy):
+@given(st.lists(trees(), min_size=1, max_size=6), st.sampled_from(BATCHED), st.booleans())
+def test_random_trees_all_arities(samples, strategy, compiled):
     model = make_model(ChildSumTreeLSTM, hidden=3)
     emb = nd.array(mx.nd.random.uniform(shape=(12, 2)).asnumpy())
     expected = run_model(model, samples, [emb], "reference")
-    assert_same(run_model(model, samples, [emb], strategy), expected)
+    assert_same(run_model(model, samples, [emb], strategy, compiled), expected)
 
 
 # A program is a list of instructions over a growing list of values, each of
@@ -110,8 +110,8 @@ class Interpreter(gdb.DynBatchBlock):
 
 
 @given(st.lists(programs(), min_size=1, max_size=5), st.sampled_from(BATCHED),
-       st.booleans())
-def test_random_dag_programs(progs, strategy, same_program):
+       st.booleans(), st.booleans())
+def test_random_dag_programs(progs, strategy, same_program, compiled):
     if same_program:
         progs = [progs[0]] * len(progs)
     samples = [(k, p) for k, p in enumerate(progs)]
@@ -121,5 +121,5 @@ def test_random_dag_programs(progs, strategy, same_program):
     table = nd.array(mx.nd.random.uniform(-1, 1, shape=(len(progs) + 4, WIDTH)).asnumpy())
     expected = run_model(model, samples, [table], "eager")
     assert_same(run_model(model, samples, [table], "reference"), expected)
-    assert_same(run_model(model, samples, [table], strategy), expected, rtol=1e-5,
-                atol=1e-5)
+    assert_same(run_model(model, samples, [table], strategy, compiled), expected,
+                rtol=1e-5, atol=1e-5)

@@ -1,0 +1,236 @@
+"""Compilation: a plan becomes one symbolic graph, run as an MXNet CachedOp.
+
+The graph depends on the plan's *shape* only: the sequence of steps, their
+operators and attributes, and which sources each gather reads.  Which rows go
+where enters as index arrays fed as data (``take``), and ragged axis-0 sums
+as segment matrices (``dot``), so one compiled graph serves every sample set
+whose plan has the same shape.  Compiled graphs live in a ``PlanCache``.
+"""
+import time
+
+import mxnet as mx
+import numpy as np
+
+from .execute import SegmentWalker, merge_segments, shared_inputs
+from .signatures import call_as_recorded
+
+
+class Compiler(SegmentWalker):
+    """Walks a plan, producing its structure key and its feeds.
+
+    Sources are integers: leaves (parameters, input arrays) and step outputs.
+    """
+
+    def __init__(self, ctx):
+        super().__init__()
+        self.ctx = ctx or mx.current_context()
+        self.source_desc = []     # per source: hashable description
+        self.source_rows = []
+        self.leaf_ids = {}
+        self.feeds = {}           # variable name -> NDArray (leaves, segment matrices)
+        self.param_names = set()
+        self.index_parts = []     # (variable name, int32 numpy array)
+        self.steps = []           # (kind, node0, nodes, input descriptions, output sources)
+        self.outputs = []         # (group description, [(node, idx, lazy)])
+        self.key_parts = []
+
+    # -- sources ------------------------------------------------------------------
+    def _new_source(self, desc, rows):
+        self.source_desc.append(desc)
+        self.source_rows.append(rows)
+        return len(self.source_desc) - 1
+
+    def leaf_source(self, node):
+        sid = self.leaf_ids.get(node)
+        if sid is not None:
+            return sid
+        rows = node.out_shapes[0][0]
+        if node.param is not None:
+            param = node.param
+            sid = self._new_source(("param", param.name, id(param), tuple(param.shape),
+                                    np.dtype(param.dtype).name), rows)
+            name = "s%d" % sid
+            self.feeds[name] = param.data(self.ctx)
+            self.param_names.add(name)
+        else:
+            value = node.value
+            sid = self._new_source(("leaf", np.dtype(value.dtype).name, len(value.shape)),
+                                   rows)
+            self.feeds["s%d" % sid] = value
+        self.leaf_ids[node] = sid
+        return sid
+
+    def _gather_desc(self, segs, force_take=False):
+        """('direct', sid) for a whole source in order, else ('take', sids, var)."""
+        merged = merge_segments(segs)
+        if not force_take and len(merged) == 1:
+            sid, start, stop = merged[0]
+            if start == 0 and stop == self.source_rows[sid]:
+                return ("direct", sid)
+        sids = []
+        offsets = {}
+        for sid, _, _ in merged:
+            if sid not in offsets:
+                offsets[sid] = sum(self.source_rows[s] for s in sids)
+                sids.append(sid)
+        index = np.concatenate([np.arange(start, stop, dtype=np.int32) + offsets[sid]
+                                for sid, start, stop in merged])
+        name = "i%d" % len(self.index_parts)
+        self.index_parts.append((name, index))
+        return ("take", tuple(sids), name)
+
+    # -- walking the plan -----------------------------------------------------------
+    def walk(self, plan, live):
+        """Describe every step and the delivery of the ``live`` outputs."""
+        for step in plan.steps:
+            self._walk_step(step.nodes)
+        self._walk_outputs(live)
+        return (tuple(self.key_parts), tuple(self.source_desc[:]),
+                tuple(sorted(self.param_names)))
+
+    def _walk_step(self, nodes):
+        node0 = nodes[0]
+        if node0.rule.kind == "alone":
+            kind = "alone"
+            ins = tuple(self._gather_desc(self.segments(src, i)) for src, i in node0.inputs)
+            key = (kind, node0.op.name, node0.attrs, ins)
+        else:
+            kind = node0.rule.kind
+            ins = []
+            shared = shared_inputs(nodes)
+            for k, role in enumerate(node0.meta):
+                if shared[k]:
+                    ins.append(self._gather_desc(self.segments(*node0.inputs[k])))
+                else:
+                    ins.append(self._gather_desc(self.input_segments(nodes, k, role)))
+            if kind == "segment":
+                name = "m%d" % len(self.steps)
+                dtype = node0.out_dtypes[0]
+                self.feeds[name] = mx.nd.array(node0.rule.segment_matrix(nodes, dtype),
+                                               ctx=self.ctx, dtype=dtype)
+                ins.append(("direct_var", name))
+            ins = tuple(ins)
+            attrs = node0.attrs if node0.rule.keyed_attrs else None
+            key = (kind, node0.op.name, attrs, tuple(node0.meta), type(node0.rule).__name__,
+                   ins)
+        tails = (tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
+                 tuple(shape[1:] for shape in node0.out_shapes),
+                 tuple(np.dtype(d).name for d in node0.out_dtypes))
+        key = key + (tails,)
+        outs = []
+        for j, shape in enumerate(node0.out_shapes):
+            rows = sum(n.out_shapes[j][0] for n in nodes)
+            outs.append(self._new_source(("step", len(self.steps), j), rows))
+        self.assign(nodes, outs)
+        self.steps.append((kind, node0, ins, outs))
+        self.key_parts.append(key)
+
+    def _walk_outputs(self, live):
+        groups = {}
+        for node, idx, lazy in live:
+            gkey = (np.dtype(node.out_dtypes[idx]).name, tuple(node.out_shapes[idx][1:]))
+            groups.setdefault(gkey, []).append((node, idx, lazy))
+        for gkey, members in groups.items():
+            segs = []
+            for node, idx, _ in members:
+                segs.extend(self.segments(node, idx))
+            desc = self._gather_desc(segs, force_take=True)
+            self.outputs.append((desc, members))
+            self.key_parts.append(("out", gkey, desc))
+
+    # -- building and running ----------------------------------------------------------
+    def build_symbol(self):
+        """The symbol of the walked plan (on a cache miss)."""
+        syms = {}
+
+        def source(sid):
+            found = syms.get(sid)
+            if found is None:
+                found = syms[sid] = mx.sym.var("s%d" % sid)
+            return found
+
+        def gather(desc):
+            if desc[0] == "direct":
+                return source(desc[1])
+            if desc[0] == "direct_var":
+                return mx.sym.var(desc[1])
+            _, sids, name = desc
+            table = source(sids[0]) if len(sids) == 1 else mx.sym.concat(
+                *[source(s) for s in sids], dim=0)
+            return mx.sym.take(table, mx.sym.var(name), axis=0)
+
+        for kind, node0, ins, outs in self.steps:
+            inputs = [gather(d) for d in ins]
+            if kind == "alone":
+                results = call_as_recorded(mx.sym, node0, inputs)
+            else:
+                results = node0.rule.batched_call(mx.sym, node0, inputs)
+            for sid, sym in zip(outs, results):
+                syms[sid] = sym
+        return mx.sym.Group([gather(desc) for desc, _ in self.outputs])
+
+    def inputs(self, names):
+        """NDArrays for the symbol's input ``names``, index arrays in one copy."""
+        feeds = dict(self.feeds)
+        if self.index_parts:
+            joined = np.concatenate([part for _, part in self.index_parts])
+            table = mx.nd.array(joined, ctx=self.ctx, dtype="int32")
+            start = 0
+            for name, part in self.index_parts:
+                feeds[name] = table[start:start + len(part)]
+                start += len(part)
+        return [feeds[n] for n in names]
+
+    def deliver(self, results):
+        """Split each output group and hand the pieces to their LazyArrays."""
+        for (desc, members), array in zip(self.outputs, results):
+            if len(members) == 1:
+                pieces = [array]
+            else:
+                bounds = np.cumsum([node.out_shapes[idx][0] for node, idx, _ in members])
+                pieces = mx.nd.split_v2(array, tuple(int(b) for b in bounds[:-1]), axis=0)
+            for (node, idx, lazy), piece in zip(members, pieces):
+                if piece.shape != node.out_shapes[idx]:
+                    piece = piece.reshape(node.out_shapes[idx])
+                lazy._set_result(piece)  # pylint: disable=protected-access
+
+
+class CompiledPlan:
+    """A CachedOp and the order of its inputs."""
+
+    def __init__(self, symbol, param_names):
+        self.names = symbol.list_inputs()
+        flags = [("data_indices", [i for i, n in enumerate(self.names)
+                                   if n not in param_names]),
+                 ("param_indices", [i for i, n in enumerate(self.names) if n in param_names]),
+                 ("static_alloc", True)]
+        self.op = mx.nd.CachedOp(symbol, flags)
+        self.num_outputs = len(symbol.list_outputs())
+        self.calls = 0
+
+    def __call__(self, inputs):
+        self.calls += 1
+        out = self.op(*inputs)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def run_compiled(plan, live, ctx, cache, stats):
+    """Run ``plan`` through a cached (or new) CachedOp; fill ``stats``.
+
+    On a miss, building the symbol, creating the CachedOp and its first call
+    (where MXNet builds the graph) count as compilation.
+    """
+    compiler = Compiler(ctx)
+    key = (str(compiler.ctx),) + compiler.walk(plan, live)
+    entry = cache.get(key)
+    start = time.perf_counter()
+    if entry is None:
+        entry = CompiledPlan(compiler.build_symbol(), compiler.param_names)
+        stats.evictions += cache.put(key, entry)
+        stats.cache_misses += 1
+    else:
+        stats.cache_hits += 1
+    results = entry(compiler.inputs(entry.names))
+    if stats.cache_misses and entry.calls == 1:
+        stats.compile_ms += 1000.0 * (time.perf_counter() - start)
+    compiler.deliver(results)
