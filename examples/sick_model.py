@@ -1,0 +1,323 @@
+"""Dependency (Child-Sum) Tree-LSTM for SICK relatedness (Tai et al. 2015).
+
+The tree encoder is written for one sentence at a time, recursing over the
+children of a node; :mod:`gluon_dynbatch` batches the calls of all trees of a
+minibatch when they run inside one :func:`gluon_dynbatch.batching` scope.
+"""
+import logging
+
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+
+import gluon_dynbatch as gdb
+
+from .sick_data import NUM_CLASSES, expected_score, target_distribution
+
+LOG = logging.getLogger(__name__)
+
+
+class ChildSumLSTMCell(gluon.HybridBlock):
+    """One Child-Sum Tree-LSTM node update.
+
+    ``i, o, u`` are computed from the input and the sum of the children's
+    hidden states; each child ``k`` gets its own forget gate
+    ``f_k = sigmoid(W_f x + U_f h_k + b_f)``; then
+    ``c = i * u + sum_k f_k * c_k`` and ``h = o * tanh(c)``.
+
+    Parameters
+    ----------
+    hidden_size : int
+        Memory dimension H.
+    input_size : int
+        Input (embedding) dimension D.
+    **kwargs
+        Passed to :class:`mxnet.gluon.HybridBlock`.
+    """
+
+    def __init__(self, hidden_size, input_size, **kwargs):
+        super().__init__(**kwargs)
+        self._hidden_size = hidden_size
+        with self.name_scope():
+            self.x_weight = self.params.get(
+                "x_weight", shape=(4 * hidden_size, input_size),
+                init=mx.init.Xavier())
+            self.x_bias = self.params.get(
+                "x_bias", shape=(4 * hidden_size,), init="zeros")
+            self.h_iou_weight = self.params.get(
+                "h_iou_weight", shape=(3 * hidden_size, hidden_size),
+                init=mx.init.Xavier())
+            self.h_f_weight = self.params.get(
+                "h_f_weight", shape=(hidden_size, hidden_size),
+                init=mx.init.Xavier())
+
+    def _gate(self, F, x, k, act):
+        """Slice gate ``k`` (width H) out of ``x`` and apply ``act``."""
+        hid = self._hidden_size
+        part = F.slice_axis(x, axis=1, begin=k * hid, end=(k + 1) * hid)
+        return F.Activation(part, act_type=act)
+
+    def hybrid_forward(self, F, x, child_h, child_c, x_weight, x_bias,
+                       h_iou_weight, h_f_weight):
+        """Compute ``(h, c)`` of a node.
+
+        Parameters
+        ----------
+        F : module
+            ``mx.nd`` or ``mx.sym``.
+        x : NDArray
+            Input of the node, shape (1, D).
+        child_h, child_c : NDArray
+            Hidden and memory states of the k children, shape (k, H); one
+            row of zeros for a leaf.
+
+        Returns
+        -------
+        tuple of NDArray
+            ``(h, c)``, each of shape (1, H).
+        """
+        hid = self._hidden_size
+        x_all = F.FullyConnected(x, x_weight, x_bias, num_hidden=4 * hid)
+        h_sum = F.sum(child_h, axis=0, keepdims=True)
+        iou = (F.slice_axis(x_all, axis=1, begin=0, end=3 * hid)
+               + F.FullyConnected(h_sum, h_iou_weight, no_bias=True,
+                                  num_hidden=3 * hid))
+        i = self._gate(F, iou, 0, "sigmoid")
+        o = self._gate(F, iou, 1, "sigmoid")
+        u = self._gate(F, iou, 2, "tanh")
+        f_x = F.slice_axis(x_all, axis=1, begin=3 * hid, end=4 * hid)
+        f_h = F.FullyConnected(child_h, h_f_weight, no_bias=True,
+                               num_hidden=hid)
+        f = F.Activation(F.broadcast_add(f_h, f_x), act_type="sigmoid")
+        c = i * u + F.sum(f * child_c, axis=0, keepdims=True)
+        h = o * F.Activation(c, act_type="tanh")
+        return h, c
+
+
+class ChildSumTreeLSTM(gdb.DynBatchBlock):
+    """Child-Sum Tree-LSTM over a dependency tree, written per sentence.
+
+    Parameters
+    ----------
+    hidden_size : int
+        Memory dimension H.
+    input_size : int
+        Word-embedding dimension D.
+    strategy : str, optional
+        Batching strategy for :class:`gluon_dynbatch.DynBatchBlock`; None
+        keeps the library's default.
+    analysis_budget : optional
+        Passed to :class:`gluon_dynbatch.DynBatchBlock` when not None.
+    **kwargs
+        Passed to :class:`mxnet.gluon.HybridBlock`.
+    """
+
+    def __init__(self, hidden_size, input_size, strategy=None,
+                 analysis_budget=None, **kwargs):
+        if strategy is not None:
+            kwargs["strategy"] = strategy
+        if analysis_budget is not None:
+            kwargs["analysis_budget"] = analysis_budget
+        super().__init__(**kwargs)
+        self.hidden_size = hidden_size
+        self.input_size = input_size
+        with self.name_scope():
+            self.cell = ChildSumLSTMCell(hidden_size, input_size)
+
+    def hybrid_forward(self, F, tree, embeddings):
+        """Encode the subtree rooted at ``tree``.
+
+        Parameters
+        ----------
+        F : module
+            Operator namespace.
+        tree : examples.sick_data.Tree
+            Root of the subtree; every node's ``word`` must be set.
+        embeddings : NDArray
+            The whole (fixed) embedding table, shape (V, D).
+
+        Returns
+        -------
+        tuple of NDArray
+            ``(h, c)`` of the root, each of shape (1, H).
+        """
+        if tree.word is None:
+            raise ValueError(f"tree node {tree.index} has no word id; "
+                             "call sick_data.attach_words first")
+        states = [self(child, embeddings) for child in tree.children]
+        if states:
+            child_h = F.concat(*[s[0] for s in states], dim=0)
+            child_c = F.concat(*[s[1] for s in states], dim=0)
+        else:
+            child_h = F.zeros((1, self.hidden_size))
+            child_c = F.zeros((1, self.hidden_size))
+        x = embeddings[tree.word:tree.word + 1]
+        return self.cell(x, child_h, child_c)
+
+
+class SimilarityHead(gluon.HybridBlock):
+    """Relatedness classifier on two sentence vectors.
+
+    ``log_softmax(W_p sigmoid(W [h_a * h_b; |h_a - h_b|] + b) + b_p)``.
+
+    Parameters
+    ----------
+    memory_size : int
+        Dimension H of the sentence vectors.
+    hidden_size : int, optional
+        Width of the sigmoid layer.
+    num_classes : int, optional
+        Number of score classes K.
+    **kwargs
+        Passed to :class:`mxnet.gluon.HybridBlock`.
+    """
+
+    def __init__(self, memory_size, hidden_size=50, num_classes=NUM_CLASSES,
+                 **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.hidden = gluon.nn.Dense(hidden_size, activation="sigmoid",
+                                         in_units=2 * memory_size)
+            self.out = gluon.nn.Dense(num_classes, in_units=hidden_size)
+
+    def hybrid_forward(self, F, h_a, h_b):
+        """Return class log-probabilities.
+
+        Parameters
+        ----------
+        F : module
+            Operator namespace.
+        h_a, h_b : NDArray
+            Sentence vectors, shape (B, H).
+
+        Returns
+        -------
+        NDArray
+            Log-probabilities, shape (B, K).
+        """
+        features = F.concat(h_a * h_b, F.abs(h_a - h_b), dim=1)
+        return F.log_softmax(self.out(self.hidden(features)), axis=-1)
+
+
+class SimilarityModel(gluon.Block):
+    """Tree-LSTM encoder shared by both sentences plus a similarity head.
+
+    Parameters
+    ----------
+    input_size : int
+        Word-embedding dimension D.
+    memory_size : int, optional
+        Tree-LSTM memory dimension.
+    hidden_size : int, optional
+        Width of the head's hidden layer.
+    num_classes : int, optional
+        Number of score classes.
+    dynbatch : bool, optional
+        Encode all trees of a call inside one ``gdb.batching()`` scope; when
+        False every tree runs eagerly, one after the other.
+    strategy : str, optional
+        Batching strategy, passed to the encoder when not None.
+    **kwargs
+        Passed to :class:`mxnet.gluon.Block`.
+    """
+
+    def __init__(self, input_size, memory_size=150, hidden_size=50,
+                 num_classes=NUM_CLASSES, dynbatch=True, strategy=None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.dynbatch = dynbatch
+        self.num_classes = num_classes
+        with self.name_scope():
+            self.encoder = ChildSumTreeLSTM(memory_size, input_size,
+                                            strategy=strategy)
+            self.head = SimilarityHead(memory_size, hidden_size, num_classes)
+
+    def encode(self, trees, embeddings):
+        """Encode trees; return their root hidden states as one (N, H) array.
+
+        Parameters
+        ----------
+        trees : list of Tree
+        embeddings : NDArray
+            Embedding table (V, D).
+
+        Returns
+        -------
+        NDArray
+            Shape (len(trees), H).
+        """
+        if self.dynbatch:
+            with gdb.batching():
+                states = [self.encoder(tree, embeddings) for tree in trees]
+        else:
+            states = [self.encoder(tree, embeddings) for tree in trees]
+        return mx.nd.concat(*[h for h, _ in states], dim=0)
+
+    def forward(self, pairs, embeddings):
+        """Predict class log-probabilities for sentence pairs.
+
+        Parameters
+        ----------
+        pairs : list of SickPair
+            Pairs whose trees carry word ids.
+        embeddings : NDArray
+            Embedding table (V, D), held fixed.
+
+        Returns
+        -------
+        NDArray
+            Log-probabilities, shape (len(pairs), K).
+        """
+        trees = [p.a_tree for p in pairs] + [p.b_tree for p in pairs]
+        roots = self.encode(trees, embeddings)
+        n = len(pairs)
+        h_a = mx.nd.slice_axis(roots, axis=0, begin=0, end=n)
+        h_b = mx.nd.slice_axis(roots, axis=0, begin=n, end=2 * n)
+        return self.head(h_a, h_b)
+
+
+def make_loss():
+    """Return the KL-divergence loss against sparse targets.
+
+    In MXNet 1.9 ``KLDivLoss`` sums ``p * (log p - log q)`` over the classes,
+    so each entry is the KL divergence of one pair.
+
+    Returns
+    -------
+    mxnet.gluon.loss.KLDivLoss
+        Called as ``loss(log_probs, targets)``, returns shape (B,).
+    """
+    return gluon.loss.KLDivLoss(from_logits=True)
+
+
+def batch_targets(pairs, num_classes=NUM_CLASSES, ctx=None):
+    """Sparse target distributions of a list of pairs as an (B, K) NDArray.
+
+    Parameters
+    ----------
+    pairs : list of SickPair
+    num_classes : int, optional
+    ctx : mxnet.Context, optional
+
+    Returns
+    -------
+    NDArray
+    """
+    scores = np.array([p.score for p in pairs], dtype=np.float64)
+    return mx.nd.array(target_distribution(scores, num_classes), ctx=ctx)
+
+
+def predict_scores(log_probs):
+    """Expected relatedness ``r^T p`` from class log-probabilities.
+
+    Parameters
+    ----------
+    log_probs : NDArray
+        Shape (B, K).
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape (B,).
+    """
+    return expected_score(np.exp(log_probs.asnumpy()))

@@ -1,0 +1,529 @@
+"""Train a Dependency Tree-LSTM on SICK semantic relatedness.
+
+Reproduces the setting of Tai, Socher & Manning (2015), "Improved Semantic
+Representations From Tree-Structured Long Short-Term Memory Networks": a
+Child-Sum Tree-LSTM (memory 150) over dependency trees, fixed GloVe vectors,
+a sigmoid layer of 50 units on ``[h_a * h_b; |h_a - h_b|]``, KL divergence to
+a sparse target distribution, AdaGrad (lr 0.05, weight decay 1e-4), 25 pairs
+per batch.  The model is written one sentence at a time; gluon_dynbatch
+batches all trees of a minibatch (``--no-dynbatch`` runs them one by one).
+
+Run from the repository root::
+
+    python examples/tree_lstm_sick.py --max-pairs 200 --epochs 1
+"""
+import argparse
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from mxnet import autograd, gluon  # noqa: E402
+from scipy import stats  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from examples import sick_data  # noqa: E402
+from examples.sick_data import SickDataError  # noqa: E402
+from examples.sick_model import (SimilarityModel, batch_targets,  # noqa: E402
+                                 make_loss, predict_scores)
+
+LOG = logging.getLogger("tree_lstm_sick")
+
+DEFAULT_GLOVE = (REPO_ROOT.parent / "shared" / "data" / "glove"
+                 / "glove.6B.50d.sick-subset.txt")
+RANDOM_EMBED_DIM = 50
+EVAL_BATCH_SIZE = 100
+BANNER = "!" * 78
+
+SICK_HELP = """\
+SICK data not found.
+
+Get SICK (CC BY-NC-SA 3.0) from the SemEval-2014 Task 1 page
+(https://alt.qcri.org/semeval2014/task1/) and preprocess it as Tai et al.
+(2015) did (tokenise and dependency-parse with Stanford CoreNLP); the
+scripts of github.com/stanfordnlp/treelstm (fetch_and_preprocess.sh) produce
+exactly this layout:
+
+    DATA_DIR/{train,dev,test}/a.toks     tokens of sentence a, one a line
+    DATA_DIR/{train,dev,test}/b.toks     tokens of sentence b
+    DATA_DIR/{train,dev,test}/a.parents  1-based head of each token, 0 = root
+    DATA_DIR/{train,dev,test}/b.parents
+    DATA_DIR/{train,dev,test}/sim.txt    relatedness score in [1, 5]
+
+then pass --data-dir DATA_DIR (default: ../shared/data/sick from the
+repository root, else ./data/sick)."""
+
+
+class TqdmHandler(logging.Handler):
+    """Logging handler writing through tqdm so progress bars stay intact."""
+
+    def emit(self, record):
+        """Write one formatted record."""
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # pragma: no cover - logging must never raise
+            self.handleError(record)
+
+
+def build_parser():
+    """Return the command-line parser.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+    """
+    parser = argparse.ArgumentParser(
+        description="Dependency Tree-LSTM on SICK relatedness "
+                    "(Tai et al. 2015) with gluon_dynbatch.")
+    add = parser.add_argument
+    add("--data-dir", default=None,
+        help="SICK directory with train/ dev/ test/ "
+             "(default: ../shared/data/sick, else ./data/sick)")
+    add("--glove", default=None,
+        help="GloVe text file (word v1 ... vD), held fixed (default: "
+             "../shared/data/glove/glove.6B.50d.sick-subset.txt if present, "
+             "else random vectors)")
+    add("--epochs", type=int, default=2,
+        help="training epochs (default: %(default)s, a run of a few "
+             "minutes; Tai et al.'s code trains 10, with 300-d GloVe 840B)")
+    add("--batch-size", type=int, default=25,
+        help="pairs per batch (default: %(default)s)")
+    add("--lr", type=float, default=0.05,
+        help="AdaGrad learning rate (default: %(default)s)")
+    add("--wd", type=float, default=1e-4,
+        help="weight decay (default: %(default)s)")
+    add("--memory", type=int, default=150,
+        help="Tree-LSTM memory size (default: %(default)s)")
+    add("--hidden", type=int, default=50,
+        help="hidden units of the similarity layer (default: %(default)s)")
+    add("--max-pairs", type=int, default=None,
+        help="use at most this many training pairs, for quick runs; the "
+             "vocabulary still covers all training tokens (default: all)")
+    add("--max-eval-pairs", type=int, default=None,
+        help="use at most this many dev and test pairs (default: all)")
+    add("--seed", type=int, default=42,
+        help="seed for random, numpy and mxnet (default: %(default)s)")
+    add("--strategy", default=None,
+        help="gluon_dynbatch batching strategy (default: the library's)")
+    add("--no-dynbatch", action="store_true",
+        help="run the same model eagerly, one sample at a time")
+    add("--compare", type=int, default=0, metavar="N",
+        help="time N training batches with and without dynbatch, print "
+             "the speedup and exit")
+    add("--resume", default=None, metavar="FILE",
+        help="load parameters (and FILE.states, the optimiser state, if "
+             "present) before training; with --epochs 0 only evaluates")
+    add("--save-dir", default="runs/sick",
+        help="where best.params, last.params and summary.json go "
+             "(default: %(default)s)")
+    add("--log-interval", type=int, default=20,
+        help="log the training loss every this many batches, 0 = never "
+             "(default: %(default)s)")
+    add("--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def setup_logging(verbose):
+    """Route log records through tqdm at INFO (or DEBUG) level."""
+    handler = TqdmHandler()
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, TqdmHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def seed_everything(seed):
+    """Seed Python's, numpy's and MXNet's random generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    mx.random.seed(seed)
+
+
+def loud(message):
+    """Log a warning framed so that it cannot be missed."""
+    LOG.warning("\n%s\n%s\n%s", BANNER, message, BANNER)
+
+
+def load_data(args):
+    """Load SICK, or a random corpus if it is absent.
+
+    Returns
+    -------
+    dict
+        ``train``, ``dev``, ``test`` lists of pairs (capped by
+        ``--max-pairs`` / ``--max-eval-pairs``), ``train_all`` (the uncapped
+        training pairs, for the vocabulary) and ``source`` (``"sick"`` or
+        ``"random"``).
+    """
+    data_dir = args.data_dir or sick_data.default_data_dir()
+    if data_dir is not None and Path(data_dir).is_dir():
+        splits = {name: sick_data.load_split(data_dir, name)
+                  for name in ("train", "dev", "test")}
+        splits["source"] = "sick"
+        LOG.info("SICK from %s: %s", data_dir, ", ".join(
+            f"{k} {len(splits[k])}" for k in ("train", "dev", "test")))
+    else:
+        print(SICK_HELP if data_dir is None else
+              f"{data_dir} is not a directory.\n\n{SICK_HELP}",
+              file=sys.stderr)
+        loud("NO SICK DATA: training on a RANDOM synthetic corpus.\n"
+             "Scores, correlations and errors below MEAN NOTHING.")
+        splits = {"train": sick_data.random_corpus(2000, args.seed),
+                  "dev": sick_data.random_corpus(300, args.seed + 1),
+                  "test": sick_data.random_corpus(300, args.seed + 2),
+                  "source": "random"}
+    splits["train_all"] = splits["train"]
+    if args.max_pairs is not None:
+        splits["train"] = splits["train"][:args.max_pairs]
+    if args.max_eval_pairs is not None:
+        for name in ("dev", "test"):
+            splits[name] = splits[name][:args.max_eval_pairs]
+    return splits
+
+
+def build_vocab(pairs):
+    """Build a lower-cased gluonnlp Vocab over the tokens of ``pairs``.
+
+    Parameters
+    ----------
+    pairs : list of SickPair
+
+    Returns
+    -------
+    gluonnlp.Vocab
+    """
+    import gluonnlp as nlp
+    counter = None
+    for pair in pairs:
+        counter = nlp.data.count_tokens(pair.a_tokens + pair.b_tokens,
+                                        to_lower=True, counter=counter)
+    return nlp.Vocab(counter, unknown_token="<unk>", padding_token=None,
+                     bos_token=None, eos_token=None)
+
+
+def attach_vocab(pairs, vocab):
+    """Set the word ids of every tree node from the lower-cased tokens."""
+    for pair in pairs:
+        sick_data.attach_words(pair.a_tree,
+                               vocab[[t.lower() for t in pair.a_tokens]])
+        sick_data.attach_words(pair.b_tree,
+                               vocab[[t.lower() for t in pair.b_tokens]])
+
+
+def resolve_glove(path):
+    """Return the GloVe file to use, or None for random vectors.
+
+    Raises
+    ------
+    FileNotFoundError
+        An explicitly given file does not exist.
+    """
+    if path is not None:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--glove file not found: {path}")
+        return Path(path)
+    return DEFAULT_GLOVE if DEFAULT_GLOVE.is_file() else None
+
+
+def build_embeddings(vocab, glove_path, rng):
+    """Return the fixed (V, D) embedding table for ``vocab``.
+
+    Words missing from GloVe (and all words when ``glove_path`` is None)
+    get vectors drawn uniformly from [-0.05, 0.05].
+
+    Returns
+    -------
+    mxnet.nd.NDArray
+    """
+    if glove_path is None:
+        loud("NO GLOVE FILE: word vectors are RANDOM (pass --glove FILE).\n"
+             "Expect far worse results than with pretrained vectors.")
+        table = rng.uniform(-0.05, 0.05, (len(vocab), RANDOM_EMBED_DIM))
+        return mx.nd.array(table)
+    import gluonnlp as nlp
+    glove = nlp.embedding.TokenEmbedding.from_file(str(glove_path))
+    dim = glove.idx_to_vec.shape[1]
+    table = rng.uniform(-0.05, 0.05, (len(vocab), dim))
+    found = [i for i, tok in enumerate(vocab.idx_to_token) if tok in glove]
+    if found:
+        vectors = glove[[vocab.idx_to_token[i] for i in found]].asnumpy()
+        table[found] = vectors.reshape(len(found), dim)
+    LOG.info("GloVe %s: %d-d, %d of %d vocabulary words found",
+             glove_path, dim, len(found), len(vocab))
+    return mx.nd.array(table)
+
+
+def evaluate(model, pairs, embeddings, batch_size=EVAL_BATCH_SIZE):
+    """Predict scores for ``pairs`` and compare with the gold scores.
+
+    Returns
+    -------
+    dict
+        ``pearson``, ``spearman``, ``mse`` and ``predictions``.
+    """
+    preds = []
+    for start in range(0, len(pairs), batch_size):
+        preds.append(predict_scores(
+            model(pairs[start:start + batch_size], embeddings)))
+    pred = np.concatenate(preds)
+    gold = np.array([p.score for p in pairs])
+    return {"pearson": float(stats.pearsonr(pred, gold)[0]),
+            "spearman": float(stats.spearmanr(pred, gold)[0]),
+            "mse": float(np.mean((pred - gold) ** 2)),
+            "predictions": pred}
+
+
+def train_step(model, trainer, loss_fn, batch, embeddings):
+    """Run forward, backward and an optimiser step on one batch.
+
+    Returns
+    -------
+    NDArray
+        Summed loss of the batch (not synchronised).
+    """
+    targets = batch_targets(batch, model.num_classes)
+    with autograd.record():
+        loss = loss_fn(model(batch, embeddings), targets)
+    loss.backward()
+    trainer.step(len(batch))
+    return loss.sum()
+
+
+def iter_batches(pairs, batch_size, rng):
+    """Yield shuffled batches of ``pairs``."""
+    order = rng.permutation(len(pairs))
+    for start in range(0, len(pairs), batch_size):
+        yield [pairs[i] for i in order[start:start + batch_size]]
+
+
+def train_epoch(model, trainer, loss_fn, pairs, embeddings, args, epoch,
+                rng):
+    """Train one epoch with a progress bar.
+
+    Returns
+    -------
+    tuple of (float, float)
+        Mean loss per pair and training seconds.
+    """
+    total = mx.nd.zeros((1,))
+    window, window_pairs = mx.nd.zeros((1,)), 0
+    start = time.perf_counter()
+    bar = tqdm(total=len(pairs), unit="pair", desc=f"epoch {epoch}",
+               leave=False, dynamic_ncols=True)
+    for step, batch in enumerate(iter_batches(pairs, args.batch_size, rng),
+                                 start=1):
+        loss = train_step(model, trainer, loss_fn, batch, embeddings)
+        total += loss
+        window += loss
+        window_pairs += len(batch)
+        bar.update(len(batch))
+        if args.log_interval and step % args.log_interval == 0:
+            mean = window.asscalar() / window_pairs
+            bar.set_postfix(loss=f"{mean:.4f}")
+            LOG.info("epoch %d batch %d: loss %.4f", epoch, step, mean)
+            window, window_pairs = mx.nd.zeros((1,)), 0
+    mean_loss = total.asscalar() / max(len(pairs), 1)
+    mx.nd.waitall()
+    seconds = time.perf_counter() - start
+    bar.close()
+    return mean_loss, seconds
+
+
+def log_metrics(name, metrics):
+    """Log Pearson, Spearman and MSE."""
+    LOG.info("%s: pearson %.4f  spearman %.4f  mse %.4f", name,
+             metrics["pearson"], metrics["spearman"], metrics["mse"])
+
+
+def _timed_step(model, trainer, loss_fn, batch, embeddings, dynbatch):
+    """Run one synchronised training step in the given mode; return seconds."""
+    model.dynbatch = dynbatch
+    mx.nd.waitall()
+    start = time.perf_counter()
+    train_step(model, trainer, loss_fn, batch, embeddings)
+    mx.nd.waitall()
+    return time.perf_counter() - start
+
+
+def compare_speed(model, trainer, loss_fn, pairs, embeddings, args):
+    """Time ``args.compare`` batches with and without dynbatch.
+
+    The two modes alternate batch by batch, so that load from other work on
+    the machine affects both alike.  Each timed step is synchronised.
+
+    Returns
+    -------
+    dict
+        Seconds per batch for both modes and the speedup.
+    """
+    rng = np.random.RandomState(args.seed)
+    batches = list(iter_batches(pairs, args.batch_size, rng))
+    batches = batches * (args.compare // max(len(batches), 1) + 2)
+    dynbatch = model.dynbatch
+    for mode in (True, False):  # warm-up, not timed
+        _timed_step(model, trainer, loss_fn, batches[0], embeddings, mode)
+    totals = {True: 0.0, False: 0.0}
+    for batch in batches[1:args.compare + 1]:
+        for mode in (True, False):
+            totals[mode] += _timed_step(model, trainer, loss_fn, batch,
+                                        embeddings, mode)
+    model.dynbatch = dynbatch
+    result = {"dynbatch": totals[True] / args.compare,
+              "eager": totals[False] / args.compare}
+    result["speedup"] = result["eager"] / result["dynbatch"]
+    print(f"compare over {args.compare} batches of {args.batch_size}: "
+          f"dynbatch {result['dynbatch'] * 1e3:.1f} ms/batch, "
+          f"eager {result['eager'] * 1e3:.1f} ms/batch, "
+          f"speedup x{result['speedup']:.2f}")
+    return result
+
+
+def build_model(args, input_size, ctx):
+    """Create and initialise the model and its AdaGrad trainer."""
+    model = SimilarityModel(input_size, memory_size=args.memory,
+                            hidden_size=args.hidden,
+                            dynbatch=not args.no_dynbatch,
+                            strategy=args.strategy)
+    model.initialize(ctx=ctx)
+    if args.resume:
+        if not Path(args.resume).is_file():
+            raise FileNotFoundError(f"--resume file not found: {args.resume}")
+        model.load_parameters(args.resume, ctx=ctx)
+        LOG.info("resumed parameters from %s", args.resume)
+    trainer = gluon.Trainer(model.collect_params(), "adagrad",
+                            {"learning_rate": args.lr, "wd": args.wd})
+    states = Path(str(args.resume) + ".states") if args.resume else None
+    if states is not None and states.is_file():
+        trainer.load_states(str(states))
+        LOG.info("resumed optimiser state from %s", states)
+    return model, trainer
+
+
+def fit(model, trainer, data, embeddings, args, save_dir):
+    """Train for ``args.epochs``, keeping the best-dev parameters.
+
+    Returns
+    -------
+    dict
+        Training statistics (best epoch, best dev metrics, pairs/s).
+    """
+    loss_fn = make_loss()
+    rng = np.random.RandomState(args.seed)
+    best = {"epoch": None, "pearson": -np.inf}
+    best_file = save_dir / "best.params"
+    train_seconds, train_pairs = 0.0, 0
+    for epoch in range(1, args.epochs + 1):
+        loss, seconds = train_epoch(model, trainer, loss_fn, data["train"],
+                                    embeddings, args, epoch, rng)
+        train_seconds += seconds
+        train_pairs += len(data["train"])
+        LOG.info("epoch %d: train loss %.4f, %.1f s, %.1f pairs/s", epoch,
+                 loss, seconds, len(data["train"]) / seconds)
+        dev = evaluate(model, data["dev"], embeddings)
+        log_metrics(f"epoch {epoch} dev", dev)
+        model.save_parameters(str(save_dir / "last.params"))
+        trainer.save_states(str(save_dir / "last.params.states"))
+        if dev["pearson"] > best["pearson"]:
+            best = {"epoch": epoch, "pearson": dev["pearson"],
+                    "spearman": dev["spearman"], "mse": dev["mse"]}
+            model.save_parameters(str(best_file))
+            LOG.info("new best dev pearson; saved %s", best_file)
+    if best["epoch"] is not None:
+        model.load_parameters(str(best_file))
+        LOG.info("reloaded best parameters (epoch %d)", best["epoch"])
+    pairs_per_s = train_pairs / train_seconds if train_seconds else None
+    return {"best_dev": best, "train_pairs_per_s": pairs_per_s,
+            "train_seconds": train_seconds}
+
+
+def write_summary(save_dir, summary):
+    """Print the summary and write it to ``save_dir/summary.json``."""
+    path = save_dir / "summary.json"
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=2, default=str)
+    test = summary["test"]
+    print(f"test ({summary['data']}): pearson {test['pearson']:.4f}  "
+          f"spearman {test['spearman']:.4f}  mse {test['mse']:.4f}  "
+          f"| wall {summary['wall_time_s']:.1f} s  "
+          f"train {summary['train_pairs_per_s'] or 0:.1f} pairs/s  "
+          f"| summary: {path}")
+    return path
+
+
+def run(args):
+    """Train and evaluate as configured by ``args``; return the summary."""
+    wall_start = time.perf_counter()
+    seed_everything(args.seed)
+    data = load_data(args)
+    if data["source"] == "random" and args.glove is None:
+        glove = None  # GloVe means nothing for synthetic tokens
+    else:
+        glove = resolve_glove(args.glove)
+    vocab = build_vocab(data["train_all"])
+    for name in ("train", "dev", "test"):
+        attach_vocab(data[name], vocab)
+    embeddings = build_embeddings(vocab, glove,
+                                  np.random.RandomState(args.seed))
+    ctx = mx.cpu()
+    model, trainer = build_model(args, embeddings.shape[1], ctx)
+    if args.compare:
+        return {"compare": compare_speed(model, trainer, make_loss(),
+                                         data["train"], embeddings, args)}
+    save_dir = Path(args.save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    stats_ = fit(model, trainer, data, embeddings, args, save_dir)
+    test = evaluate(model, data["test"], embeddings)
+    log_metrics("test", test)
+    summary = {"data": data["source"],
+               "test": {k: test[k] for k in ("pearson", "spearman", "mse")},
+               "best_dev": stats_["best_dev"],
+               "wall_time_s": time.perf_counter() - wall_start,
+               "train_pairs_per_s": stats_["train_pairs_per_s"],
+               "train_seconds": stats_["train_seconds"],
+               "vocab_size": len(vocab), "glove": glove,
+               "args": vars(args)}
+    if data["source"] == "random":
+        loud("These scores come from a RANDOM corpus and MEAN NOTHING.")
+    write_summary(save_dir, summary)
+    return summary
+
+
+def main(argv=None):
+    """Command-line entry point.
+
+    Returns
+    -------
+    int
+        0 on success, 2 on bad data, a missing file or bad arguments.
+    """
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    for name in ("epochs", "batch_size", "compare", "log_interval"):
+        if getattr(args, name) < (1 if name == "batch_size" else 0):
+            print(f"error: --{name.replace('_', '-')} out of range",
+                  file=sys.stderr)
+            return 2
+    try:
+        run(args)
+    except SickDataError as err:
+        print(f"error: malformed SICK data: {err}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

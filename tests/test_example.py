@@ -1,0 +1,324 @@
+"""Tests of the SICK Tree-LSTM example: model, training, batching, CLI."""
+import json
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import gluon_dynbatch as gdb  # noqa: E402
+from examples import tree_lstm_sick as script  # noqa: E402
+from examples.sick_data import (Tree, load_split, parse_parents,  # noqa: E402
+                                random_corpus, write_split)
+from examples.sick_model import (ChildSumLSTMCell,  # noqa: E402
+                                 ChildSumTreeLSTM, SimilarityHead,
+                                 SimilarityModel, batch_targets, make_loss,
+                                 predict_scores)
+
+SICK_DIR = REPO_ROOT.parent / "shared" / "data" / "sick"
+EMBED_DIM = 50
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def numpy_cell(params, x, child_h, child_c):
+    """Reference Child-Sum Tree-LSTM node update in numpy (float64)."""
+    w_x, b_x, u_iou, u_f = (params[k].astype(np.float64) for k in
+                            ("x_weight", "x_bias", "h_iou_weight",
+                             "h_f_weight"))
+    hid = u_f.shape[0]
+    x_all = x @ w_x.T + b_x
+    iou = x_all[:, :3 * hid] + child_h.sum(axis=0, keepdims=True) @ u_iou.T
+    i = sigmoid(iou[:, :hid])
+    o = sigmoid(iou[:, hid:2 * hid])
+    u = np.tanh(iou[:, 2 * hid:])
+    f = sigmoid(child_h @ u_f.T + x_all[:, 3 * hid:])
+    c = i * u + (f * child_c).sum(axis=0, keepdims=True)
+    return o * np.tanh(c), c
+
+
+def numpy_tree(params, tree, table):
+    """Reference encoder: recursion over children with numpy_cell."""
+    hid = params["h_f_weight"].shape[0]
+    states = [numpy_tree(params, child, table) for child in tree.children]
+    if states:
+        child_h = np.concatenate([h for h, _ in states])
+        child_c = np.concatenate([c for _, c in states])
+    else:
+        child_h = child_c = np.zeros((1, hid))
+    return numpy_cell(params, table[tree.word:tree.word + 1], child_h,
+                      child_c)
+
+
+def cell_params(cell):
+    return {name: getattr(cell, name).data().asnumpy()
+            for name in ("x_weight", "x_bias", "h_iou_weight", "h_f_weight")}
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    """Twelve pairs with word ids: real SICK dev pairs, else random ones."""
+    if (SICK_DIR / "dev").is_dir():
+        data = load_split(SICK_DIR, "dev")[:12]
+    else:
+        data = random_corpus(12, seed=5)
+    vocab = script.build_vocab(data)
+    script.attach_vocab(data, vocab)
+    return data
+
+
+@pytest.fixture(scope="module")
+def embeddings(pairs):
+    n_words = 1 + max(n.word for p in pairs
+                      for t in (p.a_tree, p.b_tree) for n in t)
+    rng = np.random.RandomState(0)
+    return mx.nd.array(rng.uniform(-0.5, 0.5, (n_words, EMBED_DIM)))
+
+
+def new_model(memory=30, hidden=20, seed=0, dynbatch=True):
+    mx.random.seed(seed)
+    model = SimilarityModel(EMBED_DIM, memory, hidden, dynbatch=dynbatch)
+    model.initialize()
+    return model
+
+
+def test_cell_matches_numpy_reference():
+    mx.random.seed(1)
+    cell = ChildSumLSTMCell(8, 6)
+    cell.initialize(init=mx.init.Uniform(0.5))
+    cell.x_bias.set_data(mx.nd.random.uniform(-0.5, 0.5, (32,)))
+    rng = np.random.RandomState(1)
+    x = rng.randn(1, 6)
+    child_h, child_c = rng.randn(3, 8), rng.randn(3, 8)
+    h, c = cell(*(mx.nd.array(a) for a in (x, child_h, child_c)))
+    assert h.shape == (1, 8) and c.shape == (1, 8)
+    ref_h, ref_c = numpy_cell(cell_params(cell), x, child_h, child_c)
+    np.testing.assert_allclose(c.asnumpy(), ref_c, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(h.asnumpy(), ref_h, rtol=1e-4, atol=1e-5)
+    # Each child has its own forget gate: swapping one child's memory
+    # between two children changes c unless their gates agree.
+    swapped = child_c[[1, 0, 2]]
+    _, c2 = cell(*(mx.nd.array(a) for a in (x, child_h, swapped)))
+    assert np.abs(c2.asnumpy() - c.asnumpy()).max() > 1e-4
+
+
+def test_encoder_matches_numpy_recursion(pairs, embeddings):
+    mx.random.seed(2)
+    encoder = ChildSumTreeLSTM(16, EMBED_DIM)
+    encoder.initialize(init=mx.init.Uniform(0.3))
+    params = cell_params(encoder.cell)
+    table = embeddings.asnumpy().astype(np.float64)
+    for tree in (pairs[0].a_tree, pairs[3].b_tree):
+        h, c = encoder(tree, embeddings)
+        ref_h, ref_c = numpy_tree(params, tree, table)
+        np.testing.assert_allclose(h.asnumpy(), ref_h, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(c.asnumpy(), ref_c, rtol=1e-4, atol=1e-5)
+
+
+def test_encoder_leaf_uses_zero_children(embeddings):
+    encoder = ChildSumTreeLSTM(16, EMBED_DIM)
+    encoder.initialize()
+    leaf = Tree(0, word=3)
+    h, c = encoder(leaf, embeddings)
+    zeros = mx.nd.zeros((1, 16))
+    h2, c2 = encoder.cell(embeddings[3:4], zeros, zeros)
+    np.testing.assert_array_equal(h.asnumpy(), h2.asnumpy())
+    np.testing.assert_array_equal(c.asnumpy(), c2.asnumpy())
+    with pytest.raises(ValueError, match="no word id"):
+        encoder(parse_parents([0]), embeddings)
+
+
+def test_head_returns_log_probabilities():
+    head = SimilarityHead(16, 10)
+    head.initialize()
+    h_a, h_b = mx.nd.random.normal(shape=(4, 16)), mx.nd.random.normal(
+        shape=(4, 16))
+    out = head(h_a, h_b)
+    assert out.shape == (4, 5)
+    np.testing.assert_allclose(np.exp(out.asnumpy()).sum(axis=1), 1.0,
+                               rtol=1e-5)
+    # Symmetric in its two inputs: features are h_a*h_b and |h_a-h_b|.
+    np.testing.assert_allclose(head(h_b, h_a).asnumpy(), out.asnumpy(),
+                               rtol=1e-6)
+
+
+def test_loss_is_kl_divergence(pairs):
+    targets = batch_targets(pairs[:4])
+    logits = np.random.RandomState(3).randn(4, 5)
+    log_q = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    p = targets.asnumpy().astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ref = np.where(p > 0, p * (np.log(p) - log_q), 0.0).sum(axis=1)
+    loss = make_loss()(mx.nd.array(log_q), targets)
+    np.testing.assert_allclose(loss.asnumpy(), ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(predict_scores(targets.log()),
+                               [p.score for p in pairs[:4]], rtol=1e-5)
+
+
+def test_forward_shapes_and_one_batching_scope(pairs, embeddings,
+                                               monkeypatch):
+    entered = []
+    real = gdb.batching
+
+    def counting(*args, **kwargs):
+        entered.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gdb, "batching", counting)
+    model = new_model()
+    out = model(pairs[:5], embeddings)
+    assert out.shape == (5, 5)
+    assert len(entered) == 1
+    model.dynbatch = False
+    model(pairs[:5], embeddings)
+    assert len(entered) == 1
+
+
+def test_training_loss_falls(pairs, embeddings):
+    batch = pairs[:10]
+    model = new_model()
+    trainer = gluon.Trainer(model.collect_params(), "adagrad",
+                            {"learning_rate": 0.1})
+    loss_fn = make_loss()
+    losses = [script.train_step(model, trainer, loss_fn, batch,
+                                embeddings).asscalar() / len(batch)
+              for _ in range(10)]
+    assert np.isfinite(losses).all()
+    assert losses[-1] < 0.6 * losses[0], losses
+    assert min(losses[-3:]) < min(losses[:3])
+
+
+def loss_and_grads(model, batch, embeddings):
+    targets = batch_targets(batch)
+    with autograd.record():
+        loss = make_loss()(model(batch, embeddings), targets)
+    loss.backward()
+    grads = {name: p.grad().asnumpy().copy()
+             for name, p in model.collect_params().items()}
+    return loss.asnumpy(), grads
+
+
+def test_dynbatch_matches_eager(pairs, embeddings):
+    model = new_model(memory=40, hidden=20, seed=4)
+    batch = pairs[:8]
+    model.dynbatch = False
+    loss_e, grads_e = loss_and_grads(model, batch, embeddings)
+    pred_e = model(batch, embeddings).asnumpy()
+    model.dynbatch = True
+    loss_b, grads_b = loss_and_grads(model, batch, embeddings)
+    pred_b = model(batch, embeddings).asnumpy()
+    assert loss_b.shape == (8,)
+    np.testing.assert_allclose(loss_b, loss_e, rtol=1e-5)
+    np.testing.assert_allclose(pred_b, pred_e, rtol=1e-5, atol=1e-6)
+    assert grads_b.keys() == grads_e.keys()
+    for name, grad in grads_e.items():
+        assert np.abs(grad).max() > 0, f"zero gradient for {name}"
+        np.testing.assert_allclose(grads_b[name], grad, rtol=1e-4,
+                                   atol=1e-6, err_msg=name)
+
+
+# ---------------------------------------------------------------------------
+# The command-line script
+
+
+@pytest.fixture(scope="module")
+def tiny_sick(tmp_path_factory):
+    """A small SICK-layout directory built from the random corpus."""
+    root = tmp_path_factory.mktemp("sick")
+    for split, n, seed in (("train", 16, 10), ("dev", 8, 11),
+                           ("test", 8, 12)):
+        write_split(random_corpus(n, seed=seed), root, split)
+    return root
+
+
+def run_script(data_dir, save_dir, *extra):
+    argv = ["--data-dir", str(data_dir), "--save-dir", str(save_dir),
+            "--epochs", "2", "--batch-size", "8", "--memory", "20",
+            "--hidden", "10", "--log-interval", "1", *extra]
+    return script.main(argv)
+
+
+def read_summary(save_dir):
+    with open(Path(save_dir) / "summary.json", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def test_help_lists_flags(capsys):
+    with pytest.raises(SystemExit) as info:
+        script.main(["--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--data-dir", "--glove", "--epochs", "--batch-size", "--lr",
+                 "--wd", "--hidden", "--max-pairs", "--seed", "--strategy",
+                 "--no-dynbatch", "--compare", "--resume", "--save-dir",
+                 "--log-interval"):
+        assert flag in text
+
+
+def test_script_end_to_end_resume_and_eager(tiny_sick, tmp_path, capsys):
+    run_a = tmp_path / "a"
+    assert run_script(tiny_sick, run_a) == 0
+    summary = read_summary(run_a)
+    assert summary["data"] == "sick"
+    assert set(summary["test"]) == {"pearson", "spearman", "mse"}
+    assert summary["train_pairs_per_s"] > 0
+    assert summary["args"]["epochs"] == 2
+    assert summary["best_dev"]["epoch"] in (1, 2)
+    assert (run_a / "best.params").is_file()
+    assert "pearson" in capsys.readouterr().out
+
+    run_b = tmp_path / "b"
+    assert run_script(tiny_sick, run_b, "--epochs", "0", "--resume",
+                      str(run_a / "best.params")) == 0
+    for key, value in summary["test"].items():
+        assert read_summary(run_b)["test"][key] == pytest.approx(value,
+                                                                 abs=1e-6)
+
+    run_c = tmp_path / "c"
+    assert run_script(tiny_sick, run_c, "--no-dynbatch") == 0
+    for key, value in summary["test"].items():
+        assert read_summary(run_c)["test"][key] == pytest.approx(value,
+                                                                 abs=1e-3)
+
+
+def test_script_malformed_data_exits_2(tiny_sick, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    for split in ("train", "dev", "test"):
+        write_split(load_split(tiny_sick, split), bad, split)
+    parents = bad / "dev" / "b.parents"
+    lines = parents.read_text().splitlines()
+    heads = [int(x) for x in lines[4].split()]
+    root = heads.index(0)
+    heads[root] = (root + 1) % len(heads) + 1  # no root, or a self-loop
+    lines[4] = " ".join(map(str, heads))
+    parents.write_text("\n".join(lines) + "\n")
+    assert run_script(bad, tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert f"{parents}:5:" in err
+    assert "root" in err or "cycle" in err
+
+
+def test_script_missing_data_falls_back_to_random(tmp_path, capsys):
+    code = run_script(tmp_path / "nowhere", tmp_path / "run",
+                      "--max-pairs", "16", "--max-eval-pairs", "8",
+                      "--epochs", "1")
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "SICK data not found" in err and "a.parents" in err
+    assert "MEAN NOTHING" in err
+    assert read_summary(tmp_path / "run")["data"] == "random"
+
+
+def test_script_compare(tiny_sick, tmp_path, capsys):
+    assert run_script(tiny_sick, tmp_path / "run", "--compare", "2") == 0
+    out = capsys.readouterr().out
+    assert "speedup x" in out and "eager" in out
+    assert not (tmp_path / "run" / "summary.json").exists()
