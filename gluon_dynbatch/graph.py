@@ -80,7 +80,11 @@ class Node:
 
 
 class Slot:
-    """Placeholder in a call template for the k-th array input."""
+    """Placeholder in a call template for the k-th array input.
+
+    Use ``slot(k)``: slots are interned so that templates hash and compare
+    by value, which lets the recorder memoise per call shape.
+    """
 
     __slots__ = ("k",)
 
@@ -89,6 +93,17 @@ class Slot:
 
     def __repr__(self):
         return "Slot(%d)" % self.k
+
+    def __reduce__(self):
+        return (slot, (self.k,))
+
+
+_SLOTS = [Slot(k) for k in range(64)]
+
+
+def slot(k):
+    """The interned Slot for input ``k``."""
+    return _SLOTS[k] if k < 64 else Slot(k)
 
 
 class Graph:

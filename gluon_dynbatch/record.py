@@ -18,7 +18,7 @@ import numpy as np
 
 from . import lazy as lazy_mod
 from .errors import BatchingError, describe_call
-from .graph import LEAF, OP, VIEW, Graph, Node, Slot
+from .graph import LEAF, OP, VIEW, Graph, Node, Slot, slot
 from .lazy import LazyArray
 from .signatures import ALONE, rule_for
 
@@ -243,7 +243,7 @@ class Recorder:
         targs = []
         for a in args:
             if isinstance(a, mx.nd.NDArray):
-                targs.append(Slot(len(inputs)))
+                targs.append(slot(len(inputs)))
                 inputs.append(self.value_of(a))
             else:
                 targs.append(a)
@@ -252,7 +252,7 @@ class Recorder:
             if k == "name":
                 continue
             if isinstance(v, mx.nd.NDArray):
-                tkw[k] = Slot(len(inputs))
+                tkw[k] = slot(len(inputs))
                 inputs.append(self.value_of(v))
             else:
                 tkw[k] = v
@@ -272,14 +272,42 @@ class Recorder:
     def add_node(self, op, inputs, targs, tkw):
         """Create, infer and sign one op node; return its LazyArray output(s)."""
         graph = self.graph
-        node = Node(graph, OP, op, inputs, targs, tkw)
+        in_shapes = tuple([src.out_shapes[i] for src, i in inputs])
+        in_dtypes = tuple([src.out_dtypes[i] for src, i in inputs])
+        try:
+            key = (op, tuple(targs), tuple(tkw.items()), in_shapes, in_dtypes)
+            info = _CALLS.get(key)
+        except TypeError:          # an unhashable constant argument: no memo
+            key = info = None
+        node = Node(graph, OP, op, inputs, tuple(targs), tkw)
         node.sample = self.sample
         node.path = tuple(self.path)
-        in_shapes = tuple(src.out_shapes[i] for src, i in inputs)
-        in_dtypes = tuple(src.out_dtypes[i] for src, i in inputs)
-        attrs_key = (tuple((i, _hashable(a)) for i, a in enumerate(targs)
+        if info is None:
+            info = self._analyse(node, in_shapes, in_dtypes)
+            if key is not None and info.cacheable:
+                _CALLS[key] = info
+        node.out_shapes, node.out_dtypes = info.out_shapes, info.out_dtypes
+        node.attrs, node.rule, node.meta = info.attrs, info.rule, info.meta
+        self._place(node, info)
+        graph.add(node)
+        self.num_recorded += 1
+        if len(info.out_shapes) == 1:
+            lazy = LazyArray(node, 0)
+            node.set_output(0, lazy)
+            return lazy
+        outs = []
+        for i in range(len(info.out_shapes)):
+            lazy = LazyArray(node, i)
+            node.set_output(i, lazy)
+            outs.append(lazy)
+        return outs
+
+    def _analyse(self, node, in_shapes, in_dtypes):
+        """Shapes, rule and signature of a call shape seen for the first time."""
+        op = node.op
+        attrs_key = (tuple((i, _hashable(a)) for i, a in enumerate(node.args)
                            if not isinstance(a, Slot)),
-                     tuple(sorted((k, _hashable(v)) for k, v in tkw.items()
+                     tuple(sorted((k, _hashable(v)) for k, v in node.kwargs.items()
                                   if not isinstance(v, Slot))))
         try:
             out_shapes, out_dtypes, inferred = INFER.infer(
@@ -288,63 +316,55 @@ class Recorder:
             raise BatchingError("%s: invalid call with input shapes %s: %s" % (
                 describe_call(self.sample, self.path, op.name), list(in_shapes),
                 _first_line(err))) from None
-        self._finish_deferred(inputs, inferred)
-        node.out_shapes, node.out_dtypes = out_shapes, out_dtypes
-        node.attrs = attrs_key
-        self._sign(node, attrs_key)
-        graph.add(node)
-        self.num_recorded += 1
-        if len(out_shapes) == 1:
-            lazy = LazyArray(node, 0)
-            node.set_output(0, lazy)
-            return lazy
-        outs = []
-        for i in range(len(out_shapes)):
-            lazy = LazyArray(node, i)
-            node.set_output(i, lazy)
-            outs.append(lazy)
-        return outs
-
-    def _sign(self, node, attrs_key):
-        """Attach rule, signature, kind, dependencies and depth to ``node``."""
-        rule = rule_for(node.op.name)
+        deferred = self._finish_deferred(node.inputs, inferred)
+        node.out_shapes, node.out_dtypes, node.attrs = out_shapes, out_dtypes, attrs_key
+        rule = rule_for(op.name)
         node.rule = rule
         key = rule.signature(node)
-        rule = node.rule
-        if rule.kind == "view" and key is not None:
-            node.kind = VIEW
-            deps = set()
-            for src, _ in node.inputs:
-                if src.kind == OP:
-                    deps.add(src)
-                elif src.kind == VIEW:
-                    deps.update(src.deps)
-            node.deps = tuple(deps)
-            node.depth = max((d.depth for d in node.deps), default=0)
-            return
-        if key is None:
-            node.rule = ALONE
-            node.sig = ("alone", node.graph, node.id)
-        else:
-            attrs = attrs_key if getattr(rule, "keyed_attrs", True) else None
-            node.sig = (node.op.name, attrs, len(node.out_shapes), key)
+        return CallInfo(node, key, cacheable=not deferred and op.name not in _MODAL)
+
+    def _place(self, node, info):
+        """Kind, signature, dependencies and depth of a new node."""
         deps = set()
         for src, _ in node.inputs:
-            if src.kind == OP:
+            kind = src.kind
+            if kind == OP:
                 deps.add(src)
-            elif src.kind == VIEW:
+            elif kind == VIEW:
                 deps.update(src.deps)
         node.deps = tuple(deps)
-        node.depth = 1 + max((d.depth for d in deps), default=0)
+        depth = 0
+        for dep in node.deps:
+            if dep.depth > depth:
+                depth = dep.depth
+        if info.kind == VIEW:
+            node.kind = VIEW
+            node.depth = depth
+            return
+        node.depth = depth + 1
+        if info.sig is None:
+            node.sig = ("alone", node.graph, node.id)
+        elif info.shared_pos:
+            inputs = node.inputs
+            node.sig = (info.sig, tuple([(inputs[k][0].id, inputs[k][1])
+                                         for k in info.shared_pos]))
+        else:
+            node.sig = info.sig
 
     def _finish_deferred(self, inputs, inferred):
-        """Give deferred-initialised parameters the shapes inference found."""
+        """Give deferred-initialised parameters the shapes inference found.
+
+        Returns True if any parameter was still waiting for its shape.
+        """
+        found = False
         for (src, _), shape in zip(inputs, inferred):
             if src.param is not None and 0 in src.out_shapes[0]:
                 param = src.param
                 param.shape = shape
                 param._finish_deferred_init()  # pylint: disable=protected-access
                 src.out_shapes = (tuple(shape),)
+                found = True
+        return found
 
     def wrap_python_function(self, fn, path):
         """``F.<f>`` for a Python-level helper of mx.nd (not an operator)."""
@@ -374,6 +394,45 @@ class Recorder:
             return out
         finally:
             self.path.pop()
+
+
+# Operators whose batching rule depends on autograd's training mode.
+_MODAL = frozenset(["BatchNorm"])
+
+
+class CallInfo:
+    """What the recorder learns once per call shape (operator, constants, input shapes).
+
+    ``sig`` is the signature without the ids of shared inputs, which are
+    added per node from ``shared_pos``; None means the node runs alone.
+    """
+
+    __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
+                 "shared_pos", "cacheable")
+
+    def __init__(self, node, key, cacheable):
+        rule = node.rule
+        self.out_shapes, self.out_dtypes = node.out_shapes, node.out_dtypes
+        self.attrs, self.meta, self.cacheable = node.attrs, node.meta, cacheable
+        self.kind = VIEW if (rule.kind == "view" and key is not None) else OP
+        self.shared_pos = ()
+        self.rule = rule
+        self.sig = None
+        if key is None:
+            self.rule = ALONE
+            return
+        if self.kind == VIEW:
+            return
+        if isinstance(key, tuple):
+            self.shared_pos = tuple(k for k, part in enumerate(key)
+                                    if isinstance(part, tuple) and part and part[0] == "shared")
+            key = tuple(("shared",) if k in self.shared_pos else part
+                        for k, part in enumerate(key))
+        attrs = node.attrs if rule.keyed_attrs else None
+        self.sig = (node.op.name, attrs, len(node.out_shapes), key)
+
+
+_CALLS = {}
 
 
 def _first_line(err):
