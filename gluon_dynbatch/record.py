@@ -262,9 +262,29 @@ class Recorder:
 
     def constant(self, op, args, kwargs):
         """An operator without array inputs (zeros, random, ...) runs now."""
+        return self.make_constant(op.nd_fn, op.path, args, kwargs)
+
+    def make_constant(self, fn, path, args, kwargs):
+        """Call creation function ``fn`` now and return its result as leaves.
+
+        Deterministic ones (zeros, ones, full, ...) are computed once per
+        context and reused: users only ever see copies of leaves.
+        """
         kwargs = {k: v for k, v in kwargs.items() if k != "name"}
-        with (self.ctx or mx.current_context()):
-            out = op.nd_fn(*args, **kwargs)
+        ctx = self.ctx or mx.current_context()
+        key = None
+        if path[-1] in _DETERMINISTIC:
+            try:
+                key = (path, tuple(args), tuple(sorted(kwargs.items())), str(ctx))
+                hash(key)
+            except TypeError:
+                key = None
+        out = _CONSTANTS.get(key) if key is not None else None
+        if out is None:
+            with ctx:
+                out = fn(*args, **kwargs)
+            if key is not None and len(_CONSTANTS) < 1024:
+                _CONSTANTS[key] = out
         if isinstance(out, (list, tuple)):
             return [self.leaf(o) for o in out]
         return self.leaf(out)
@@ -373,6 +393,10 @@ class Recorder:
         if special is not None:
             return special
         rec = self
+        if path[-1] in _DETERMINISTIC:
+            def create(*args, **kwargs):
+                return rec.make_constant(fn, path, args, kwargs)
+            return create
 
         def fallback(*args, **kwargs):
             # Not an operator: run it on concrete values (correct, not batched).
@@ -433,6 +457,11 @@ class CallInfo:
 
 
 _CALLS = {}
+
+# Creation operators whose result depends only on their arguments.
+_DETERMINISTIC = frozenset(["zeros", "ones", "full", "arange", "eye", "linspace",
+                            "_zeros", "_ones", "_full", "_arange", "_eye", "_linspace"])
+_CONSTANTS = {}
 
 
 def _first_line(err):
