@@ -108,7 +108,8 @@ class BatchingScope:
         return bool(getattr(self.recorder, "compiled", False))
 
     def _cache(self):
-        return getattr(self.recorder, "cache", None) or DEFAULT_CACHE
+        cache = getattr(self.recorder, "cache", None)
+        return DEFAULT_CACHE if cache is None else cache   # an empty cache is falsy
 
     def flush(self):
         """Plan and run everything pending; fill in the live LazyArrays."""

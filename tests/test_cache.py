@@ -1,0 +1,158 @@
+"""Compiled plans and the plan cache: hits, keys, invalidation, LRU bound, threads."""
+import threading
+
+import mxnet as mx
+import numpy as np
+from mxnet import gluon, nd
+
+import gluon_dynbatch as gdb
+from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, Tree, assert_same, make_model,
+                              random_tree, rng, run_model)
+from gluon_dynbatch.cache import PlanCache
+
+
+def _relabel(tree, r, vocab):
+    """The same shape of tree with other words."""
+    return Tree(r.randrange(vocab), [_relabel(c, r, vocab) for c in tree.children])
+
+
+def _compiled_run(model, trees, emb):
+    with gdb.batching(compiled=True) as scope:
+        outs = [model(t, emb) for t in trees]
+    return [h.asnumpy() for h, _ in outs], scope.stats
+
+
+def test_same_plan_shape_hits_and_stays_exact():
+    r = rng(0)
+    trees = [random_tree(r, 20, max_depth=3) for _ in range(5)]
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(20, 3))
+    _, first = _compiled_run(model, trees, emb)
+    assert (first.cache_hits, first.cache_misses) == (0, 1)
+    others = [_relabel(t, r, 20) for t in trees]
+    _, second = _compiled_run(model, others, emb)
+    assert (second.cache_hits, second.cache_misses) == (1, 0)
+    expected = run_model(model, others, [emb], "reference")
+    assert_same(run_model(model, others, [emb], "agenda", compiled=True), expected)
+
+
+def test_replacing_a_child_does_not_reuse_a_stale_plan():
+    r = rng(1)
+    trees = [random_tree(r, 10, max_depth=2) for _ in range(3)]
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(10, 3))
+    _compiled_run(model, trees, emb)
+    with model.name_scope():
+        model.cell = ChildSumCell(4)
+    model.cell.initialize(mx.init.Uniform(0.9))
+    got, stats = _compiled_run(model, trees, emb)
+    assert stats.cache_misses == 1
+    want = [model(t, emb)[0].asnumpy() for t in trees]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+class RowDense(gdb.DynBatchBlock):
+    """Dense layer on a few rows of a table: generic in dtype."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, k, table):
+        return F.tanh(self.dense(table[k:k + 2]))
+
+
+def test_changing_dtype_does_not_reuse_a_stale_plan():
+    model = RowDense()
+    model.initialize(mx.init.Uniform(0.5))
+    table = nd.random.uniform(shape=(6, 4))
+    with gdb.batching(compiled=True):
+        [model(k, table) for k in range(3)]
+    model.cast("float64")
+    table64 = table.astype("float64")
+    with gdb.batching(compiled=True) as scope:
+        outs = [model(k, table64) for k in range(3)]
+    assert scope.stats.cache_misses == 1
+    for k, out in enumerate(outs):
+        assert out.dtype == np.float64
+        np.testing.assert_allclose(out.asnumpy(), model(k, table64).asnumpy(), rtol=1e-12)
+
+
+def test_lru_bound_evicts_least_recently_used():
+    model = make_model(ChildSumTreeLSTM, hidden=3, max_cached_plans=2)
+    emb = nd.random.uniform(shape=(5, 2))
+    shapes = [[Tree(0)], [Tree(0, [Tree(1)])], [Tree(0, [Tree(1, [Tree(2)])])]]
+    total = gdb.BatchStats()
+    for trees in shapes + shapes[-1:]:
+        total.add(_compiled_run(model, trees, emb)[1])
+    assert len(model.plan_cache) == 2
+    assert total.evictions == 1 and total.cache_misses == 3 and total.cache_hits == 1
+
+
+def test_plan_cache_is_thread_safe():
+    cache = PlanCache(max_plans=8)
+    errors = []
+
+    def work(seed):
+        try:
+            for k in range(500):
+                key = (seed * 1000 + k) % 20
+                if cache.get(key) is None:
+                    cache.put(key, object())
+        except Exception as err:  # pragma: no cover - the assertion below reports it
+            errors.append(err)
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(cache) <= 8
+    assert cache.hits + cache.misses == 2000
+
+
+def test_threads_record_separately_and_match_running_alone():
+    r = rng(3)
+    tree_sets = [[random_tree(r, 10, max_depth=3) for _ in range(4)] for _ in range(4)]
+    emb = nd.random.uniform(shape=(10, 3))
+    models = [make_model(ChildSumTreeLSTM, seed=s, hidden=4) for s in range(4)]
+    alone = [_compiled_run(m, ts, emb)[0] for m, ts in zip(models, tree_sets)]
+    results = [None] * 4
+
+    def work(k):
+        results[k] = _compiled_run(models[k], tree_sets[k], emb)[0]
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for got, want in zip(results, alone):
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_max_cached_plans_must_be_positive():
+    import pytest
+    with pytest.raises(ValueError, match="max_cached_plans"):
+        ChildSumTreeLSTM(max_cached_plans=0)
+
+
+def test_compiled_training_matches_eager_training():
+    r = rng(4)
+    trees = [random_tree(r, 15, max_depth=3) for _ in range(5)]
+    emb = nd.random.uniform(shape=(15, 3))
+    params = {}
+    for compiled in (None, True):
+        model = make_model(ChildSumTreeLSTM, seed=5, hidden=4)
+        trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": 0.01})
+        for _ in range(3):
+            if compiled:
+                run_model(model, trees, [emb], "depth", compiled=True)
+            else:
+                run_model(model, trees, [emb], "eager")
+            trainer.step(len(trees))
+        params[compiled] = [p.data().asnumpy() for p in model.collect_params().values()]
+    for a, b in zip(params[None], params[True]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
