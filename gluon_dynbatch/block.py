@@ -24,8 +24,9 @@ class DynBatchBlock(gluon.HybridBlock):
         Planning strategy: ``"agenda"``, ``"depth"``, ``"unbatched"`` or ``"reference"``.
     analysis_budget : float or "auto", optional
         Seconds of analysis per flush (used by the compiling planner).
-    compiled : bool, default False
-        Run flushes as compiled MXNet graphs (CachedOp) kept in a plan cache.
+    compiled : bool or "step", default False
+        Run flushes as compiled MXNet graphs (CachedOp) kept in a plan cache:
+        one graph per plan (``True``) or one per step (``"step"``).
     max_cached_plans : int, default 64
         Bound of this block's plan cache (least recently used plans go first).
     **kwargs

@@ -11,7 +11,7 @@ import time
 import mxnet as mx
 import numpy as np
 
-from .execute import SegmentWalker, merge_segments, shared_inputs
+from .execute import Executor, SegmentWalker, merge_segments, shared_inputs
 from .signatures import call_as_recorded
 
 
@@ -234,3 +234,104 @@ def run_compiled(plan, live, ctx, cache, stats):
     if stats.cache_misses and entry.calls == 1:
         stats.compile_ms += 1000.0 * (time.perf_counter() - start)
     compiler.deliver(results)
+
+
+class StepCompiler(Executor):
+    """Runs each step (its gathers and its operator) as one cached CachedOp.
+
+    A step's graph depends on its operator, attributes, roles, trailing shapes
+    and how many sources each gather reads, which repeat from batch to batch
+    even when whole plans do not; so after warm-up almost every step hits.
+    """
+
+    def __init__(self, ctx, cache, stats):
+        super().__init__(ctx)
+        self.cache = cache
+        self.stats = stats
+
+    def run(self, plan):
+        for step in plan.steps:
+            self.assign(step.nodes, self._run_step(step.nodes))
+
+    def _step_inputs(self, nodes):
+        node0 = nodes[0]
+        if node0.rule.kind == "alone":
+            return [self.segments(src, i) for src, i in node0.inputs]
+        shared = shared_inputs(nodes)
+        return [self.segments(*node0.inputs[k]) if shared[k]
+                else self.input_segments(nodes, k, role)
+                for k, role in enumerate(node0.meta)]
+
+    def _feeds(self, seg_lists):
+        """Feed arrays and gather descriptions: ('d',) whole source, ('t', n) take."""
+        feeds, descs = [], []
+        for segs in seg_lists:
+            merged = merge_segments(segs)
+            array, start, stop = merged[0]
+            if len(merged) == 1 and start == 0 and stop == array.shape[0]:
+                feeds.append(array)
+                descs.append(("d",))
+                continue
+            sources, offsets, base = [], {}, 0
+            for source, _, _ in merged:
+                if id(source) not in offsets:
+                    offsets[id(source)] = base
+                    base += source.shape[0]
+                    sources.append(source)
+            index = np.concatenate([np.arange(s, e, dtype=np.int32) + offsets[id(a)]
+                                    for a, s, e in merged])
+            feeds.extend(sources)
+            feeds.append(mx.nd.array(index, ctx=self.ctx, dtype="int32"))
+            descs.append(("t", len(sources)))
+        return feeds, tuple(descs)
+
+    def _run_step(self, nodes):
+        node0 = nodes[0]
+        feeds, descs = self._feeds(self._step_inputs(nodes))
+        kind = node0.rule.kind
+        if kind == "segment":
+            dtype = node0.out_dtypes[0]
+            feeds.append(mx.nd.array(node0.rule.segment_matrix(nodes, dtype), ctx=self.ctx,
+                                     dtype=dtype))
+        attrs = node0.attrs if node0.rule.keyed_attrs else None
+        key = ("step", kind, node0.op.name, attrs, node0.meta, type(node0.rule).__name__,
+               descs, tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
+               tuple(np.dtype(src.out_dtypes[i]).name for src, i in node0.inputs),
+               tuple(s[1:] for s in node0.out_shapes), str(self.ctx))
+        entry = self.cache.get(key)
+        start = time.perf_counter()
+        if entry is None:
+            entry = CompiledPlan(_step_symbol(node0, descs), ())
+            entry.order = [int(name[1:]) for name in entry.names]   # "v7" -> feed 7
+            self.stats.evictions += self.cache.put(key, entry)
+            self.stats.cache_misses += 1
+        else:
+            self.stats.cache_hits += 1
+        outs = entry([feeds[k] for k in entry.order])
+        if entry.calls == 1:
+            self.stats.compile_ms += 1000.0 * (time.perf_counter() - start)
+        return outs
+
+
+def _step_symbol(node0, descs):
+    """The symbol of one step: gathers (take over concatenated sources), then the op."""
+    count = [0]
+
+    def var():
+        count[0] += 1
+        return mx.sym.var("v%d" % (count[0] - 1))
+    inputs = []
+    for desc in descs:
+        if desc[0] == "d":
+            inputs.append(var())
+            continue
+        sources = [var() for _ in range(desc[1])]
+        table = sources[0] if len(sources) == 1 else mx.sym.concat(*sources, dim=0)
+        inputs.append(mx.sym.take(table, var(), axis=0))
+    if node0.rule.kind == "alone":
+        outs = call_as_recorded(mx.sym, node0, inputs)
+    else:
+        if node0.rule.kind == "segment":
+            inputs.append(var())
+        outs = node0.rule.batched_call(mx.sym, node0, inputs)
+    return mx.sym.Group(outs)

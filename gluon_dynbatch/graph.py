@@ -106,6 +106,10 @@ def slot(k):
     return _SLOTS[k] if k < 64 else Slot(k)
 
 
+def _released():
+    raise RuntimeError("internal error: a value of a finished graph was never computed")
+
+
 class Graph:
     """Nodes recorded since the last flush of a scope."""
 
@@ -119,6 +123,17 @@ class Graph:
     def add(self, node):
         self.nodes.append(node)
         return node
+
+    def release(self):
+        """Forget the nodes once they ran (or failed).
+
+        The graph and its nodes reference each other; dropping the graph's
+        side lets reference counting free a flushed batch at once, instead of
+        leaving tens of thousands of objects to the cyclic garbage collector.
+        """
+        self.nodes = []
+        self.leaf_by_id = {}
+        self.flush_fn = _released
 
     def live_outputs(self):
         """(node, idx, LazyArray) for every output a user still holds."""

@@ -168,6 +168,11 @@ class Recorder:
         self.depth = 0              # nesting of DynBatchBlock calls
         self.num_recorded = 0
 
+    def close(self):
+        """Drop references back to the scope (closures of F refer to the recorder)."""
+        self.graph.release()
+        self.F = self._flush = self.scope = None
+
     # -- values ---------------------------------------------------------------
     def new_graph(self):
         """Start a fresh graph (after a flush or a failure)."""

@@ -7,7 +7,7 @@ import time
 from . import record
 from .errors import BatchingError
 from .cache import PlanCache
-from .compile import run_compiled
+from .compile import StepCompiler, run_compiled
 from .execute import Executor
 from .plan import STRATEGIES, make_plan
 from .reference import run_reference
@@ -91,12 +91,16 @@ class BatchingScope:
                 self._discard("%s: %s" % (exc_type.__name__, exc))
         finally:
             record._set_current(None)  # pylint: disable=protected-access
+            self.recorder.close()
+            self.recorder = None
             _GC_PAUSE.__exit__()
         return False
 
     def _discard(self, why):
         """Drop everything pending; its values raise a clear error when read."""
-        self.recorder.graph.error = why
+        graph = self.recorder.graph
+        graph.error = why
+        graph.release()
         self.recorder.new_graph()
 
     def _strategy(self):
@@ -105,7 +109,7 @@ class BatchingScope:
     def _compiled(self):
         if self.compiled is not None:
             return self.compiled
-        return bool(getattr(self.recorder, "compiled", False))
+        return getattr(self.recorder, "compiled", False)
 
     def _cache(self):
         cache = getattr(self.recorder, "cache", None)
@@ -130,6 +134,7 @@ class BatchingScope:
                 raise
             raise BatchingError("running the batched plan failed: %s" % err) from err
         finally:
+            graph.release()
             self.stats.add(stats)
             self._mark = time.perf_counter()
         log.debug("flush: %s", stats)
@@ -148,7 +153,12 @@ class BatchingScope:
         t0 = time.perf_counter()
         plan = make_plan(needed, strategy)
         t1 = time.perf_counter()
-        if self._compiled():
+        mode = self._compiled()
+        if mode == "step":
+            executor = StepCompiler(ctx, self._cache(), stats)
+            executor.run(plan)
+            executor.deliver(live)
+        elif mode:
             run_compiled(plan, live, ctx, self._cache(), stats)
         else:
             _execute(plan, live, ctx)
@@ -183,9 +193,12 @@ def batching(strategy=None, compiled=None):
     strategy : str, optional
         ``"agenda"``, ``"depth"``, ``"unbatched"`` or ``"reference"``;
         defaults to the strategy of the first DynBatchBlock called.
-    compiled : bool, optional
-        Run each flush as one compiled MXNet graph (CachedOp), cached by plan
-        shape; defaults to the setting of the first DynBatchBlock called.
+    compiled : bool or "step", optional
+        ``True``: run each flush as one compiled MXNet graph (CachedOp), cached
+        by plan shape.  ``"step"``: compile and cache each step separately
+        (shapes of steps repeat across batches even when whole plans do not).
+        ``False``: batched imperative calls.  Defaults to the setting of the
+        first DynBatchBlock called.
 
     Returns
     -------

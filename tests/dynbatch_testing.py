@@ -219,7 +219,8 @@ def assert_same(result, expected, rtol=1e-5, atol=1e-6):
                                    atol=atol * scale, err_msg=name)
 
 
-def check_all_strategies(model, samples, inputs, strategies=BATCHED, compiled=(False, True)):
+def check_all_strategies(model, samples, inputs, strategies=BATCHED,
+                         compiled=(False, True, "step")):
     """Compare eager, reference and every strategy, imperative and compiled.
 
     Returns the stats of each run, keyed by ``(strategy, compiled)``.

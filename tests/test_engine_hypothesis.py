@@ -17,7 +17,8 @@ def trees(draw, depth=0, vocab=12):
     return Tree(word, [draw(trees(depth=depth + 1)) for _ in range(arity)])
 
 
-@given(st.lists(trees(), min_size=1, max_size=6), st.sampled_from(BATCHED), st.booleans())
+@given(st.lists(trees(), min_size=1, max_size=6), st.sampled_from(BATCHED),
+       st.sampled_from([False, True, "step"]))
 def test_random_trees_all_arities(samples, strategy, compiled):
     model = make_model(ChildSumTreeLSTM, hidden=3)
     emb = nd.array(mx.nd.random.uniform(shape=(12, 2)).asnumpy())
@@ -110,7 +111,7 @@ class Interpreter(gdb.DynBatchBlock):
 
 
 @given(st.lists(programs(), min_size=1, max_size=5), st.sampled_from(BATCHED),
-       st.booleans(), st.booleans())
+       st.booleans(), st.sampled_from([False, True, "step"]))
 def test_random_dag_programs(progs, strategy, same_program, compiled):
     if same_program:
         progs = [progs[0]] * len(progs)

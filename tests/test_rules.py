@@ -64,7 +64,7 @@ def test_rule_matches_per_node(name):
     samples = [(0, 3), (2, 1), (5, 3), (1, 2)]
     expected = run_model(model, samples, [table], "reference")
     for strategy in ("depth", "agenda"):
-        for compiled in (False, True):
+        for compiled in (False, True, "step"):
             assert_same(run_model(model, samples, [table], strategy, compiled), expected)
 
 
