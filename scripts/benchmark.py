@@ -1,0 +1,954 @@
+"""Training-step throughput of the SICK Child-Sum Tree-LSTM, every system in one run.
+
+Systems, all on the same Parameters, batches, loss and optimiser (AdaGrad):
+
+* ``eager``: the example's ChildSumTreeLSTM outside any batching scope, one
+  tree (and one node) at a time;
+* ``imperative-<strategy>``: gluon_dynbatch, batched imperative execution;
+* ``compiled-<strategy>``: gluon_dynbatch, each flush one CachedOp with a plan
+  cache, plus a sweep of ``analysis_budget`` (``compiled budget=...``);
+* ``handbatched``: scripts/handbatched_treelstm.py, level by level, index
+  arrays fed as data, one CachedOp per level count (the practical limit).
+
+A step is forward over 25 SICK train pairs (50 trees, D=300, H=150, fixed
+random embeddings), the example's similarity head and KL loss, backward and
+``Trainer.step``.  Medians over ``--batches`` batches, each one seen for the
+first time by the timed system (warm-up batches come before them), are
+reported as trees/s and as ratios to eager and to hand-batched.  Results go
+to ``--out-dir`` as CSV, Markdown, JSON and (after the budget sweep) a PNG.
+
+Run from the repository root::
+
+    .venv/bin/python scripts/benchmark.py --batches 10 --epoch-check
+"""
+import argparse
+import csv
+import gc
+import inspect
+import json
+import logging
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
+
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT, ROOT / "scripts"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+LOG = logging.getLogger("benchmark")
+
+PAIRS_PER_BATCH = 25
+INPUT_SIZE = 300
+HIDDEN_SIZE = 150
+LEARNING_RATE = 0.05
+WEIGHT_DECAY = 1e-4
+DEFAULT_BUDGETS = "0,0.001,0.01,0.1,auto"
+STRATEGIES = ("agenda", "depth")
+GROUPS = ("eager", "imperative", "compiled", "budget", "handbatched")
+#: Timings of BatchStats, ms; ``compile_ms`` is part of ``execute_ms``.
+STATS_FIELDS = ("record_ms", "plan_ms", "compile_ms", "execute_ms")
+#: The time split reported, ms per batch (means, so they add up).
+SPLIT_FIELDS = ("record_ms", "plan_ms", "compile_ms", "launch_ms", "gc_ms",
+                "other_ms")
+#: Counters summed over the timed batches.
+COUNT_FIELDS = ("cache_hits", "cache_misses", "evictions", "steps",
+                "planned_nodes", "nodes")
+EPOCH_SKIP = 5
+#: Systems with a plan cache, timed a second time on the same batches.
+CACHING_KINDS = ("compiled", "handbatched")
+
+# Filled in by import_runtime(), after --threads has set the environment.
+mx = nd = autograd = gluon = gdb = None
+sick_data = sick_model = handbatched = None
+
+System = namedtuple("System", ["name", "kind", "strategy", "budget"])
+System.__doc__ = """One benchmarked configuration.
+
+Attributes
+----------
+name : str
+    Row label.
+kind : str
+    ``"eager"``, ``"imperative"``, ``"compiled"`` or ``"handbatched"``.
+strategy : str or None
+    gluon_dynbatch strategy; None = the library default.
+budget : float, str or None
+    ``analysis_budget``; None = the library default.
+"""
+
+
+class TqdmHandler(logging.Handler):
+    """Logging handler writing through tqdm so progress bars stay intact."""
+
+    def emit(self, record):
+        """Write one formatted record."""
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # pragma: no cover - logging must never raise
+            self.handleError(record)
+
+
+class GcTimer:
+    """Wall time spent in Python's cyclic garbage collector (gc.callbacks).
+
+    Attributes
+    ----------
+    total : float
+        Seconds in collections since :meth:`install`.
+    """
+
+    def __init__(self):
+        self.total = 0.0
+        self._start = None
+
+    def __call__(self, phase, info):
+        """The gc callback: time each collection."""
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.total += time.perf_counter() - self._start
+            self._start = None
+
+    def install(self):
+        """Start timing collections; return self."""
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+        return self
+
+    def uninstall(self):
+        """Stop timing collections."""
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+
+GC_TIMER = GcTimer()
+
+
+def build_parser():
+    """Return the command-line parser.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+    """
+    parser = argparse.ArgumentParser(
+        description="Training-step throughput of the SICK Child-Sum "
+                    "Tree-LSTM: eager Gluon, gluon_dynbatch (imperative and "
+                    "compiled) and a hand-batched CachedOp implementation.",
+        epilog="Systems (--systems): groups %s, or names such as "
+               "imperative-agenda, compiled-depth, handbatched."
+               % ", ".join(GROUPS))
+    add = parser.add_argument
+    add("--data-dir", default=None,
+        help="SICK directory holding train/ (default: ../shared/data/sick "
+             "from the repository root)")
+    add("--batches", type=int, default=10,
+        help="timed batches per system (default: %(default)s)")
+    add("--warmup", type=int, default=3,
+        help="untimed batches before the timed ones (default: %(default)s)")
+    add("--eager-batches", type=int, default=3,
+        help="timed batches for eager, ~2-3 s each (default: %(default)s)")
+    add("--systems", default=",".join(GROUPS),
+        help="comma list of systems or groups to run (default: all)")
+    add("--budgets", default=DEFAULT_BUDGETS,
+        help="analysis_budget values of the sweep, seconds or 'auto' "
+             "(default: %(default)s)")
+    add("--no-second-pass", action="store_true",
+        help="do not time the batches a second time (all plans cached) "
+             "for the systems with a plan cache")
+    add("--epoch-check", action="store_true",
+        help="also train one whole epoch of SICK train (180 batches) with "
+             "the compiled default config (and hand-batched) and report "
+             "the cache hit rate and the analysis+compile share")
+    add("--out-dir", default="results/benchmark",
+        help="where CSV, Markdown, JSON and PNG go (default: %(default)s)")
+    add("--seed", type=int, default=0,
+        help="seed of batch order, embeddings and init (default: %(default)s)")
+    add("--threads", type=int, default=None,
+        help="set OMP_NUM_THREADS before importing mxnet (default: as set)")
+    add("--engine-threads", type=int, default=None,
+        help="set MXNET_CPU_WORKER_NTHREADS before importing mxnet")
+    add("--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def setup_logging(verbose):
+    """Route log records through tqdm at INFO (or DEBUG) level."""
+    handler = TqdmHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s",
+                                           "%H:%M:%S"))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, TqdmHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def set_threads(threads, engine_threads):
+    """Set the thread environment variables; must precede importing mxnet."""
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    if engine_threads is not None:
+        os.environ["MXNET_CPU_WORKER_NTHREADS"] = str(engine_threads)
+    if "mxnet" in sys.modules and (threads or engine_threads):
+        LOG.warning("mxnet was imported already: thread settings may be "
+                    "ignored")
+
+
+def import_runtime():
+    """Import mxnet, gluon_dynbatch and the model code into module globals."""
+    global mx, nd, autograd, gluon, gdb  # pylint: disable=global-statement
+    global sick_data, sick_model, handbatched  # pylint: disable=global-statement
+    import mxnet  # pylint: disable=import-outside-toplevel
+    import gluon_dynbatch  # pylint: disable=import-outside-toplevel
+    import handbatched_treelstm  # pylint: disable=import-outside-toplevel
+    from examples import sick_data as data_mod  # pylint: disable=import-outside-toplevel
+    from examples import sick_model as model_mod  # pylint: disable=import-outside-toplevel
+    mx, nd, autograd, gluon = mxnet, mxnet.nd, mxnet.autograd, mxnet.gluon
+    gdb, handbatched = gluon_dynbatch, handbatched_treelstm
+    sick_data, sick_model = data_mod, model_mod
+
+
+# --------------------------------------------------------------------------
+# Library features
+# --------------------------------------------------------------------------
+
+def detect_features():
+    """Find out what this gluon_dynbatch supports.
+
+    Returns
+    -------
+    dict
+        ``compiled`` (bool), ``budget_via`` (``"scope"``, ``"block"`` or
+        None) and ``notes`` (list of str).
+    """
+    notes = []
+    try:
+        gdb.batching(compiled=True)
+        compiled = True
+    except TypeError as err:
+        compiled = False
+        notes.append("compiled execution unavailable: gdb.batching("
+                     "compiled=True) raised TypeError (%s)" % err)
+    budget_via = None
+    if "analysis_budget" in inspect.signature(gdb.batching).parameters:
+        budget_via = "scope"
+    elif "analysis_budget" in inspect.signature(
+            gdb.DynBatchBlock.__init__).parameters:
+        budget_via = "block"
+    if budget_via and not compiled:
+        notes.append("analysis_budget sweep skipped: the budget only acts "
+                     "on compiled execution, which is unavailable")
+        budget_via = None
+    elif not budget_via:
+        notes.append("analysis_budget sweep skipped: not a parameter of "
+                     "gdb.batching or DynBatchBlock")
+    return {"compiled": compiled, "budget_via": budget_via, "notes": notes}
+
+
+def clear_engine_caches():
+    """Empty gluon_dynbatch's shared plan caches so systems do not share plans.
+
+    Each system also gets a fresh encoder block (and so an empty per-block
+    cache); this clears what is shared besides: ``gdb.clear_caches()`` when
+    the library has it, else the scope module's ``DEFAULT_CACHE``.
+
+    Returns
+    -------
+    list of str
+        What was cleared.
+    """
+    cleared = []
+    clear = getattr(gdb, "clear_caches", None)
+    if callable(clear):
+        clear()
+        cleared.append("gdb.clear_caches()")
+    scope_mod = getattr(gdb, "scope", None)
+    default = getattr(scope_mod, "DEFAULT_CACHE", None)
+    if default is not None and callable(getattr(default, "clear", None)):
+        default.clear()
+        cleared.append("gdb.scope.DEFAULT_CACHE")
+    LOG.debug("cleared plan caches: %s", ", ".join(cleared) or "none found")
+    return cleared
+
+
+# --------------------------------------------------------------------------
+# Systems
+# --------------------------------------------------------------------------
+
+def parse_budget(text):
+    """``"auto"`` stays a string; anything else becomes a float."""
+    text = text.strip()
+    return text if text == "auto" else float(text)
+
+
+def all_systems(budgets):
+    """Every system the benchmark knows, in run order.
+
+    Parameters
+    ----------
+    budgets : list
+        Values of the analysis_budget sweep.
+
+    Returns
+    -------
+    list of (str, System)
+        Group name and system.
+    """
+    systems = [("handbatched", System("handbatched", "handbatched", None, None))]
+    for kind in ("imperative", "compiled"):
+        systems += [(kind, System("%s-%s" % (kind, s), kind, s, None))
+                    for s in STRATEGIES]
+    systems += [("budget", System("compiled budget=%s" % b, "compiled", None, b))
+                for b in budgets]
+    systems.append(("eager", System("eager", "eager", None, None)))
+    return systems
+
+
+def select_systems(spec, budgets):
+    """Systems named (or whose group is named) in the comma list ``spec``.
+
+    Raises
+    ------
+    SystemExit
+        A name matches no system.
+    """
+    wanted = [w.strip() for w in spec.split(",") if w.strip()]
+    known = all_systems(budgets)
+    names = {s.name for _, s in known} | set(GROUPS)
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        sys.exit("unknown system(s) %s; choose from %s"
+                 % (", ".join(unknown), ", ".join(sorted(names))))
+    return [s for group, s in known if group in wanted or s.name in wanted]
+
+
+# --------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------
+
+def resolve_data_dir(path):
+    """Return the SICK directory or exit with a clear message."""
+    data_dir = Path(path) if path else sick_data.default_data_dir()
+    if data_dir is None or not (Path(data_dir) / "train").is_dir():
+        where = data_dir or (ROOT.parent / "shared" / "data" / "sick")
+        sys.exit("SICK train split not found at %s/train.\nThe benchmark "
+                 "needs the SICK data preprocessed as in Tai et al. (2015) "
+                 "(a.toks, b.toks, a.parents, b.parents, sim.txt); pass "
+                 "--data-dir DIR." % where)
+    return Path(data_dir)
+
+
+def load_batches(data_dir, seed):
+    """SICK train in shuffled batches of 25 pairs, word ids attached.
+
+    Returns
+    -------
+    batches : list of list of SickPair
+    vocab_size : int
+    """
+    pairs = sick_data.load_split(data_dir, "train")
+    vocab = {}
+    for pair in pairs:
+        for tokens, tree in ((pair.a_tokens, pair.a_tree),
+                             (pair.b_tokens, pair.b_tree)):
+            ids = [vocab.setdefault(t.lower(), len(vocab)) for t in tokens]
+            sick_data.attach_words(tree, ids)
+    random.Random(seed).shuffle(pairs)
+    batches = [pairs[i:i + PAIRS_PER_BATCH]
+               for i in range(0, len(pairs), PAIRS_PER_BATCH)]
+    LOG.info("SICK train from %s: %d pairs, %d batches of %d, vocabulary %d",
+             data_dir, len(pairs), len(batches), PAIRS_PER_BATCH, len(vocab))
+    return batches, len(vocab)
+
+
+def batch_trees(pairs):
+    """All a-trees then all b-trees of a batch."""
+    return [p.a_tree for p in pairs] + [p.b_tree for p in pairs]
+
+
+# --------------------------------------------------------------------------
+# The training step
+# --------------------------------------------------------------------------
+
+class Bench:
+    """Shared model, head, embeddings, loss and trainer of all systems.
+
+    Parameters
+    ----------
+    vocab_size : int
+    features : dict
+        From :func:`detect_features`.
+    """
+
+    def __init__(self, vocab_size, features):
+        self.features = features
+        self.ctx = mx.cpu()
+        self.encoder = sick_model.ChildSumTreeLSTM(HIDDEN_SIZE, INPUT_SIZE)
+        self.head = sick_model.SimilarityHead(HIDDEN_SIZE)
+        self.encoder.initialize(mx.init.Xavier(), ctx=self.ctx)
+        self.head.initialize(mx.init.Xavier(), ctx=self.ctx)
+        self.embeddings = nd.random.uniform(
+            -0.05, 0.05, shape=(vocab_size, INPUT_SIZE), ctx=self.ctx)
+        self.loss_fn = sick_model.make_loss()
+        params = self.encoder.collect_params()
+        params.update(self.head.collect_params())
+        self.trainer = gluon.Trainer(params, "adagrad", {
+            "learning_rate": LEARNING_RATE, "wd": WEIGHT_DECAY})
+
+    def encoder_for(self, system):
+        """A fresh encoder sharing the Parameters, configured for ``system``.
+
+        A new block per system starts any per-block plan cache empty.
+        """
+        kwargs = {}
+        if system.budget is not None and self.features["budget_via"] == "block":
+            kwargs["analysis_budget"] = system.budget
+        encoder = sick_model.ChildSumTreeLSTM(
+            HIDDEN_SIZE, INPUT_SIZE, prefix=self.encoder.prefix,
+            params=self.encoder.collect_params(), **kwargs)
+        for key in handbatched.CELL_PARAMS:
+            if getattr(encoder.cell, key) is not getattr(self.encoder.cell, key):
+                raise RuntimeError("encoder copy does not share %s" % key)
+        return encoder
+
+    def scope_kwargs(self, system):
+        """Arguments of ``gdb.batching`` for a gluon_dynbatch system."""
+        kwargs = {"strategy": system.strategy}
+        if self.features["compiled"]:
+            kwargs["compiled"] = system.kind == "compiled"
+        if system.budget is not None and self.features["budget_via"] == "scope":
+            kwargs["analysis_budget"] = system.budget
+        return kwargs
+
+
+class Runner:
+    """Runs training steps of one system and returns per-batch figures.
+
+    Parameters
+    ----------
+    bench : Bench
+    system : System
+    """
+
+    def __init__(self, bench, system):
+        self.bench = bench
+        self.system = system
+        if system.kind == "handbatched":
+            self.hand = handbatched.HandBatchedTreeLSTM(bench.encoder.cell,
+                                                        bench.ctx)
+        elif system.kind != "eager":
+            self.encoder = bench.encoder_for(system)
+
+    def encode(self, trees):
+        """Root hidden states (B, H) and a dict of the encoder's figures."""
+        bench, kind = self.bench, self.system.kind
+        emb = bench.embeddings
+        if kind == "handbatched":
+            return self.hand(trees, emb), dict(self.hand.last)
+        if kind == "eager":
+            outs = [bench.encoder(t, emb) for t in trees]
+            return nd.concat(*[h for h, _ in outs], dim=0), {}
+        with gdb.batching(**bench.scope_kwargs(self.system)) as scope:
+            outs = [self.encoder(t, emb) for t in trees]
+        return nd.concat(*[h for h, _ in outs], dim=0), scope.stats.as_dict()
+
+    def step(self, pairs):
+        """One full training step; return its figures (ms and counters)."""
+        bench = self.bench
+        trees = batch_trees(pairs)
+        targets = sick_model.batch_targets(pairs, ctx=bench.ctx)
+        n = len(pairs)
+        nd.waitall()
+        gc_before = GC_TIMER.total
+        start = time.perf_counter()
+        with autograd.record():
+            roots, figures = self.encode(trees)
+            log_probs = bench.head(nd.slice_axis(roots, axis=0, begin=0, end=n),
+                                   nd.slice_axis(roots, axis=0, begin=n,
+                                                 end=2 * n))
+            loss = bench.loss_fn(log_probs, targets)
+        loss.backward()
+        bench.trainer.step(n)
+        nd.waitall()
+        total = 1000.0 * (time.perf_counter() - start)
+        figures["gc_ms"] = 1000.0 * (GC_TIMER.total - gc_before)
+        return _batch_record(total, len(trees), figures)
+
+
+def _batch_record(total_ms, num_trees, figures):
+    """Per-batch figures: total, time split, counters (0 when absent).
+
+    ``launch_ms`` is ``execute_ms`` less ``compile_ms``; ``gc_ms`` the time
+    in Python's cyclic garbage collector during the step; ``other_ms`` what
+    none of these cover (engine work, head, backward, update).
+    """
+    rec = {"total_ms": total_ms, "trees": num_trees}
+    for name in STATS_FIELDS + COUNT_FIELDS + ("gc_ms",):
+        rec[name] = figures.get(name, 0) or 0
+    rec["launch_ms"] = rec["execute_ms"] - rec["compile_ms"]
+    rec["other_ms"] = total_ms - rec["record_ms"] - rec["plan_ms"] \
+        - rec["execute_ms"] - rec["gc_ms"]
+    return rec
+
+
+# --------------------------------------------------------------------------
+# Running and summarising
+# --------------------------------------------------------------------------
+
+def run_batches(runner, batches, label):
+    """Training steps over ``batches`` with a progress bar; list of records."""
+    return [runner.step(pairs)
+            for pairs in tqdm(batches, desc=label, leave=False, unit="batch",
+                              disable=None)]
+
+
+def unavailable_row(system, note):
+    """Summary row of a system that could not run."""
+    return {"system": system.name, "kind": system.kind,
+            "strategy": system.strategy, "budget": system.budget,
+            "available": False, "note": note}
+
+
+def _hit_rate(hits, misses):
+    """Hits per lookup, None without lookups."""
+    return hits / (hits + misses) if hits + misses else None
+
+
+def summarize(system, records, again=None):
+    """Summary row of one system.
+
+    Parameters
+    ----------
+    system : System
+    records : list of dict
+        Per-batch figures of the timed batches, each new to the system.
+    again : list of dict, optional
+        The same batches timed a second time (plans cached).
+
+    Returns
+    -------
+    dict
+        Median total and trees/s, mean time split, summed counters.
+    """
+    row = {"system": system.name, "kind": system.kind,
+           "strategy": system.strategy, "budget": system.budget,
+           "available": True, "note": "", "batches": len(records)}
+    row["total_ms"] = statistics.median(r["total_ms"] for r in records)
+    row["mean_total_ms"] = statistics.mean(r["total_ms"] for r in records)
+    for name in SPLIT_FIELDS:
+        row[name] = statistics.mean(r[name] for r in records)
+    for name in COUNT_FIELDS:
+        row[name] = sum(r[name] for r in records)
+    trees = statistics.mean(r["trees"] for r in records)
+    row["trees_per_s"] = 1000.0 * trees / row["total_ms"]
+    row["hit_rate"] = _hit_rate(row["cache_hits"], row["cache_misses"])
+    if again:
+        row["again_ms"] = statistics.median(r["total_ms"] for r in again)
+        row["trees_per_s_again"] = 1000.0 * trees / row["again_ms"]
+        row["hit_rate_again"] = _hit_rate(
+            sum(r["cache_hits"] for r in again),
+            sum(r["cache_misses"] for r in again))
+    return row
+
+
+def system_batches(system, args, batches):
+    """(warm-up batches, timed batches) of a system.
+
+    Timed batches follow the ``--warmup`` first ones, so each is new to the
+    system; eager (slow, nothing to cache) warms up on one batch at most.
+    """
+    eager = system.kind == "eager"
+    timed = args.eager_batches if eager else args.batches
+    warm = min(args.warmup, 1) if eager else args.warmup
+    return (batches[args.warmup - warm:args.warmup],
+            batches[args.warmup:args.warmup + timed])
+
+
+def run_system(bench, system, args, batches):
+    """Warm up, time and summarise one system; failures become a row."""
+    if system.kind == "compiled" and not bench.features["compiled"]:
+        return unavailable_row(system, "unavailable: compiled=True not "
+                                       "supported by gluon_dynbatch"), []
+    if system.budget is not None and not bench.features["budget_via"]:
+        return unavailable_row(system, "unavailable: analysis_budget "
+                                       "not supported"), []
+    clear_engine_caches()
+    gc.collect()  # do not charge this system for the garbage of the last
+    warm, timed = system_batches(system, args, batches)
+    try:
+        runner = Runner(bench, system)
+        run_batches(runner, warm, system.name + " (warm-up)")
+        records = run_batches(runner, timed, system.name)
+        again = None
+        if system.kind in CACHING_KINDS and not args.no_second_pass:
+            again = run_batches(runner, timed, system.name + " (again)")
+    except Exception as err:  # pylint: disable=broad-except
+        LOG.error("%s failed: %s: %s", system.name, type(err).__name__, err)
+        LOG.debug("traceback", exc_info=True)
+        return unavailable_row(system, "failed: %s: %s"
+                               % (type(err).__name__, err)), []
+    row = summarize(system, records, again)
+    LOG.info("%-24s %7.1f ms/batch %7.1f trees/s%s", system.name,
+             row["total_ms"], row["trees_per_s"],
+             "" if again is None else ", again %.1f trees/s"
+             % row["trees_per_s_again"])
+    return row, {"new": records, "again": again}
+
+
+def add_ratios(rows):
+    """Add speed ratios to eager and to hand-batched (speed / reference)."""
+    speed = {r["system"]: r["trees_per_s"] for r in rows if r["available"]}
+    for row in rows:
+        for ref, key in (("eager", "vs_eager"), ("handbatched", "vs_hand")):
+            ok = row["available"] and ref in speed
+            row[key] = row["trees_per_s"] / speed[ref] if ok else None
+    return rows
+
+
+# --------------------------------------------------------------------------
+# Epoch check
+# --------------------------------------------------------------------------
+
+def epoch_check(bench, system, batches):
+    """Train one whole epoch; return its summary row and per-batch records.
+
+    The row holds the cache hit rate over the batches after the first
+    ``EPOCH_SKIP`` and the share of analysis+compile (and of garbage
+    collection) in the total time.
+    """
+    clear_engine_caches()
+    gc.collect()
+    runner = Runner(bench, system)
+    records = run_batches(runner, batches, "epoch " + system.name)
+    later = records[EPOCH_SKIP:]
+    hits = sum(r["cache_hits"] for r in later)
+    misses = sum(r["cache_misses"] for r in later)
+    total = sum(r["total_ms"] for r in records)
+    overhead = sum(r["plan_ms"] + r["compile_ms"] for r in records)
+    row = {
+        "system": system.name, "batches": len(records),
+        "trees_per_s": 1000.0 * sum(r["trees"] for r in records) / total,
+        "total_s": total / 1000.0,
+        "hits_after_skip": hits, "misses_after_skip": misses,
+        "hit_rate_after_skip": hits / (hits + misses) if hits + misses else None,
+        "batches_with_miss_after_skip": sum(1 for r in later
+                                            if r["cache_misses"]),
+        "analysis_ms": sum(r["plan_ms"] for r in records),
+        "compile_ms": sum(r["compile_ms"] for r in records),
+        "analysis_compile_share": overhead / total,
+        "gc_share": sum(r["gc_ms"] for r in records) / total,
+        "evictions": sum(r["evictions"] for r in records),
+    }
+    return row, records
+
+
+def run_epoch_checks(bench, selected, batches):
+    """Epoch check of the compiled default config and of hand-batched.
+
+    Returns
+    -------
+    rows : list of dict
+    raw : dict
+        System name -> per-batch records.
+    """
+    systems = []
+    if bench.features["compiled"]:
+        systems.append(System("compiled (default)", "compiled", None, None))
+    else:
+        LOG.warning("epoch check of compiled execution skipped: unavailable")
+    if any(s.kind == "handbatched" for s in selected):
+        systems.append(System("handbatched", "handbatched", None, None))
+    rows, raw = [], {}
+    for system in systems:
+        row, raw[system.name] = epoch_check(bench, system, batches)
+        rows.append(row)
+        LOG.info("epoch %-20s %6.1f trees/s, hit rate after %d batches %s, "
+                 "analysis+compile %.1f%%, gc %.1f%%", row["system"],
+                 row["trees_per_s"], EPOCH_SKIP,
+                 _fmt_rate(row["hit_rate_after_skip"]),
+                 100.0 * row["analysis_compile_share"],
+                 100.0 * row["gc_share"])
+    return rows, raw
+
+
+# --------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------
+
+TABLE_COLUMNS = (
+    ("system", "system", "%s"),
+    ("trees_per_s", "trees/s", "%.1f"),
+    ("total_ms", "ms/batch", "%.1f"),
+    ("mean_total_ms", "mean ms", "%.1f"),
+    ("vs_eager", "x eager", "%.1f"),
+    ("vs_hand", "x hand", "%.2f"),
+    ("record_ms", "record", "%.1f"),
+    ("plan_ms", "plan", "%.1f"),
+    ("compile_ms", "compile", "%.1f"),
+    ("launch_ms", "launch", "%.1f"),
+    ("gc_ms", "gc", "%.1f"),
+    ("other_ms", "other", "%.1f"),
+    ("hit_rate", "hits", "%s"),
+    ("trees_per_s_again", "trees/s again", "%.1f"),
+)
+
+
+def _fmt_rate(rate):
+    return "-" if rate is None else "%.0f%%" % (100.0 * rate)
+
+
+def _cell(row, key, fmt):
+    """Format one table cell; '-' for missing values."""
+    if not row.get("available", True) and key != "system":
+        return "-"
+    value = row.get(key)
+    if key == "hit_rate":
+        looked_up = row.get("cache_hits", 0) + row.get("cache_misses", 0)
+        return "%s (%d/%d)" % (_fmt_rate(value), row.get("cache_hits", 0),
+                               looked_up) if looked_up else "-"
+    return "-" if value is None else fmt % value
+
+
+def table_lines(rows):
+    """The results table as aligned plain-text lines."""
+    cells = [[title for _, title, _ in TABLE_COLUMNS]]
+    cells += [[_cell(r, k, f) for k, _, f in TABLE_COLUMNS] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(line, widths)))
+             for line in cells]
+    lines.insert(1, "-" * len(lines[0]))
+    notes = ["%s: %s" % (r["system"], r["note"]) for r in rows if r["note"]]
+    return lines + notes
+
+
+def markdown_table(header, body):
+    """A Markdown table from a header list and rows of strings."""
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return lines
+
+
+def write_csv(path, rows):
+    """Write dict rows as CSV with the union of their keys as columns."""
+    columns = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_markdown(path, context, rows, epoch_rows, plot_name):
+    """Write the report: set-up, results table, epoch check, notes."""
+    lines = ["# Tree-LSTM training-step benchmark", "",
+             "SICK train, Child-Sum Tree-LSTM D=%d H=%d, %d pairs (%d trees) "
+             "per batch, forward + backward + AdaGrad step. %s."
+             % (INPUT_SIZE, HIDDEN_SIZE, PAIRS_PER_BATCH, 2 * PAIRS_PER_BATCH,
+                context["setup"]), ""]
+    header = [t for _, t, _ in TABLE_COLUMNS]
+    body = [[_cell(r, k, f) for k, _, f in TABLE_COLUMNS] for r in rows]
+    lines += markdown_table(header, body) + [""]
+    lines += [
+        "`trees/s` and `ms/batch`: median over the timed batches, each seen "
+        "for the first time by that system; `mean ms` is the mean, which "
+        "keeps the rare long pauses (garbage collection) that the median "
+        "hides. `x eager` and `x hand` are throughput ratios (above 1 = "
+        "faster than the reference). The time split is in mean ms per batch "
+        "(means, so that it adds up to `mean ms`): `record`, `plan` "
+        "(analysis), `compile` and `launch` (execute less compile: launching "
+        "MXNet work) come from `scope.stats`; for hand-batched they are index "
+        "building (`plan`), building and first call of a new CachedOp "
+        "(`compile`) and the call of a cached one (`launch`). `gc` is time in "
+        "Python's cyclic garbage collector during the step (`gc.callbacks`). "
+        "`other` is the rest of the step: the engine finishing the forward, "
+        "the head and loss, backward and `Trainer.step`. `hits`: plan-cache "
+        "hit rate over the timed batches. `trees/s again`: the same batches "
+        "timed a second time, their plans cached (as in later epochs).",
+        ""]
+    lines += _epoch_markdown(epoch_rows)
+    if plot_name:
+        lines += ["## Analysis budget trade-off", "",
+                  "![budget trade-off](%s)" % plot_name, ""]
+    notes = context["notes"] + ["%s: %s" % (r["system"], r["note"])
+                                for r in rows if r["note"]]
+    if notes:
+        lines += ["## Notes", ""] + ["- " + n for n in notes] + [""]
+    Path(path).write_text("\n".join(lines), encoding="utf-8")
+
+
+def _epoch_markdown(epoch_rows):
+    """Markdown section of the epoch check (empty when it did not run)."""
+    if not epoch_rows:
+        return []
+    header = ["system", "batches", "trees/s", "hit rate after %d" % EPOCH_SKIP,
+              "batches with a miss after %d" % EPOCH_SKIP,
+              "analysis+compile share", "gc share", "evictions"]
+    body = [[r["system"], str(r["batches"]), "%.1f" % r["trees_per_s"],
+             _fmt_rate(r["hit_rate_after_skip"]),
+             str(r["batches_with_miss_after_skip"]),
+             "%.1f%%" % (100.0 * r["analysis_compile_share"]),
+             "%.1f%%" % (100.0 * r["gc_share"]),
+             str(r["evictions"])] for r in epoch_rows]
+    return (["## One epoch of SICK train", ""] + markdown_table(header, body)
+            + [""])
+
+
+def plot_budget(path, rows):
+    """Plot analysis, compile, execution and total ms against the budget.
+
+    Returns
+    -------
+    bool
+        False when fewer than two budget rows ran.
+    """
+    sweep = [r for r in rows if r["available"] and r["budget"] is not None]
+    if len(sweep) < 2:
+        return False
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    labels = [str(r["budget"]) for r in sweep]
+    xs = range(len(sweep))
+    series = {
+        "analysis (plan)": [r["plan_ms"] for r in sweep],
+        "compile": [r["compile_ms"] for r in sweep],
+        "execution (launch + rest of the step)": [
+            r["launch_ms"] + r["other_ms"] for r in sweep],
+        "recording": [r["record_ms"] for r in sweep],
+        "garbage collection": [r["gc_ms"] for r in sweep],
+        "total": [r["mean_total_ms"] for r in sweep],
+    }
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, values in series.items():
+        ax.plot(xs, values, marker="o", label=name)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels)
+    ax.set_xlabel("analysis_budget (s)")
+    ax.set_ylabel("ms per batch (mean over new batches)")
+    ax.set_title("Compiled gluon_dynbatch: analysis budget trade-off")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_outputs(out_dir, context, rows, epoch_rows, raw):
+    """Write CSV, Markdown, JSON and the plot into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(out_dir / "benchmark.csv", rows)
+    if epoch_rows:
+        write_csv(out_dir / "epoch_check.csv", epoch_rows)
+    plot_name = "budget_tradeoff.png"
+    if not plot_budget(out_dir / plot_name, rows):
+        plot_name = None
+    write_markdown(out_dir / "benchmark.md", context, rows, epoch_rows,
+                   plot_name)
+    with open(out_dir / "benchmark.json", "w", encoding="utf-8") as handle:
+        json.dump({"context": context, "systems": rows, "epoch": epoch_rows,
+                   "per_batch": raw}, handle, indent=1)
+    LOG.info("wrote %s", ", ".join(sorted(p.name for p in out_dir.iterdir())))
+
+
+# --------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------
+
+def seed_everything(seed):
+    """Seed Python's, numpy's and MXNet's generators."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    random.seed(seed)
+    np.random.seed(seed)
+    mx.random.seed(seed)
+
+
+def describe_setup(args, features):
+    """Context of the run for the report."""
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    setup = ("%s batches timed per system (eager %d) after %d warm-up, "
+             "each new to the system; OMP_NUM_THREADS=%s, %d CPUs, mxnet %s, "
+             "Python %s" % (args.batches, args.eager_batches, args.warmup,
+                            threads, os.cpu_count(), mx.__version__,
+                            platform.python_version()))
+    return {"setup": setup, "notes": list(features["notes"]),
+            "args": vars(args), "features": {k: v for k, v in features.items()
+                                             if k != "notes"},
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def check_args(args, num_batches):
+    """Exit with a message when the batch counts do not fit SICK train."""
+    for name in ("batches", "warmup", "eager_batches"):
+        if getattr(args, name) < 0:
+            sys.exit("--%s must be >= 0" % name.replace("_", "-"))
+    if args.batches < 1 or args.eager_batches < 1:
+        sys.exit("--batches and --eager-batches must be at least 1")
+    if args.warmup + max(args.batches, args.eager_batches) > num_batches:
+        sys.exit("--warmup + --batches exceed the %d batches of SICK train"
+                 % num_batches)
+
+
+def run_all(args, selected, batches, bench):
+    """Run the selected systems and the epoch check.
+
+    Returns
+    -------
+    rows : list of dict
+        One summary row per system, with ratios.
+    epoch_rows : list of dict
+    raw : dict
+        Per-batch records by system name (and ``"epoch"``).
+    """
+    rows, raw = [], {}
+    for system in selected:
+        row, raw[system.name] = run_system(bench, system, args, batches)
+        rows.append(row)
+    add_ratios(rows)
+    epoch_rows = []
+    if args.epoch_check:
+        epoch_rows, raw["epoch"] = run_epoch_checks(bench, selected, batches)
+    return rows, epoch_rows, raw
+
+
+def main(argv=None):
+    """Run the benchmark; return the summary rows."""
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    set_threads(args.threads, args.engine_threads)
+    import_runtime()
+    budgets = [parse_budget(b) for b in args.budgets.split(",") if b.strip()]
+    selected = select_systems(args.systems, budgets)
+    batches, vocab_size = load_batches(resolve_data_dir(args.data_dir),
+                                       args.seed)
+    check_args(args, len(batches))
+    features = detect_features()
+    for note in features["notes"]:
+        LOG.warning(note)
+    seed_everything(args.seed)
+    GC_TIMER.install()
+    try:
+        rows, epoch_rows, raw = run_all(args, selected, batches,
+                                        Bench(vocab_size, features))
+    finally:
+        GC_TIMER.uninstall()
+    context = describe_setup(args, features)
+    print("\n".join(table_lines(rows)))
+    write_outputs(Path(args.out_dir), context, rows, epoch_rows, raw)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

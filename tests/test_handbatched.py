@@ -1,0 +1,121 @@
+"""The benchmark's hand-batched Tree-LSTM equals the eager per-node model."""
+import os
+import random
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, nd
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "scripts")
+if SCRIPTS not in sys.path:
+    sys.path.insert(0, SCRIPTS)
+
+from examples.sick_data import attach_words, parse_parents, random_parents  # noqa: E402
+from examples.sick_model import ChildSumTreeLSTM  # noqa: E402
+from handbatched_treelstm import (CELL_PARAMS, HandBatchedTreeLSTM,  # noqa: E402
+                                  LevelPlan)
+
+VOCAB, DIM, HIDDEN = 40, 7, 5
+
+
+def _random_trees(seed, count, max_len=12):
+    """Random dependency trees with random word ids (a single node included)."""
+    rng = random.Random(seed)
+    trees = []
+    for k in range(count):
+        n = 1 if k == 0 else rng.randint(2, max_len)
+        tree = parse_parents(random_parents(n, rng))
+        trees.append(attach_words(tree, [rng.randrange(VOCAB) for _ in range(n)]))
+    return trees
+
+
+def _model(seed):
+    mx.random.seed(seed)
+    model = ChildSumTreeLSTM(HIDDEN, DIM)
+    model.initialize(mx.init.Uniform(0.5))
+    # Non-zero biases so that a wrong bias path would show.
+    bias = model.cell.x_bias
+    bias.set_data(nd.random.uniform(-0.5, 0.5, shape=bias.shape))
+    return model
+
+
+def _grads(model):
+    return {key: getattr(model.cell, key).grad().asnumpy().copy() for key in CELL_PARAMS}
+
+
+def _run(model, fn, weights):
+    """Roots (B, H) from ``fn`` and the parameter gradients of sum(w * roots)."""
+    with autograd.record():
+        roots = fn()
+        loss = (roots * weights).sum()
+    loss.backward()
+    return roots.asnumpy(), _grads(model)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_handbatched_equals_eager(seed):
+    trees = _random_trees(seed, 9)
+    model = _model(seed)
+    emb = nd.random.uniform(-1, 1, shape=(VOCAB, DIM))
+    weights = nd.random.uniform(-1, 1, shape=(len(trees), HIDDEN))
+    hand = HandBatchedTreeLSTM(model.cell)
+
+    eager_roots, eager_grads = _run(
+        model, lambda: nd.concat(*[model(t, emb)[0] for t in trees], dim=0), weights)
+    hand_roots, hand_grads = _run(model, lambda: hand(trees, emb), weights)
+
+    np.testing.assert_allclose(hand_roots, eager_roots, rtol=1e-5, atol=1e-6)
+    for key in CELL_PARAMS:
+        np.testing.assert_allclose(hand_grads[key], eager_grads[key],
+                                   rtol=1e-4, atol=1e-5, err_msg=key)
+        assert np.abs(eager_grads[key]).max() > 0, key
+
+
+def test_compiled_graph_reused_across_structures():
+    model = _model(3)
+    emb = nd.random.uniform(-1, 1, shape=(VOCAB, DIM))
+    hand = HandBatchedTreeLSTM(model.cell)
+    seen = {}
+    for seed in range(4):
+        trees = _random_trees(10 + seed, 6)
+        levels = LevelPlan(trees).num_levels
+        out = hand(trees, emb)
+        assert out.shape == (6, HIDDEN)
+        assert hand.last["cache_hits"] == int(levels in seen)
+        seen[levels] = True
+    assert hand.num_compiled == len(seen)
+
+
+def test_level_plan_groups_children_below_parents():
+    trees = _random_trees(5, 5)
+    plan = LevelPlan(trees)
+    assert plan.num_nodes == sum(t.size() for t in trees)
+    assert plan.num_levels == max(t.height() for t in trees)
+    start = 0
+    for lev in range(plan.num_levels):
+        size = plan.sizes["rows%d" % lev][0]
+        if lev:
+            child = plan.buffer[plan.offsets["child%d" % lev]:][
+                :plan.sizes["child%d" % lev][0]]
+            assert child.max() < start
+            seg_rows, seg_cols = plan.sizes["seg%d" % lev]
+            assert (seg_rows, seg_cols) == (size, child.size)
+        start += size
+    assert start == plan.num_nodes
+
+
+def test_benchmark_smoke(tmp_path):
+    """The benchmark runs the hand-batched system end to end on SICK."""
+    import benchmark
+    from examples.sick_data import default_data_dir
+    if default_data_dir() is None:
+        pytest.skip("SICK data not found at ../shared/data/sick")
+    rows = benchmark.main(["--systems", "handbatched", "--batches", "2",
+                           "--warmup", "1", "--no-second-pass",
+                           "--out-dir", str(tmp_path)])
+    assert rows[0]["available"] and rows[0]["trees_per_s"] > 0
+    for name in ("benchmark.csv", "benchmark.md", "benchmark.json"):
+        assert (tmp_path / name).is_file()
