@@ -29,12 +29,15 @@ class DynBatchBlock(gluon.HybridBlock):
         one graph per plan (``True``) or one per step (``"step"``).
     max_cached_plans : int, default 64
         Bound of this block's plan cache (least recently used plans go first).
+    max_pending_nodes : int, optional
+        Bound on recorded, not yet executed nodes of a scope this block starts
+        (see :func:`batching`; default 500,000).
     **kwargs
         Passed to ``gluon.HybridBlock`` (``prefix``, ``params``).
     """
 
     def __init__(self, strategy="agenda", analysis_budget=None, compiled=False,
-                 max_cached_plans=64, **kwargs):
+                 max_cached_plans=64, max_pending_nodes=None, **kwargs):
         super().__init__(**kwargs)
         if strategy not in STRATEGIES:
             raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
@@ -42,6 +45,10 @@ class DynBatchBlock(gluon.HybridBlock):
         self.analysis_budget = analysis_budget
         self.compiled = compiled
         self.plan_cache = PlanCache(max_cached_plans)
+        if max_pending_nodes is not None and max_pending_nodes < 1:
+            raise ValueError("max_pending_nodes must be at least 1, got %r"
+                             % (max_pending_nodes,))
+        self.max_pending_nodes = max_pending_nodes
 
     def forward(self, *args):
         """Eager, one-sample call (outside a batching scope)."""
@@ -58,6 +65,9 @@ class DynBatchBlock(gluon.HybridBlock):
                 rec.strategy = self.strategy
                 rec.compiled = self.compiled
                 rec.cache = self.plan_cache
+                if self.max_pending_nodes is not None and rec.scope is not None \
+                        and rec.scope.max_pending_nodes is None:
+                    rec.max_pending = self.max_pending_nodes
             args = rec.wrap_inputs(args)
         rec.depth += 1
         rec.path.append(self.name)

@@ -167,6 +167,7 @@ class Recorder:
         self.path = []              # block names being traced, for messages
         self.depth = 0              # nesting of DynBatchBlock calls
         self.num_recorded = 0
+        self.max_pending = DEFAULT_MAX_PENDING
 
     def close(self):
         """Drop references back to the scope (closures of F refer to the recorder)."""
@@ -244,6 +245,10 @@ class Recorder:
     # -- operator calls ---------------------------------------------------------
     def call_op(self, op, args, kwargs):
         """Record ``op(*args, **kwargs)``; return its LazyArray output(s)."""
+        if len(self.graph.nodes) >= self.max_pending:
+            # Bounded memory: run what is pending (every value still held is
+            # computed), then record on into a fresh graph.
+            self._flush()
         inputs = []
         targs = []
         for a in args:
@@ -462,6 +467,9 @@ class CallInfo:
 
 
 _CALLS = {}
+
+# Pending nodes after which a scope flushes by itself (about 1 KB each).
+DEFAULT_MAX_PENDING = 500000
 
 # Creation operators whose result depends only on their arguments.
 _DETERMINISTIC = frozenset(["zeros", "ones", "full", "arange", "eye", "linspace",

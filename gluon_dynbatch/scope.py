@@ -55,11 +55,15 @@ class BatchingScope:
         Counters and timings of the scope's flushes, complete after it exits.
     """
 
-    def __init__(self, strategy=None, compiled=None):
+    def __init__(self, strategy=None, compiled=None, max_pending_nodes=None):
         if strategy is not None and strategy not in STRATEGIES:
             raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
+        if max_pending_nodes is not None and max_pending_nodes < 1:
+            raise ValueError("max_pending_nodes must be at least 1, got %r"
+                             % (max_pending_nodes,))
         self.strategy = strategy
         self.compiled = compiled
+        self.max_pending_nodes = max_pending_nodes
         self.stats = BatchStats()
         self.recorder = None
         self._outer = None
@@ -74,6 +78,8 @@ class BatchingScope:
             return self
         self.recorder = record.Recorder(self.flush)
         self.recorder.scope = self
+        if self.max_pending_nodes is not None:
+            self.recorder.max_pending = self.max_pending_nodes
         _GC_PAUSE.__enter__()
         record._set_current(self.recorder)  # pylint: disable=protected-access
         self._mark = time.perf_counter()
@@ -179,7 +185,7 @@ def _execute(plan, live, ctx):
 DEFAULT_CACHE = PlanCache(64)
 
 
-def batching(strategy=None, compiled=None):
+def batching(strategy=None, compiled=None, max_pending_nodes=None):
     """Open a batching scope on this thread.
 
     Inside it, calls of :class:`DynBatchBlock` s (and of any child block, ``F``
@@ -199,10 +205,15 @@ def batching(strategy=None, compiled=None):
         (shapes of steps repeat across batches even when whole plans do not).
         ``False``: batched imperative calls.  Defaults to the setting of the
         first DynBatchBlock called.
+    max_pending_nodes : int, optional
+        Bound on recorded, not yet executed nodes (default 500,000, about
+        0.5 GB): past it the scope flushes by itself, so memory stays bounded.
+        Values still held are computed then; results do not change, only how
+        much is batched together.
 
     Returns
     -------
     BatchingScope
         Its ``stats`` describe the work done.
     """
-    return BatchingScope(strategy, compiled)
+    return BatchingScope(strategy, compiled, max_pending_nodes)

@@ -5,6 +5,7 @@ Systems, all on the same Parameters, batches, loss and optimiser (AdaGrad):
 * ``eager``: the example's ChildSumTreeLSTM outside any batching scope, one
   tree (and one node) at a time;
 * ``imperative-<strategy>``: gluon_dynbatch, batched imperative execution;
+* ``step-<strategy>``: gluon_dynbatch, each step of a flush one cached CachedOp;
 * ``compiled-<strategy>``: gluon_dynbatch, each flush one CachedOp with a plan
   cache, plus a sweep of ``analysis_budget`` (``compiled budget=...``);
 * ``handbatched``: scripts/handbatched_treelstm.py, level by level, index
@@ -52,7 +53,7 @@ LEARNING_RATE = 0.05
 WEIGHT_DECAY = 1e-4
 DEFAULT_BUDGETS = "0,0.001,0.01,0.1,auto"
 STRATEGIES = ("agenda", "depth")
-GROUPS = ("eager", "imperative", "compiled", "budget", "handbatched")
+GROUPS = ("eager", "imperative", "compiled", "step", "budget", "handbatched")
 #: Timings of BatchStats, ms; ``compile_ms`` is part of ``execute_ms``.
 STATS_FIELDS = ("record_ms", "plan_ms", "compile_ms", "execute_ms")
 #: The time split reported, ms per batch (means, so they add up).
@@ -63,7 +64,7 @@ COUNT_FIELDS = ("cache_hits", "cache_misses", "evictions", "steps",
                 "planned_nodes", "nodes")
 EPOCH_SKIP = 5
 #: Systems with a plan cache, timed a second time on the same batches.
-CACHING_KINDS = ("compiled", "handbatched")
+CACHING_KINDS = ("compiled", "step", "handbatched")
 
 # Filled in by import_runtime(), after --threads has set the environment.
 mx = nd = autograd = gluon = gdb = None
@@ -304,7 +305,7 @@ def all_systems(budgets):
         Group name and system.
     """
     systems = [("handbatched", System("handbatched", "handbatched", None, None))]
-    for kind in ("imperative", "compiled"):
+    for kind in ("imperative", "compiled", "step"):
         systems += [(kind, System("%s-%s" % (kind, s), kind, s, None))
                     for s in STRATEGIES]
     systems += [("budget", System("compiled budget=%s" % b, "compiled", None, b))
@@ -424,7 +425,7 @@ class Bench:
         """Arguments of ``gdb.batching`` for a gluon_dynbatch system."""
         kwargs = {"strategy": system.strategy}
         if self.features["compiled"]:
-            kwargs["compiled"] = system.kind == "compiled"
+            kwargs["compiled"] = {"compiled": True, "step": "step"}.get(system.kind, False)
         if system.budget is not None and self.features["budget_via"] == "scope":
             kwargs["analysis_budget"] = system.budget
         return kwargs
@@ -575,7 +576,7 @@ def system_batches(system, args, batches):
 
 def run_system(bench, system, args, batches):
     """Warm up, time and summarise one system; failures become a row."""
-    if system.kind == "compiled" and not bench.features["compiled"]:
+    if system.kind in ("compiled", "step") and not bench.features["compiled"]:
         return unavailable_row(system, "unavailable: compiled=True not "
                                        "supported by gluon_dynbatch"), []
     if system.budget is not None and not bench.features["budget_via"]:
@@ -663,6 +664,7 @@ def run_epoch_checks(bench, selected, batches):
     systems = []
     if bench.features["compiled"]:
         systems.append(System("compiled (default)", "compiled", None, None))
+        systems.append(System("step-compiled depth", "step", "depth", None))
     else:
         LOG.warning("epoch check of compiled execution skipped: unavailable")
     if any(s.kind == "handbatched" for s in selected):

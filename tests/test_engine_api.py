@@ -275,3 +275,24 @@ def test_flushed_batches_are_freed_by_reference_counting():
         outs = [model(t, emb) for t in trees]
     del outs, scope
     assert gc.collect() < 200
+
+
+@pytest.mark.parametrize("compiled", [False, "step"])
+def test_max_pending_nodes_flushes_and_stays_exact(compiled):
+    r = rng(10)
+    trees = [random_tree(r, 10, max_depth=3) for _ in range(6)]
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(10, 3))
+    expected = run_model(model, trees, [emb], "reference")
+    with gdb.batching(max_pending_nodes=40, compiled=compiled) as scope:
+        outs = [model(t, emb) for t in trees]
+        assert len(scope.recorder.graph.nodes) <= 41
+    assert scope.stats.flushes > 3
+    for (h, _), want in zip(outs, expected[0][0::2]):
+        np.testing.assert_allclose(h.asnumpy(), want, rtol=1e-5, atol=1e-6)
+    bounded = make_model(ChildSumTreeLSTM, hidden=4, max_pending_nodes=40)
+    with gdb.batching() as scope:
+        held = [bounded(t, emb) for t in trees]
+    assert scope.stats.flushes > 3 and not held[0][0].is_pending
+    with pytest.raises(ValueError, match="max_pending_nodes"):
+        gdb.batching(max_pending_nodes=0)
