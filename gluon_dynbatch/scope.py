@@ -55,7 +55,8 @@ class BatchingScope:
         Counters and timings of the scope's flushes, complete after it exits.
     """
 
-    def __init__(self, strategy=None, compiled=None, max_pending_nodes=None):
+    def __init__(self, strategy=None, compiled=None, max_pending_nodes=None,
+                 keep_plan=False):
         if strategy is not None and strategy not in STRATEGIES:
             raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
         if max_pending_nodes is not None and max_pending_nodes < 1:
@@ -64,6 +65,8 @@ class BatchingScope:
         self.strategy = strategy
         self.compiled = compiled
         self.max_pending_nodes = max_pending_nodes
+        self.keep_plan = keep_plan
+        self.last_plan = None
         self.stats = BatchStats()
         self.recorder = None
         self._outer = None
@@ -173,7 +176,9 @@ class BatchingScope:
         stats.execute_ms = 1000.0 * (t2 - t1)
         stats.steps = len(plan.steps)
         stats.planned_nodes = plan.num_nodes
-        self.last_plan = plan
+        if self.keep_plan:
+            # Holding the plan keeps every node alive: only when asked for.
+            self.last_plan = plan
 
 
 def _execute(plan, live, ctx):
@@ -185,7 +190,7 @@ def _execute(plan, live, ctx):
 DEFAULT_CACHE = PlanCache(64)
 
 
-def batching(strategy=None, compiled=None, max_pending_nodes=None):
+def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=False):
     """Open a batching scope on this thread.
 
     Inside it, calls of :class:`DynBatchBlock` s (and of any child block, ``F``
@@ -210,10 +215,13 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None):
         0.5 GB): past it the scope flushes by itself, so memory stays bounded.
         Values still held are computed then; results do not change, only how
         much is batched together.
+    keep_plan : bool, default False
+        Keep the last flush's plan as ``scope.last_plan`` for inspection
+        (its steps and their nodes); off by default since it holds the graph.
 
     Returns
     -------
     BatchingScope
         Its ``stats`` describe the work done.
     """
-    return BatchingScope(strategy, compiled, max_pending_nodes)
+    return BatchingScope(strategy, compiled, max_pending_nodes, keep_plan)

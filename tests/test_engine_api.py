@@ -32,7 +32,7 @@ def _model(**kwargs):
 
 def test_values_are_ndarrays_with_known_shapes_before_running():
     model, x = _model(), nd.random.uniform(shape=(6, 3))
-    with gdb.batching() as scope:
+    with gdb.batching(keep_plan=True) as scope:
         out = model(1, x)
         assert isinstance(out, nd.NDArray)
         assert out.shape == (2, 4) and out.dtype == np.float32
@@ -44,7 +44,7 @@ def test_values_are_ndarrays_with_known_shapes_before_running():
 
 def test_reading_inside_scope_runs_pending_then_records_on():
     model, x = _model(), nd.random.uniform(shape=(6, 3))
-    with gdb.batching() as scope:
+    with gdb.batching(keep_plan=True) as scope:
         a = model(0, x)
         first = a.asnumpy()                       # forces a flush
         assert scope.stats.flushes == 1
@@ -102,7 +102,7 @@ def test_caught_error_inside_scope_is_pruned():
 
 def test_empty_scope_one_sample_and_nested_scope():
     model, x = _model(), nd.random.uniform(shape=(6, 3))
-    with gdb.batching() as scope:
+    with gdb.batching(keep_plan=True) as scope:
         pass
     assert scope.stats.steps == 0
     with gdb.batching():
@@ -130,7 +130,7 @@ def test_operator_without_rule_runs_alone_and_correct():
     x = nd.random.uniform(shape=(7, 2))
     x.attach_grad()
     with autograd.record():
-        with gdb.batching() as scope:
+        with gdb.batching(keep_plan=True) as scope:
             outs = [model(k, x) for k in range(4)]
         loss = sum((o * o).sum() for o in outs)
     loss.backward()
@@ -159,7 +159,7 @@ def test_batchnorm_in_training_runs_per_sample():
     x = nd.random.uniform(shape=(8, 3))
     with autograd.record():
         eager = [model(k, x).asnumpy() for k in range(3)]
-        with gdb.batching() as scope:
+        with gdb.batching(keep_plan=True) as scope:
             outs = [model(k, x) for k in range(3)]
     for a, b in zip(outs, eager):
         np.testing.assert_allclose(a.asnumpy(), b, rtol=1e-5, atol=1e-6)
@@ -182,7 +182,7 @@ def test_row_slices_of_an_input_become_views_not_steps():
     trees = [random_tree(r, 20, max_depth=2) for _ in range(5)]
     model = make_model(ChildSumTreeLSTM, hidden=4)
     emb = nd.random.uniform(shape=(20, 3))
-    with gdb.batching(strategy="depth") as scope:
+    with gdb.batching(strategy="depth", keep_plan=True) as scope:
         outs = [model(t, emb) for t in trees]  # noqa: F841  (held: values nobody holds never run)
     for step in scope.last_plan.steps:
         node = step.nodes[0]
@@ -212,7 +212,7 @@ def test_stats_are_printable_and_consistent():
     trees = [random_tree(r, 10, max_depth=3) for _ in range(4)]
     model = make_model(ChildSumTreeLSTM, hidden=4)
     emb = nd.random.uniform(shape=(10, 3))
-    with gdb.batching() as scope:
+    with gdb.batching(keep_plan=True) as scope:
         outs = [model(t, emb) for t in trees]  # noqa: F841  (held: values nobody holds never run)
     stats = scope.stats
     assert stats.samples == 4 and stats.flushes == 1
@@ -233,7 +233,7 @@ def test_graph_invariants_hold_after_recording():
     trees = [random_tree(r, 10, max_depth=3) for _ in range(3)]
     model = make_model(ChildSumTreeLSTM, hidden=4)
     emb = nd.random.uniform(shape=(10, 3))
-    with gdb.batching() as scope:
+    with gdb.batching(keep_plan=True) as scope:
         outs = [model(t, emb) for t in trees]
         scope.recorder.graph.lint()
         assert len(scope.recorder.graph.nodes) > 10
@@ -271,7 +271,7 @@ def test_flushed_batches_are_freed_by_reference_counting():
         assert scope.stats.nodes > 500
         del scope
     gc.collect()
-    with gdb.batching() as scope:
+    with gdb.batching(keep_plan=True) as scope:
         outs = [model(t, emb) for t in trees]
     del outs, scope
     assert gc.collect() < 200
@@ -291,7 +291,7 @@ def test_max_pending_nodes_flushes_and_stays_exact(compiled):
     for (h, _), want in zip(outs, expected[0][0::2]):
         np.testing.assert_allclose(h.asnumpy(), want, rtol=1e-5, atol=1e-6)
     bounded = make_model(ChildSumTreeLSTM, hidden=4, max_pending_nodes=40)
-    with gdb.batching() as scope:
+    with gdb.batching(keep_plan=True) as scope:
         held = [bounded(t, emb) for t in trees]
     assert scope.stats.flushes > 3 and not held[0][0].is_pending
     with pytest.raises(ValueError, match="max_pending_nodes"):

@@ -68,7 +68,7 @@ def test_sick_cell_batch_size_near_nodes_per_level(strategy):
         pytest.skip("SICK data not found at ../shared/data/sick")
     model = make_model(ChildSumTreeLSTM, hidden=8)
     emb = nd.random.uniform(shape=(max(n.word for t in trees for n in t.nodes()) + 1, 6))
-    with gdb.batching(strategy=strategy) as scope:
+    with gdb.batching(strategy=strategy, keep_plan=True) as scope:
         outs = [model(t, emb) for t in trees]
     nodes = sum(1 for t in trees for _ in t.nodes())
     levels = max(t.height() for t in trees)

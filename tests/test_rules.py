@@ -71,7 +71,7 @@ def test_rule_matches_per_node(name):
 def test_reshape_family_batches_into_one_step():
     model = OneOp(lambda F, x: F.expand_dims(x, axis=1))
     table = nd.random.uniform(shape=(9, 4))
-    with gdb.batching(strategy="depth") as scope:
+    with gdb.batching(strategy="depth", keep_plan=True) as scope:
         outs = [model((k, 2), table) for k in range(4)]
     steps = [s for s in scope.last_plan.steps if s.nodes[0].op.name == "expand_dims"]
     assert [len(s.nodes) for s in steps] == [4]
