@@ -39,7 +39,7 @@ class Node:
 
     __slots__ = ("id", "graph", "kind", "op", "inputs", "args", "kwargs",
                  "out_shapes", "out_dtypes", "sig", "rule", "deps", "depth",
-                 "sample", "path", "value", "param", "outs", "meta", "attrs")
+                 "sample", "path", "value", "param", "outs", "meta", "attrs", "info")
 
     def __init__(self, graph, kind, op=None, inputs=(), args=(), kwargs=None):
         self.graph = graph
@@ -62,6 +62,7 @@ class Node:
         self.outs = None       # weakrefs to the LazyArrays of the outputs
         self.meta = None       # rule-specific facts (roles of the inputs)
         self.attrs = None      # hashable constant arguments (for signatures and cache keys)
+        self.info = None       # the recorder's CallInfo (shared by calls of one shape)
 
     def __repr__(self):
         name = self.op.name if self.op is not None else (

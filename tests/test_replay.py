@@ -1,0 +1,138 @@
+"""Replay of traced child-block calls: same results as tracing every call."""
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import gluon, nd
+
+import gluon_dynbatch as gdb
+from dynbatch_testing import (ChildSumTreeLSTM, Tree, assert_same, make_model, random_tree,
+                              rng, run_model)
+
+
+class Mixer(gluon.HybridBlock):
+    """Uses its two inputs differently, so swapping them changes the result."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, a, b):
+        return F.tanh(self.dense(a)) * 2 + b
+
+
+class UsesMixer(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.mixer = Mixer()
+
+    def hybrid_forward(self, F, k, x):
+        a = x[k:k + 1]
+        b = a if k % 2 == 0 else x[k + 1:k + 2]     # aliased on even samples
+        return self.mixer(a, b)
+
+
+def test_aliased_arguments_do_not_share_a_template_with_distinct_ones():
+    """Regression: a template traced with a == b served a call with a != b."""
+    model = UsesMixer()
+    model.initialize(mx.init.Uniform(0.5))
+    x = nd.random.uniform(shape=(8, 3))
+    with gdb.batching() as scope:
+        outs = [model(k, x) for k in range(6)]
+    for k, out in enumerate(outs):
+        np.testing.assert_allclose(out.asnumpy(), model(k, x).asnumpy(), rtol=1e-6)
+    assert scope.stats.nodes > 0
+
+
+def test_replay_and_tracing_give_the_same_graph_and_results():
+    r = rng(11)
+    trees = [random_tree(r, 12, max_depth=3) for _ in range(6)]
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(12, 3))
+    counts = {}
+    for replay in (False, True):
+        with gdb.batching(replay=replay, keep_plan=True) as scope:
+            outs = [model(t, emb) for t in trees]
+        counts[replay] = (scope.stats.nodes, scope.stats.steps)
+        for (h, _), t in zip(outs, trees):
+            np.testing.assert_allclose(h.asnumpy(), model(t, emb)[0].asnumpy(), rtol=1e-5,
+                                       atol=1e-6)
+    assert counts[False] == counts[True]
+    expected = run_model(model, trees, [emb], "reference")
+    assert_same(run_model(model, trees, [emb], "depth", "step"), expected)
+
+
+class ReadsOutside(gluon.HybridBlock):
+    """Reads a value recorded outside the call: must never be templated."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.extra = None
+
+    def hybrid_forward(self, F, a):
+        return a * 2 if self.extra is None else a + self.extra
+
+
+class UsesOutside(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.child = ReadsOutside()
+
+    def hybrid_forward(self, F, k, x):
+        self.child.extra = x[k:k + 1] * k
+        return self.child(x[0:1])
+
+
+def test_calls_reading_values_from_outside_are_not_templated():
+    model = UsesOutside()
+    x = nd.random.uniform(shape=(5, 2))
+    with gdb.batching():
+        outs = [model(k, x) for k in range(4)]
+    for k, out in enumerate(outs):
+        want = x[0:1] + x[k:k + 1] * k
+        np.testing.assert_allclose(out.asnumpy(), want.asnumpy(), rtol=1e-6)
+
+
+def test_replaced_child_is_traced_again():
+    r = rng(12)
+    trees = [random_tree(r, 10, max_depth=2) for _ in range(3)]
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(10, 3))
+    with gdb.batching():
+        [model(t, emb) for t in trees]
+    from dynbatch_testing import ChildSumCell
+    with model.name_scope():
+        model.cell = ChildSumCell(4)
+    model.cell.initialize(mx.init.Uniform(0.9))
+    with gdb.batching():
+        outs = [model(t, emb) for t in trees]
+    for (h, _), t in zip(outs, trees):
+        np.testing.assert_allclose(h.asnumpy(), model(t, emb)[0].asnumpy(), rtol=1e-5,
+                                   atol=1e-6)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_modes_are_part_of_the_call_shape(training):
+    """Dropout behaves differently in training: templates must not mix modes."""
+    class Dropping(gdb.DynBatchBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.drop = gluon.nn.Dropout(0.5)
+
+        def hybrid_forward(self, F, k, x):
+            return self.drop(x[k:k + 1])
+    model = Dropping()
+    x = nd.ones((4, 50))
+    from mxnet import autograd
+    with gdb.batching():
+        eval_outs = [model(k, x) for k in range(3)]
+    with autograd.record(train_mode=training):
+        with gdb.batching():
+            outs = [model(k, x) for k in range(3)]
+    for out in eval_outs:
+        np.testing.assert_array_equal(out.asnumpy(), 1.0)
+    zeros = sum(int((o.asnumpy() == 0).sum()) for o in outs)
+    assert (zeros > 0) == training
