@@ -11,7 +11,7 @@ import time
 import mxnet as mx
 import numpy as np
 
-from .execute import Executor, SegmentWalker, merge_segments, shared_inputs
+from .execute import Executor, SegmentWalker, merge_segments, run_indices, shared_inputs
 from .signatures import call_as_recorded
 
 
@@ -73,8 +73,8 @@ class Compiler(SegmentWalker):
             if sid not in offsets:
                 offsets[sid] = sum(self.source_rows[s] for s in sids)
                 sids.append(sid)
-        index = np.concatenate([np.arange(start, stop, dtype=np.int32) + offsets[sid]
-                                for sid, start, stop in merged])
+        index = run_indices([start + offsets[sid] for sid, start, _ in merged],
+                            [stop - start for _, start, stop in merged])
         name = "i%d" % len(self.index_parts)
         self.index_parts.append((name, index))
         return ("take", tuple(sids), name)
@@ -278,8 +278,8 @@ class StepCompiler(Executor):
                     offsets[id(source)] = base
                     base += source.shape[0]
                     sources.append(source)
-            index = np.concatenate([np.arange(s, e, dtype=np.int32) + offsets[id(a)]
-                                    for a, s, e in merged])
+            index = run_indices([s + offsets[id(a)] for a, s, _ in merged],
+                                [e - s for _, s, e in merged])
             feeds.extend(sources)
             feeds.append(mx.nd.array(index, ctx=self.ctx, dtype="int32"))
             descs.append(("t", len(sources)))

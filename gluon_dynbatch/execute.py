@@ -58,13 +58,19 @@ class SegmentWalker:
     def input_segments(self, nodes, k, role):
         """Segments of input ``k`` of every node, rows broadcast where ``role`` says."""
         segs = []
+        extend = segs.extend
+        known = self.segs.get
+        brow = role == BROW
         for node in nodes:
-            src, i = node.inputs[k]
-            part = self.segments(src, i)
-            rows_out = node.out_shapes[0][0]
-            if role == BROW and src.out_shapes[i][0] == 1 and rows_out > 1:
-                part = part * rows_out
-            segs.extend(part)
+            value = node.inputs[k]
+            part = known(value)
+            if part is None:
+                part = self.segments(*value)
+            if brow:
+                rows_out = node.out_shapes[0][0]
+                if rows_out > 1 and value[0].out_shapes[value[1]][0] == 1:
+                    part = part * rows_out
+            extend(part)
         return segs
 
     def assign(self, nodes, outs):
@@ -110,6 +116,15 @@ def merge_segments(segs):
     return merged
 
 
+def run_indices(starts, lengths):
+    """Concatenation of ``arange(start, start + length)`` for each run, vectorised."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    shift = np.repeat(starts - (ends - lengths), lengths)
+    return (np.arange(ends[-1], dtype=np.int64) + shift).astype(np.int32)
+
+
 class Executor(SegmentWalker):
     """Runs one plan on ``ctx`` and hands results to the live LazyArrays."""
 
@@ -142,7 +157,8 @@ class Executor(SegmentWalker):
             offsets[key] = base
             base += array.shape[0]
             arrays.append(array)
-        index = np.concatenate([np.arange(s, e) + offsets[id(a)] for a, s, e in merged])
+        index = run_indices([s + offsets[id(a)] for a, s, _ in merged],
+                            [e - s for _, s, e in merged])
         table = arrays[0] if len(arrays) == 1 else mx.nd.concat(*arrays, dim=0)
         index = mx.nd.array(index, ctx=self.ctx, dtype="int32")
         return mx.nd.take(table, index, axis=0), True

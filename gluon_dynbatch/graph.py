@@ -149,16 +149,19 @@ class Graph:
         return live
 
     def needed(self, live):
-        """Nodes the live outputs depend on, in creation order."""
-        mark = bytearray(len(self.nodes))
-        stack = [node for node, _, _ in live]
-        while stack:
-            node = stack.pop()
-            if mark[node.id]:
-                continue
+        """Nodes the live outputs depend on, in creation order.
+
+        Creation order is topological, so one backward pass marks everything.
+        """
+        nodes = self.nodes
+        mark = bytearray(len(nodes))
+        for node, _, _ in live:
             mark[node.id] = 1
-            stack.extend(src for src, _ in node.inputs)
-        return [n for n in self.nodes if mark[n.id]]
+        for node in reversed(nodes):
+            if mark[node.id]:
+                for src, _ in node.inputs:
+                    mark[src.id] = 1
+        return [n for n in nodes if mark[n.id]]
 
     def lint(self):
         """Check the invariants; raise AssertionError naming the first broken one."""
