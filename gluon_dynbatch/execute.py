@@ -195,14 +195,37 @@ class Executor(SegmentWalker):
 
     # -- results ----------------------------------------------------------------------
     def deliver(self, live):
-        """Give each live LazyArray its array (with autograd history)."""
+        """Give each live LazyArray its array (with autograd history).
+
+        Outputs with the same dtype and trailing shape are gathered together
+        and split in one call: a model returning a value per tree node (as
+        SST's per-node logits) would otherwise cost one slice per value.
+        """
+        groups = {}
         for node, idx, lazy in live:
-            array, is_new = self.gather(self.segments(node, idx))
-            if not is_new:
-                array = mx.nd.identity(array)
-            if array.shape != node.out_shapes[idx]:
-                array = array.reshape(node.out_shapes[idx])
-            lazy._set_result(array)  # pylint: disable=protected-access
+            key = (node.out_dtypes[idx], node.out_shapes[idx][1:])
+            groups.setdefault(key, []).append((node, idx, lazy))
+        for members in groups.values():
+            if len(members) == 1:
+                node, idx, lazy = members[0]
+                array, is_new = self.gather(self.segments(node, idx))
+                _hand_over(lazy, array if is_new else mx.nd.identity(array),
+                           node.out_shapes[idx])
+                continue
+            segs = []
+            for node, idx, _ in members:
+                segs.extend(self.segments(node, idx))
+            array, _ = self.gather(segs)
+            bounds = np.cumsum([node.out_shapes[idx][0] for node, idx, _ in members])
+            pieces = mx.nd.split_v2(array, tuple(int(b) for b in bounds[:-1]), axis=0)
+            for (node, idx, lazy), piece in zip(members, pieces):
+                _hand_over(lazy, piece, node.out_shapes[idx])
+
+
+def _hand_over(lazy, array, shape):
+    if array.shape != shape:
+        array = array.reshape(shape)
+    lazy._set_result(array)  # pylint: disable=protected-access
 
 
 def _cut(segs, begin, end, total):
