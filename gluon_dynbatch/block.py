@@ -20,8 +20,10 @@ class DynBatchBlock(gluon.HybridBlock):
 
     Parameters
     ----------
-    strategy : str, default "agenda"
-        Planning strategy: ``"agenda"``, ``"depth"``, ``"unbatched"`` or ``"reference"``.
+    strategy : str, default "depth"
+        Planning strategy: ``"depth"`` (Fold: one step per depth and signature;
+        the cheapest to plan), ``"agenda"`` (DyNet's agenda), ``"unbatched"`` or
+        ``"reference"``.
     analysis_budget : float or "auto", optional
         Seconds of analysis per flush (used by the compiling planner).
     compiled : bool or "step", default False
@@ -36,7 +38,7 @@ class DynBatchBlock(gluon.HybridBlock):
         Passed to ``gluon.HybridBlock`` (``prefix``, ``params``).
     """
 
-    def __init__(self, strategy="agenda", analysis_budget=None, compiled=False,
+    def __init__(self, strategy="depth", analysis_budget=None, compiled=False,
                  max_cached_plans=64, max_pending_nodes=None, **kwargs):
         super().__init__(**kwargs)
         if strategy not in STRATEGIES:

@@ -21,9 +21,11 @@ class Compiler(SegmentWalker):
     Sources are integers: leaves (parameters, input arrays) and step outputs.
     """
 
-    def __init__(self, ctx):
+    def __init__(self, ctx, slices=False):
         super().__init__()
         self.ctx = ctx or mx.current_context()
+        self.slices = slices      # allow ("slice", sid, start, stop): not for caching
+        self.matrix_parts = []    # (variable name, numpy matrix) of segment steps
         self.source_desc = []     # per source: hashable description
         self.source_rows = []
         self.leaf_ids = {}
@@ -67,6 +69,8 @@ class Compiler(SegmentWalker):
             sid, start, stop = merged[0]
             if start == 0 and stop == self.source_rows[sid]:
                 return ("direct", sid)
+            if self.slices:
+                return ("slice", sid, start, stop)
         sids = []
         offsets = {}
         for sid, _, _ in merged:
@@ -106,8 +110,7 @@ class Compiler(SegmentWalker):
             if kind == "segment":
                 name = "m%d" % len(self.steps)
                 dtype = node0.out_dtypes[0]
-                self.feeds[name] = mx.nd.array(node0.rule.segment_matrix(nodes, dtype),
-                                               ctx=self.ctx, dtype=dtype)
+                self.matrix_parts.append((name, node0.rule.segment_matrix(nodes, dtype)))
                 ins.append(("direct_var", name))
             ins = tuple(ins)
             attrs = node0.attrs if node0.rule.keyed_attrs else None
@@ -122,7 +125,7 @@ class Compiler(SegmentWalker):
             rows = sum(n.out_shapes[j][0] for n in nodes)
             outs.append(self._new_source(("step", len(self.steps), j), rows))
         self.assign(nodes, outs)
-        self.steps.append((kind, node0, ins, outs))
+        self.steps.append((kind, node0, ins, outs, len(nodes)))
         self.key_parts.append(key)
 
     def _walk_outputs(self, live):
@@ -159,7 +162,7 @@ class Compiler(SegmentWalker):
                 *[source(s) for s in sids], dim=0)
             return mx.sym.take(table, mx.sym.var(name), axis=0)
 
-        for kind, node0, ins, outs in self.steps:
+        for kind, node0, ins, outs, _ in self.steps:
             inputs = [gather(d) for d in ins]
             if kind == "alone":
                 results = call_as_recorded(mx.sym, node0, inputs)
@@ -170,7 +173,16 @@ class Compiler(SegmentWalker):
         return mx.sym.Group([gather(desc) for desc, _ in self.outputs])
 
     def inputs(self, names):
-        """NDArrays for the symbol's input ``names``, index arrays in one copy."""
+        """NDArrays for the symbol's input ``names``."""
+        feeds = self.feed_arrays()
+        return [feeds[n] for n in names]
+
+    def feed_arrays(self):
+        """Every feed by name; index arrays and segment matrices copied once each.
+
+        Each ``mx.nd.array`` is a synchronous copy, so one per gather would
+        cost more than the gathers themselves.
+        """
         feeds = dict(self.feeds)
         if self.index_parts:
             joined = np.concatenate([part for _, part in self.index_parts])
@@ -179,7 +191,15 @@ class Compiler(SegmentWalker):
             for name, part in self.index_parts:
                 feeds[name] = table[start:start + len(part)]
                 start += len(part)
-        return [feeds[n] for n in names]
+        for dtype in {m.dtype for _, m in self.matrix_parts}:
+            parts = [(n, m) for n, m in self.matrix_parts if m.dtype == dtype]
+            flat = mx.nd.array(np.concatenate([m.ravel() for _, m in parts]), ctx=self.ctx,
+                               dtype=dtype)
+            start = 0
+            for name, matrix in parts:
+                feeds[name] = flat[start:start + matrix.size].reshape(matrix.shape)
+                start += matrix.size
+        return feeds
 
     def deliver(self, results):
         """Split each output group and hand the pieces to their LazyArrays."""
@@ -193,6 +213,41 @@ class Compiler(SegmentWalker):
                 if piece.shape != node.out_shapes[idx]:
                     piece = piece.reshape(node.out_shapes[idx])
                 lazy._set_result(piece)  # pylint: disable=protected-access
+
+
+def run_interpreted(plan, live, ctx):
+    """Run ``plan`` imperatively from the compiler's walk (batched nd calls).
+
+    The walk computes every gather's indices before anything runs, so they
+    reach MXNet in one copy; single-node steps run exactly as recorded.
+    """
+    walker = Compiler(ctx, slices=True)
+    walker.walk(plan, live)
+    feeds = walker.feed_arrays()
+    values = {}
+
+    def gather(desc):
+        kind = desc[0]
+        if kind == "direct":
+            return values[desc[1]] if desc[1] in values else feeds["s%d" % desc[1]]
+        if kind == "direct_var":
+            return feeds[desc[1]]
+        if kind == "slice":
+            source = gather(("direct", desc[1]))
+            return mx.nd.slice_axis(source, axis=0, begin=desc[2], end=desc[3])
+        sources = [gather(("direct", sid)) for sid in desc[1]]
+        table = sources[0] if len(sources) == 1 else mx.nd.concat(*sources, dim=0)
+        return mx.nd.take(table, feeds[desc[2]], axis=0)
+
+    for kind, node0, ins, outs, count in walker.steps:
+        inputs = [gather(d) for d in ins]
+        if kind == "alone" or count == 1:
+            results = call_as_recorded(mx.nd, node0, inputs[:len(node0.inputs)])
+        else:
+            results = node0.rule.batched_call(mx.nd, node0, inputs)
+        for sid, array in zip(outs, results):
+            values[sid] = array
+    walker.deliver([gather(desc) for desc, _ in walker.outputs])
 
 
 class CompiledPlan:

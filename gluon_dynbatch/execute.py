@@ -1,4 +1,4 @@
-"""Execution: run a plan with batched imperative MXNet calls.
+"""Execution: segments of rows, gathers and delivery of results.
 
 Every value is a list of *segments* ``(array, start, stop)``: rows of a concrete
 array (a step's batched output, a parameter, an input).  A step gathers the
@@ -11,7 +11,7 @@ import mxnet as mx
 import numpy as np
 
 from .graph import LEAF, VIEW
-from .signatures import BROW, SHARED, call_as_recorded
+from .signatures import BROW, SHARED
 
 
 class SegmentWalker:
@@ -126,7 +126,11 @@ def run_indices(starts, lengths):
 
 
 class Executor(SegmentWalker):
-    """Runs one plan on ``ctx`` and hands results to the live LazyArrays."""
+    """Gathers segments of concrete arrays and hands results to LazyArrays.
+
+    The base of the per-step compiler; whole plans run from the compiler's
+    walk (``compile.run_interpreted`` and ``run_compiled``).
+    """
 
     def __init__(self, ctx):
         super().__init__()
@@ -162,36 +166,6 @@ class Executor(SegmentWalker):
         table = arrays[0] if len(arrays) == 1 else mx.nd.concat(*arrays, dim=0)
         index = mx.nd.array(index, ctx=self.ctx, dtype="int32")
         return mx.nd.take(table, index, axis=0), True
-
-    # -- steps ----------------------------------------------------------------------
-    def run(self, plan):
-        """Run every step of ``plan``."""
-        for step in plan.steps:
-            nodes = step.nodes
-            if len(nodes) == 1:
-                outs = self._run_single(nodes[0])
-            else:
-                outs = self._run_batch(nodes)
-            self.assign(nodes, outs)
-
-    def _run_single(self, node):
-        inputs = [self.gather(self.segments(src, i))[0] for src, i in node.inputs]
-        return call_as_recorded(mx.nd, node, inputs)
-
-    def _run_batch(self, nodes):
-        node0 = nodes[0]
-        shared = shared_inputs(nodes)
-        inputs = [self._gather_input(nodes, k, role, shared[k])
-                  for k, role in enumerate(node0.meta)]
-        if node0.rule.kind == "segment":
-            inputs.append(mx.nd.array(node0.rule.segment_matrix(nodes, inputs[0].dtype),
-                                      ctx=self.ctx, dtype=inputs[0].dtype))
-        return node0.rule.batched_call(mx.nd, node0, inputs)
-
-    def _gather_input(self, nodes, k, role, shared):
-        if shared:
-            return self.gather(self.segments(*nodes[0].inputs[k]))[0]
-        return self.gather(self.input_segments(nodes, k, role))[0]
 
     # -- results ----------------------------------------------------------------------
     def deliver(self, live):

@@ -19,7 +19,7 @@ from typing import Tuple
 
 from .graph import OP
 
-STRATEGIES = ("agenda", "depth", "unbatched", "reference")
+STRATEGIES = ("depth", "agenda", "unbatched", "reference")
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Plan:
         return [len(s.nodes) for s in self.steps]
 
 
-def make_plan(nodes, strategy="agenda"):
+def make_plan(nodes, strategy="depth"):
     """Plan the operator nodes among ``nodes`` (creation order) with ``strategy``."""
     ops = [n for n in nodes if n.kind == OP]
     if strategy == "depth":

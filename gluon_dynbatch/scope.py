@@ -7,8 +7,7 @@ import time
 from . import record
 from .errors import BatchingError
 from .cache import PlanCache
-from .compile import StepCompiler, run_compiled
-from .execute import Executor
+from .compile import StepCompiler, run_compiled, run_interpreted
 from .plan import STRATEGIES, make_plan
 from .reference import run_reference
 from .stats import BatchStats
@@ -115,7 +114,7 @@ class BatchingScope:
         self.recorder.new_graph()
 
     def _strategy(self):
-        return self.strategy or getattr(self.recorder, "strategy", None) or "agenda"
+        return self.strategy or getattr(self.recorder, "strategy", None) or "depth"
 
     def _compiled(self):
         if self.compiled is not None:
@@ -172,7 +171,7 @@ class BatchingScope:
         elif mode:
             run_compiled(plan, live, ctx, self._cache(), stats)
         else:
-            _execute(plan, live, ctx)
+            run_interpreted(plan, live, ctx)
         t2 = time.perf_counter()
         stats.plan_ms = 1000.0 * (t1 - t0)
         stats.execute_ms = 1000.0 * (t2 - t1)
@@ -181,12 +180,6 @@ class BatchingScope:
         if self.keep_plan:
             # Holding the plan keeps every node alive: only when asked for.
             self.last_plan = plan
-
-
-def _execute(plan, live, ctx):
-    executor = Executor(ctx)
-    executor.run(plan)
-    executor.deliver(live)
 
 
 DEFAULT_CACHE = PlanCache(64)
@@ -205,8 +198,8 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
     Parameters
     ----------
     strategy : str, optional
-        ``"agenda"``, ``"depth"``, ``"unbatched"`` or ``"reference"``;
-        defaults to the strategy of the first DynBatchBlock called.
+        ``"depth"``, ``"agenda"``, ``"unbatched"`` or ``"reference"``;
+        defaults to the strategy of the first DynBatchBlock called ("depth").
     compiled : bool or "step", optional
         ``True``: run each flush as one compiled MXNet graph (CachedOp), cached
         by plan shape.  ``"step"``: compile and cache each step separately
