@@ -2,7 +2,7 @@
 import mxnet as mx
 from mxnet import gluon
 
-from . import record
+from . import budget, record
 from .cache import PlanCache
 from .errors import BatchingError, describe_call
 from .lazy import LazyArray
@@ -25,7 +25,8 @@ class DynBatchBlock(gluon.HybridBlock):
         the cheapest to plan), ``"agenda"`` (DyNet's agenda), ``"unbatched"`` or
         ``"reference"``.
     analysis_budget : float or "auto", optional
-        Seconds of analysis per flush (used by the compiling planner).
+        Seconds of planning per flush spent trying strategies besides the
+        configured one (see :func:`batching`); None plans with ``strategy`` only.
     compiled : bool or "step", default False
         Run flushes as compiled MXNet graphs (CachedOp) kept in a plan cache:
         one graph per plan (``True``) or one per step (``"step"``).
@@ -44,7 +45,10 @@ class DynBatchBlock(gluon.HybridBlock):
         if strategy not in STRATEGIES:
             raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
         self.strategy = strategy
+        if analysis_budget is not None:
+            budget.resolve_budget(analysis_budget, None)       # validates
         self.analysis_budget = analysis_budget
+        self.recent_execute_s = None        # smoothed, for analysis_budget="auto"
         self.compiled = compiled
         self.plan_cache = PlanCache(max_cached_plans)
         if max_pending_nodes is not None and max_pending_nodes < 1:
@@ -67,6 +71,7 @@ class DynBatchBlock(gluon.HybridBlock):
                 rec.strategy = self.strategy
                 rec.compiled = self.compiled
                 rec.cache = self.plan_cache
+                rec.owner = self
                 if self.max_pending_nodes is not None and rec.scope is not None \
                         and rec.scope.max_pending_nodes is None:
                     rec.max_pending = self.max_pending_nodes

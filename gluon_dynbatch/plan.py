@@ -35,6 +35,7 @@ class Plan:
     """The steps of one flush, in execution order."""
 
     steps: list = field(default_factory=list)
+    strategy_tried: list = field(default_factory=list)
 
     @property
     def num_nodes(self):

@@ -170,6 +170,7 @@ class Recorder:
         self.num_recorded = 0
         self.max_pending = DEFAULT_MAX_PENDING
         self.replay = True          # copy traced child-block calls (replay.py)
+        self.owner = None           # the first top-level DynBatchBlock called
         self._versions = {}         # id(block) -> parameter identity, per scope
 
     def close(self):

@@ -4,7 +4,7 @@ import logging
 import threading
 import time
 
-from . import record
+from . import budget, record
 from .errors import BatchingError
 from .cache import PlanCache
 from .compile import StepCompiler, run_compiled, run_interpreted
@@ -55,7 +55,7 @@ class BatchingScope:
     """
 
     def __init__(self, strategy=None, compiled=None, max_pending_nodes=None,
-                 keep_plan=False, replay=True):
+                 keep_plan=False, replay=True, analysis_budget=None):
         if strategy is not None and strategy not in STRATEGIES:
             raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
         if max_pending_nodes is not None and max_pending_nodes < 1:
@@ -66,6 +66,9 @@ class BatchingScope:
         self.max_pending_nodes = max_pending_nodes
         self.keep_plan = keep_plan
         self.replay = replay
+        self.analysis_budget = analysis_budget
+        if analysis_budget is not None:
+            budget.resolve_budget(analysis_budget, None)   # validates
         self.last_plan = None
         self.stats = BatchStats()
         self.recorder = None
@@ -121,6 +124,17 @@ class BatchingScope:
             return self.compiled
         return getattr(self.recorder, "compiled", False)
 
+    def _budget(self):
+        """Seconds of analysis allowed for this flush, or None (no search)."""
+        value = self.analysis_budget
+        owner = getattr(self.recorder, "owner", None)
+        if value is None and owner is not None:
+            value = owner.analysis_budget
+        if value is None:
+            return None
+        recent = owner.recent_execute_s if owner is not None else None
+        return budget.resolve_budget(value, recent)
+
     def _cache(self):
         cache = getattr(self.recorder, "cache", None)
         return DEFAULT_CACHE if cache is None else cache   # an empty cache is falsy
@@ -161,7 +175,11 @@ class BatchingScope:
             stats.steps = stats.planned_nodes = ops
             return
         t0 = time.perf_counter()
-        plan = make_plan(needed, strategy)
+        allowed = self._budget()
+        if allowed is None or self.strategy is not None:
+            plan = make_plan(needed, strategy)
+        else:
+            plan, _ = budget.plan_within_budget(needed, allowed)
         t1 = time.perf_counter()
         mode = self._compiled()
         if mode == "step":
@@ -175,6 +193,10 @@ class BatchingScope:
         t2 = time.perf_counter()
         stats.plan_ms = 1000.0 * (t1 - t0)
         stats.execute_ms = 1000.0 * (t2 - t1)
+        owner = getattr(self.recorder, "owner", None)
+        if owner is not None:       # for analysis_budget="auto"
+            owner.recent_execute_s = (t2 - t1) if owner.recent_execute_s is None else \
+                0.8 * owner.recent_execute_s + 0.2 * (t2 - t1)
         stats.steps = len(plan.steps)
         stats.planned_nodes = plan.num_nodes
         if self.keep_plan:
@@ -186,7 +208,7 @@ DEFAULT_CACHE = PlanCache(64)
 
 
 def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=False,
-             replay=True):
+             replay=True, analysis_budget=None):
     """Open a batching scope on this thread.
 
     Inside it, calls of :class:`DynBatchBlock` s (and of any child block, ``F``
@@ -219,10 +241,17 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
         later calls (see ``replay.py``).  Like ``hybridize()``, this assumes a
         child's ``hybrid_forward`` depends only on its inputs and parameters;
         turn it off for blocks whose behaviour depends on mutable attributes.
+    analysis_budget : float or "auto", optional
+        Seconds of planning per flush: starting from "depth", other strategies
+        are tried while the budget lasts and the plan with the lowest cost
+        (measured on this machine: launches, gathers, rows) is kept.  "auto"
+        allows 5% of the block's recent execution time.  Ignored when
+        ``strategy`` is given here.  Defaults to the first DynBatchBlock's.
 
     Returns
     -------
     BatchingScope
         Its ``stats`` describe the work done.
     """
-    return BatchingScope(strategy, compiled, max_pending_nodes, keep_plan, replay)
+    return BatchingScope(strategy, compiled, max_pending_nodes, keep_plan, replay,
+                         analysis_budget)
