@@ -27,6 +27,7 @@ class Compiler(SegmentWalker):
         self.slices = slices      # allow ("slice", sid, start, stop): not for caching
         self.matrix_parts = []    # (variable name, numpy matrix) of segment steps
         self.source_desc = []     # per source: hashable description
+        self.families = []        # per source: what kind of value it holds
         self.source_rows = []
         self.leaf_ids = {}
         self.feeds = {}           # variable name -> NDArray (leaves, segment matrices)
@@ -37,7 +38,8 @@ class Compiler(SegmentWalker):
         self.key_parts = []
 
     # -- sources ------------------------------------------------------------------
-    def _new_source(self, desc, rows):
+    def _new_source(self, desc, rows, family=None):
+        self.families.append(family if family is not None else ("leaf", len(self.families)))
         self.source_desc.append(desc)
         self.source_rows.append(rows)
         return len(self.source_desc) - 1
@@ -71,12 +73,21 @@ class Compiler(SegmentWalker):
                 return ("direct", sid)
             if self.slices:
                 return ("slice", sid, start, stop)
-        sids = []
-        offsets = {}
-        for sid, _, _ in merged:
-            if sid not in offsets:
-                offsets[sid] = sum(self.source_rows[s] for s in sids)
-                sids.append(sid)
+        if self.slices:
+            sids = []
+            for sid, _, _ in merged:
+                if sid not in sids:
+                    sids.append(sid)
+        else:
+            # Compiled: read from every source so far of the families needed,
+            # so the graph does not depend on which earlier step (tree level)
+            # each row came from, only on the sequence of steps.
+            wanted = {self.families[sid] for sid, _, _ in merged}
+            sids = [sid for sid, family in enumerate(self.families) if family in wanted]
+        offsets, base = {}, 0
+        for sid in sids:
+            offsets[sid] = base
+            base += self.source_rows[sid]
         index = run_indices([start + offsets[sid] for sid, start, _ in merged],
                             [stop - start for _, start, stop in merged])
         name = "i%d" % len(self.index_parts)
@@ -120,10 +131,12 @@ class Compiler(SegmentWalker):
                  tuple(shape[1:] for shape in node0.out_shapes),
                  tuple(np.dtype(d).name for d in node0.out_dtypes))
         key = key + (tails,)
+        family = (kind, node0.op.name, node0.attrs if node0.rule.keyed_attrs else None,
+                  node0.meta, tails)
         outs = []
         for j, shape in enumerate(node0.out_shapes):
             rows = sum(n.out_shapes[j][0] for n in nodes)
-            outs.append(self._new_source(("step", len(self.steps), j), rows))
+            outs.append(self._new_source(("step", len(self.steps), j), rows, family + (j,)))
         self.assign(nodes, outs)
         self.steps.append((kind, node0, ins, outs, len(nodes)))
         self.key_parts.append(key)

@@ -66,8 +66,25 @@ def _depth_plan(ops):
             groups[key] = [node]
         else:
             group.append(node)
-    ordered = sorted(groups.items(), key=lambda item: item[0][0])
+    # Within a depth, steps go in a canonical order (not the order signatures
+    # were first met), so that batches with the same structure get the same
+    # plan shape and compiled plans can be reused.
+    ordered = sorted(groups.items(), key=lambda item: (item[0][0], canonical(item[1][0])))
     return Plan([Step(key[1], tuple(group)) for key, group in ordered])
+
+
+def canonical(node):
+    """A sort key of a node's signature that does not depend on node ids."""
+    shared = []
+    for src, idx in node.inputs:
+        if src.param is not None:
+            shared.append(src.param.name)
+        elif src.op is not None:
+            shared.append(src.op.name)
+        else:
+            shared.append("")
+    return (node.op.name, repr(node.attrs), repr(node.meta), tuple(shared),
+            repr([s[1:] for s in node.out_shapes]))
 
 
 def _agenda_plan(ops):

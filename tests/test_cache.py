@@ -156,3 +156,29 @@ def test_compiled_training_matches_eager_training():
         params[compiled] = [p.data().asnumpy() for p in model.collect_params().values()]
     for a, b in zip(params[None], params[True]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_batches_of_different_trees_with_one_height_share_a_compiled_plan():
+    """Gathers read whole families of earlier outputs, and steps are ordered
+    canonically, so the plan shape depends on the height, not the trees."""
+    r = rng(13)
+
+    def batch():
+        trees = []
+        while len(trees) < 6:
+            tree = random_tree(r, 15, max_depth=3, arities=(0, 1, 2, 3))
+            if tree.height() == 4 or not trees:
+                trees.append(tree)
+        return [t for t in trees if t.height() == 4] or trees
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(15, 3))
+    stats = gdb.BatchStats()
+    for _ in range(4):
+        trees = batch()
+        if max(t.height() for t in trees) != 4:
+            continue
+        _, run_stats = _compiled_run(model, trees, emb)
+        stats.add(run_stats)
+        expected = run_model(model, trees, [emb], "reference")
+        assert_same(run_model(model, trees, [emb], "depth", compiled=True), expected)
+    assert stats.cache_misses <= 2 and stats.cache_hits >= 2
