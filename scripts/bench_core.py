@@ -5,7 +5,10 @@ random embeddings) on the first ``--pairs`` pairs of SICK train (both trees of
 each pair), one sample at a time eagerly and with gluon_dynbatch's imperative
 batched execution for each strategy.  Prints medians and ratios.
 
-Usage: python scripts/bench_core.py [--pairs 25] [--repeats 5]
+The same batch is timed repeatedly, so compiled modes run from their cache
+after the warm-up; scripts/benchmark.py measures new batches and whole epochs.
+
+Usage: python scripts/bench_core.py [--pairs 25] [--repeats 5] [--modes ...]
 """
 import argparse
 import os
@@ -47,7 +50,9 @@ def step(model, trees, emb, mode):
         if mode == "eager":
             outs = [model(t, emb) for t in trees]
         else:
-            with gdb.batching(strategy=mode) as scope:
+            strategy, _, how = mode.partition("+")
+            compiled = {"compiled": True, "step": "step"}.get(how, False)
+            with gdb.batching(strategy=strategy, compiled=compiled) as scope:
                 outs = [model(t, emb) for t in trees]
             stats = scope.stats
         loss = nd.add_n(*[(h * h).sum() for h, _ in outs])
@@ -60,7 +65,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=25)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--modes", default="eager,agenda,depth")
+    parser.add_argument("--modes", default="eager,depth,agenda,depth+compiled,depth+step",
+                        help="comma list: eager, or a strategy with an optional "
+                             "+compiled (one CachedOp per plan) or +step (per step)")
     args = parser.parse_args()
     trees, vocab = load_trees(args.pairs)
     mx.random.seed(0)
