@@ -3,7 +3,7 @@
 The graph depends on the plan's *shape* only: the sequence of steps, their
 operators and attributes, and which sources each gather reads.  Which rows go
 where enters as index arrays fed as data (``take``), and ragged axis-0 sums
-as segment matrices (``dot``), so one compiled graph serves every sample set
+as padded index arrays, so one compiled graph serves every sample set
 whose plan has the same shape.  Compiled graphs live in a ``PlanCache``.
 """
 import time
@@ -25,7 +25,7 @@ class Compiler(SegmentWalker):
         super().__init__()
         self.ctx = ctx or mx.current_context()
         self.slices = slices      # allow ("slice", sid, start, stop): not for caching
-        self.matrix_parts = []    # (variable name, numpy matrix) of segment steps
+        self.matrix_parts = []    # (variable name, numpy array) extra inputs of segment steps
         self.source_desc = []     # per source: hashable description
         self.families = []        # per source: what kind of value it holds
         self.source_rows = []
@@ -119,10 +119,11 @@ class Compiler(SegmentWalker):
                 else:
                     ins.append(self._gather_desc(self.input_segments(nodes, k, role)))
             if kind == "segment":
-                name = "m%d" % len(self.steps)
                 dtype = node0.out_dtypes[0]
-                self.matrix_parts.append((name, node0.rule.segment_matrix(nodes, dtype)))
-                ins.append(("direct_var", name))
+                for k, array in enumerate(node0.rule.segment_arrays(nodes, dtype)):
+                    name = "m%d_%d" % (len(self.steps), k)
+                    self.matrix_parts.append((name, array))
+                    ins.append(("direct_var", name))
             ins = tuple(ins)
             attrs = node0.attrs if node0.rule.keyed_attrs else None
             key = (kind, node0.op.name, attrs, tuple(node0.meta), type(node0.rule).__name__,
@@ -358,9 +359,8 @@ class StepCompiler(Executor):
         feeds, descs = self._feeds(self._step_inputs(nodes))
         kind = node0.rule.kind
         if kind == "segment":
-            dtype = node0.out_dtypes[0]
-            feeds.append(mx.nd.array(node0.rule.segment_matrix(nodes, dtype), ctx=self.ctx,
-                                     dtype=dtype))
+            for array in node0.rule.segment_arrays(nodes, node0.out_dtypes[0]):
+                feeds.append(mx.nd.array(array, ctx=self.ctx, dtype=array.dtype))
         attrs = node0.attrs if node0.rule.keyed_attrs else None
         key = ("step", kind, node0.op.name, attrs, node0.meta, type(node0.rule).__name__,
                descs, tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
@@ -400,6 +400,6 @@ def _step_symbol(node0, descs):
         outs = call_as_recorded(mx.sym, node0, inputs)
     else:
         if node0.rule.kind == "segment":
-            inputs.append(var())
+            inputs.extend(var() for _ in range(node0.rule.num_extra_inputs(node0)))
         outs = node0.rule.batched_call(mx.sym, node0, inputs)
     return mx.sym.Group(outs)

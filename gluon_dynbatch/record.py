@@ -15,6 +15,7 @@ import threading
 
 import mxnet as mx
 import numpy as np
+from mxnet import autograd
 
 from . import lazy as lazy_mod
 from . import replay
@@ -164,13 +165,15 @@ class Recorder:
         self.graph = Graph(ctx, flush)
         self.F = RecordingNamespace(self)
         self.sample = None          # index of the current top-level call
-        self.num_samples = 0
+        self.num_samples = 0        # top-level calls in this scope (sample numbers)
+        self.samples_flushed = 0    # of which counted by earlier flushes
         self.path = []              # block names being traced, for messages
         self.depth = 0              # nesting of DynBatchBlock calls
         self.num_recorded = 0
         self.max_pending = DEFAULT_MAX_PENDING
         self.replay = True          # copy traced child-block calls (replay.py)
         self.owner = None           # the first top-level DynBatchBlock called
+        self.last_stateful = None   # last stateful node recorded (see _STATEFUL)
         self._versions = {}         # id(block) -> parameter identity, per scope
 
     def close(self):
@@ -368,6 +371,13 @@ class Recorder:
                 deps.add(src)
             elif kind == VIEW:
                 deps.update(src.deps)
+        if node.op.name in _STATEFUL and autograd.is_training():
+            # Operators that update state (BatchNorm's running statistics) keep
+            # their recording order: each waits for the previous one.
+            previous = self.last_stateful
+            if previous is not None and previous.graph is node.graph:
+                deps.add(previous)
+            self.last_stateful = node
         node.deps = tuple(deps)
         depth = 0
         for dep in node.deps:
@@ -470,6 +480,8 @@ class Recorder:
 
 # Operators whose batching rule depends on autograd's training mode.
 _MODAL = frozenset(["BatchNorm"])
+# Operators that update state in training mode: kept in recording order.
+_STATEFUL = frozenset(["BatchNorm"])
 
 
 class CallInfo:

@@ -144,9 +144,13 @@ class BatchingScope:
         rec = self.recorder
         graph = rec.graph
         start = time.perf_counter()
-        stats = BatchStats(flushes=1, samples=rec.num_samples, nodes=rec.num_recorded,
+        # Sample numbers run on through the scope (errors name them), so a
+        # flush counts the samples started since the previous one.
+        stats = BatchStats(flushes=1, samples=rec.num_samples - rec.samples_flushed,
+                           nodes=rec.num_recorded,
                            record_ms=1000.0 * (start - self._mark))
-        rec.num_samples = rec.num_recorded = 0
+        rec.samples_flushed = rec.num_samples
+        rec.num_recorded = 0
         rec.new_graph()
         live = graph.live_outputs()
         try:

@@ -270,23 +270,41 @@ class SegmentRule(Rule):
                  bool(node.kwargs.get("keepdims", False))),)
 
     @staticmethod
-    def segment_matrix(nodes, dtype):
-        """(nodes, rows) matrix summing (or averaging) each node's input rows."""
+    def segment_arrays(nodes, dtype):
+        """Extra inputs of a batch: a padded index and, for ``mean``, the counts.
+
+        The index is (nodes, longest) into the nodes' rows followed by one zero
+        row, which the padding points at.  Padding by gathering zeros (rather
+        than multiplying by a 0/1 matrix) keeps a NaN or inf of one sample out
+        of the others (0 * nan is nan) and works for every dtype.
+        """
         import numpy as np
         counts = [n.inputs[0][0].out_shapes[n.inputs[0][1]][0] for n in nodes]
-        matrix = np.zeros((len(nodes), sum(counts)), dtype=dtype)
-        mean = nodes[0].op.name == "mean"
+        total = sum(counts)
+        index = np.full((len(nodes), max(counts)), total, dtype=np.int32)
         start = 0
         for row, count in enumerate(counts):
-            matrix[row, start:start + count] = 1.0 / count if mean else 1.0
+            index[row, :count] = np.arange(start, start + count)
             start += count
-        return matrix
+        if nodes[0].op.name != "mean":
+            return [index]
+        tail = len(nodes[0].inputs[0][0].out_shapes[nodes[0].inputs[0][1]]) - 1
+        return [index, np.array(counts, dtype=dtype).reshape((len(nodes),) + (1,) * tail)]
+
+    @staticmethod
+    def num_extra_inputs(node):
+        """How many arrays ``segment_arrays`` adds (index, and counts for mean)."""
+        return 2 if node.op.name == "mean" else 1
 
     def batched_call(self, F, node, inputs):
-        """``inputs`` = (rows of every node, segment matrix)."""
-        data, matrix = inputs
-        summed = F.dot(matrix, F.reshape(data, shape=(0, -1)))
-        return [F.reshape(summed, shape=(-1,) + tuple(node.out_shapes[0][1:]))]
+        """``inputs`` = (rows of every node, padded index[, counts])."""
+        data, index = inputs[0], inputs[1]
+        pad = F.zeros_like(F.slice_axis(data, axis=0, begin=0, end=1))
+        rows = F.take(F.concat(data, pad, dim=0), index, axis=0)   # (nodes, longest, ...)
+        out = F.sum(rows, axis=1)
+        if node.op.name == "mean":
+            out = F.broadcast_div(out, inputs[2])
+        return [F.reshape(out, shape=(-1,) + tuple(node.out_shapes[0][1:]))]
 
 
 class RowFallback(Rule):
