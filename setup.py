@@ -9,7 +9,8 @@ setup(
     python_requires=">=3.8",
     install_requires=["mxnet==1.9.1", "numpy<1.24"],
     extras_require={
-        "test": ["pytest", "hypothesis", "scipy", "gluonnlp==0.10.0", "tqdm", "dynet38"],
+        "test": ["pytest", "hypothesis", "scipy", "gluonnlp==0.10.0", "tqdm", "dynet38",
+                 "matplotlib"],
         "examples": ["gluonnlp==0.10.0", "tqdm", "scipy"],
         "bench": ["matplotlib", "tqdm", "scipy", "gluonnlp==0.10.0", "dynet38"],
     },

@@ -12,7 +12,12 @@ fi
 STAMP="$VENV/.installed-$1"
 if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ]; then
   echo "[setup] installing gluon_dynbatch[$1] (mxnet 1.9.1, numpy<1.24, ...)"
-  "$VENV/bin/pip" install -q -e "$ROOT[$1]" 2>&1 | grep -v "is ignored: it is neither" || true
+  # Fail loudly (and leave no stamp) when pip fails; drop one harmless warning.
+  if ! "$VENV/bin/pip" install -q -e "$ROOT[$1]" > "$VENV/pip-$1.log" 2>&1; then
+    grep -v "is ignored: it is neither" "$VENV/pip-$1.log" >&2
+    echo "[setup] pip install failed (log: $VENV/pip-$1.log)" >&2
+    exit 1
+  fi
   touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
