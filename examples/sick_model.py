@@ -23,7 +23,9 @@ class ChildSumLSTMCell(gluon.HybridBlock):
     ``i, o, u`` are computed from the input and the sum of the children's
     hidden states; each child ``k`` gets its own forget gate
     ``f_k = sigmoid(W_f x + U_f h_k + b_f)``; then
-    ``c = i * u + sum_k f_k * c_k`` and ``h = o * tanh(c)``.
+    ``c = i * u + sum_k f_k * c_k`` and ``h = o * tanh(c)``.  Without the
+    output gate (as in Tai et al.'s code for SICK, ``gate_output = false``)
+    ``h = tanh(c)``.
 
     Parameters
     ----------
@@ -31,21 +33,29 @@ class ChildSumLSTMCell(gluon.HybridBlock):
         Memory dimension H.
     input_size : int
         Input (embedding) dimension D.
+    output_gate : bool, optional
+        Use the output gate ``o`` (default True).  When False the
+        parameters hold no rows for it: ``x_weight`` is (3H, D) for
+        ``i, u, f`` and ``h_iou_weight`` is (2H, H) for ``i, u``; with it
+        they are (4H, D) for ``i, o, u, f`` and (3H, H) for ``i, o, u``.
     **kwargs
         Passed to :class:`mxnet.gluon.HybridBlock`.
     """
 
-    def __init__(self, hidden_size, input_size, **kwargs):
+    def __init__(self, hidden_size, input_size, output_gate=True, **kwargs):
         super().__init__(**kwargs)
         self._hidden_size = hidden_size
+        self.output_gate = output_gate
+        n_iou = 3 if output_gate else 2
+        self._n_iou = n_iou
         with self.name_scope():
             self.x_weight = self.params.get(
-                "x_weight", shape=(4 * hidden_size, input_size),
+                "x_weight", shape=((n_iou + 1) * hidden_size, input_size),
                 init=mx.init.Xavier())
             self.x_bias = self.params.get(
-                "x_bias", shape=(4 * hidden_size,), init="zeros")
+                "x_bias", shape=((n_iou + 1) * hidden_size,), init="zeros")
             self.h_iou_weight = self.params.get(
-                "h_iou_weight", shape=(3 * hidden_size, hidden_size),
+                "h_iou_weight", shape=(n_iou * hidden_size, hidden_size),
                 init=mx.init.Xavier())
             self.h_f_weight = self.params.get(
                 "h_f_weight", shape=(hidden_size, hidden_size),
@@ -76,21 +86,24 @@ class ChildSumLSTMCell(gluon.HybridBlock):
         tuple of NDArray
             ``(h, c)``, each of shape (1, H).
         """
-        hid = self._hidden_size
-        x_all = F.FullyConnected(x, x_weight, x_bias, num_hidden=4 * hid)
+        hid, n_iou = self._hidden_size, self._n_iou
+        x_all = F.FullyConnected(x, x_weight, x_bias,
+                                 num_hidden=(n_iou + 1) * hid)
         h_sum = F.sum(child_h, axis=0, keepdims=True)
-        iou = (F.slice_axis(x_all, axis=1, begin=0, end=3 * hid)
+        iou = (F.slice_axis(x_all, axis=1, begin=0, end=n_iou * hid)
                + F.FullyConnected(h_sum, h_iou_weight, no_bias=True,
-                                  num_hidden=3 * hid))
+                                  num_hidden=n_iou * hid))
         i = self._gate(F, iou, 0, "sigmoid")
-        o = self._gate(F, iou, 1, "sigmoid")
-        u = self._gate(F, iou, 2, "tanh")
-        f_x = F.slice_axis(x_all, axis=1, begin=3 * hid, end=4 * hid)
+        u = self._gate(F, iou, n_iou - 1, "tanh")
+        f_x = F.slice_axis(x_all, axis=1, begin=n_iou * hid,
+                           end=(n_iou + 1) * hid)
         f_h = F.FullyConnected(child_h, h_f_weight, no_bias=True,
                                num_hidden=hid)
         f = F.Activation(F.broadcast_add(f_h, f_x), act_type="sigmoid")
         c = i * u + F.sum(f * child_c, axis=0, keepdims=True)
-        h = o * F.Activation(c, act_type="tanh")
+        h = F.Activation(c, act_type="tanh")
+        if self.output_gate:
+            h = self._gate(F, iou, 1, "sigmoid") * h
         return h, c
 
 
@@ -108,12 +121,14 @@ class ChildSumTreeLSTM(gdb.DynBatchBlock):
         keeps the library's default.
     analysis_budget : optional
         Passed to :class:`gluon_dynbatch.DynBatchBlock` when not None.
+    output_gate : bool, optional
+        Passed to :class:`ChildSumLSTMCell` (default True).
     **kwargs
         Passed to :class:`mxnet.gluon.HybridBlock`.
     """
 
     def __init__(self, hidden_size, input_size, strategy=None,
-                 analysis_budget=None, **kwargs):
+                 analysis_budget=None, output_gate=True, **kwargs):
         if strategy is not None:
             kwargs["strategy"] = strategy
         if analysis_budget is not None:
@@ -122,7 +137,8 @@ class ChildSumTreeLSTM(gdb.DynBatchBlock):
         self.hidden_size = hidden_size
         self.input_size = input_size
         with self.name_scope():
-            self.cell = ChildSumLSTMCell(hidden_size, input_size)
+            self.cell = ChildSumLSTMCell(hidden_size, input_size,
+                                         output_gate=output_gate)
 
     def hybrid_forward(self, F, tree, embeddings):
         """Encode the subtree rooted at ``tree``.
@@ -217,19 +233,34 @@ class SimilarityModel(gluon.Block):
         False every tree runs eagerly, one after the other.
     strategy : str, optional
         Batching strategy, passed to the encoder when not None.
+    num_words : int, optional
+        When given, the model owns a trainable (num_words, input_size) word
+        embedding table, the parameter ``embedding`` (weight decay
+        multiplier 0), used whenever :meth:`forward` gets no table.  Set its
+        initial values with ``model.embedding.set_data(table)`` after
+        ``initialize``.  When None (the default) the table is passed to
+        every call and stays fixed.
+    output_gate : bool, optional
+        Passed to :class:`ChildSumLSTMCell` (default True).
     **kwargs
         Passed to :class:`mxnet.gluon.Block`.
     """
 
     def __init__(self, input_size, memory_size=150, hidden_size=50,
                  num_classes=NUM_CLASSES, dynbatch=True, strategy=None,
-                 **kwargs):
+                 num_words=None, output_gate=True, **kwargs):
         super().__init__(**kwargs)
         self.dynbatch = dynbatch
         self.num_classes = num_classes
         with self.name_scope():
+            self.embedding = None
+            if num_words is not None:
+                self.embedding = self.params.get(
+                    "embedding", shape=(num_words, input_size),
+                    init=mx.init.Uniform(0.05), wd_mult=0.0)
             self.encoder = ChildSumTreeLSTM(memory_size, input_size,
-                                            strategy=strategy)
+                                            strategy=strategy,
+                                            output_gate=output_gate)
             self.head = SimilarityHead(memory_size, hidden_size, num_classes)
 
     def encode(self, trees, embeddings):
@@ -253,21 +284,32 @@ class SimilarityModel(gluon.Block):
             states = [self.encoder(tree, embeddings) for tree in trees]
         return mx.nd.concat(*[h for h, _ in states], dim=0)
 
-    def forward(self, pairs, embeddings):
+    def forward(self, pairs, embeddings=None):
         """Predict class log-probabilities for sentence pairs.
 
         Parameters
         ----------
         pairs : list of SickPair
             Pairs whose trees carry word ids.
-        embeddings : NDArray
-            Embedding table (V, D), held fixed.
+        embeddings : NDArray, optional
+            Embedding table (V, D), held fixed.  None uses the model's own
+            trainable table (``num_words`` given at construction).
 
         Returns
         -------
         NDArray
             Log-probabilities, shape (len(pairs), K).
+
+        Raises
+        ------
+        ValueError
+            No table is given and the model owns none.
         """
+        if embeddings is None:
+            if self.embedding is None:
+                raise ValueError("no embedding table: pass one, or build "
+                                 "the model with num_words")
+            embeddings = self.embedding.data()
         trees = [p.a_tree for p in pairs] + [p.b_tree for p in pairs]
         roots = self.encode(trees, embeddings)
         n = len(pairs)
@@ -280,7 +322,10 @@ def make_loss():
     """Return the KL-divergence loss against sparse targets.
 
     In MXNet 1.9 ``KLDivLoss`` sums ``p * (log p - log q)`` over the classes,
-    so each entry is the KL divergence of one pair.
+    so each entry is the KL divergence of one pair.  (Torch's
+    ``DistKLDivCriterion`` in Tai et al.'s code also divides by the number
+    of classes K; AdaGrad's steps do not depend on that scale, but an L2
+    penalty added to the gradient does, see ``tree_lstm_sick.add_l2``.)
 
     Returns
     -------

@@ -33,7 +33,7 @@ from tqdm import tqdm  # noqa: E402
 from examples import sick_data  # noqa: E402
 from examples.sick_data import SickDataError  # noqa: E402
 from examples.sick_model import (SimilarityModel, batch_targets,  # noqa: E402
-                                 make_loss, predict_scores)
+                                 make_loss)
 
 LOG = logging.getLogger("tree_lstm_sick")
 
@@ -42,6 +42,10 @@ DEFAULT_GLOVE = (REPO_ROOT.parent / "shared" / "data" / "glove"
 RANDOM_EMBED_DIM = 50
 EVAL_BATCH_SIZE = 100
 BANNER = "!" * 78
+
+#: Settings of ``--full``, the best full run (selected on dev Pearson).
+FULL_PRESET = {"epochs": 8, "tune_embeddings": True, "embed_lr": 0.01,
+               "ensemble": 2}
 
 SICK_HELP = """\
 SICK data not found.
@@ -88,7 +92,8 @@ def build_parser():
         help="SICK directory with train/ dev/ test/ "
              "(default: ../shared/data/sick, else ./data/sick)")
     add("--glove", default=None,
-        help="GloVe text file (word v1 ... vD), held fixed (default: "
+        help="GloVe text file (word v1 ... vD), held fixed unless "
+             "--tune-embeddings (default: "
              "../shared/data/glove/glove.6B.50d.sick-subset.txt if present, "
              "else random vectors)")
     add("--epochs", type=int, default=2,
@@ -99,14 +104,31 @@ def build_parser():
     add("--lr", type=float, default=0.05,
         help="AdaGrad learning rate (default: %(default)s)")
     add("--wd", type=float, default=1e-4,
-        help="weight decay (default: %(default)s)")
+        help="MXNet AdaGrad weight decay, applied outside the adaptive "
+             "step (w -= lr * wd * w), to every weight and bias but not to "
+             "tuned embeddings (default: %(default)s)")
+    add("--l2", type=float, default=0.0,
+        help="L2 penalty as in Tai et al.'s code: reg * w added to the "
+             "gradient before AdaGrad, their loss being KL / K per pair; "
+             "weights and biases, not embeddings; their value is 1e-4, "
+             "use it with --wd 0 (default: %(default)s)")
+    add("--tune-embeddings", action="store_true",
+        help="train the word vectors too, with AdaGrad at --embed-lr and "
+             "no weight decay (Tai et al. held them fixed)")
+    add("--embed-lr", type=float, default=0.01,
+        help="AdaGrad learning rate of the word vectors with "
+             "--tune-embeddings (default: %(default)s)")
+    add("--no-output-gate", action="store_true",
+        help="h = tanh(c), without the output gate, as in Tai et al.'s "
+             "code for SICK (gate_output = false)")
     add("--memory", type=int, default=150,
         help="Tree-LSTM memory size (default: %(default)s)")
     add("--hidden", type=int, default=50,
         help="hidden units of the similarity layer (default: %(default)s)")
     add("--max-pairs", type=int, default=None,
         help="use at most this many training pairs, for quick runs; the "
-             "vocabulary still covers all training tokens (default: all)")
+             "vocabulary still covers all training tokens, and the dev and "
+             "test words that have a GloVe vector (default: all)")
     add("--max-eval-pairs", type=int, default=None,
         help="use at most this many dev and test pairs (default: all)")
     add("--seed", type=int, default=42,
@@ -127,8 +149,44 @@ def build_parser():
     add("--log-interval", type=int, default=20,
         help="log the training loss every this many batches, 0 = never "
              "(default: %(default)s)")
+    add("--ensemble", type=int, default=1, metavar="N",
+        help="train N models (seeds SEED, SEED+1, ...), each stopped at its "
+             "best dev epoch, and average their predicted distributions "
+             "(default: %(default)s)")
+    add("--full", action="store_true",
+        help="the best full-run settings found: " + _preset_text()
+             + "; flags given explicitly still win")
     add("--verbose", action="store_true", help="debug logging")
     return parser
+
+
+def _preset_text():
+    """Describe FULL_PRESET as command-line flags."""
+    words = []
+    for key, value in FULL_PRESET.items():
+        flag = "--" + key.replace("_", "-")
+        words.append(flag if value is True else f"{flag} {value}")
+    return " ".join(words)
+
+
+def parse_args(argv=None):
+    """Parse the command line, applying ``--full`` under explicit flags.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Arguments; None reads ``sys.argv``.
+
+    Returns
+    -------
+    argparse.Namespace
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.full:
+        parser.set_defaults(**FULL_PRESET)
+        args = parser.parse_args(argv)
+    return args
 
 
 def setup_logging(verbose):
@@ -192,33 +250,74 @@ def load_data(args):
     return splits
 
 
-def build_vocab(pairs):
+def _tokens(pairs):
+    """Yield the lower-cased tokens of both sentences of every pair."""
+    for pair in pairs:
+        for token in pair.a_tokens + pair.b_tokens:
+            yield token.lower()
+
+
+def build_vocab(pairs, extra_tokens=()):
     """Build a lower-cased gluonnlp Vocab over the tokens of ``pairs``.
 
     Parameters
     ----------
     pairs : list of SickPair
+        Training pairs; all their tokens enter the vocabulary.
+    extra_tokens : iterable of str, optional
+        Further (lower-case) tokens to add, e.g. words of the dev and test
+        sentences that have a pretrained vector.
 
     Returns
     -------
     gluonnlp.Vocab
+        With ``<unk>`` for every other token.
     """
     import gluonnlp as nlp
-    counter = None
-    for pair in pairs:
-        counter = nlp.data.count_tokens(pair.a_tokens + pair.b_tokens,
-                                        to_lower=True, counter=counter)
+    counter = nlp.data.count_tokens(list(_tokens(pairs)))
+    counter.update(tok for tok in extra_tokens if tok not in counter)
     return nlp.Vocab(counter, unknown_token="<unk>", padding_token=None,
                      bos_token=None, eos_token=None)
 
 
+def pretrained_eval_tokens(pairs, glove):
+    """Tokens of ``pairs`` (dev, test) that have a pretrained vector.
+
+    Tai et al. (2015) built the vocabulary over all splits, so that every
+    word with a GloVe vector gets it, also when it never occurs in training.
+    Only the sentences are read, never the scores.
+
+    Parameters
+    ----------
+    pairs : list of SickPair
+    glove : gluonnlp.embedding.TokenEmbedding or None
+
+    Returns
+    -------
+    set of str
+    """
+    if glove is None:
+        return set()
+    return {tok for tok in _tokens(pairs) if tok in glove}
+
+
 def attach_vocab(pairs, vocab):
-    """Set the word ids of every tree node from the lower-cased tokens."""
+    """Set the word ids of every tree node from the lower-cased tokens.
+
+    Returns
+    -------
+    int
+        Number of tokens that mapped to the unknown word.
+    """
+    unk = vocab[vocab.unknown_token]
+    n_unknown = 0
     for pair in pairs:
-        sick_data.attach_words(pair.a_tree,
-                               vocab[[t.lower() for t in pair.a_tokens]])
-        sick_data.attach_words(pair.b_tree,
-                               vocab[[t.lower() for t in pair.b_tokens]])
+        for tree, tokens in ((pair.a_tree, pair.a_tokens),
+                             (pair.b_tree, pair.b_tokens)):
+            ids = vocab[[t.lower() for t in tokens]]
+            n_unknown += sum(1 for i in ids if i == unk)
+            sick_data.attach_words(tree, ids)
+    return n_unknown
 
 
 def resolve_glove(path):
@@ -236,23 +335,43 @@ def resolve_glove(path):
     return DEFAULT_GLOVE if DEFAULT_GLOVE.is_file() else None
 
 
-def build_embeddings(vocab, glove_path, rng):
-    """Return the fixed (V, D) embedding table for ``vocab``.
+def load_glove(glove_path):
+    """Read a GloVe text file, or return None when ``glove_path`` is None.
 
-    Words missing from GloVe (and all words when ``glove_path`` is None)
-    get vectors drawn uniformly from [-0.05, 0.05].
+    Returns
+    -------
+    gluonnlp.embedding.TokenEmbedding or None
+    """
+    if glove_path is None:
+        return None
+    import gluonnlp as nlp
+    return nlp.embedding.TokenEmbedding.from_file(str(glove_path))
+
+
+def build_embeddings(vocab, glove, rng, glove_path=None):
+    """Return the (V, D) embedding table for ``vocab``.
+
+    Words missing from GloVe (and all words when ``glove`` is None) get
+    vectors drawn uniformly from [-0.05, 0.05], as in Tai et al.'s code.
+
+    Parameters
+    ----------
+    vocab : gluonnlp.Vocab
+    glove : gluonnlp.embedding.TokenEmbedding or None
+        Pretrained vectors, e.g. from :func:`load_glove`.
+    rng : numpy.random.RandomState
+    glove_path : str or os.PathLike, optional
+        Only named in the log.
 
     Returns
     -------
     mxnet.nd.NDArray
     """
-    if glove_path is None:
+    if glove is None:
         loud("NO GLOVE FILE: word vectors are RANDOM (pass --glove FILE).\n"
              "Expect far worse results than with pretrained vectors.")
         table = rng.uniform(-0.05, 0.05, (len(vocab), RANDOM_EMBED_DIM))
         return mx.nd.array(table)
-    import gluonnlp as nlp
-    glove = nlp.embedding.TokenEmbedding.from_file(str(glove_path))
     dim = glove.idx_to_vec.shape[1]
     table = rng.uniform(-0.05, 0.05, (len(vocab), dim))
     found = [i for i, tok in enumerate(vocab.idx_to_token) if tok in glove]
@@ -264,19 +383,35 @@ def build_embeddings(vocab, glove_path, rng):
     return mx.nd.array(table)
 
 
-def evaluate(model, pairs, embeddings, batch_size=EVAL_BATCH_SIZE):
-    """Predict scores for ``pairs`` and compare with the gold scores.
+def predict_probs(model, pairs, embeddings, batch_size=EVAL_BATCH_SIZE):
+    """Class distributions of ``model`` for ``pairs``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape (len(pairs), K), rows sum to 1.
+    """
+    probs = [np.exp(model(pairs[start:start + batch_size],
+                          embeddings).asnumpy())
+             for start in range(0, len(pairs), batch_size)]
+    return np.concatenate(probs)
+
+
+def score_metrics(probs, pairs):
+    """Compare the expected scores ``r^T p`` with the gold scores.
+
+    Parameters
+    ----------
+    probs : numpy.ndarray
+        Class distributions, shape (len(pairs), K).
+    pairs : list of SickPair
 
     Returns
     -------
     dict
         ``pearson``, ``spearman``, ``mse`` and ``predictions``.
     """
-    preds = []
-    for start in range(0, len(pairs), batch_size):
-        preds.append(predict_scores(
-            model(pairs[start:start + batch_size], embeddings)))
-    pred = np.concatenate(preds)
+    pred = sick_data.expected_score(probs)
     gold = np.array([p.score for p in pairs])
     return {"pearson": float(stats.pearsonr(pred, gold)[0]),
             "spearman": float(stats.spearmanr(pred, gold)[0]),
@@ -284,18 +419,85 @@ def evaluate(model, pairs, embeddings, batch_size=EVAL_BATCH_SIZE):
             "predictions": pred}
 
 
-def train_step(model, trainer, loss_fn, batch, embeddings):
+def evaluate(models, pairs, embeddings, batch_size=EVAL_BATCH_SIZE):
+    """Predict scores for ``pairs`` and compare with the gold scores.
+
+    Parameters
+    ----------
+    models : SimilarityModel or list of SimilarityModel
+        With several models, their class distributions are averaged (an
+        ensemble) before the expected score is taken.
+    pairs : list of SickPair
+    embeddings : NDArray or None
+        Fixed table, or None for the models' own tables.
+    batch_size : int, optional
+
+    Returns
+    -------
+    dict
+        ``pearson``, ``spearman``, ``mse`` and ``predictions``.
+    """
+    if not isinstance(models, (list, tuple)):
+        models = [models]
+    probs = [predict_probs(m, pairs, embeddings, batch_size)
+             for m in models]
+    return score_metrics(np.mean(probs, axis=0), pairs)
+
+
+def add_l2(model, strength, batch_size):
+    """Add the gradient of Tai et al.'s L2 penalty to the model's gradients.
+
+    Tai et al.'s code minimises ``mean_batch(KL / K) + reg / 2 * |w|^2``
+    over the Tree-LSTM and similarity weights and biases (not the word
+    vectors), the penalty going through AdaGrad with the loss.  Here the
+    gradients hold the batch sum of the per-pair KL divergence and
+    ``trainer.step(batch_size)`` divides by ``batch_size``, so
+    ``K * batch_size * reg * w`` is added: the step then sees ``K`` times
+    Tai's gradient, and AdaGrad's steps do not depend on that scale.
+
+    Parameters
+    ----------
+    model : SimilarityModel
+    strength : float
+        ``reg``; 0 adds nothing.
+    batch_size : int
+        Pairs in the batch.
+    """
+    if not strength:
+        return
+    scale = strength * model.num_classes * batch_size
+    for param in model.collect_params().values():
+        if param.grad_req == "null" or param is model.embedding:
+            continue
+        grad = param.grad()
+        grad += scale * param.data()
+
+
+def train_step(model, trainer, loss_fn, batch, embeddings, l2=0.0):
     """Run forward, backward and an optimiser step on one batch.
+
+    Parameters
+    ----------
+    model : SimilarityModel
+    trainer : mxnet.gluon.Trainer
+    loss_fn : callable
+        Per-pair loss, e.g. from :func:`make_loss`.
+    batch : list of SickPair
+    embeddings : NDArray or None
+        Fixed embedding table, or None for the model's own table.
+    l2 : float, optional
+        L2 penalty of :func:`add_l2`.
 
     Returns
     -------
     NDArray
-        Summed loss of the batch (not synchronised).
+        Summed loss of the batch (not synchronised), without the penalty.
     """
     targets = batch_targets(batch, model.num_classes)
     with autograd.record():
         loss = loss_fn(model(batch, embeddings), targets)
     loss.backward()
+    add_l2(model, l2, len(batch))
     trainer.step(len(batch))
     return loss.sum()
 
@@ -323,7 +525,8 @@ def train_epoch(model, trainer, loss_fn, pairs, embeddings, args, epoch,
                leave=False, dynamic_ncols=True)
     for step, batch in enumerate(iter_batches(pairs, args.batch_size, rng),
                                  start=1):
-        loss = train_step(model, trainer, loss_fn, batch, embeddings)
+        loss = train_step(model, trainer, loss_fn, batch, embeddings,
+                          args.l2)
         total += loss
         window += loss
         window_pairs += len(batch)
@@ -346,12 +549,13 @@ def log_metrics(name, metrics):
              metrics["pearson"], metrics["spearman"], metrics["mse"])
 
 
-def _timed_step(model, trainer, loss_fn, batch, embeddings, dynbatch):
+def _timed_step(model, trainer, loss_fn, batch, embeddings, dynbatch,
+                l2=0.0):
     """Run one synchronised training step in the given mode; return seconds."""
     model.dynbatch = dynbatch
     mx.nd.waitall()
     start = time.perf_counter()
-    train_step(model, trainer, loss_fn, batch, embeddings)
+    train_step(model, trainer, loss_fn, batch, embeddings, l2)
     mx.nd.waitall()
     return time.perf_counter() - start
 
@@ -372,12 +576,13 @@ def compare_speed(model, trainer, loss_fn, pairs, embeddings, args):
     batches = batches * (args.compare // max(len(batches), 1) + 2)
     dynbatch = model.dynbatch
     for mode in (True, False):  # warm-up, not timed
-        _timed_step(model, trainer, loss_fn, batches[0], embeddings, mode)
+        _timed_step(model, trainer, loss_fn, batches[0], embeddings, mode,
+                    args.l2)
     totals = {True: 0.0, False: 0.0}
     for batch in batches[1:args.compare + 1]:
         for mode in (True, False):
             totals[mode] += _timed_step(model, trainer, loss_fn, batch,
-                                        embeddings, mode)
+                                        embeddings, mode, args.l2)
     model.dynbatch = dynbatch
     result = {"dynbatch": totals[True] / args.compare,
               "eager": totals[False] / args.compare}
@@ -389,13 +594,33 @@ def compare_speed(model, trainer, loss_fn, pairs, embeddings, args):
     return result
 
 
-def build_model(args, input_size, ctx):
-    """Create and initialise the model and its AdaGrad trainer."""
+def build_model(args, embeddings, ctx):
+    """Create and initialise the model and its AdaGrad trainer.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+    embeddings : NDArray
+        The (V, D) word vectors; with ``--tune-embeddings`` they initialise
+        the model's own table, with learning rate ``--embed-lr``.
+    ctx : mxnet.Context
+
+    Returns
+    -------
+    tuple of (SimilarityModel, mxnet.gluon.Trainer)
+    """
+    num_words, input_size = embeddings.shape
     model = SimilarityModel(input_size, memory_size=args.memory,
                             hidden_size=args.hidden,
                             dynbatch=not args.no_dynbatch,
-                            strategy=args.strategy)
+                            strategy=args.strategy,
+                            num_words=(num_words if args.tune_embeddings
+                                       else None),
+                            output_gate=not args.no_output_gate)
     model.initialize(ctx=ctx)
+    if model.embedding is not None:
+        model.embedding.set_data(embeddings)
+        model.embedding.lr_mult = args.embed_lr / args.lr
     if args.resume:
         if not Path(args.resume).is_file():
             raise FileNotFoundError(f"--resume file not found: {args.resume}")
@@ -410,8 +635,22 @@ def build_model(args, input_size, ctx):
     return model, trainer
 
 
-def fit(model, trainer, data, embeddings, args, save_dir):
+def fit(model, trainer, data, embeddings, args, save_dir, seed=None):
     """Train for ``args.epochs``, keeping the best-dev parameters.
+
+    Parameters
+    ----------
+    model : SimilarityModel
+    trainer : mxnet.gluon.Trainer
+    data : dict
+        From :func:`load_data`, with word ids attached.
+    embeddings : NDArray or None
+        Fixed table, or None for the model's own table.
+    args : argparse.Namespace
+    save_dir : pathlib.Path
+        Where best.params and last.params go.
+    seed : int, optional
+        Seed of the batch order (default: ``args.seed``).
 
     Returns
     -------
@@ -419,7 +658,7 @@ def fit(model, trainer, data, embeddings, args, save_dir):
         Training statistics (best epoch, best dev metrics, pairs/s).
     """
     loss_fn = make_loss()
-    rng = np.random.RandomState(args.seed)
+    rng = np.random.RandomState(args.seed if seed is None else seed)
     best = {"epoch": None, "pearson": -np.inf}
     best_file = save_dir / "best.params"
     train_seconds, train_pairs = 0.0, 0
@@ -444,7 +683,8 @@ def fit(model, trainer, data, embeddings, args, save_dir):
         LOG.info("reloaded best parameters (epoch %d)", best["epoch"])
     pairs_per_s = train_pairs / train_seconds if train_seconds else None
     return {"best_dev": best, "train_pairs_per_s": pairs_per_s,
-            "train_seconds": train_seconds}
+            "train_seconds": train_seconds,
+            "seed": args.seed if seed is None else seed}
 
 
 def write_summary(save_dir, summary):
@@ -470,33 +710,114 @@ def run(args):
         glove = None  # GloVe means nothing for synthetic tokens
     else:
         glove = resolve_glove(args.glove)
-    vocab = build_vocab(data["train_all"])
+    vectors = load_glove(glove)
+    vocab = build_vocab(data["train_all"], pretrained_eval_tokens(
+        data["dev"] + data["test"], vectors))
+    unknown = {}
     for name in ("train", "dev", "test"):
-        attach_vocab(data[name], vocab)
-    embeddings = build_embeddings(vocab, glove,
-                                  np.random.RandomState(args.seed))
+        unknown[name] = attach_vocab(data[name], vocab)
+    LOG.info("vocabulary %d words; tokens mapped to <unk>: %s", len(vocab),
+             ", ".join(f"{k} {v}" for k, v in unknown.items()))
+    embeddings = build_embeddings(vocab, vectors,
+                                  np.random.RandomState(args.seed), glove)
     ctx = mx.cpu()
-    model, trainer = build_model(args, embeddings.shape[1], ctx)
+    if args.tune_embeddings:
+        feed = None  # every model trains its own copy of the table
+    else:
+        feed = embeddings
     if args.compare:
+        model, trainer = build_model(args, embeddings, ctx)
         return {"compare": compare_speed(model, trainer, make_loss(),
-                                         data["train"], embeddings, args)}
+                                         data["train"], feed, args)}
     save_dir = Path(args.save_dir)
-    save_dir.mkdir(parents=True, exist_ok=True)
-    stats_ = fit(model, trainer, data, embeddings, args, save_dir)
-    test = evaluate(model, data["test"], embeddings)
+    models, member_stats = train_members(args, data, embeddings, feed, ctx,
+                                         save_dir)
+    summary = {"data": data["source"]}
+    if len(models) == 1:
+        test = evaluate(models[0], data["test"], feed)
+        summary["best_dev"] = member_stats[0]["best_dev"]
+    else:
+        summary.update(evaluate_ensemble(models, member_stats, data, feed))
+        test = summary.pop("ensemble_test")
     log_metrics("test", test)
-    summary = {"data": data["source"],
-               "test": {k: test[k] for k in ("pearson", "spearman", "mse")},
-               "best_dev": stats_["best_dev"],
-               "wall_time_s": time.perf_counter() - wall_start,
-               "train_pairs_per_s": stats_["train_pairs_per_s"],
-               "train_seconds": stats_["train_seconds"],
-               "vocab_size": len(vocab), "glove": glove,
-               "args": vars(args)}
+    train_seconds = sum(m["train_seconds"] for m in member_stats)
+    train_pairs = args.epochs * len(data["train"]) * len(models)
+    summary.update({
+        "test": {k: test[k] for k in ("pearson", "spearman", "mse")},
+        "wall_time_s": time.perf_counter() - wall_start,
+        "train_pairs_per_s": (train_pairs / train_seconds if train_seconds
+                              else None),
+        "train_seconds": train_seconds,
+        "vocab_size": len(vocab), "unknown_tokens": unknown,
+        "glove": glove,
+        "args": vars(args)})
     if data["source"] == "random":
         loud("These scores come from a RANDOM corpus and MEAN NOTHING.")
     write_summary(save_dir, summary)
     return summary
+
+
+def train_members(args, data, embeddings, feed, ctx, save_dir):
+    """Train the ``args.ensemble`` models, each selected on dev.
+
+    Member ``k`` (from 0) uses seed ``args.seed + k`` and saves to
+    ``save_dir/member{k + 1}``; a single model saves to ``save_dir``.  The
+    first member is exactly the model a run without ``--ensemble`` trains.
+
+    Returns
+    -------
+    tuple of (list of SimilarityModel, list of dict)
+        The models, at their best dev epoch, and their :func:`fit`
+        statistics.
+    """
+    models, member_stats = [], []
+    for k in range(args.ensemble):
+        member_dir = save_dir
+        if args.ensemble > 1:
+            member_dir = save_dir / f"member{k + 1}"
+            LOG.info("ensemble member %d of %d: seed %d", k + 1,
+                     args.ensemble, args.seed + k)
+        if k:
+            seed_everything(args.seed + k)
+        member_dir.mkdir(parents=True, exist_ok=True)
+        model, trainer = build_model(args, embeddings, ctx)
+        member_stats.append(fit(model, trainer, data, feed, args,
+                                member_dir, args.seed + k))
+        models.append(model)
+    return models, member_stats
+
+
+def evaluate_ensemble(models, member_stats, data, feed):
+    """Evaluate each member and the ensemble on dev and test.
+
+    The ensemble averages the members' class distributions.  Nothing is
+    selected here: each member's epoch was chosen on dev alone.
+
+    Returns
+    -------
+    dict
+        ``best_dev`` (the ensemble on dev, with the members' ``epochs``),
+        ``members`` (seed, best dev epoch and metrics, test metrics of
+        each member) and ``ensemble_test`` (metrics with predictions).
+    """
+    keys = ("pearson", "spearman", "mse")
+    probs = {name: [predict_probs(m, data[name], feed) for m in models]
+             for name in ("dev", "test")}
+    members = []
+    for k, (stats_, test_probs) in enumerate(zip(member_stats,
+                                                 probs["test"])):
+        test = score_metrics(test_probs, data["test"])
+        log_metrics(f"member {k + 1} test", test)
+        members.append({"seed": stats_["seed"],
+                        "best_dev": stats_["best_dev"],
+                        "test": {key: test[key] for key in keys}})
+    dev = score_metrics(np.mean(probs["dev"], axis=0), data["dev"])
+    log_metrics(f"ensemble of {len(models)} dev", dev)
+    best_dev = {"epochs": [m["best_dev"]["epoch"] for m in members]}
+    best_dev.update({key: dev[key] for key in keys})
+    return {"best_dev": best_dev, "members": members,
+            "ensemble_test": score_metrics(np.mean(probs["test"], axis=0),
+                                           data["test"])}
 
 
 def main(argv=None):
@@ -507,13 +828,27 @@ def main(argv=None):
     int
         0 on success, 2 on bad data, a missing file or bad arguments.
     """
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     setup_logging(args.verbose)
-    for name in ("epochs", "batch_size", "compare", "log_interval"):
-        if getattr(args, name) < (1 if name == "batch_size" else 0):
+    for name in ("epochs", "batch_size", "compare", "log_interval",
+                 "ensemble"):
+        if getattr(args, name) < (1 if name in ("batch_size", "ensemble")
+                                  else 0):
             print(f"error: --{name.replace('_', '-')} out of range",
                   file=sys.stderr)
             return 2
+    for name in ("l2", "embed_lr"):
+        if getattr(args, name) < 0:
+            print(f"error: --{name.replace('_', '-')} must not be negative",
+                  file=sys.stderr)
+            return 2
+    if args.tune_embeddings and args.lr <= 0:
+        print("error: --tune-embeddings needs --lr > 0", file=sys.stderr)
+        return 2
+    if args.ensemble > 1 and args.resume:
+        print("error: --resume loads one model; it does not combine with "
+              "--ensemble", file=sys.stderr)
+        return 2
     try:
         run(args)
     except SickDataError as err:

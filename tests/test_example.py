@@ -29,19 +29,23 @@ def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def numpy_cell(params, x, child_h, child_c):
+def numpy_cell(params, x, child_h, child_c, output_gate=True):
     """Reference Child-Sum Tree-LSTM node update in numpy (float64)."""
     w_x, b_x, u_iou, u_f = (params[k].astype(np.float64) for k in
                             ("x_weight", "x_bias", "h_iou_weight",
                              "h_f_weight"))
     hid = u_f.shape[0]
+    n_iou = 3 if output_gate else 2
     x_all = x @ w_x.T + b_x
-    iou = x_all[:, :3 * hid] + child_h.sum(axis=0, keepdims=True) @ u_iou.T
+    iou = (x_all[:, :n_iou * hid]
+           + child_h.sum(axis=0, keepdims=True) @ u_iou.T)
     i = sigmoid(iou[:, :hid])
-    o = sigmoid(iou[:, hid:2 * hid])
-    u = np.tanh(iou[:, 2 * hid:])
-    f = sigmoid(child_h @ u_f.T + x_all[:, 3 * hid:])
+    u = np.tanh(iou[:, (n_iou - 1) * hid:])
+    f = sigmoid(child_h @ u_f.T + x_all[:, n_iou * hid:])
     c = i * u + (f * child_c).sum(axis=0, keepdims=True)
+    if not output_gate:
+        return np.tanh(c), c
+    o = sigmoid(iou[:, hid:2 * hid])
     return o * np.tanh(c), c
 
 
@@ -110,6 +114,25 @@ def test_cell_matches_numpy_reference():
     assert np.abs(c2.asnumpy() - c.asnumpy()).max() > 1e-4
 
 
+def test_cell_without_output_gate_matches_numpy_reference():
+    mx.random.seed(6)
+    cell = ChildSumLSTMCell(8, 6, output_gate=False)
+    cell.initialize(init=mx.init.Uniform(0.5))
+    assert cell.x_weight.shape == (24, 6)
+    assert cell.h_iou_weight.shape == (16, 8)
+    cell.x_bias.set_data(mx.nd.random.uniform(-0.5, 0.5, (24,)))
+    rng = np.random.RandomState(6)
+    x = rng.randn(1, 6)
+    child_h, child_c = rng.randn(2, 8), rng.randn(2, 8)
+    h, c = cell(*(mx.nd.array(a) for a in (x, child_h, child_c)))
+    ref_h, ref_c = numpy_cell(cell_params(cell), x, child_h, child_c,
+                              output_gate=False)
+    np.testing.assert_allclose(c.asnumpy(), ref_c, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(h.asnumpy(), ref_h, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(h.asnumpy(), np.tanh(c.asnumpy()),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_encoder_matches_numpy_recursion(pairs, embeddings):
     mx.random.seed(2)
     encoder = ChildSumTreeLSTM(16, EMBED_DIM)
@@ -161,6 +184,66 @@ def test_loss_is_kl_divergence(pairs):
     np.testing.assert_allclose(loss.asnumpy(), ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(predict_scores(targets.log()),
                                [p.score for p in pairs[:4]], rtol=1e-5)
+
+
+def test_model_owns_trainable_embeddings(pairs, embeddings):
+    mx.random.seed(7)
+    model = SimilarityModel(EMBED_DIM, 16, 8, num_words=embeddings.shape[0])
+    model.initialize()
+    model.embedding.set_data(embeddings)
+    assert model.embedding.wd_mult == 0.0
+    assert "embedding" in "".join(model.collect_params().keys())
+    batch = pairs[:4]
+    np.testing.assert_allclose(model(batch).asnumpy(),
+                               model(batch, embeddings).asnumpy(),
+                               rtol=1e-6)
+    loss, grads = loss_and_grads(model, batch, None)
+    assert loss.shape == (4,)
+    grad = grads[model.embedding.name]
+    used = sorted({n.word for p in batch for t in (p.a_tree, p.b_tree)
+                   for n in t})
+    assert np.abs(grad[used]).max() > 0
+    unused = np.setdiff1d(np.arange(grad.shape[0]), used)
+    assert np.all(grad[unused] == 0)
+    with pytest.raises(ValueError, match="no embedding table"):
+        new_model()(batch)
+
+
+def test_add_l2_matches_tai_penalty(pairs, embeddings):
+    mx.random.seed(8)
+    model = SimilarityModel(EMBED_DIM, 16, 8, num_words=embeddings.shape[0])
+    model.initialize()
+    model.embedding.set_data(embeddings)
+    batch = pairs[:4]
+    _, before = loss_and_grads(model, batch, None)
+    script.add_l2(model, 1e-3, len(batch))
+    scale = 1e-3 * model.num_classes * len(batch)
+    for name, param in model.collect_params().items():
+        after = param.grad().asnumpy()
+        if param is model.embedding:
+            np.testing.assert_array_equal(after, before[name])
+        else:
+            np.testing.assert_allclose(
+                after, before[name] + scale * param.data().asnumpy(),
+                rtol=1e-5, atol=1e-8, err_msg=name)
+    script.add_l2(model, 0.0, len(batch))  # a no-op
+
+
+def test_vocab_adds_pretrained_eval_words():
+    train = random_corpus(6, seed=20, vocab_size=30)
+    held_out = random_corpus(6, seed=21, vocab_size=60)
+    glove = {f"w{i}" for i in range(45)}  # stands in for TokenEmbedding
+    extra = script.pretrained_eval_tokens(held_out, glove)
+    assert extra and extra <= glove
+    vocab = script.build_vocab(train, extra)
+    assert script.build_vocab(train, sorted(extra)).idx_to_token == \
+        vocab.idx_to_token
+    assert all(tok in vocab for tok in extra)
+    assert script.attach_vocab(train, vocab) == 0
+    unknown = sum(1 for p in held_out for t in p.a_tokens + p.b_tokens
+                  if t not in glove and t not in vocab)
+    assert script.attach_vocab(held_out, vocab) == unknown
+    assert script.pretrained_eval_tokens(held_out, None) == set()
 
 
 def test_forward_shapes_and_one_batching_scope(pairs, embeddings,
@@ -259,8 +342,44 @@ def test_help_lists_flags(capsys):
     for flag in ("--data-dir", "--glove", "--epochs", "--batch-size", "--lr",
                  "--wd", "--hidden", "--max-pairs", "--seed", "--strategy",
                  "--no-dynbatch", "--compare", "--resume", "--save-dir",
-                 "--log-interval"):
+                 "--log-interval", "--l2", "--tune-embeddings",
+                 "--embed-lr", "--no-output-gate", "--ensemble",
+                 "--full"):
         assert flag in text
+
+
+def test_full_preset_and_explicit_flags():
+    args = script.parse_args(["--full"])
+    for key, value in script.FULL_PRESET.items():
+        assert getattr(args, key) == value, key
+    args = script.parse_args(["--full", "--epochs", "3", "--seed", "1"])
+    assert args.epochs == 3 and args.seed == 1
+    assert script.parse_args([]).epochs == 2
+
+
+@pytest.mark.parametrize("flag", ["--l2", "--embed-lr"])
+def test_script_rejects_negative_rates(tmp_path, capsys, flag):
+    assert run_script(tmp_path / "nowhere", tmp_path / "run", flag,
+                      "-1") == 2
+    assert "must not be negative" in capsys.readouterr().err
+
+
+def test_script_tuned_embeddings_l2_no_output_gate(tiny_sick, tmp_path):
+    extra = ("--tune-embeddings", "--embed-lr", "0.02", "--l2", "1e-4",
+             "--wd", "0", "--no-output-gate")
+    run_a = tmp_path / "a"
+    assert run_script(tiny_sick, run_a, *extra) == 0
+    summary = read_summary(run_a)
+    assert summary["args"]["tune_embeddings"] is True
+    assert summary["args"]["l2"] == 1e-4
+    assert summary["unknown_tokens"]["train"] == 0
+    saved = mx.nd.load(str(run_a / "best.params"))
+    assert any(key.endswith("embedding") for key in saved)
+    assert run_script(tiny_sick, tmp_path / "b", "--epochs", "0",
+                      "--resume", str(run_a / "best.params"), *extra) == 0
+    for key, value in summary["test"].items():
+        assert read_summary(tmp_path / "b")["test"][key] == pytest.approx(
+            value, abs=1e-6)
 
 
 def test_script_end_to_end_resume_and_eager(tiny_sick, tmp_path, capsys):
@@ -287,6 +406,28 @@ def test_script_end_to_end_resume_and_eager(tiny_sick, tmp_path, capsys):
     for key, value in summary["test"].items():
         assert read_summary(run_c)["test"][key] == pytest.approx(value,
                                                                  abs=1e-3)
+
+
+def test_script_ensemble(tiny_sick, tmp_path, capsys):
+    single = tmp_path / "single"
+    assert run_script(tiny_sick, single, "--tune-embeddings") == 0
+    run = tmp_path / "ens"
+    assert run_script(tiny_sick, run, "--tune-embeddings", "--ensemble",
+                      "2") == 0
+    summary = read_summary(run)
+    members = summary["members"]
+    assert [m["seed"] for m in members] == [42, 43]
+    assert len(summary["best_dev"]["epochs"]) == 2
+    for k in (1, 2):
+        assert (run / f"member{k}" / "best.params").is_file()
+    # The first member is the model of the run without --ensemble.
+    first = read_summary(single)
+    assert members[0]["best_dev"] == first["best_dev"]
+    assert members[0]["test"] == pytest.approx(first["test"], abs=1e-6)
+    assert "member 2 test" in capsys.readouterr().err
+    assert run_script(tiny_sick, tmp_path / "bad", "--ensemble", "2",
+                      "--resume", str(run / "member1" / "best.params")) == 2
+    assert run_script(tiny_sick, tmp_path / "bad", "--ensemble", "0") == 2
 
 
 def test_script_malformed_data_exits_2(tiny_sick, tmp_path, capsys):
