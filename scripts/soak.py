@@ -1,0 +1,181 @@
+"""Soak test: does memory stay bounded over thousands of batched training steps?
+
+Trains a small Child-Sum Tree-LSTM (the example's model, tiny sizes) on random
+dependency trees, a new random set of trees every batch, inside
+``gluon_dynbatch.batching()`` with autograd and a ``gluon.Trainer``.  The
+resident set size (``VmRSS`` of ``/proc/self/status``) is read after a
+warm-up and at the end; the growth between the two is compared with a bound
+(50 MB by default) and a one-line verdict is printed.  RSS over time goes to a
+small CSV file.  The exit status is 0 when the growth is within the bound.
+
+Run from the repository root::
+
+    .venv/bin/python scripts/soak.py                    # 5000 batches, imperative
+    .venv/bin/python scripts/soak.py --compiled step --batches 2000
+"""
+import argparse
+import csv
+import gc
+import os
+import random
+import sys
+import tempfile
+import time
+
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+from tqdm import tqdm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import gluon_dynbatch as gdb  # noqa: E402
+from examples.sick_data import attach_words, parse_parents, random_parents  # noqa: E402
+from examples.sick_model import ChildSumTreeLSTM  # noqa: E402
+
+COMPILED = {"off": False, "plan": True, "step": "step"}
+
+
+def rss_mb():
+    """Resident set size of this process in MB (VmRSS of /proc/self/status)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    raise RuntimeError("VmRSS not found in /proc/self/status (Linux only)")
+
+
+def settled_rss_mb():
+    """RSS once pending MXNet work is done and Python garbage is collected."""
+    nd.waitall()
+    gc.collect()
+    return rss_mb()
+
+
+def random_trees(rng, count, vocab, min_len, max_len):
+    """``count`` random dependency trees with random words."""
+    trees = []
+    for _ in range(count):
+        n = rng.randint(min_len, max_len)
+        tree = parse_parents(random_parents(n, rng))
+        trees.append(attach_words(tree, [rng.randrange(vocab) for _ in range(n)]))
+    return trees
+
+
+class SoakModel(gluon.Block):
+    """Tree encoder (a DynBatchBlock) and a linear read-out of the root state."""
+
+    def __init__(self, hidden, input_size, strategy, compiled, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.encoder = ChildSumTreeLSTM(hidden, input_size, strategy=strategy,
+                                            compiled=compiled)
+            self.head = gluon.nn.Dense(1, in_units=hidden)
+
+
+def train_step(model, trainer, trees, targets, emb):
+    """One batch: batched forward, L2 loss, backward, optimiser step."""
+    with autograd.record():
+        with gdb.batching():
+            states = [model.encoder(t, emb) for t in trees]
+        roots = nd.concat(*[h for h, _ in states], dim=0)
+        loss = ((model.head(roots) - targets) ** 2).mean()
+    loss.backward()
+    trainer.step(1)
+    return loss
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Train a tiny Tree-LSTM on random trees for many batches and check "
+                    "that resident memory stays bounded.")
+    parser.add_argument("--batches", type=int, default=5000,
+                        help="batches to run, warm-up included (default 5000)")
+    parser.add_argument("--warmup", type=int, default=200,
+                        help="batches before the baseline RSS is taken (default 200)")
+    parser.add_argument("--batch-size", type=int, default=8, help="trees per batch (default 8)")
+    parser.add_argument("--min-len", type=int, default=2, help="fewest tree nodes (default 2)")
+    parser.add_argument("--max-len", type=int, default=12, help="most tree nodes (default 12)")
+    parser.add_argument("--hidden", type=int, default=8, help="Tree-LSTM memory size (default 8)")
+    parser.add_argument("--input-size", type=int, default=8,
+                        help="embedding width (default 8)")
+    parser.add_argument("--vocab", type=int, default=100, help="vocabulary size (default 100)")
+    parser.add_argument("--strategy", default="agenda",
+                        choices=[s for s in gdb.STRATEGIES if s != "reference"],
+                        help="batching strategy (default agenda)")
+    parser.add_argument("--compiled", default="off", choices=sorted(COMPILED),
+                        help="off: imperative; plan: one CachedOp per plan (LRU plan "
+                             "cache); step: one CachedOp per step (default off)")
+    parser.add_argument("--bound-mb", type=float, default=50.0,
+                        help="largest acceptable RSS growth after warm-up (default 50)")
+    parser.add_argument("--sample-every", type=int, default=50,
+                        help="batches between RSS samples in the CSV (default 50)")
+    parser.add_argument("--csv", default=os.path.join(tempfile.gettempdir(),
+                                                      "gluon_dynbatch_soak_rss.csv"),
+                        help="where to write batch,seconds,rss_mb (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if args.batches < 1 or not 0 <= args.warmup < args.batches:
+        parser.error("need --batches >= 1 and 0 <= --warmup < --batches")
+    if not 1 <= args.min_len <= args.max_len:
+        parser.error("need 1 <= --min-len <= --max-len")
+    if args.sample_every < 1:
+        parser.error("--sample-every must be at least 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rng = random.Random(args.seed)
+    mx.random.seed(args.seed)
+    model = SoakModel(args.hidden, args.input_size, args.strategy, COMPILED[args.compiled])
+    model.initialize(mx.init.Xavier())
+    trainer = gluon.Trainer(model.collect_params(), "adagrad", {"learning_rate": 0.05})
+    emb = nd.random.uniform(-0.5, 0.5, shape=(args.vocab, args.input_size))
+
+    rows = [(0, 0.0, rss_mb())]
+    baseline = None
+    start = time.perf_counter()
+    loss = None
+    bar = tqdm(range(1, args.batches + 1), disable=args.no_progress, unit="batch",
+               desc="soak %s/%s" % (args.strategy, args.compiled))
+    for batch in bar:
+        trees = random_trees(rng, args.batch_size, args.vocab, args.min_len, args.max_len)
+        targets = nd.array([[rng.uniform(-1, 1)] for _ in trees])
+        loss = train_step(model, trainer, trees, targets, emb)
+        if batch == args.warmup or (args.warmup == 0 and batch == 1):
+            baseline = settled_rss_mb()
+            rows.append((batch, time.perf_counter() - start, baseline))
+        elif batch % args.sample_every == 0:
+            rows.append((batch, time.perf_counter() - start, rss_mb()))
+            bar.set_postfix(rss_mb="%.1f" % rows[-1][2], loss="%.4f" % loss.asscalar())
+    final = settled_rss_mb()
+    elapsed = time.perf_counter() - start
+    rows.append((args.batches, elapsed, final))
+
+    with open(args.csv, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["batch", "seconds", "rss_mb"])
+        for batch, seconds, rss in rows:
+            writer.writerow([batch, "%.2f" % seconds, "%.1f" % rss])
+
+    growth = final - baseline
+    cache = model.encoder.plan_cache
+    print("%d batches of %d trees (%s, compiled=%s) in %.0f s (%.1f ms/batch); final loss %.4f"
+          % (args.batches, args.batch_size, args.strategy, args.compiled, elapsed,
+             1000.0 * elapsed / args.batches, loss.asscalar()))
+    if args.compiled != "off":
+        print("plan cache: %d entries (max %d), %d hits, %d misses, %d evictions"
+              % (len(cache), cache.max_plans, cache.hits, cache.misses, cache.evictions))
+    print("RSS: %.1f MB at start, %.1f MB after %d warm-up batches, %.1f MB at the end; "
+          "CSV: %s" % (rows[0][2], baseline, max(args.warmup, 1), final, args.csv))
+    verdict = "PASS" if growth <= args.bound_mb else "FAIL"
+    print("%s: RSS grew %+.1f MB over %d batches after warm-up (bound %.0f MB)"
+          % (verdict, growth, args.batches - max(args.warmup, 1), args.bound_mb))
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
