@@ -6,13 +6,17 @@ where enters as index arrays fed as data (``take``), and ragged axis-0 sums
 as padded index arrays, so one compiled graph serves every sample set
 whose plan has the same shape.  Compiled graphs live in a ``PlanCache``.
 """
+import contextlib
 import time
 
 import mxnet as mx
 import numpy as np
+from mxnet import autograd
 
 from .execute import Executor, SegmentWalker, merge_segments, run_indices, shared_inputs
-from .signatures import call_as_recorded
+from .signatures import NO_GRADIENT, call_as_recorded
+
+_NO_CHANGE = contextlib.nullcontext()
 
 
 class Compiler(SegmentWalker):
@@ -254,11 +258,12 @@ def run_interpreted(plan, live, ctx):
         return mx.nd.take(table, feeds[desc[2]], axis=0)
 
     for kind, node0, ins, outs, count in walker.steps:
-        inputs = [gather(d) for d in ins]
-        if kind == "alone" or count == 1:
-            results = call_as_recorded(mx.nd, node0, inputs[:len(node0.inputs)])
-        else:
-            results = node0.rule.batched_call(mx.nd, node0, inputs)
+        with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
+            inputs = [gather(d) for d in ins]
+            if kind == "alone" or count == 1:
+                results = call_as_recorded(mx.nd, node0, inputs[:len(node0.inputs)])
+            else:
+                results = node0.rule.batched_call(mx.nd, node0, inputs)
         for sid, array in zip(outs, results):
             values[sid] = array
     walker.deliver([gather(desc) for desc, _ in walker.outputs])

@@ -120,6 +120,7 @@ class Graph:
         self.flush_fn = flush_fn
         self.error = None          # set when the scope failed
         self.leaf_by_id = {}       # id(NDArray) or id(Parameter) -> leaf Node
+        self.mode = None           # autograd's (recording, training) of its calls
 
     def add(self, node):
         self.nodes.append(node)

@@ -38,6 +38,35 @@ def _set_current(recorder):
 
 lazy_mod.active_recorder = current
 
+# -- autograd's modes ------------------------------------------------------------------
+# A batch runs later than it is recorded, so it must run under the autograd
+# modes (recording, training) its calls were recorded under.  Reading them
+# costs a ctypes call each; instead every change through mxnet.autograd bumps
+# a counter, and a recorder re-reads the modes only when the counter moved.
+_MODE_CHANGES = [0]
+_SET_RECORDING, _SET_TRAINING = autograd.set_recording, autograd.set_training
+
+
+def _counting_set_recording(is_recording):
+    _MODE_CHANGES[0] += 1
+    return _SET_RECORDING(is_recording)
+
+
+def _counting_set_training(train_mode):
+    _MODE_CHANGES[0] += 1
+    return _SET_TRAINING(train_mode)
+
+
+_counting_set_recording.__doc__ = _SET_RECORDING.__doc__
+_counting_set_training.__doc__ = _SET_TRAINING.__doc__
+autograd.set_recording = _counting_set_recording
+autograd.set_training = _counting_set_training
+
+
+def autograd_mode():
+    """(is_recording, is_training) of this thread, read from MXNet."""
+    return (autograd.is_recording(), autograd.is_training())
+
 
 class OpDef:
     """An MXNet operator reachable as ``mx.nd.<path>`` and ``mx.sym.<path>``."""
@@ -175,6 +204,26 @@ class Recorder:
         self.owner = None           # the first top-level DynBatchBlock called
         self.last_stateful = None   # last stateful node recorded (see _STATEFUL)
         self._versions = {}         # id(block) -> parameter identity, per scope
+        self._store = _thread_store()
+        self._mode_seen = None      # _MODE_CHANGES[0] when self.mode was read
+        self.mode = None            # (is_recording, is_training) of new calls
+
+    def sync_mode(self):
+        """Re-read autograd's modes if they may have changed; return them.
+
+        Calls recorded under other modes than the pending ones cannot run in
+        the same batch: the pending calls run first (a flush).
+        """
+        if self._mode_seen == _MODE_CHANGES[0]:
+            return self.mode
+        self._mode_seen = _MODE_CHANGES[0]
+        mode = autograd_mode()
+        if mode != self.mode:
+            self.mode = mode
+            pending = self.graph.mode
+            if pending is not None and pending != mode:
+                self._flush()
+        return mode
 
     def close(self):
         """Drop references back to the scope (closures of F refer to the recorder)."""
@@ -296,21 +345,26 @@ class Recorder:
                 hash(key)
             except TypeError:
                 key = None
-        out = _CONSTANTS.get(key) if key is not None else None
+        store = self._store
+        out = store.constants.get(key) if key is not None else None
         if out is None:
             with ctx:
                 out = fn(*args, **kwargs)
-            if key is not None and len(_CONSTANTS) < 1024:
-                _CONSTANTS[key] = out
+            if key is not None and len(store.constants) < 1024:
+                store.constants[key] = out
                 for array in (out if isinstance(out, (list, tuple)) else [out]):
-                    _CONSTANT_IDS[id(array)] = array
+                    store.constant_ids[id(array)] = array
         if isinstance(out, (list, tuple)):
             return [self.leaf(o) for o in out]
         return self.leaf(out)
 
     def add_node(self, op, inputs, targs, tkw):
         """Create, infer and sign one op node; return its LazyArray output(s)."""
+        if self._mode_seen != _MODE_CHANGES[0]:
+            self.sync_mode()
         graph = self.graph
+        if graph.mode is None:
+            graph.mode = self.mode
         in_shapes = tuple([src.out_shapes[i] for src, i in inputs])
         in_dtypes = tuple([src.out_dtypes[i] for src, i in inputs])
         try:
@@ -371,7 +425,7 @@ class Recorder:
                 deps.add(src)
             elif kind == VIEW:
                 deps.update(src.deps)
-        if node.op.name in _STATEFUL and autograd.is_training():
+        if node.op.name in _STATEFUL and self.mode[1]:
             # Operators that update state (BatchNorm's running statistics) keep
             # their recording order: each waits for the previous one.
             previous = self.last_stateful
@@ -434,6 +488,7 @@ class Recorder:
     def trace_block(self, block, args):
         """Record a child HybridBlock call: replayed from a template when possible."""
         key = arg_values = None
+        self.sync_mode()
         if self.replay and not block._forward_pre_hooks and not block._forward_hooks:
             arrays, structure = replay.flatten_args(args)
             if structure is not None:
@@ -443,8 +498,9 @@ class Recorder:
                 version = self._versions.get(id(block))
                 if version is None:
                     version = self._versions[id(block)] = replay.block_version(block)
-                key = replay.call_key(block, structure, arrays, arg_values, version)
-                template = _TEMPLATES.get(key)
+                key = replay.call_key(block, structure, arrays, arg_values, version,
+                                      self.mode)
+                template = self._store.templates.get(key)
                 if template is replay.UNTEMPLATABLE:
                     key = None
                 elif template is not None:
@@ -457,10 +513,11 @@ class Recorder:
         graph, start = self.graph, len(self.graph.nodes)
         out = self._trace(block, args)
         if key is not None and self.graph is graph:
-            if len(_TEMPLATES) >= MAX_TEMPLATES:
-                _TEMPLATES.clear()          # rare: many distinct call shapes or blocks
-            _TEMPLATES[key] = replay.capture(graph, start, arg_values, out,
-                                             len(self.path) + 1, _CONSTANT_IDS)
+            templates = self._store.templates
+            if len(templates) >= MAX_TEMPLATES:
+                templates.clear()           # rare: many distinct call shapes or blocks
+            templates[key] = replay.capture(graph, start, arg_values, out,
+                                            len(self.path) + 1, self._store.constant_ids)
         return out
 
     def _trace(self, block, args):
@@ -524,12 +581,30 @@ DEFAULT_MAX_PENDING = 500000
 # Creation operators whose result depends only on their arguments.
 _DETERMINISTIC = frozenset(["zeros", "ones", "full", "arange", "eye", "linspace",
                             "_zeros", "_ones", "_full", "_arange", "_eye", "_linspace"])
-_CONSTANTS = {}
-_CONSTANT_IDS = {}      # id -> array of the cached constants (kept alive by _CONSTANTS)
-
-# Templates of child-block calls by call shape (see replay.py), at most MAX_TEMPLATES.
-_TEMPLATES = {}
 MAX_TEMPLATES = 4096
+_STORES = threading.local()
+
+
+class _ThreadStore:
+    """Arrays a recorder reuses across scopes, kept per thread.
+
+    Cached constants (``F.zeros`` ...) become inputs of autograd's graph when
+    a batch runs; one NDArray recorded by two threads' autograd at once
+    corrupts MXNet's bookkeeping, so every thread has its own constants, and
+    its own replay templates (which refer to constants by array).
+    """
+
+    def __init__(self):
+        self.constants = {}       # (path, args, kwargs, ctx) -> array(s)
+        self.constant_ids = {}    # id -> array of those constants (kept alive above)
+        self.templates = {}       # call shape -> replay Template, at most MAX_TEMPLATES
+
+
+def _thread_store():
+    store = getattr(_STORES, "store", None)
+    if store is None:
+        store = _STORES.store = _ThreadStore()
+    return store
 
 
 def _first_line(err):

@@ -13,7 +13,7 @@ inputs and parameters, not on mutable attributes; ``batching(replay=False)``
 turns it off.  Calls that read anything else (values recorded outside the
 call, random constants) are never templated.
 """
-from mxnet import autograd, nd
+from mxnet import nd
 
 from .graph import LEAF, OP, Node
 from .lazy import LazyArray
@@ -115,6 +115,8 @@ def _map_out(where, obj):
 def replay(rec, template, arg_values, path):
     """Copy ``template`` into ``rec``'s graph; return the call's outputs."""
     graph = rec.graph
+    if graph.mode is None:
+        graph.mode = rec.mode
     made = []
     sample = rec.sample
     for op, args, kwargs, refs, info, suffix in template.entries:
@@ -160,7 +162,7 @@ def _build(rec, obj, arg_values, made):
     return lazy
 
 
-def call_key(block, structure, arrays, values, version):
+def call_key(block, structure, arrays, values, version, mode):
     """The call shape of a block call (hashable).
 
     Besides shapes and dtypes it holds the aliasing of the array arguments
@@ -171,6 +173,6 @@ def call_key(block, structure, arrays, values, version):
     aliasing = tuple(first.setdefault(v, k) for k, v in enumerate(values))
     return (id(block), version, structure, aliasing,
             tuple((a.shape, a.dtype) for a in arrays),
-            autograd.is_training(), autograd.is_recording())
+            mode)
 
 

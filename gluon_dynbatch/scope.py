@@ -1,8 +1,11 @@
 """The batching scope: records calls while open, plans and runs them at flush."""
+import contextlib
 import gc
 import logging
 import threading
 import time
+
+from mxnet import autograd
 
 from . import budget, record
 from .errors import BatchingError
@@ -155,7 +158,8 @@ class BatchingScope:
         live = graph.live_outputs()
         try:
             if live:
-                self._run(graph, live, stats)
+                with _autograd_modes(graph.mode):
+                    self._run(graph, live, stats)
         except Exception as err:
             graph.error = "%s: %s" % (type(err).__name__, err)
             if isinstance(err, BatchingError):
@@ -209,6 +213,21 @@ class BatchingScope:
 
 
 DEFAULT_CACHE = PlanCache(64)
+
+
+@contextlib.contextmanager
+def _autograd_modes(mode):
+    """Run under autograd's (recording, training) ``mode``; None keeps the current."""
+    if mode is None:
+        yield
+        return
+    was_recording = autograd.set_recording(mode[0])
+    was_training = autograd.set_training(mode[1])
+    try:
+        yield
+    finally:
+        autograd.set_recording(was_recording)
+        autograd.set_training(was_training)
 
 
 def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=False,

@@ -390,6 +390,18 @@ broadcast_plus broadcast_minus elemwise_add elemwise_sub elemwise_mul elemwise_d
 _plus _minus _mul _div _grad_add _Plus _Minus _Mul _Div _power _Power _maximum _minimum
 add_n ElementWiseSum where""".split()
 
+# Operators whose gradient is zero everywhere.  MXNet 1.9.1 crashes in backward
+# when one is recorded over ``take(concat(...))``, the imperative executor's
+# gather, so that executor runs them (and their gathers) unrecorded: their
+# gradient is zero either way.
+NO_GRADIENT = frozenset("""BlockGrad stop_gradient zeros_like ones_like floor ceil round
+rint trunc fix sign argmax argmin argsort one_hot _equal_scalar _not_equal_scalar
+_greater_scalar _greater_equal_scalar _lesser_scalar _lesser_equal_scalar
+_logical_and_scalar _logical_or_scalar _logical_xor_scalar logical_not broadcast_equal
+broadcast_not_equal broadcast_greater broadcast_greater_equal broadcast_lesser
+broadcast_lesser_equal broadcast_logical_and broadcast_logical_or broadcast_logical_xor
+_equal _not_equal _greater _greater_equal _lesser _lesser_equal""".split())
+
 register_rule(_UNARY + _NARY, RowRule(elementwise_roles))
 register_rule(["FullyConnected", "Embedding", "Convolution", "Deconvolution", "Pooling",
                "one_hot", "L2Normalization"], RowRule(first_row_roles))

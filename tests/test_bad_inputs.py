@@ -575,10 +575,6 @@ def test_batchnorm_running_statistics_match_eager(strategy, compiled):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the autograd state (recording, training) is "
-                   "the one at flush time, not at recording time: autograd.record() entered "
-                   "and left inside the scope runs the batch unrecorded and in inference "
-                   "mode (BatchNorm uses running statistics; backward fails)")
 @pytest.mark.parametrize("compiled", COMPILED)
 def test_autograd_record_entered_inside_the_scope_matches_eager(compiled):
     samples = [(0, 2), (1, 3), (3, 2)]
@@ -713,10 +709,6 @@ def _run_threads(kind, mode, steps):
     return json.loads(lines[-1])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: constants created by F.zeros/F.ones/... are "
-                   "cached process-wide (record._CONSTANTS) and so the same NDArray is "
-                   "recorded by several threads' autograd at once: MXNetError (AGInfo any "
-                   "container empty, unknown shapes) or a crash")
 @pytest.mark.parametrize("mode", ["False", "True", "step"])
 def test_four_threads_training_their_own_models_match_running_alone(mode):
     report = _run_threads("own", mode, steps=15)
