@@ -14,7 +14,7 @@ import numpy as np
 from mxnet import autograd
 
 from .execute import Executor, SegmentWalker, merge_segments, run_indices, shared_inputs
-from .signatures import NO_GRADIENT, call_as_recorded
+from .signatures import BROW, NO_GRADIENT, call_as_recorded
 
 _NO_CHANGE = contextlib.nullcontext()
 
@@ -39,6 +39,7 @@ class Compiler(SegmentWalker):
         self.index_parts = []     # (variable name, int32 numpy array)
         self.steps = []           # (kind, node0, nodes, input descriptions, output sources)
         self.outputs = []         # (group description, [(node, idx, lazy)])
+        self.step_outputs = {}    # (first node, j) -> (sid, nodes) of each step output
         self.key_parts = []
 
     # -- sources ------------------------------------------------------------------
@@ -98,6 +99,29 @@ class Compiler(SegmentWalker):
         self.index_parts.append((name, index))
         return ("take", tuple(sids), name)
 
+    def _whole_output(self, nodes, k, role):
+        """('direct', sid) when input ``k`` of ``nodes`` is exactly output j of one
+        earlier step, node for node in order, else None.
+
+        The common case (a chain of operators over the same nodes) is found
+        without building segment lists: comparing tuples of nodes runs in C.
+        """
+        src0, j = nodes[0].inputs[k]
+        found = self.step_outputs.get((src0, j))
+        if found is None:
+            return None
+        sid, producers = found
+        if len(producers) != len(nodes):
+            return None
+        values = [n.inputs[k] for n in nodes]
+        if tuple([v[0] for v in values]) != producers or any(v[1] != j for v in values):
+            return None
+        # A one-row BROW input repeated to more rows is not the producer's layout.
+        if role == BROW and any(n.out_shapes[0][0] > 1 and p.out_shapes[j][0] == 1
+                                for n, p in zip(nodes, producers)):
+            return None
+        return ("direct", sid)
+
     # -- walking the plan -----------------------------------------------------------
     def walk(self, plan, live):
         """Describe every step and the delivery of the ``live`` outputs."""
@@ -121,7 +145,8 @@ class Compiler(SegmentWalker):
                 if shared[k]:
                     ins.append(self._gather_desc(self.segments(*node0.inputs[k])))
                 else:
-                    ins.append(self._gather_desc(self.input_segments(nodes, k, role)))
+                    ins.append(self._whole_output(nodes, k, role) or self._gather_desc(
+                        self.input_segments(nodes, k, role)))
             if kind == "segment":
                 dtype = node0.out_dtypes[0]
                 for k, array in enumerate(node0.rule.segment_arrays(nodes, dtype)):
@@ -142,6 +167,7 @@ class Compiler(SegmentWalker):
         for j, shape in enumerate(node0.out_shapes):
             rows = sum(n.out_shapes[j][0] for n in nodes)
             outs.append(self._new_source(("step", len(self.steps), j), rows, family + (j,)))
+            self.step_outputs[(node0, j)] = (outs[-1], nodes)
         self.assign(nodes, outs)
         self.steps.append((kind, node0, ins, outs, len(nodes)))
         self.key_parts.append(key)

@@ -30,9 +30,11 @@ class Node:
     rule : Rule or None
         How the node batches (see ``signatures.py``).
     deps : tuple of Node
-        Op nodes this one waits for (through views).
+        Extra op nodes this one waits for besides its inputs (ordering of
+        stateful operators); ``op_deps`` gives all of them.
     depth : int
-        1 + the largest depth among ``deps`` (0 for leaves; views take the max).
+        1 + the largest depth among the inputs (0 for leaves; views take the
+        max of their inputs).
     sample, path : int, tuple
         Which top-level call recorded it and where, for error messages.
     """
@@ -177,8 +179,30 @@ class Graph:
                 assert not node.inputs and (node.value is not None or node.param is not None)
             else:
                 assert node.op is not None and node.out_shapes
+                deps = op_deps(node)
+                assert all(d.kind == OP for d in deps)
+                want = max((d.depth for d in deps), default=0)
                 if node.kind == OP:
                     assert node.sig is not None, "op node without signature"
-                    assert all(d.kind == OP for d in node.deps)
-                    want = 1 + max((d.depth for d in node.deps), default=0)
-                    assert node.depth == want, "depth of %r" % node
+                    want += 1
+                assert node.depth == want, "depth of %r" % node
+
+
+def op_deps(node, memo=None):
+    """The op nodes ``node`` waits for: op inputs, through views, and ``node.deps``.
+
+    ``memo`` (a dict) caches the answers for views across calls.
+    """
+    deps = set(node.deps)
+    for src, _ in node.inputs:
+        kind = src.kind
+        if kind == OP:
+            deps.add(src)
+        elif kind == VIEW:
+            found = memo.get(src) if memo is not None else None
+            if found is None:
+                found = op_deps(src, memo)
+                if memo is not None:
+                    memo[src] = found
+            deps.update(found)
+    return deps

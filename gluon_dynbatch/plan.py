@@ -17,7 +17,7 @@ Strategies (``strategy=`` of ``DynBatchBlock`` or ``batching``):
 from dataclasses import dataclass, field
 from typing import Tuple
 
-from .graph import OP
+from .graph import OP, op_deps
 
 STRATEGIES = ("depth", "agenda", "unbatched", "reference")
 
@@ -92,13 +92,15 @@ def _agenda_plan(ops):
     consumers = {}
     depth_sum, count = {}, {}
     ready = {}
+    memo = {}
     for node in ops:
-        waiting[node] = len(node.deps)
-        for dep in node.deps:
+        deps = op_deps(node, memo)
+        waiting[node] = len(deps)
+        for dep in deps:
             consumers.setdefault(dep, []).append(node)
         depth_sum[node.sig] = depth_sum.get(node.sig, 0) + node.depth
         count[node.sig] = count.get(node.sig, 0) + 1
-        if not node.deps:
+        if not deps:
             ready.setdefault(node.sig, []).append(node)
     mean_depth = {sig: depth_sum[sig] / count[sig] for sig in count}
     plan = Plan()

@@ -417,26 +417,26 @@ class Recorder:
         return CallInfo(node, key, cacheable=not deferred and op.name not in _MODAL)
 
     def _place(self, node, info):
-        """Kind, signature, dependencies and depth of a new node."""
-        deps = set()
+        """Kind, signature and depth of a new node.
+
+        Depth is 1 + the largest depth among the inputs (views pass their
+        inputs' depth on; leaves have 0).  Which op nodes a node waits for is
+        derived when a planner needs it (``graph.op_deps``); only extra
+        ordering constraints are stored in ``node.deps``.
+        """
+        depth = 0
         for src, _ in node.inputs:
-            kind = src.kind
-            if kind == OP:
-                deps.add(src)
-            elif kind == VIEW:
-                deps.update(src.deps)
-        if node.op.name in _STATEFUL and self.mode[1]:
+            if src.depth > depth:
+                depth = src.depth
+        if info.stateful and self.mode[1]:
             # Operators that update state (BatchNorm's running statistics) keep
             # their recording order: each waits for the previous one.
             previous = self.last_stateful
             if previous is not None and previous.graph is node.graph:
-                deps.add(previous)
+                node.deps = (previous,)
+                if previous.depth > depth:
+                    depth = previous.depth
             self.last_stateful = node
-        node.deps = tuple(deps)
-        depth = 0
-        for dep in node.deps:
-            if dep.depth > depth:
-                depth = dep.depth
         if info.kind == VIEW:
             node.kind = VIEW
             node.depth = depth
@@ -549,10 +549,11 @@ class CallInfo:
     """
 
     __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
-                 "shared_pos", "cacheable")
+                 "shared_pos", "cacheable", "stateful")
 
     def __init__(self, node, key, cacheable):
         rule = node.rule
+        self.stateful = node.op.name in _STATEFUL
         self.out_shapes, self.out_dtypes = node.out_shapes, node.out_dtypes
         self.attrs, self.meta, self.cacheable = node.attrs, node.meta, cacheable
         self.kind = VIEW if (rule.kind == "view" and key is not None) else OP

@@ -51,15 +51,32 @@ class Template:
 
     ``entries`` hold ``(op, args, kwargs, refs, info, path)``; a ref is
     ``("a", k)`` the k-th array argument, ``("n", j, idx)`` output ``idx`` of
-    entry ``j``, ``("p", parameter)`` or ``("c", array)`` a constant.
+    entry ``j`` or ``("x", k)`` the k-th of ``external``, which are
+    ``("p", parameter)`` or ``("c", array)`` (a constant).
     ``outputs`` mirrors the returned structure with refs in place of arrays.
     """
 
-    __slots__ = ("entries", "outputs")
+    __slots__ = ("entries", "outputs", "external")
 
     def __init__(self, entries, outputs):
-        self.entries = entries
         self.outputs = outputs
+        # The parameters and constants the entries read, each listed once;
+        # entries refer to them as ("x", position in ``external``).
+        positions, external = {}, []
+        rewritten = []
+        for op, args, kwargs, refs, info, path in entries:
+            new_refs = []
+            for ref in refs:
+                if ref[0] in ("p", "c"):
+                    k = positions.get(id(ref[1]))
+                    if k is None:
+                        k = positions[id(ref[1])] = len(external)
+                        external.append(ref)
+                    ref = ("x", k)
+                new_refs.append(ref)
+            rewritten.append((op, args, kwargs, tuple(new_refs), info, path))
+        self.entries = tuple(rewritten)
+        self.external = tuple(external)
 
 
 UNTEMPLATABLE = object()
@@ -113,12 +130,23 @@ def _map_out(where, obj):
 
 
 def replay(rec, template, arg_values, path):
-    """Copy ``template`` into ``rec``'s graph; return the call's outputs."""
+    """Copy ``template`` into ``rec``'s graph; return the call's outputs.
+
+    This runs once per child-block call of every sample, so it is written for
+    speed: parameters and constants are resolved once per call, and nodes are
+    filled in place rather than through ``Node.__init__`` and setters.
+    """
     graph = rec.graph
     if graph.mode is None:
         graph.mode = rec.mode
+    external = []
+    for kind, value in template.external:
+        lazy = rec.param(value) if kind == "p" else rec.leaf(value)
+        external.append((lazy.__dict__["_node"], 0))
     made = []
     sample = rec.sample
+    nodes = graph.nodes
+    place = rec._place  # pylint: disable=protected-access
     for op, args, kwargs, refs, info, suffix in template.entries:
         inputs = []
         for ref in refs:
@@ -127,17 +155,19 @@ def replay(rec, template, arg_values, path):
                 inputs.append((made[ref[1]], ref[2]))
             elif kind == "a":
                 inputs.append(arg_values[ref[1]])
-            elif kind == "p":
-                inputs.append((rec.param(ref[1]).__dict__["_node"], 0))
             else:
-                inputs.append((rec.leaf(ref[1]).__dict__["_node"], 0))
+                inputs.append(external[ref[1]])
         node = Node(graph, OP, op, inputs, args, kwargs)
         node.sample = sample
         node.path = path + suffix
-        node.out_shapes, node.out_dtypes = info.out_shapes, info.out_dtypes
-        node.attrs, node.rule, node.meta, node.info = info.attrs, info.rule, info.meta, info
-        rec._place(node, info)  # pylint: disable=protected-access
-        graph.add(node)
+        node.out_shapes = info.out_shapes
+        node.out_dtypes = info.out_dtypes
+        node.attrs = info.attrs
+        node.rule = info.rule
+        node.meta = info.meta
+        node.info = info
+        place(node, info)
+        nodes.append(node)
         made.append(node)
     rec.num_recorded += len(made)
     return _build(rec, template.outputs, arg_values, made)
