@@ -77,7 +77,8 @@ class DynBatchBlock(gluon.HybridBlock):
                     rec.max_pending = self.max_pending_nodes
             args = rec.wrap_inputs(args)
         rec.depth += 1
-        rec.path.append(self.name)
+        outer_path = rec.path
+        rec.path = outer_path + (self.name,)
         try:
             params = {name: rec.param(p) for name, p in self._reg_params.items()}
             return self.hybrid_forward(rec.F, *args, **params)
@@ -90,7 +91,7 @@ class DynBatchBlock(gluon.HybridBlock):
             raise
         finally:
             rec.depth -= 1
-            rec.path.pop()
+            rec.path = outer_path
             if top:
                 rec.sample = None
 

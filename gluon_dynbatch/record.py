@@ -11,20 +11,23 @@ The recorder of the active scope (one per thread) is reached through
 Shapes and dtypes of outputs come from MXNet's symbolic inference, cached
 per (operator, attributes, input shapes, input dtypes).
 """
+import logging
 import threading
 
 import mxnet as mx
 import numpy as np
 from mxnet import autograd
+from mxnet.ndarray import NDArray
 
 from . import lazy as lazy_mod
 from . import replay
 from .errors import BatchingError, describe_call
-from .graph import LEAF, OP, VIEW, Graph, Node, Slot, slot
+from .graph import _SLOTS, LEAF, OP, VIEW, Graph, Node, Slot, slot
 from .lazy import LazyArray
 from .signatures import ALONE, rule_for
 
 _TLS = threading.local()
+log = logging.getLogger(__name__)
 
 
 def current():
@@ -196,7 +199,7 @@ class Recorder:
         self.sample = None          # index of the current top-level call
         self.num_samples = 0        # top-level calls in this scope (sample numbers)
         self.samples_flushed = 0    # of which counted by earlier flushes
-        self.path = []              # block names being traced, for messages
+        self.path = ()              # block names being traced, for messages
         self.depth = 0              # nesting of DynBatchBlock calls
         self.num_recorded = 0
         self.max_pending = DEFAULT_MAX_PENDING
@@ -300,28 +303,41 @@ class Recorder:
 
     # -- operator calls ---------------------------------------------------------
     def call_op(self, op, args, kwargs):
-        """Record ``op(*args, **kwargs)``; return its LazyArray output(s)."""
-        if len(self.graph.nodes) >= self.max_pending:
+        """Record ``op(*args, **kwargs)``; return its LazyArray output(s).
+
+        This runs for every operator call of every sample: values of the
+        current graph are looked up inline, without ``value_of``.
+        """
+        graph = self.graph
+        if len(graph.nodes) >= self.max_pending:
             # Bounded memory: run what is pending (every value still held is
             # computed), then record on into a fresh graph.
             self._flush()
+            graph = self.graph
         inputs = []
         targs = []
         for a in args:
-            if isinstance(a, mx.nd.NDArray):
-                targs.append(slot(len(inputs)))
+            if isinstance(a, NDArray):
+                targs.append(_SLOTS[len(inputs)] if len(inputs) < 64 else slot(len(inputs)))
+                if type(a) is LazyArray:
+                    d = a.__dict__
+                    node = d["_node"]
+                    if node is not None and node.graph is graph:
+                        inputs.append((node, d["_idx"]))
+                        continue
                 inputs.append(self.value_of(a))
             else:
                 targs.append(a)
         tkw = {}
-        for k, v in kwargs.items():
-            if k == "name":
-                continue
-            if isinstance(v, mx.nd.NDArray):
-                tkw[k] = slot(len(inputs))
-                inputs.append(self.value_of(v))
-            else:
-                tkw[k] = v
+        if kwargs:
+            for k, v in kwargs.items():
+                if k == "name":
+                    continue
+                if isinstance(v, NDArray):
+                    tkw[k] = slot(len(inputs))
+                    inputs.append(self.value_of(v))
+                else:
+                    tkw[k] = v
         if not inputs:
             return self.constant(op, args, kwargs)
         return self.add_node(op, inputs, tuple(targs), tkw)
@@ -368,13 +384,13 @@ class Recorder:
         in_shapes = tuple([src.out_shapes[i] for src, i in inputs])
         in_dtypes = tuple([src.out_dtypes[i] for src, i in inputs])
         try:
-            key = (op, tuple(targs), tuple(tkw.items()), in_shapes, in_dtypes)
+            key = (op, targs, tuple(tkw.items()) if tkw else (), in_shapes, in_dtypes)
             info = _CALLS.get(key)
         except TypeError:          # an unhashable constant argument: no memo
             key = info = None
-        node = Node(graph, OP, op, inputs, tuple(targs), tkw)
+        node = Node(graph, OP, op, inputs, targs, tkw)
         node.sample = self.sample
-        node.path = tuple(self.path)
+        node.path = self.path
         if info is None:
             info = self._analyse(node, in_shapes, in_dtypes)
             if key is not None and info.cacheable:
@@ -436,6 +452,7 @@ class Recorder:
                 node.deps = (previous,)
                 if previous.depth > depth:
                     depth = previous.depth
+                _warn_running_statistics(node)
             self.last_stateful = node
         if info.kind == VIEW:
             node.kind = VIEW
@@ -509,7 +526,7 @@ class Recorder:
                         self._flush()
                         arg_values = [self.value_of(a) for a in arrays]
                     return replay.replay(self, template, arg_values,
-                                         tuple(self.path) + (block.name,))
+                                         self.path + (block.name,))
         graph, start = self.graph, len(self.graph.nodes)
         out = self._trace(block, args)
         if key is not None and self.graph is graph:
@@ -522,7 +539,8 @@ class Recorder:
 
     def _trace(self, block, args):
         """Run a child HybridBlock's hybrid_forward with recording F."""
-        self.path.append(block.name)
+        outer_path = self.path
+        self.path = outer_path + (block.name,)
         try:
             for hook in block._forward_pre_hooks.values():
                 hook(block, args)
@@ -532,7 +550,7 @@ class Recorder:
                 hook(block, args, out)
             return out
         finally:
-            self.path.pop()
+            self.path = outer_path
 
 
 # Operators whose batching rule depends on autograd's training mode.
@@ -606,6 +624,23 @@ def _thread_store():
     if store is None:
         store = _STORES.store = _ThreadStore()
     return store
+
+
+_WARNED = set()
+
+
+def _warn_running_statistics(node):
+    """Say once per operator that running statistics may differ from eager."""
+    if node.op.name in _WARNED:
+        return
+    _WARNED.add(node.op.name)
+    log.warning(
+        "%s in training mode runs one sample at a time (its statistics are per "
+        "sample), so outputs and gradients are exact; but MXNet updates its running "
+        "mean and variance during backward, in the order backward visits the calls, "
+        "which batching can change: the running statistics may differ slightly from "
+        "one-sample-at-a-time execution. strategy='unbatched' keeps eager's order.",
+        node.op.name)
 
 
 def _first_line(err):

@@ -559,10 +559,30 @@ def test_batchnorm_in_training_matches_eager(strategy, compiled):
         assert max(sizes) > 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: BatchNorm's running statistics are "
-                   "updated (in backward) in the reverse order of the plan's steps; when "
-                   "samples reach BatchNorm at different depths the plan reorders them, and "
-                   "the momentum updates give other running mean/var than eager")
+def test_batchnorm_in_training_warns_once_about_running_statistics(caplog, monkeypatch):
+    from gluon_dynbatch import record
+    monkeypatch.setattr(record, "_WARNED", set())
+    samples = [(0, 2), (1, 3), (2, 2)]
+    x = table(4)
+    model = _normed()
+    with caplog.at_level("WARNING", logger="gluon_dynbatch.record"):
+        run_model(model, samples, [x], "depth")
+        run_model(model, samples, [x], "depth")
+    warnings = [r for r in caplog.records if "running mean and variance" in r.getMessage()]
+    assert len(warnings) == 1 and "BatchNorm" in warnings[0].getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gluon_dynbatch.record"):
+        with gdb.batching():
+            outs = [model(s, x) for s in samples]    # inference: running statistics unused
+        assert all(o.shape[1] == 4 for o in outs)
+    assert not caplog.records
+
+
+@pytest.mark.xfail(strict=True, reason="KNOWN LIMITATION (warned at recording): MXNet "
+                   "updates BatchNorm's running statistics in backward, in the order backward "
+                   "visits the calls; when samples reach BatchNorm at different depths the "
+                   "batched graph changes that order and the momentum updates give other "
+                   "running mean/var than eager (outputs and gradients are exact)")
 @pytest.mark.parametrize("strategy", ["depth", "agenda"])
 @pytest.mark.parametrize("compiled", COMPILED)
 def test_batchnorm_running_statistics_match_eager(strategy, compiled):
