@@ -29,6 +29,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 import gluon_dynbatch as gdb
+from examples.sst_model import load_named_weights
 
 logger = logging.getLogger(__name__)
 
@@ -333,12 +334,7 @@ def set_weights(model, weights):
     ValueError
         If a shape differs.
     """
-    for name, param in _params_by_name(model).items():
-        value = np.asarray(weights[name], dtype=np.float32)
-        if value.shape != param.shape:
-            raise ValueError("weight %s has shape %s, model expects %s"
-                             % (name, value.shape, param.shape))
-        param.set_data(mx.nd.array(value))
+    load_named_weights(_params_by_name(model), weights)
 
 
 def dynet_weights(weights):

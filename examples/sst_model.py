@@ -351,7 +351,20 @@ def set_weights(model, weights):
     ValueError
         If a shape differs.
     """
-    for name, param in _params_by_name(model).items():
+    load_named_weights(_params_by_name(model), weights)
+
+
+def load_named_weights(params, weights):
+    """Set each Parameter of ``params`` (name -> Parameter) from ``weights``.
+
+    Raises
+    ------
+    KeyError
+        If a weight is missing.
+    ValueError
+        If a shape differs.
+    """
+    for name, param in params.items():
         value = np.asarray(weights[name], dtype=np.float32)
         if value.shape != param.shape:
             raise ValueError("weight %s has shape %s, model expects %s"

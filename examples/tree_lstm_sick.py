@@ -31,6 +31,7 @@ from scipy import stats  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from examples import sick_data  # noqa: E402
+from examples.progress_logging import setup_logging  # noqa: E402
 from examples.sick_data import SickDataError  # noqa: E402
 from examples.sick_model import (SimilarityModel, batch_targets,  # noqa: E402
                                  make_loss)
@@ -64,17 +65,6 @@ exactly this layout:
 
 then pass --data-dir DATA_DIR (default: ../shared/data/sick from the
 repository root, else ./data/sick)."""
-
-
-class TqdmHandler(logging.Handler):
-    """Logging handler writing through tqdm so progress bars stay intact."""
-
-    def emit(self, record):
-        """Write one formatted record."""
-        try:
-            tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:  # pragma: no cover - logging must never raise
-            self.handleError(record)
 
 
 def build_parser():
@@ -187,18 +177,6 @@ def parse_args(argv=None):
         parser.set_defaults(**FULL_PRESET)
         args = parser.parse_args(argv)
     return args
-
-
-def setup_logging(verbose):
-    """Route log records through tqdm at INFO (or DEBUG) level."""
-    handler = TqdmHandler()
-    handler.setFormatter(logging.Formatter(
-        "%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-    root = logging.getLogger()
-    for old in [h for h in root.handlers if isinstance(h, TqdmHandler)]:
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def seed_everything(seed):
@@ -829,7 +807,7 @@ def main(argv=None):
         0 on success, 2 on bad data, a missing file or bad arguments.
     """
     args = parse_args(argv)
-    setup_logging(args.verbose)
+    setup_logging(args.verbose, "%(asctime)s %(levelname)s %(message)s")
     for name in ("epochs", "batch_size", "compare", "log_interval",
                  "ensemble"):
         if getattr(args, name) < (1 if name in ("batch_size", "ensemble")

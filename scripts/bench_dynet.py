@@ -65,6 +65,8 @@ for _path in (ROOT, ROOT / "scripts"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from examples.progress_logging import setup_logging  # noqa: E402
+
 LOG = logging.getLogger("bench_dynet")
 
 WORKLOADS = ("treelstm", "tagger", "sick", "batchsize")
@@ -94,29 +96,6 @@ DYNET_SKIP = "skipped: dynet38 not installed (pip install dynet38)"
 # --------------------------------------------------------------------------
 # Helpers shared by every process (no mxnet, no dynet)
 # --------------------------------------------------------------------------
-
-class TqdmHandler(logging.Handler):
-    """Logging handler that writes through tqdm, keeping bars intact."""
-
-    def emit(self, record):
-        """Write one formatted record to stderr."""
-        try:
-            tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:  # pragma: no cover - logging must never raise
-            self.handleError(record)
-
-
-def setup_logging(verbose, prefix=""):
-    """Send log records through tqdm at INFO (DEBUG when ``verbose``)."""
-    handler = TqdmHandler()
-    handler.setFormatter(logging.Formatter(
-        "%(asctime)s " + prefix + "%(message)s", "%H:%M:%S"))
-    root = logging.getLogger()
-    for old in [h for h in root.handlers if isinstance(h, TqdmHandler)]:
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-
 
 def parse_config(text):
     """Turn ``"strategy:mode"`` into arguments of ``gdb.batching``.
@@ -1680,7 +1659,7 @@ def worker_main(args):
     """Entry point of a worker process."""
     with open(args.job) as handle:
         job = json.load(handle)
-    setup_logging(args.verbose, prefix="[%s] " % args.worker)
+    setup_logging(args.verbose, "%(asctime)s [" + args.worker + "] %(message)s")
     if args.worker == "gluon":
         result = gluon_worker(job)
     else:

@@ -44,6 +44,8 @@ for _path in (ROOT, ROOT / "scripts"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from examples.progress_logging import setup_logging  # noqa: E402
+
 LOG = logging.getLogger("benchmark")
 
 PAIRS_PER_BATCH = 25
@@ -84,17 +86,6 @@ strategy : str or None
 budget : float, str or None
     ``analysis_budget``; None = the library default.
 """
-
-
-class TqdmHandler(logging.Handler):
-    """Logging handler writing through tqdm so progress bars stay intact."""
-
-    def emit(self, record):
-        """Write one formatted record."""
-        try:
-            tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:  # pragma: no cover - logging must never raise
-            self.handleError(record)
 
 
 class GcTimer:
@@ -179,18 +170,6 @@ def build_parser():
         help="set MXNET_CPU_WORKER_NTHREADS before importing mxnet")
     add("--verbose", action="store_true", help="debug logging")
     return parser
-
-
-def setup_logging(verbose):
-    """Route log records through tqdm at INFO (or DEBUG) level."""
-    handler = TqdmHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s",
-                                           "%H:%M:%S"))
-    root = logging.getLogger()
-    for old in [h for h in root.handlers if isinstance(h, TqdmHandler)]:
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def set_threads(threads, engine_threads):
