@@ -54,6 +54,64 @@ def _iou(F, z, hidden):
     return i, o, u
 
 
+class LeafCell(gluon.HybridBlock):
+    """A pre-terminal's state and logits, given its word embedding.
+
+    The weights are arguments, not Parameters of this block (they belong to
+    :class:`BinaryTreeLSTM`).  As a child HybridBlock its calls are traced
+    once per shape by gluon_dynbatch and then replayed, which records much
+    faster than the same operators called one by one.
+    """
+
+    def __init__(self, hidden_size, num_classes, **kwargs):
+        super().__init__(**kwargs)
+        self._hidden_size = hidden_size
+        self._num_classes = num_classes
+
+    def hybrid_forward(self, F, x, iou_weight, iou_bias, out_weight):
+        """``(h, c, logits)`` of a pre-terminal with embedding ``x`` (1, E)."""
+        hidden = self._hidden_size
+        z = F.FullyConnected(x, iou_weight, iou_bias, num_hidden=3 * hidden)
+        i, o, u = _iou(F, z, hidden)
+        c = i * u
+        h = o * F.Activation(c, act_type="tanh")
+        logits = F.FullyConnected(h, out_weight, no_bias=True,
+                                  num_hidden=self._num_classes)
+        return h, c, logits
+
+
+class InternalCell(gluon.HybridBlock):
+    """An internal node's state and logits, given its two children's states.
+
+    Like :class:`LeafCell`, the weights are arguments.
+    """
+
+    def __init__(self, hidden_size, num_classes, **kwargs):
+        super().__init__(**kwargs)
+        self._hidden_size = hidden_size
+        self._num_classes = num_classes
+
+    def hybrid_forward(self, F, h1, c1, h2, c2, iou_weight, iou_bias,
+                       forget_left_weight, forget_right_weight, forget_bias,
+                       out_weight):
+        """``(h, c, logits)`` from children ``(h1, c1)`` and ``(h2, c2)``."""
+        hidden = self._hidden_size
+        z = F.FullyConnected(F.concat(h1, h2, dim=1), iou_weight, iou_bias,
+                             num_hidden=3 * hidden)
+        i, o, u = _iou(F, z, hidden)
+        f1 = F.Activation(F.FullyConnected(h1, forget_left_weight, forget_bias,
+                                           num_hidden=hidden),
+                          act_type="sigmoid")
+        f2 = F.Activation(F.FullyConnected(h2, forget_right_weight, forget_bias,
+                                           num_hidden=hidden),
+                          act_type="sigmoid")
+        c = i * u + f1 * c1 + f2 * c2
+        h = o * F.Activation(c, act_type="tanh")
+        logits = F.FullyConnected(h, out_weight, no_bias=True,
+                                  num_hidden=self._num_classes)
+        return h, c, logits
+
+
 class BinaryTreeLSTM(gdb.DynBatchBlock):
     """Binary Tree-LSTM over one SST tree, with per-node sentiment logits.
 
@@ -96,6 +154,8 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
                 "forget_bias", shape=(hidden_size,), init="zeros")
             self.out_weight = self.params.get(
                 "out_weight", shape=(num_classes, hidden_size))
+            self.leaf_cell = LeafCell(hidden_size, num_classes)
+            self.internal_cell = InternalCell(hidden_size, num_classes)
 
     def hybrid_forward(self, F, tree, embeddings, **params):
         """Run the cell over ``tree``.
@@ -121,48 +181,21 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
         """
         if tree.is_preterminal:
             x = embeddings[tree.word_id:tree.word_id + 1]
-            h, c = self._leaf(F, x, params)
-            logits = []
-        else:
-            h, c, logits = self._internal(F, tree, embeddings, params)
-        own = F.FullyConnected(h, params["out_weight"], no_bias=True,
-                               num_hidden=self._num_classes)
-        logits.append(own)
-        return h, c, logits
-
-    def _leaf(self, F, x, params):
-        """State (h, c) of a pre-terminal with word embedding ``x``."""
-        z = F.FullyConnected(x, params["leaf_iou_weight"],
-                             params["leaf_iou_bias"],
-                             num_hidden=3 * self._hidden_size)
-        i, o, u = _iou(F, z, self._hidden_size)
-        c = i * u
-        h = o * F.Activation(c, act_type="tanh")
-        return h, c
-
-    def _internal(self, F, tree, embeddings, params):
-        """State (h, c) and collected logits of an internal binary node."""
+            h, c, own = self.leaf_cell(x, params["leaf_iou_weight"],
+                                       params["leaf_iou_bias"],
+                                       params["out_weight"])
+            return h, c, [own]
         if len(tree.children) != 2:
             raise ValueError("BinaryTreeLSTM needs binary trees, got a node "
                              "with %d children" % len(tree.children))
         left, right = tree.children
         h1, c1, logits1 = self(left, embeddings)
         h2, c2, logits2 = self(right, embeddings)
-        hidden = self._hidden_size
-        z = F.FullyConnected(F.concat(h1, h2, dim=1), params["iou_weight"],
-                             params["iou_bias"], num_hidden=3 * hidden)
-        i, o, u = _iou(F, z, hidden)
-        f1 = F.Activation(F.FullyConnected(h1, params["forget_left_weight"],
-                                           params["forget_bias"],
-                                           num_hidden=hidden),
-                          act_type="sigmoid")
-        f2 = F.Activation(F.FullyConnected(h2, params["forget_right_weight"],
-                                           params["forget_bias"],
-                                           num_hidden=hidden),
-                          act_type="sigmoid")
-        c = i * u + f1 * c1 + f2 * c2
-        h = o * F.Activation(c, act_type="tanh")
-        return h, c, list(logits1) + list(logits2)
+        h, c, own = self.internal_cell(
+            h1, c1, h2, c2, params["iou_weight"], params["iou_bias"],
+            params["forget_left_weight"], params["forget_right_weight"],
+            params["forget_bias"], params["out_weight"])
+        return h, c, list(logits1) + list(logits2) + [own]
 
 
 class SSTSentimentModel(gluon.Block):

@@ -515,7 +515,7 @@ class Recorder:
                 version = self._versions.get(id(block))
                 if version is None:
                     version = self._versions[id(block)] = replay.block_version(block)
-                key = replay.call_key(block, structure, arrays, arg_values, version,
+                key = replay.call_key(block, structure, arg_values, version,
                                       self.mode)
                 template = self._store.templates.get(key)
                 if template is replay.UNTEMPLATABLE:

@@ -192,7 +192,7 @@ def _build(rec, obj, arg_values, made):
     return lazy
 
 
-def call_key(block, structure, arrays, values, version, mode):
+def call_key(block, structure, values, version, mode):
     """The call shape of a block call (hashable).
 
     Besides shapes and dtypes it holds the aliasing of the array arguments
@@ -200,9 +200,10 @@ def call_key(block, structure, arrays, values, version, mode):
     arguments were one value must not serve calls where they differ.
     """
     first = {}
-    aliasing = tuple(first.setdefault(v, k) for k, v in enumerate(values))
+    aliasing = tuple([first.setdefault(v, k) for k, v in enumerate(values)])
+    # Shapes and dtypes from the recorded values (cheaper than LazyArray.shape).
     return (id(block), version, structure, aliasing,
-            tuple((a.shape, a.dtype) for a in arrays),
+            tuple([(src.out_shapes[i], src.out_dtypes[i]) for src, i in values]),
             mode)
 
 
