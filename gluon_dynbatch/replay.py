@@ -133,8 +133,7 @@ def replay(rec, template, arg_values, path):
     """Copy ``template`` into ``rec``'s graph; return the call's outputs.
 
     This runs once per child-block call of every sample, so it is written for
-    speed: parameters and constants are resolved once per call, and nodes are
-    filled in place rather than through ``Node.__init__`` and setters.
+    speed: parameters and constants are resolved once per call, not per node.
     """
     graph = rec.graph
     if graph.mode is None:
