@@ -516,7 +516,7 @@ class Recorder:
                 if version is None:
                     version = self._versions[id(block)] = replay.block_version(block)
                 key = replay.call_key(block, structure, arg_values, version,
-                                      self.mode)
+                                      self.mode) + (self._fuse(),)
                 template = self._store.templates.get(key)
                 if template is replay.UNTEMPLATABLE:
                     key = None
@@ -533,9 +533,40 @@ class Recorder:
             templates = self._store.templates
             if len(templates) >= MAX_TEMPLATES:
                 templates.clear()           # rare: many distinct call shapes or blocks
-            templates[key] = replay.capture(graph, start, arg_values, out,
-                                            len(self.path) + 1, self._store.constant_ids)
+            template = templates[key] = replay.capture(
+                graph, start, arg_values, out, len(self.path) + 1, self._store.constant_ids,
+                fuse=key[-1])
+            if template is not replay.UNTEMPLATABLE and template.fused and not any(
+                    e[4].stateful for e in template.entries):
+                # The traced nodes are unfused and would not batch with later
+                # (replayed, fused) calls: replace them by a replay.  (Not
+                # with stateful nodes, which are chained by recording order.)
+                self._drop_ops_since(start)
+                out = replay.replay(self, template, arg_values, self.path + (block.name,))
         return out
+
+    def _fuse(self):
+        """Whether templates fuse row-wise runs (``fuse.py``): in imperative scopes.
+
+        Fewer, larger nodes record and plan faster; compiled plans gain little
+        from them, and their plan shapes repeat less across batches.
+        """
+        scope = getattr(self, "scope", None)
+        return scope is None or not scope._compiled()  # pylint: disable=protected-access
+
+    def _drop_ops_since(self, start):
+        """Remove the op and view nodes recorded since ``start`` (leaves stay)."""
+        graph = self.graph
+        added = graph.nodes[start:]
+        del graph.nodes[start:]
+        dropped = 0
+        for node in added:
+            if node.kind == LEAF:
+                node.id = len(graph.nodes)
+                graph.nodes.append(node)
+            else:
+                dropped += 1
+        self.num_recorded -= dropped
 
     def _trace(self, block, args):
         """Run a child HybridBlock's hybrid_forward with recording F."""

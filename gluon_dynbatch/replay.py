@@ -15,6 +15,7 @@ call, random constants) are never templated.
 """
 from mxnet import nd
 
+from .fuse import FusedOp, fuse_entries
 from .graph import LEAF, OP, Node
 from .lazy import LazyArray
 
@@ -56,7 +57,7 @@ class Template:
     ``outputs`` mirrors the returned structure with refs in place of arrays.
     """
 
-    __slots__ = ("entries", "outputs", "external")
+    __slots__ = ("entries", "outputs", "external", "fused")
 
     def __init__(self, entries, outputs):
         self.outputs = outputs
@@ -77,13 +78,17 @@ class Template:
             rewritten.append((op, args, kwargs, tuple(new_refs), info, path))
         self.entries = tuple(rewritten)
         self.external = tuple(external)
+        self.fused = any(isinstance(entry[0], FusedOp) for entry in self.entries)
 
 
 UNTEMPLATABLE = object()
 
 
-def capture(graph, start, arg_values, out, prefix_len, constants):
-    """A Template of nodes ``graph.nodes[start:]`` producing ``out``, or UNTEMPLATABLE."""
+def capture(graph, start, arg_values, out, prefix_len, constants, fuse=True):
+    """A Template of nodes ``graph.nodes[start:]`` producing ``out``, or UNTEMPLATABLE.
+
+    With ``fuse``, runs of row-wise operators become fused entries (``fuse.py``).
+    """
     where = {"local": {}, "args": {}, "constants": constants}
     for k, value in enumerate(arg_values):
         where["args"].setdefault(value, k)
@@ -100,6 +105,8 @@ def capture(graph, start, arg_values, out, prefix_len, constants):
     outputs = _map_out(where, out)
     if outputs is None:
         return UNTEMPLATABLE
+    if fuse:
+        entries, outputs = fuse_entries(entries, outputs)
     return Template(tuple(entries), outputs)
 
 

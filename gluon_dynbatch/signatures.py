@@ -42,6 +42,8 @@ class Rule:
 
 def call_as_recorded(F, node, inputs, extra_kwargs=None):
     """Call ``node``'s operator through ``F`` with ``inputs`` in its array slots."""
+    if node.op.path is None:            # a fused node (see fuse.py)
+        return node.op.run(F, inputs)
     fn = F
     for part in node.op.path:
         fn = getattr(fn, part)
