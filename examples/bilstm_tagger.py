@@ -29,7 +29,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 import gluon_dynbatch as gdb
-from examples.sst_model import load_named_weights
+from examples.sst_model import load_named_weights, seeded_model
 
 logger = logging.getLogger(__name__)
 
@@ -376,9 +376,4 @@ def make_model(vocab_size, embed_size, hidden_size, seed=None, ctx=None):
     -------
     TaggerModel
     """
-    if seed is not None:
-        mx.random.seed(seed)
-        np.random.seed(seed)
-    model = TaggerModel(vocab_size, embed_size, hidden_size)
-    model.initialize(mx.init.Xavier(), ctx=ctx or mx.cpu())
-    return model
+    return seeded_model(TaggerModel, (vocab_size, embed_size, hidden_size), seed, ctx)

@@ -443,9 +443,18 @@ def make_model(vocab_size, embed_size, hidden_size, seed=None, ctx=None):
     -------
     SSTSentimentModel
     """
+    return seeded_model(SSTSentimentModel, (vocab_size, embed_size, hidden_size), seed, ctx)
+
+
+def seeded_model(cls, sizes, seed=None, ctx=None):
+    """``cls(*sizes)`` initialised with Xavier on ``ctx`` (CPU), after seeding.
+
+    ``seed`` seeds MXNet's and numpy's generators first, for reproducible
+    weights.
+    """
     if seed is not None:
         mx.random.seed(seed)
         np.random.seed(seed)
-    model = SSTSentimentModel(vocab_size, embed_size, hidden_size)
+    model = cls(*sizes)
     model.initialize(mx.init.Xavier(), ctx=ctx or mx.cpu())
     return model
