@@ -29,7 +29,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 import gluon_dynbatch as gdb
-from examples.sst_model import load_named_weights, seeded_model
+from examples.sst_model import export_named_weights, load_named_weights, seeded_model
 
 logger = logging.getLogger(__name__)
 
@@ -320,8 +320,7 @@ def get_weights(model):
     dict
         :data:`WEIGHT_NAMES` -> float32 array in MXNet's (out, in) layout.
     """
-    return {name: param.data().asnumpy()
-            for name, param in _params_by_name(model).items()}
+    return export_named_weights(_params_by_name(model))
 
 
 def set_weights(model, weights):

@@ -363,8 +363,12 @@ def get_weights(model):
         :data:`WEIGHT_NAMES` -> float32 numpy array, in MXNet's layout
         (a weight is (out, in), so ``W x`` is ``FullyConnected``).
     """
-    return {name: param.data().asnumpy()
-            for name, param in _params_by_name(model).items()}
+    return export_named_weights(_params_by_name(model))
+
+
+def export_named_weights(params):
+    """``{name: numpy array}`` of each Parameter of ``params`` (name -> Parameter)."""
+    return {name: param.data().asnumpy() for name, param in params.items()}
 
 
 def set_weights(model, weights):
