@@ -7,6 +7,7 @@ from .cache import PlanCache
 from .errors import BatchingError, describe_call
 from .lazy import LazyArray
 from .plan import STRATEGIES
+from .scope import check_granularity
 
 
 class DynBatchBlock(gluon.HybridBlock):
@@ -35,13 +36,19 @@ class DynBatchBlock(gluon.HybridBlock):
     max_pending_nodes : int, optional
         Bound on recorded, not yet executed nodes of a scope this block starts
         (see :func:`batching`; default 500,000).
+    granularity : {"call", "op"}, default "call"
+        Record each child-block call that batches row by row as one node
+        (``"call"``) or always operator by operator (see :func:`batching`).
     **kwargs
         Passed to ``gluon.HybridBlock`` (``prefix``, ``params``).
     """
 
     def __init__(self, strategy="depth", analysis_budget=None, compiled=False,
-                 max_cached_plans=64, max_pending_nodes=None, **kwargs):
+                 max_cached_plans=64, max_pending_nodes=None, granularity="call",
+                 **kwargs):
         super().__init__(**kwargs)
+        check_granularity(granularity)
+        self.granularity = granularity
         if strategy not in STRATEGIES:
             raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
         self.strategy = strategy

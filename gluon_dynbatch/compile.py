@@ -133,6 +133,7 @@ class Compiler(SegmentWalker):
 
     def _walk_step(self, nodes):
         node0 = nodes[0]
+        variant = None
         if node0.rule.kind == "alone":
             kind = "alone"
             ins = tuple(self._gather_desc(self.segments(src, i)) for src, i in node0.inputs)
@@ -147,16 +148,15 @@ class Compiler(SegmentWalker):
                 else:
                     ins.append(self._whole_output(nodes, k, role) or self._gather_desc(
                         self.input_segments(nodes, k, role)))
-            if kind == "segment":
-                dtype = node0.out_dtypes[0]
-                for k, array in enumerate(node0.rule.segment_arrays(nodes, dtype)):
-                    name = "m%d_%d" % (len(self.steps), k)
-                    self.matrix_parts.append((name, array))
-                    ins.append(("direct_var", name))
+            variant, extra = _extra_arrays(node0, nodes)
+            for k, array in enumerate(extra):
+                name = "m%d_%d" % (len(self.steps), k)
+                self.matrix_parts.append((name, array))
+                ins.append(("direct_var", name))
             ins = tuple(ins)
             attrs = node0.attrs if node0.rule.keyed_attrs else None
             key = (kind, node0.op.name, attrs, tuple(node0.meta), type(node0.rule).__name__,
-                   ins)
+                   ins, variant)
         tails = (tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
                  tuple(shape[1:] for shape in node0.out_shapes),
                  tuple(np.dtype(d).name for d in node0.out_dtypes))
@@ -169,7 +169,7 @@ class Compiler(SegmentWalker):
             outs.append(self._new_source(("step", len(self.steps), j), rows, family + (j,)))
             self.step_outputs[(node0, j)] = (outs[-1], nodes)
         self.assign(nodes, outs)
-        self.steps.append((kind, node0, ins, outs, len(nodes)))
+        self.steps.append((kind, node0, ins, outs, len(nodes), variant))
         self.key_parts.append(key)
 
     def _walk_outputs(self, live):
@@ -206,10 +206,12 @@ class Compiler(SegmentWalker):
                 *[source(s) for s in sids], dim=0)
             return mx.sym.take(table, mx.sym.var(name), axis=0)
 
-        for kind, node0, ins, outs, _ in self.steps:
+        for kind, node0, ins, outs, _, variant in self.steps:
             inputs = [gather(d) for d in ins]
             if kind == "alone":
                 results = call_as_recorded(mx.sym, node0, inputs)
+            elif kind == "call":
+                results = node0.op.batched(mx.sym, inputs, variant)
             else:
                 results = node0.rule.batched_call(mx.sym, node0, inputs)
             for sid, sym in zip(outs, results):
@@ -283,10 +285,12 @@ def run_interpreted(plan, live, ctx):
         table = sources[0] if len(sources) == 1 else mx.nd.concat(*sources, dim=0)
         return mx.nd.take(table, feeds[desc[2]], axis=0)
 
-    for kind, node0, ins, outs, count in walker.steps:
+    for kind, node0, ins, outs, count, variant in walker.steps:
         with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
             inputs = [gather(d) for d in ins]
-            if kind == "alone" or count == 1:
+            if kind == "call":
+                results = node0.op.run_cached(inputs, variant, walker.ctx)
+            elif kind == "alone" or count == 1:
                 results = call_as_recorded(mx.nd, node0, inputs[:len(node0.inputs)])
             else:
                 results = node0.rule.batched_call(mx.nd, node0, inputs)
@@ -389,18 +393,18 @@ class StepCompiler(Executor):
         node0 = nodes[0]
         feeds, descs = self._feeds(self._step_inputs(nodes))
         kind = node0.rule.kind
-        if kind == "segment":
-            for array in node0.rule.segment_arrays(nodes, node0.out_dtypes[0]):
-                feeds.append(mx.nd.array(array, ctx=self.ctx, dtype=array.dtype))
+        variant, extra = _extra_arrays(node0, nodes)
+        for array in extra:
+            feeds.append(mx.nd.array(array, ctx=self.ctx, dtype=array.dtype))
         attrs = node0.attrs if node0.rule.keyed_attrs else None
         key = ("step", kind, node0.op.name, attrs, node0.meta, type(node0.rule).__name__,
-               descs, tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
+               descs, variant, len(extra), tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
                tuple(np.dtype(src.out_dtypes[i]).name for src, i in node0.inputs),
                tuple(s[1:] for s in node0.out_shapes), str(self.ctx))
         entry = self.cache.get(key)
         start = time.perf_counter()
         if entry is None:
-            entry = CompiledPlan(_step_symbol(node0, descs), ())
+            entry = CompiledPlan(_step_symbol(node0, descs, variant, len(extra)), ())
             entry.order = [int(name[1:]) for name in entry.names]   # "v7" -> feed 7
             self.stats.evictions += self.cache.put(key, entry)
             self.stats.cache_misses += 1
@@ -412,7 +416,21 @@ class StepCompiler(Executor):
         return outs
 
 
-def _step_symbol(node0, descs):
+def _extra_arrays(node0, nodes):
+    """(variant, arrays): the index arrays a batched step reads besides its inputs.
+
+    Ragged sums read a padded index (and counts); call nodes (``calls.py``)
+    read repeats and padded indices, and their variant says which.
+    """
+    kind = node0.rule.kind
+    if kind == "segment":
+        return None, node0.rule.segment_arrays(nodes, node0.out_dtypes[0])
+    if kind == "call":
+        return node0.rule.batch_arrays(nodes)
+    return None, []
+
+
+def _step_symbol(node0, descs, variant=None, num_extra=0):
     """The symbol of one step: gathers (take over concatenated sources), then the op."""
     count = [0]
 
@@ -427,10 +445,11 @@ def _step_symbol(node0, descs):
         sources = [var() for _ in range(desc[1])]
         table = sources[0] if len(sources) == 1 else mx.sym.concat(*sources, dim=0)
         inputs.append(mx.sym.take(table, var(), axis=0))
+    inputs.extend(var() for _ in range(num_extra))
     if node0.rule.kind == "alone":
         outs = call_as_recorded(mx.sym, node0, inputs)
+    elif node0.rule.kind == "call":
+        outs = node0.op.batched(mx.sym, inputs, variant)
     else:
-        if node0.rule.kind == "segment":
-            inputs.extend(var() for _ in range(node0.rule.num_extra_inputs(node0)))
         outs = node0.rule.batched_call(mx.sym, node0, inputs)
     return mx.sym.Group(outs)

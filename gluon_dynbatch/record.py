@@ -201,6 +201,7 @@ class Recorder:
         self.samples_flushed = 0    # of which counted by earlier flushes
         self.path = ()              # block names being traced, for messages
         self.depth = 0              # nesting of DynBatchBlock calls
+        self.tracing = 0            # nesting of child-block traces (see _template_mode)
         self.num_recorded = 0
         self.max_pending = DEFAULT_MAX_PENDING
         self.replay = True          # copy traced child-block calls (replay.py)
@@ -516,7 +517,7 @@ class Recorder:
                 if version is None:
                     version = self._versions[id(block)] = replay.block_version(block)
                 key = replay.call_key(block, structure, arg_values, version,
-                                      self.mode) + (self._fuse(),)
+                                      self.mode) + self._template_mode()
                 template = self._store.templates.get(key)
                 if template is replay.UNTEMPLATABLE:
                     key = None
@@ -535,8 +536,9 @@ class Recorder:
                 templates.clear()           # rare: many distinct call shapes or blocks
             template = templates[key] = replay.capture(
                 graph, start, arg_values, out, len(self.path) + 1, self._store.constant_ids,
-                fuse=key[-1])
-            if template is not replay.UNTEMPLATABLE and template.fused and not any(
+                fuse=key[-2], whole_calls=key[-1], block_class=type(block).__name__)
+            if template is not replay.UNTEMPLATABLE and (
+                    template.fused or template.call is not None) and not any(
                     e[4].stateful for e in template.entries):
                 # The traced nodes are unfused and would not batch with later
                 # (replayed, fused) calls: replace them by a replay.  (Not
@@ -553,6 +555,29 @@ class Recorder:
         """
         scope = getattr(self, "scope", None)
         return scope is None or not scope._compiled()  # pylint: disable=protected-access
+
+    def _template_mode(self):
+        """(fuse, whole_calls) for templates of calls recorded now.
+
+        A call made while another child block is being traced is copied into
+        that block's template: it stays operator by operator, so the outer
+        template sees plain operators and can become one call node or fuse.
+        """
+        if self.tracing:
+            return (False, False)
+        return (self._fuse(), self._whole_calls())
+
+    def _whole_calls(self):
+        """Whether templates that batch row by row become one node per call (``calls.py``).
+
+        On unless the scope asks for ``granularity="op"`` or runs the
+        reference strategy (the per-operator oracle).
+        """
+        scope = getattr(self, "scope", None)
+        if scope is None:
+            return True
+        # pylint: disable=protected-access
+        return scope._granularity() == "call" and scope._strategy() != "reference"
 
     def _drop_ops_since(self, start):
         """Remove the op and view nodes recorded since ``start`` (leaves stay)."""
@@ -572,6 +597,7 @@ class Recorder:
         """Run a child HybridBlock's hybrid_forward with recording F."""
         outer_path = self.path
         self.path = outer_path + (block.name,)
+        self.tracing += 1
         try:
             for hook in block._forward_pre_hooks.values():
                 hook(block, args)
@@ -582,6 +608,7 @@ class Recorder:
             return out
         finally:
             self.path = outer_path
+            self.tracing -= 1
 
 
 # Operators whose batching rule depends on autograd's training mode.

@@ -15,6 +15,7 @@ call, random constants) are never templated.
 """
 from mxnet import nd
 
+from . import calls
 from .fuse import FusedOp, fuse_entries
 from .graph import LEAF, OP, Node
 from .lazy import LazyArray
@@ -57,10 +58,11 @@ class Template:
     ``outputs`` mirrors the returned structure with refs in place of arrays.
     """
 
-    __slots__ = ("entries", "outputs", "external", "fused")
+    __slots__ = ("entries", "outputs", "external", "fused", "call")
 
     def __init__(self, entries, outputs):
         self.outputs = outputs
+        self.call = None          # (CallOp, calls.CallInfo) when recorded as one node
         # The parameters and constants the entries read, each listed once;
         # entries refer to them as ("x", position in ``external``).
         positions, external = {}, []
@@ -84,10 +86,13 @@ class Template:
 UNTEMPLATABLE = object()
 
 
-def capture(graph, start, arg_values, out, prefix_len, constants, fuse=True):
+def capture(graph, start, arg_values, out, prefix_len, constants, fuse=True,
+            whole_calls=False, block_class=""):
     """A Template of nodes ``graph.nodes[start:]`` producing ``out``, or UNTEMPLATABLE.
 
-    With ``fuse``, runs of row-wise operators become fused entries (``fuse.py``).
+    With ``whole_calls``, a template that batches row by row is replayed as one
+    call node (``calls.py``); otherwise, with ``fuse``, runs of row-wise
+    operators become fused entries (``fuse.py``).
     """
     where = {"local": {}, "args": {}, "constants": constants}
     for k, value in enumerate(arg_values):
@@ -105,6 +110,12 @@ def capture(graph, start, arg_values, out, prefix_len, constants, fuse=True):
     outputs = _map_out(where, out)
     if outputs is None:
         return UNTEMPLATABLE
+    if whole_calls:
+        template = Template(tuple(entries), outputs)
+        shapes = [src.out_shapes[idx] for src, idx in arg_values]
+        template.call = calls.build(template.entries, outputs, shapes, block_class)
+        if template.call is not None:
+            return template
     if fuse:
         entries, outputs = fuse_entries(entries, outputs)
     return Template(tuple(entries), outputs)
@@ -149,6 +160,10 @@ def replay(rec, template, arg_values, path):
     for kind, value in template.external:
         lazy = rec.param(value) if kind == "p" else rec.leaf(value)
         external.append((lazy.__dict__["_node"], 0))
+    if template.call is not None:
+        op, info = template.call
+        node = calls.make_node(rec, op, info, arg_values, external, path)
+        return _build(rec, info.outputs, arg_values, [node])
     made = []
     sample = rec.sample
     nodes = graph.nodes
@@ -189,6 +204,8 @@ def _build(rec, obj, arg_values, made):
         return kind(items) if kind in (list, tuple) else kind(*items)
     if kind == "a":
         src, idx = arg_values[obj[1]]
+    elif kind == "m":                 # output k of a call node
+        src, idx = made[0], obj[1]
     elif kind == "n":
         src, idx = made[obj[1]], obj[2]
     else:

@@ -58,9 +58,11 @@ class BatchingScope:
     """
 
     def __init__(self, strategy=None, compiled=None, max_pending_nodes=None,
-                 keep_plan=False, replay=True, analysis_budget=None):
+                 keep_plan=False, replay=True, analysis_budget=None, granularity=None):
         if strategy is not None and strategy not in STRATEGIES:
             raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
+        check_granularity(granularity)
+        self.granularity = granularity
         if max_pending_nodes is not None and max_pending_nodes < 1:
             raise ValueError("max_pending_nodes must be at least 1, got %r"
                              % (max_pending_nodes,))
@@ -121,6 +123,12 @@ class BatchingScope:
 
     def _strategy(self):
         return self.strategy or getattr(self.recorder, "strategy", None) or "depth"
+
+    def _granularity(self):
+        if self.granularity is not None:
+            return self.granularity
+        owner = getattr(self.recorder, "owner", None)
+        return getattr(owner, "granularity", None) or "call"
 
     def _compiled(self):
         if self.compiled is not None:
@@ -230,8 +238,17 @@ def _autograd_modes(mode):
         autograd.set_training(was_training)
 
 
+GRANULARITIES = ("call", "op")
+
+
+def check_granularity(value):
+    """Raise ValueError unless ``value`` is None or one of ``GRANULARITIES``."""
+    if value is not None and value not in GRANULARITIES:
+        raise ValueError("unknown granularity %r; choose one of %s" % (value, GRANULARITIES))
+
+
 def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=False,
-             replay=True, analysis_budget=None):
+             replay=True, analysis_budget=None, granularity=None):
     """Open a batching scope on this thread.
 
     Inside it, calls of :class:`DynBatchBlock` s (and of any child block, ``F``
@@ -270,6 +287,12 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
         (measured on this machine: launches, gathers, rows) is kept.  "auto"
         allows 5% of the block's recent execution time.  Ignored when
         ``strategy`` is given here.  Defaults to the first DynBatchBlock's.
+    granularity : {"call", "op"}, optional
+        ``"call"`` (the default): a child-block call whose operators all
+        batch row by row is recorded, planned and run as one node (its
+        batched form compiled once, see ``calls.py``); other calls are
+        recorded operator by operator.  ``"op"``: always operator by operator.
+        Defaults to the first DynBatchBlock's.
 
     Returns
     -------
@@ -277,4 +300,4 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
         Its ``stats`` describe the work done.
     """
     return BatchingScope(strategy, compiled, max_pending_nodes, keep_plan, replay,
-                         analysis_budget)
+                         analysis_budget, granularity)

@@ -293,11 +293,6 @@ class SegmentRule(Rule):
         tail = len(nodes[0].inputs[0][0].out_shapes[nodes[0].inputs[0][1]]) - 1
         return [index, np.array(counts, dtype=dtype).reshape((len(nodes),) + (1,) * tail)]
 
-    @staticmethod
-    def num_extra_inputs(node):
-        """How many arrays ``segment_arrays`` adds (index, and counts for mean)."""
-        return 2 if node.op.name == "mean" else 1
-
     def batched_call(self, F, node, inputs):
         """``inputs`` = (rows of every node, padded index[, counts])."""
         data, index = inputs[0], inputs[1]

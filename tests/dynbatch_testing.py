@@ -182,7 +182,7 @@ def _flatten(obj):
             yield from _flatten(item)
 
 
-def run_model(model, samples, inputs, strategy, compiled=False):
+def run_model(model, samples, inputs, strategy, compiled=False, granularity=None):
     """Forward and backward of all samples; returns outputs, gradients and stats."""
     for array in inputs:
         array.attach_grad()
@@ -191,7 +191,8 @@ def run_model(model, samples, inputs, strategy, compiled=False):
         if strategy == "eager":
             outs = [model(s, *inputs) for s in samples]
         else:
-            with gdb.batching(strategy=strategy, compiled=compiled) as scope:
+            with gdb.batching(strategy=strategy, compiled=compiled,
+                              granularity=granularity) as scope:
                 outs = [model(s, *inputs) for s in samples]
             stats = scope.stats
         loss = _loss(outs)
@@ -223,7 +224,10 @@ def check_all_strategies(model, samples, inputs, strategies=BATCHED,
                          compiled=(False, True, "step")):
     """Compare eager, reference and every strategy, imperative and compiled.
 
-    Returns the stats of each run, keyed by ``(strategy, compiled)``.
+    Every run records whole child-block calls as one node where it can (the
+    default granularity); the first strategy also runs operator by operator.
+    Returns the stats of each run, keyed by ``(strategy, compiled)`` and
+    ``(strategy, compiled, "op")``.
     """
     eager = run_model(model, samples, inputs, "eager")
     reference = run_model(model, samples, inputs, "reference")
@@ -235,6 +239,11 @@ def check_all_strategies(model, samples, inputs, strategies=BATCHED,
             assert_same(result, reference)
             stats[(strategy, mode)] = result[2]
             stats.setdefault(strategy, result[2])
+    for mode in compiled:
+        result = run_model(model, samples, inputs, strategies[0], compiled=mode,
+                           granularity="op")
+        assert_same(result, reference)
+        stats[(strategies[0], mode, "op")] = result[2]
     return stats
 
 

@@ -261,7 +261,7 @@ def test_flushed_batches_are_freed_by_reference_counting():
     """A batch must not leave its graph to the cyclic GC (it cost ~50% of an epoch)."""
     import gc
     r = rng(9)
-    trees = [random_tree(r, 10, max_depth=3) for _ in range(8)]
+    trees = [random_tree(r, 10, max_depth=3) for _ in range(24)]
     model = make_model(ChildSumTreeLSTM, hidden=4)
     emb = nd.random.uniform(shape=(10, 3))
     for compiled in (False, True, "step"):

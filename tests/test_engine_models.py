@@ -50,11 +50,12 @@ def test_token_rnn_ragged_sentences():
 
 
 def _cell_batches(plan, weight):
-    """Sizes of the steps that apply the layer whose weight Parameter is ``weight``."""
+    """Sizes of the steps that apply the layer whose weight Parameter is ``weight``
+    (as an operator, or inside a whole-call node)."""
     sizes = []
     for step in plan.steps:
         node = step.nodes[0]
-        if node.op.name == "FullyConnected" and any(
+        if (node.op.name == "FullyConnected" or node.rule.kind == "call") and any(
                 src.param is weight for src, _ in node.inputs):
             sizes.append(len(step.nodes))
     return sizes

@@ -50,7 +50,7 @@ def _fused_templates(block):
 def test_runs_are_fused_but_not_broadcasts_segments_or_internal_weights():
     model = make_model(UsesGates)
     x = nd.random.uniform(-1, 1, shape=(9, 3))
-    with gdb.batching():
+    with gdb.batching(granularity="op"):
         outs = [model(k, x) for k in range(6)]
     assert len(outs) == 6
     templates = _fused_templates(model.gates)
@@ -85,13 +85,13 @@ def test_tree_lstm_plans_fused_steps_and_stays_exact():
     emb = nd.random.uniform(shape=(10, 3))
     expected = run_model(model, trees, [emb], "eager")
     assert_same(run_model(model, trees, [emb], "depth"), expected)
-    with gdb.batching(keep_plan=True) as scope:
+    with gdb.batching(keep_plan=True, granularity="op") as scope:
         outs = [model(t, emb) for t in trees]
     assert len(outs) == len(trees)
     fused = [s for s in scope.last_plan.steps if isinstance(s.nodes[0].op, FusedOp)]
     assert fused and max(len(s.nodes) for s in fused) > 1
     # compiled scopes keep per-operator templates (their plan shapes repeat more)
-    with gdb.batching(keep_plan=True, compiled=True) as scope:
+    with gdb.batching(keep_plan=True, compiled=True, granularity="op") as scope:
         outs = [model(t, emb) for t in trees]
     assert len(outs) == len(trees)
     assert not any(isinstance(s.nodes[0].op, FusedOp) for s in scope.last_plan.steps)

@@ -1,0 +1,368 @@
+"""Whole child-block calls as single nodes (``granularity="call"``).
+
+Recording, planning and walking cost Python time per node.  A replayed
+child-block call whose template batches row by row is therefore recorded as
+ONE node rather than one node per operator: every entry must have a
+``RowRule`` (inputs ``ROW``, ``BROW`` or ``SHARED``), a ``SegmentRule``
+(ragged sum or mean over axis 0) or a ``ReshapeRule``; no views, no stateful
+and no zero-gradient operators; parameters and constants only ever shared.
+
+Templates that differ only in row counts (a Child-Sum cell with 1, 2 or 5
+children) have the same *abstract program* (``CallOp``) and batch together,
+so variable arity does not split batches.  A batch of N calls runs the
+program once on the calls' inputs concatenated along axis 0, each entry
+through its operator's batching rule.  What depends on the calls' row counts
+enters as index arrays computed with numpy (``CallRule.batch_arrays``): the
+repeats of one-row ``BROW`` inputs and the padded indices of ragged sums.
+Which ``BROW`` inputs need a repeat in a batch is its *variant*; a program
+is compiled once per variant, as a CachedOp in imperative scopes
+(``CallOp.run_cached``) or inlined in the plan's symbol in compiled ones.
+"""
+import itertools
+import threading
+
+import mxnet as mx
+import numpy as np
+
+from .signatures import (BROW, NO_GRADIENT, ROW, SHARED, ReshapeRule, RowRule, Rule,
+                         SegmentRule, call_as_recorded)
+
+_SEGMENT, _RESHAPE, _ROWS = "segment", "reshape", "rows"
+
+
+class _Entry:
+    """One operator of a program: what ``call_as_recorded`` and the rules read."""
+
+    __slots__ = ("op", "args", "kwargs", "out_shapes", "dtype", "rule", "kind", "sources",
+                 "brow")
+
+    def __init__(self, op, args, kwargs, info, kind, sources, brow):
+        self.op, self.args, self.kwargs = op, args, kwargs
+        self.out_shapes = info.out_shapes    # of the first concrete call: tails are read
+        self.dtype = info.out_dtypes[0]
+        self.rule = info.rule
+        self.kind = kind
+        self.sources = sources          # ("in", position) or ("e", entry, output)
+        self.brow = brow                # input positions with the BROW role
+
+
+class CallOp:
+    """The abstract program of a child block's calls, shared by their row counts.
+
+    Attributes
+    ----------
+    uid : int
+        Small id, unique in this process; part of signatures and plan keys.
+    name : str
+        ``"call:<block class>"`` of the block first seen with this program.
+    num_inputs : int
+        Array inputs of a call node: row arguments, shared arguments, then
+        the parameters and constants the block reads.
+    """
+
+    path = None          # call_as_recorded runs it through ``run``
+
+    def __init__(self, uid, name, entries, exports, num_inputs):
+        self.uid = uid
+        self.name = name
+        self.entries = entries
+        self.exports = exports
+        self.num_inputs = num_inputs
+        self._compiled = threading.local()
+
+    def __repr__(self):
+        return "CallOp(%s, %d entries)" % (self.name, len(self.entries))
+
+    def run(self, F, inputs):
+        """One call, unbatched: every entry called as recorded (the reference)."""
+        results = []
+        for entry in self.entries:
+            ins = [inputs[s[1]] if s[0] == "in" else results[s[1]][s[2]]
+                   for s in entry.sources]
+            results.append(call_as_recorded(F, entry, ins))
+        return [results[j][idx] for j, idx in self.exports]
+
+    def batched(self, F, inputs, variant):
+        """N calls at once: ``inputs`` batched along axis 0, then the index arrays.
+
+        ``variant`` says, per BROW input of the program in order, whether it
+        is repeated through an index array; segment entries always read one
+        (and ``mean`` its counts too).
+        """
+        extra = iter(inputs[self.num_inputs:])
+        flags = iter(variant)
+        results = []
+        for entry in self.entries:
+            ins = [inputs[s[1]] if s[0] == "in" else results[s[1]][s[2]]
+                   for s in entry.sources]
+            for pos in entry.brow:
+                if next(flags):
+                    ins[pos] = F.take(ins[pos], next(extra), axis=0)
+            if entry.kind == _SEGMENT:
+                ins.append(next(extra))
+                if entry.op.name == "mean":
+                    ins.append(next(extra))
+            results.append(entry.rule.batched_call(F, entry, ins))
+        return [results[j][idx] for j, idx in self.exports]
+
+    def run_cached(self, inputs, variant, ctx):
+        """``batched`` through a CachedOp kept per thread, variant and context."""
+        cache = getattr(self._compiled, "ops", None)
+        if cache is None:
+            cache = self._compiled.ops = {}
+        key = (variant, str(ctx))
+        op = cache.get(key)
+        if op is None:
+            names = ["x%d" % k for k in range(len(inputs))]
+            outs = self.batched(mx.sym, [mx.sym.var(n) for n in names], variant)
+            symbol = mx.sym.Group(outs)
+            order = [names.index(n) for n in symbol.list_inputs()]
+            op = cache[key] = (mx.nd.CachedOp(symbol, [("static_alloc", True)]), order)
+        cached, order = op
+        out = cached(*[inputs[k] for k in order])
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+class CallInfo:
+    """What replay needs of one concrete call shape (see ``record.CallInfo``)."""
+
+    __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
+                 "shared_pos", "cacheable", "stateful", "site_rows", "inputs", "outputs")
+
+    def __init__(self, op, roles, out_shapes, out_dtypes, site_rows, inputs, outputs):
+        self.out_shapes, self.out_dtypes = out_shapes, out_dtypes
+        self.attrs = ("call", op.uid)
+        self.rule = CALL_RULE
+        self.meta = roles
+        self.kind = "op"
+        self.shared_pos = tuple(k for k, role in enumerate(roles) if role == SHARED)
+        self.sig = ("call", op.uid, roles)
+        self.cacheable = True
+        self.stateful = False
+        self.site_rows = site_rows      # ints read by CallRule.batch_arrays
+        self.inputs = inputs            # template refs of the node's inputs, in order
+        self.outputs = outputs          # the template's outputs, ("m", k) = output k
+
+
+class CallRule(Rule):
+    """Batches call nodes of one program (see the module docstring)."""
+
+    kind = "call"
+
+    def signature(self, node):     # call nodes come with their CallInfo
+        raise NotImplementedError("call nodes are signed when their template is built")
+
+    def batch_arrays(self, nodes):
+        """(variant, index arrays) of a batch of call nodes, from their row counts."""
+        rows = np.array([n.info.site_rows for n in nodes], dtype=np.int64)
+        if rows.ndim == 1:
+            rows = rows.reshape(len(nodes), 0)
+        variant, arrays, col = [], [], 0
+        for entry in nodes[0].op.entries:
+            for _ in entry.brow:
+                have, want = rows[:, col], rows[:, col + 1]
+                col += 2
+                repeat = not np.array_equal(have, want)
+                variant.append(repeat)
+                if repeat:
+                    arrays.append(_repeat_index(have, want))
+            if entry.kind == _SEGMENT:
+                counts = rows[:, col]
+                col += 1
+                arrays.append(_padded_index(counts))
+                if entry.op.name == "mean":
+                    tail = len(entry.out_shapes[0]) - 1
+                    arrays.append(counts.astype(entry.dtype).reshape((-1,) + (1,) * tail))
+        return tuple(variant), arrays
+
+    def batched_call(self, F, node, inputs, variant=()):
+        return node.op.batched(F, inputs, variant)
+
+
+CALL_RULE = CallRule()
+
+
+def _repeat_index(have, want):
+    """Rows of a BROW input: its own where ``have == want``, else its one row repeated."""
+    starts = np.cumsum(have) - have
+    total = int(want.sum())
+    within = np.arange(total) - np.repeat(np.cumsum(want) - want, want)
+    same = np.repeat(have == want, want)
+    return (np.repeat(starts, want) + within * same).astype(np.int32)
+
+
+def _padded_index(counts):
+    """(calls, longest) index into the calls' rows; padding points past the end.
+
+    The same layout as ``SegmentRule.segment_arrays``: the batched sum appends
+    one zero row, which the padding reads.
+    """
+    total = int(counts.sum())
+    starts = np.cumsum(counts) - counts
+    cols = np.arange(max(int(counts.max()), 1))
+    index = np.where(cols[None, :] < counts[:, None], starts[:, None] + cols[None, :], total)
+    return index.astype(np.int32)
+
+
+# -- building call templates ------------------------------------------------------------
+
+_PROGRAMS = {}
+_PROGRAMS_LOCK = threading.Lock()
+_UIDS = itertools.count()
+MAX_PROGRAMS = 4096
+
+
+def _entry_kind(op, info):
+    """How an entry batches inside a program, or None if it keeps a call out."""
+    if info.kind != "op" or info.sig is None or info.stateful or op.name in NO_GRADIENT:
+        return None
+    if any(len(shape) == 0 for shape in info.out_shapes):
+        return None
+    rule = info.rule
+    if type(rule) is RowRule:
+        return _ROWS
+    if isinstance(rule, SegmentRule):
+        return _SEGMENT
+    if isinstance(rule, ReshapeRule):
+        return _RESHAPE
+    return None
+
+
+def _roles(kind, info):
+    return tuple(info.meta) if kind == _ROWS else (ROW,)
+
+
+def build(entries, outputs, arg_shapes, block_class):
+    """The ``CallInfo`` of a template's calls, or None if they must stay per operator.
+
+    Parameters
+    ----------
+    entries : tuple
+        ``(op, args, kwargs, refs, info, path)`` of an unfused template, refs
+        ``("a", k)``, ``("n", j, idx)`` or ``("x", k)`` (see ``replay.Template``).
+    outputs : nested refs
+        The template's outputs.
+    arg_shapes : list of tuple
+        Shapes of the call's array arguments.
+    block_class : str
+        Class name of the block, for ``CallOp.name``.
+    """
+    arg_role, kinds, rows_of = {}, [], {}
+    for j, (op, _args, _kwargs, refs, info, _path) in enumerate(entries):
+        kind = _entry_kind(op, info)
+        if kind is None:
+            return None
+        kinds.append(kind)
+        for ref, role in zip(refs, _roles(kind, info)):
+            if not _use_ok(ref, role, arg_role, arg_shapes):
+                return None
+        for idx, shape in enumerate(info.out_shapes):
+            rows_of[("n", j, idx)] = shape[0]
+    for k, role in arg_role.items():
+        if role != SHARED:
+            rows_of[("a", k)] = arg_shapes[k][0]
+    inputs = ([("a", k) for k in sorted(arg_role) if arg_role[k] != SHARED]
+              + [("a", k) for k in sorted(arg_role) if arg_role[k] == SHARED]
+              + sorted({ref for e in entries for ref in e[3] if ref[0] == "x"}))
+    position = {ref: p for p, ref in enumerate(inputs)}
+    roles = tuple(ROW if ref in rows_of else SHARED for ref in inputs)
+    program, site_rows = [], []
+    for (op, args, kwargs, refs, info, _path), kind in zip(entries, kinds):
+        entry_roles = _roles(kind, info)
+        if kind == _ROWS and not _rows_match(refs, entry_roles, rows_of, info):
+            return None
+        sources = tuple(("in", position[r]) if r[0] != "n" else ("e", r[1], r[2])
+                        for r in refs)
+        brow = tuple(p for p, role in enumerate(entry_roles) if role == BROW)
+        for p in brow:
+            site_rows += [rows_of[refs[p]], info.out_shapes[0][0]]
+        if kind == _SEGMENT:
+            site_rows.append(rows_of[refs[0]])
+        program.append((op, args, kwargs, info, kind, sources, brow))
+    exports, outputs = _exports(outputs)
+    if not exports:
+        return None
+    op = _intern(program, exports, roles, block_class)
+    out_shapes = tuple(entries[j][4].out_shapes[idx] for j, idx in exports)
+    out_dtypes = tuple(entries[j][4].out_dtypes[idx] for j, idx in exports)
+    return op, CallInfo(op, roles, out_shapes, out_dtypes, tuple(site_rows), tuple(inputs),
+                        outputs)
+
+
+def _use_ok(ref, role, arg_role, arg_shapes):
+    """Whether value ``ref`` may be used with ``role`` (recording args' roles)."""
+    want = SHARED if role == SHARED else ROW
+    if ref[0] == "x":
+        return want == SHARED          # parameters and constants are never row data
+    if ref[0] == "n":
+        return want == ROW             # a computed weight would differ per call
+    if want == ROW and not arg_shapes[ref[1]]:
+        return False
+    return arg_role.setdefault(ref[1], want) == want
+
+
+def _rows_match(refs, roles, rows_of, info):
+    """ROW inputs have the output's rows; BROW ones too, or a single row."""
+    out_rows = info.out_shapes[0][0]
+    for ref, role in zip(refs, roles):
+        if role == ROW and rows_of[ref] != out_rows:
+            return False
+        if role == BROW and rows_of[ref] not in (out_rows, 1):
+            return False
+    return True
+
+
+def _exports(outputs):
+    """Entry outputs the call returns, in order, and the outputs with ("m", k) refs."""
+    exports = []
+
+    def walk(obj):
+        kind = obj[0]
+        if isinstance(kind, type):
+            return (kind, [walk(item) for item in obj[1]])
+        if kind != "n":
+            return obj
+        key = (obj[1], obj[2])
+        if key not in exports:
+            exports.append(key)
+        return ("m", exports.index(key))
+    rewritten = walk(outputs)
+    return tuple(exports), rewritten
+
+
+def _intern(program, exports, roles, block_class):
+    """The CallOp of a program, shared by every template with the same abstract form."""
+    key = (tuple((op.path, info.sig, kind, sources) for op, _a, _k, info, kind, sources, _b
+                 in program), exports, roles)
+    with _PROGRAMS_LOCK:
+        found = _PROGRAMS.get(key)
+        if found is None:
+            if len(_PROGRAMS) >= MAX_PROGRAMS:
+                _PROGRAMS.clear()       # rare; live templates keep their programs
+            entries = tuple(_Entry(op, args, kwargs, info, kind, sources, brow)
+                            for op, args, kwargs, info, kind, sources, brow in program)
+            found = _PROGRAMS[key] = CallOp(next(_UIDS), "call:" + block_class, entries,
+                                            exports, len(roles))
+    return found
+
+
+def make_node(rec, op, info, arg_values, external, path):
+    """Record one call node (fast path of ``replay.replay``); returns it."""
+    from .graph import OP, Node
+    inputs = [arg_values[ref[1]] if ref[0] == "a" else external[ref[1]]
+              for ref in info.inputs]
+    graph = rec.graph
+    node = Node(graph, OP, op, inputs)
+    node.sample = rec.sample
+    node.path = path
+    node.out_shapes = info.out_shapes
+    node.out_dtypes = info.out_dtypes
+    node.attrs = info.attrs
+    node.rule = CALL_RULE
+    node.meta = info.meta
+    node.info = info
+    rec._place(node, info)  # pylint: disable=protected-access
+    graph.nodes.append(node)
+    rec.num_recorded += 1
+    return node
+
