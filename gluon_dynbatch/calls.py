@@ -24,6 +24,7 @@ import threading
 import mxnet as mx
 import numpy as np
 
+from .lazy import LazyArray
 from .signatures import (BROW, NO_GRADIENT, ROW, SHARED, ReshapeRule, RowRule, Rule,
                          SegmentRule, call_as_recorded)
 
@@ -127,7 +128,8 @@ class CallInfo:
     """What replay needs of one concrete call shape (see ``record.CallInfo``)."""
 
     __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
-                 "shared_pos", "cacheable", "stateful", "site_rows", "inputs", "outputs")
+                 "shared_pos", "cacheable", "stateful", "site_rows", "inputs", "outputs",
+                 "out_kind")
 
     def __init__(self, op, roles, out_shapes, out_dtypes, site_rows, inputs, outputs):
         self.out_shapes, self.out_dtypes = out_shapes, out_dtypes
@@ -142,6 +144,14 @@ class CallInfo:
         self.site_rows = site_rows      # ints read by CallRule.batch_arrays
         self.inputs = inputs            # template refs of the node's inputs, in order
         self.outputs = outputs          # the template's outputs, ("m", k) = output k
+        # LazyArray, tuple or list when the outputs are simply the node's outputs
+        # in order (see ``outputs``); None for anything else.
+        self.out_kind = None
+        every = [("m", k) for k in range(len(out_shapes))]
+        if outputs == ("m", 0) and len(out_shapes) == 1:
+            self.out_kind = LazyArray
+        elif outputs[0] in (tuple, list) and list(outputs[1]) == every:
+            self.out_kind = outputs[0]
 
 
 class CallRule(Rule):
@@ -344,6 +354,23 @@ def _intern(program, exports, roles, block_class):
             found = _PROGRAMS[key] = CallOp(next(_UIDS), "call:" + block_class, entries,
                                             exports, len(roles))
     return found
+
+
+def outputs(node, info, build):
+    """The values a call node's call returns; ``build`` makes any other structure.
+
+    The usual structures (one output, or a tuple or list of node outputs)
+    are made here without walking the template's output description.
+    """
+    kind = info.out_kind
+    if kind is None:
+        return build(info.outputs)
+    lazies = []
+    for idx in range(len(info.out_shapes)):
+        lazy = LazyArray(node, idx)
+        node.set_output(idx, lazy)
+        lazies.append(lazy)
+    return lazies[0] if kind is LazyArray else kind(lazies)
 
 
 def make_node(rec, op, info, arg_values, external, path):

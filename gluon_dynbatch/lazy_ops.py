@@ -157,10 +157,20 @@ LazyArray.copy = _copy
 LazyArray.T = property(_T)
 
 
+_SLICE_AXIS = opdef("slice_axis")
+
+
 def _getitem(self, key):
     rec = current()
     if rec is None:
         return nd.NDArray.__getitem__(self, key)
+    if type(key) is slice and key.step is None and type(key.start) is int \
+            and type(key.stop) is int:
+        # x[i:j], rows of a table: the common case, straight to the recorder.
+        rows = self.shape[0]
+        if 0 <= key.start < key.stop <= rows and (key.start, key.stop) != (0, rows):
+            return rec.call_op(_SLICE_AXIS, (self,), {"axis": 0, "begin": key.start,
+                                                     "end": key.stop})
     parts = key if isinstance(key, tuple) else (key,)
     shape = self.shape
     if len(parts) > len(shape) or not all(
@@ -187,7 +197,7 @@ def _getitem(self, key):
         ends.append(stop)
     out = self
     if (begins[0], ends[0]) != (0, shape[0]):
-        out = rec.call_op(opdef("slice_axis"), (out,),
+        out = rec.call_op(_SLICE_AXIS, (out,),
                           {"axis": 0, "begin": begins[0], "end": ends[0]})
     rest = [(b, e) if (b, e) != (0, shape[a + 1]) else (None, None)
             for a, (b, e) in enumerate(zip(begins[1:], ends[1:]))]

@@ -130,11 +130,42 @@ class _InferCache:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        result = _infer_symbolic(op, node, in_shapes, in_dtypes)
+        result = _infer_rows_view(op, node, in_shapes, in_dtypes)
+        if result is None:
+            result = _infer_symbolic(op, node, in_shapes, in_dtypes)
         if all(all(s > 0 for s in shape) for shape in in_shapes):
             with self._lock:
                 self._cache[key] = result
         return result
+
+
+def _infer_rows_view(op, node, in_shapes, in_dtypes):
+    """Shapes of axis-0 slices and concatenations, without MXNet; None otherwise.
+
+    Their constant arguments differ per call (a word's row of an embedding
+    table), so each new one would otherwise pay a symbolic inference.
+    """
+    if not in_shapes or any(not s or 0 in s for s in in_shapes) or node.args[1:]:
+        return None
+    if len(set(in_dtypes)) != 1 or not all(type(a).__name__ == "Slot" for a in node.args):
+        return None
+    kwargs = node.kwargs
+    if op.name == "slice_axis" and len(in_shapes) == 1 and kwargs.get("axis") == 0 \
+            and set(kwargs) == {"axis", "begin", "end"}:
+        rows = in_shapes[0][0]
+        begin, end = kwargs["begin"], kwargs["end"]
+        if not isinstance(begin, int) or not isinstance(end, (int, type(None))):
+            return None
+        start, stop, _ = slice(begin, end).indices(rows)
+        if stop <= start:
+            return None
+        out = (stop - start,) + tuple(in_shapes[0][1:])
+    elif op.name in ("concat", "Concat") and set(kwargs) <= {"dim", "num_args"} \
+            and kwargs.get("dim", 1) == 0 and len(set(s[1:] for s in in_shapes)) == 1:
+        out = (sum(s[0] for s in in_shapes),) + tuple(in_shapes[0][1:])
+    else:
+        return None
+    return (out,), (in_dtypes[0],), tuple(tuple(s) for s in in_shapes)
 
 
 def _infer_symbolic(op, node, in_shapes, in_dtypes):
@@ -201,7 +232,8 @@ class Recorder:
         self.samples_flushed = 0    # of which counted by earlier flushes
         self.path = ()              # block names being traced, for messages
         self.depth = 0              # nesting of DynBatchBlock calls
-        self.tracing = 0            # nesting of child-block traces (see _template_mode)
+        self.tracing = 0            # nesting of child-block traces (see _find_template_mode)
+        self._template_mode = None  # (fuse, whole_calls) once known, outside traces
         self.num_recorded = 0
         self.max_pending = DEFAULT_MAX_PENDING
         self.replay = True          # copy traced child-block calls (replay.py)
@@ -512,12 +544,13 @@ class Recorder:
             if structure is not None:
                 if len(self.graph.nodes) >= self.max_pending:
                     self._flush()
-                arg_values = [self.value_of(a) for a in arrays]
+                arg_values = self._values_of(arrays)
                 version = self._versions.get(id(block))
                 if version is None:
                     version = self._versions[id(block)] = replay.block_version(block)
                 key = replay.call_key(block, structure, arg_values, version,
-                                      self.mode) + self._template_mode()
+                                      self.mode) + (self._template_mode
+                                                    or self._find_template_mode())
                 template = self._store.templates.get(key)
                 if template is replay.UNTEMPLATABLE:
                     key = None
@@ -556,16 +589,35 @@ class Recorder:
         scope = getattr(self, "scope", None)
         return scope is None or not scope._compiled()  # pylint: disable=protected-access
 
-    def _template_mode(self):
+    def _values_of(self, arrays):
+        """``value_of`` of each array (inline for values of the current graph)."""
+        graph = self.graph
+        values = []
+        for a in arrays:
+            if type(a) is LazyArray:
+                d = a.__dict__
+                node = d["_node"]
+                if node is not None and node.graph is graph:
+                    values.append((node, d["_idx"]))
+                    continue
+            values.append(self.value_of(a))
+        return values
+
+    def _find_template_mode(self):
         """(fuse, whole_calls) for templates of calls recorded now.
 
         A call made while another child block is being traced is copied into
         that block's template: it stays operator by operator, so the outer
         template sees plain operators and can become one call node or fuse.
+        Otherwise the scope's settings decide; they are fixed once the first
+        DynBatchBlock has been called, and then kept in ``_template_mode``.
         """
         if self.tracing:
             return (False, False)
-        return (self._fuse(), self._whole_calls())
+        mode = (self._fuse(), self._whole_calls())
+        if self.owner is not None:
+            self._template_mode = mode
+        return mode
 
     def _whole_calls(self):
         """Whether templates that batch row by row become one node per call (``calls.py``).
@@ -598,6 +650,7 @@ class Recorder:
         outer_path = self.path
         self.path = outer_path + (block.name,)
         self.tracing += 1
+        cached_mode, self._template_mode = self._template_mode, None
         try:
             for hook in block._forward_pre_hooks.values():
                 hook(block, args)
@@ -609,6 +662,7 @@ class Recorder:
         finally:
             self.path = outer_path
             self.tracing -= 1
+            self._template_mode = cached_mode
 
 
 # Operators whose batching rule depends on autograd's training mode.

@@ -26,8 +26,16 @@ _SIMPLE = (int, float, str, bool, type(None))
 # Helpers below are module functions, not nested closures: a recursive closure
 # is a reference cycle, and it would keep a whole batch's nodes alive.
 
+_FLAT = {}     # number of arguments -> structure of that many plain arrays
+
+
 def flatten_args(args):
     """(arrays, structure) of nested lists/tuples; None if a leaf is not simple."""
+    if all(isinstance(a, nd.NDArray) for a in args):       # the common case
+        structure = _FLAT.get(len(args))
+        if structure is None:
+            structure = _FLAT[len(args)] = _walk_args(tuple(args), [])
+        return list(args), structure
     arrays = []
     structure = _walk_args(tuple(args), arrays)
     return (arrays, structure) if structure is not None else (None, None)
@@ -157,13 +165,18 @@ def replay(rec, template, arg_values, path):
     if graph.mode is None:
         graph.mode = rec.mode
     external = []
+    found = graph.leaf_by_id.get
     for kind, value in template.external:
-        lazy = rec.param(value) if kind == "p" else rec.leaf(value)
-        external.append((lazy.__dict__["_node"], 0))
+        leaf = found(id(value)) if kind == "p" else None
+        if leaf is None:
+            lazy = rec.param(value) if kind == "p" else rec.leaf(value)
+            external.append((lazy.__dict__["_node"], 0))
+        else:
+            external.append((leaf[0], 0))
     if template.call is not None:
         op, info = template.call
         node = calls.make_node(rec, op, info, arg_values, external, path)
-        return _build(rec, info.outputs, arg_values, [node])
+        return calls.outputs(node, info, lambda ref: _build(rec, ref, arg_values, [node]))
     made = []
     sample = rec.sample
     nodes = graph.nodes
