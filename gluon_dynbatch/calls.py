@@ -34,12 +34,13 @@ _SEGMENT, _RESHAPE, _ROWS = "segment", "reshape", "rows"
 class _Entry:
     """One operator of a program: what ``call_as_recorded`` and the rules read."""
 
-    __slots__ = ("op", "args", "kwargs", "out_shapes", "dtype", "rule", "kind", "sources",
-                 "brow")
+    __slots__ = ("op", "args", "kwargs", "out_shapes", "out_dtypes", "dtype", "rule", "kind",
+                 "sources", "brow")
 
     def __init__(self, op, args, kwargs, info, kind, sources, brow):
         self.op, self.args, self.kwargs = op, args, kwargs
         self.out_shapes = info.out_shapes    # of the first concrete call: tails are read
+        self.out_dtypes = info.out_dtypes
         self.dtype = info.out_dtypes[0]
         self.rule = info.rule
         self.kind = kind
@@ -87,8 +88,8 @@ class CallOp:
         """N calls at once: ``inputs`` batched along axis 0, then the index arrays.
 
         ``variant`` says, per BROW input of the program in order, whether it
-        is repeated through an index array; segment entries always read one
-        (and ``mean`` its counts too).
+        is repeated through an index array; segment entries always read a
+        padded index and weights (and ``mean`` its counts too).
         """
         extra = iter(inputs[self.num_inputs:])
         flags = iter(variant)
@@ -100,7 +101,7 @@ class CallOp:
                 if next(flags):
                     ins[pos] = F.take(ins[pos], next(extra), axis=0)
             if entry.kind == _SEGMENT:
-                ins.append(next(extra))
+                ins += [next(extra), next(extra)]
                 if entry.op.name == "mean":
                     ins.append(next(extra))
             results.append(entry.rule.batched_call(F, entry, ins))
@@ -177,12 +178,9 @@ class CallRule(Rule):
                 if repeat:
                     arrays.append(_repeat_index(have, want))
             if entry.kind == _SEGMENT:
-                counts = rows[:, col]
+                arrays += SegmentRule.arrays_for_counts(
+                    rows[:, col], entry.op.name, len(entry.out_shapes[0]) - 1, entry.dtype)
                 col += 1
-                arrays.append(_padded_index(counts))
-                if entry.op.name == "mean":
-                    tail = len(entry.out_shapes[0]) - 1
-                    arrays.append(counts.astype(entry.dtype).reshape((-1,) + (1,) * tail))
         return tuple(variant), arrays
 
     def batched_call(self, F, node, inputs, variant=()):
@@ -199,19 +197,6 @@ def _repeat_index(have, want):
     within = np.arange(total) - np.repeat(np.cumsum(want) - want, want)
     same = np.repeat(have == want, want)
     return (np.repeat(starts, want) + within * same).astype(np.int32)
-
-
-def _padded_index(counts):
-    """(calls, longest) index into the calls' rows; padding points past the end.
-
-    The same layout as ``SegmentRule.segment_arrays``: the batched sum appends
-    one zero row, which the padding reads.
-    """
-    total = int(counts.sum())
-    starts = np.cumsum(counts) - counts
-    cols = np.arange(max(int(counts.max()), 1))
-    index = np.where(cols[None, :] < counts[:, None], starts[:, None] + cols[None, :], total)
-    return index.astype(np.int32)
 
 
 # -- building call templates ------------------------------------------------------------
