@@ -1,0 +1,190 @@
+"""Whole child-block calls as one node (gluon_dynbatch/calls.py)."""
+import numpy as np
+import pytest
+from mxnet import gluon, nd
+
+import gluon_dynbatch as gdb
+from dynbatch_testing import (ChildSumTreeLSTM, Tree, assert_same, make_model, random_tree,
+                              rng, run_model)
+from gluon_dynbatch.calls import CALL_RULE, CallOp
+
+STRATEGIES = ["depth", "agenda", "unbatched"]
+MODES = [False, True, "step"]
+
+
+def _plan(model, samples, inputs, **kwargs):
+    with gdb.batching(keep_plan=True, **kwargs) as scope:
+        outs = [model(s, *inputs) for s in samples]
+    return scope, outs
+
+
+def _call_steps(plan):
+    return [s for s in plan.steps if isinstance(s.nodes[0].op, CallOp)]
+
+
+def _mixed_trees():
+    """Trees whose nodes have 0, 1, 2 and 3 children, several at each height."""
+    leaf = lambda w: Tree(w)  # noqa: E731
+    return [Tree(0, [leaf(1), leaf(2), leaf(3)]), Tree(4, [leaf(5)]),
+            Tree(6, [leaf(7), leaf(8)]), Tree(9, [Tree(1, [leaf(2), leaf(3)]), leaf(4)]),
+            leaf(5)]
+
+
+def test_tree_lstm_cell_is_one_node_per_call_and_arity_does_not_split_batches():
+    trees = _mixed_trees()
+    model = make_model(ChildSumTreeLSTM, hidden=5)
+    emb = nd.random.uniform(shape=(10, 4))
+    scope, _ = _plan(model, trees, [emb])
+    steps = _call_steps(scope.last_plan)
+    assert steps == scope.last_plan.steps          # nothing but cell calls runs
+    nodes = sum(1 for t in trees for _ in t.nodes())
+    assert sum(len(s.nodes) for s in steps) == nodes
+    # One step per height: the calls with 1, 2 and 3 children of height 2 share one.
+    heights = max(t.height() for t in trees)
+    assert len(steps) == heights
+    arities = {node.inputs[1][0].out_shapes[0][0] for node in steps[1].nodes}
+    assert arities == {1, 2, 3}
+    op_scope, _ = _plan(model, trees, [emb], granularity="op")
+    assert scope.stats.nodes < op_scope.stats.nodes / 3
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("compiled", MODES)
+def test_call_nodes_match_eager_and_per_operator_runs(strategy, compiled):
+    r = rng(11)
+    trees = _mixed_trees() + [random_tree(r, 10, max_depth=3) for _ in range(5)]
+    model = make_model(ChildSumTreeLSTM, hidden=6)
+    emb = nd.random.uniform(-1, 1, shape=(10, 4))
+    eager = run_model(model, trees, [emb], "eager")
+    per_op = run_model(model, trees, [emb], strategy, compiled, granularity="op")
+    calls = run_model(model, trees, [emb], strategy, compiled)
+    assert_same(per_op, eager)
+    assert_same(calls, eager)
+    assert calls[2].nodes < per_op[2].nodes
+
+
+def test_variant_repeats_one_row_inputs_only_when_a_call_needs_it():
+    model = make_model(ChildSumTreeLSTM, hidden=3)
+    emb = nd.random.uniform(shape=(10, 2))
+    leaves = [Tree(w) for w in range(4)]
+    scope, _ = _plan(model, leaves, [emb])
+    (step,) = scope.last_plan.steps
+    variant, _ = CALL_RULE.batch_arrays(step.nodes)
+    assert not any(variant)                        # every call has one child row
+    scope, _ = _plan(model, [Tree(0, [Tree(1), Tree(2)]), Tree(3, [Tree(4)])], [emb])
+    variant, arrays = CALL_RULE.batch_arrays(scope.last_plan.steps[1].nodes)
+    assert any(variant)                            # x's row is repeated per child
+    # The repeat index gives each call's child rows its own x row: 0, 0 then 1.
+    assert [0, 0, 1] in [list(a) for a in arrays if a.ndim == 1]
+
+
+class Pooled(gluon.HybridBlock):
+    """Means and sums over a call's rows, kept and dropped axes, reshapes."""
+
+    def hybrid_forward(self, F, rows, x):  # pylint: disable=arguments-differ
+        pooled = F.mean(rows * 3, axis=0)                       # (D,): rank 1
+        total = F.sum(F.tanh(rows), axis=0, keepdims=True)      # (1, D)
+        both = F.broadcast_add(F.reshape(pooled, shape=(1, -1)), x) * total
+        return both, F.reshape(both, shape=(-1, 1))
+
+
+class UsesPooled(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.pool = Pooled()
+
+    def hybrid_forward(self, F, k, x):
+        return self.pool(x[k:k + 1 + k % 4], x[k:k + 1])
+
+
+@pytest.mark.parametrize("compiled", MODES)
+def test_means_sums_and_reshapes_inside_a_call(compiled):
+    model = UsesPooled()
+    x = nd.random.uniform(-1, 1, shape=(12, 5))
+    samples = list(range(8))
+    eager = run_model(model, samples, [x], "eager")
+    assert_same(run_model(model, samples, [x], "depth", compiled), eager)
+    scope, _ = _plan(model, samples, [x])
+    (step,) = _call_steps(scope.last_plan)
+    assert len(step.nodes) == len(samples)
+
+
+class WithRowView(gluon.HybridBlock):
+    """Takes its own first row: a view, so its calls stay per operator."""
+
+    def hybrid_forward(self, F, rows):  # pylint: disable=arguments-differ
+        return F.tanh(F.slice_axis(rows, axis=0, begin=0, end=1)) * 2
+
+
+class WithMadeWeight(gluon.HybridBlock):
+    """Computes the weight of its FullyConnected: it would differ per call."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.raw = self.params.get("raw", shape=(3, 5))
+
+    def hybrid_forward(self, F, x, raw):  # pylint: disable=arguments-differ
+        return F.FullyConnected(x, F.tanh(raw), no_bias=True, num_hidden=3)
+
+
+class Uses(gdb.DynBatchBlock):
+    def __init__(self, child, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.child = child
+
+    def hybrid_forward(self, F, k, x):
+        return self.child(x[k:k + 2])
+
+
+@pytest.mark.parametrize("child", [WithRowView, WithMadeWeight])
+def test_blocks_that_do_not_batch_row_by_row_stay_per_operator(child):
+    model = Uses(child())
+    model.initialize()
+    x = nd.random.uniform(-1, 1, shape=(9, 5))
+    samples = list(range(6))
+    scope, _ = _plan(model, samples, [x])
+    assert not _call_steps(scope.last_plan)
+    assert_same(run_model(model, samples, [x], "depth"), run_model(model, samples, [x],
+                                                                    "eager"))
+
+
+def test_reference_strategy_and_op_granularity_record_every_operator():
+    model = make_model(ChildSumTreeLSTM, hidden=3)
+    emb = nd.random.uniform(shape=(10, 2))
+    trees = _mixed_trees()
+    scope, _ = _plan(model, trees, [emb], strategy="unbatched", granularity="op")
+    assert not _call_steps(scope.last_plan)
+    for strategy in ("reference", "depth"):
+        with gdb.batching(strategy=strategy) as scope:
+            outs = [model(t, emb) for t in trees]
+            ops = {type(n.op).__name__ for n in scope.recorder.graph.nodes if n.op}
+        assert ("CallOp" in ops) == (strategy != "reference")
+        assert outs[0][0].shape == (1, 3)
+
+
+def test_granularity_is_validated_and_a_block_default():
+    with pytest.raises(ValueError, match="granularity"):
+        gdb.batching(granularity="block")
+    with pytest.raises(ValueError, match="granularity"):
+        ChildSumTreeLSTM(granularity="tree")
+    model = make_model(ChildSumTreeLSTM, hidden=3, granularity="op")
+    emb = nd.random.uniform(shape=(10, 2))
+    scope, _ = _plan(model, _mixed_trees(), [emb])
+    assert not _call_steps(scope.last_plan)
+
+
+def test_nan_in_one_call_stays_in_its_call():
+    model = make_model(ChildSumTreeLSTM, hidden=3)
+    table = np.random.RandomState(0).uniform(size=(10, 2)).astype(np.float32)
+    table[3, 0] = np.nan
+    emb = nd.array(table)
+    trees = [Tree(0, [Tree(1), Tree(2)]), Tree(4, [Tree(3), Tree(5)]), Tree(6, [Tree(7)])]
+    with gdb.batching():
+        outs = [model(t, emb) for t in trees]
+    assert np.isnan(outs[1][0].asnumpy()).all()
+    for k in (0, 2):
+        want = model(trees[k], emb)[0].asnumpy()
+        np.testing.assert_allclose(outs[k][0].asnumpy(), want, rtol=1e-5, atol=1e-6)
