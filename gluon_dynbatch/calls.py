@@ -71,6 +71,14 @@ class CallOp:
         self.exports = exports
         self.num_inputs = num_inputs
         self._compiled = threading.local()
+        # Columns of a call's site_rows holding a BROW input's rows (the next
+        # column holds its output's rows); and the repeats compiled plans keep.
+        cols, col = [], 0
+        for entry in entries:
+            cols += [col + 2 * k for k in range(len(entry.brow))]
+            col += 2 * len(entry.brow) + (entry.kind == _SEGMENT)
+        self.have_cols = np.array(cols, dtype=np.int64)
+        self.sticky = np.zeros(len(cols), dtype=bool)
 
     def __repr__(self):
         return "CallOp(%s, %d entries)" % (self.name, len(self.entries))
@@ -163,20 +171,30 @@ class CallRule(Rule):
     def signature(self, node):     # call nodes come with their CallInfo
         raise NotImplementedError("call nodes are signed when their template is built")
 
-    def batch_arrays(self, nodes):
-        """(variant, index arrays) of a batch of call nodes, from their row counts."""
+    def batch_arrays(self, nodes, sticky=False):
+        """(variant, index arrays) of a batch of call nodes, from their row counts.
+
+        With ``sticky`` (compiled plans), a repeat that the program needed in
+        any earlier batch is kept (as an identity where no call needs it), so
+        that batches of the same shape keep the same plan key.
+        """
+        op = nodes[0].op
         rows = np.array([n.info.site_rows for n in nodes], dtype=np.int64)
         if rows.ndim == 1:
             rows = rows.reshape(len(nodes), 0)
-        variant, arrays, col = [], [], 0
-        for entry in nodes[0].op.entries:
+        need = (rows[:, op.have_cols] != rows[:, op.have_cols + 1]).any(axis=0)
+        if sticky:
+            need |= op.sticky
+            op.sticky = need
+        variant, arrays, col, site = [], [], 0, 0
+        for entry in op.entries:
             for _ in entry.brow:
-                have, want = rows[:, col], rows[:, col + 1]
-                col += 2
-                repeat = not np.array_equal(have, want)
+                repeat = bool(need[site])
                 variant.append(repeat)
                 if repeat:
-                    arrays.append(_repeat_index(have, want))
+                    arrays.append(_repeat_index(rows[:, col], rows[:, col + 1]))
+                col += 2
+                site += 1
             if entry.kind == _SEGMENT:
                 arrays += SegmentRule.arrays_for_counts(
                     rows[:, col], entry.op.name, len(entry.out_shapes[0]) - 1, entry.dtype)

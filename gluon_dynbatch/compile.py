@@ -145,10 +145,16 @@ class Compiler(SegmentWalker):
             for k, role in enumerate(node0.meta):
                 if shared[k]:
                     ins.append(self._gather_desc(self.segments(*node0.inputs[k])))
+                elif kind == "call" and not self.slices:
+                    # Compiled: whether a call's rows lie in order in one earlier
+                    # output depends on the trees; a take always keeps the
+                    # plan's key the same for batches of the same shape.
+                    ins.append(self._gather_desc(self.input_segments(nodes, k, role),
+                                                 force_take=True))
                 else:
                     ins.append(self._whole_output(nodes, k, role) or self._gather_desc(
                         self.input_segments(nodes, k, role)))
-            variant, extra = _extra_arrays(node0, nodes)
+            variant, extra = _extra_arrays(node0, nodes, sticky=not self.slices)
             for k, array in enumerate(extra):
                 name = "m%d_%d" % (len(self.steps), k)
                 self.matrix_parts.append((name, array))
@@ -163,6 +169,12 @@ class Compiler(SegmentWalker):
         key = key + (tails,)
         family = (kind, node0.op.name, node0.attrs if node0.rule.keyed_attrs else None,
                   node0.meta, tails)
+        if kind == "call":
+            # Calls of different programs (a leaf's cell and an internal
+            # node's) feed the same consumers; whether a batch's consumers
+            # read both depends on its trees, so their outputs form one family
+            # per position, trailing shape and dtype.
+            family = (kind, tails[1:])
         outs = []
         for j, shape in enumerate(node0.out_shapes):
             rows = sum(n.out_shapes[j][0] for n in nodes)
@@ -416,17 +428,18 @@ class StepCompiler(Executor):
         return outs
 
 
-def _extra_arrays(node0, nodes):
+def _extra_arrays(node0, nodes, sticky=False):
     """(variant, arrays): the index arrays a batched step reads besides its inputs.
 
     Ragged sums read a padded index (and counts); call nodes (``calls.py``)
-    read repeats and padded indices, and their variant says which.
+    read repeats and padded indices, and their variant says which (with
+    ``sticky``, every repeat a program ever needed, for stable plan keys).
     """
     kind = node0.rule.kind
     if kind == "segment":
         return None, node0.rule.segment_arrays(nodes, node0.out_dtypes[0])
     if kind == "call":
-        return node0.rule.batch_arrays(nodes)
+        return node0.rule.batch_arrays(nodes, sticky)
     return None, []
 
 
