@@ -19,7 +19,9 @@ recorded and run batched. The math (identical in
 
 * every non-terminal (pre-terminals and internal nodes) has logits
   ``W_out h`` (no bias); the loss is the summed softmax cross-entropy of the
-  logits against the nodes' labels.
+  logits against the nodes' labels.  As in DyNet's benchmark, each node's
+  loss is computed where the node is (in its cell), and a subtree's loss is
+  passed up with its state: a tree returns one loss, not a value per node.
 
 Weights are exchanged with the DyNet side as a dict of numpy arrays (see
 :data:`WEIGHT_NAMES`, :func:`get_weights`, :func:`set_weights`,
@@ -54,8 +56,14 @@ def _iou(F, z, hidden):
     return i, o, u
 
 
+def _node_loss(F, h, out_weight, label, num_classes):
+    """Softmax cross-entropy of the logits ``W_out h`` against ``label`` (1,)."""
+    logits = F.FullyConnected(h, out_weight, no_bias=True, num_hidden=num_classes)
+    return -F.pick(F.log_softmax(logits, axis=1), label, axis=1)
+
+
 class LeafCell(gluon.HybridBlock):
-    """A pre-terminal's state and logits, given its word embedding.
+    """A pre-terminal's state and loss, given its word embedding and label.
 
     The weights are arguments, not Parameters of this block (they belong to
     :class:`BinaryTreeLSTM`).  As a child HybridBlock its calls are traced
@@ -68,22 +76,21 @@ class LeafCell(gluon.HybridBlock):
         self._hidden_size = hidden_size
         self._num_classes = num_classes
 
-    def hybrid_forward(self, F, x, iou_weight, iou_bias, out_weight):
-        """``(h, c, logits)`` of a pre-terminal with embedding ``x`` (1, E)."""
+    def hybrid_forward(self, F, x, label, iou_weight, iou_bias, out_weight):
+        """``(h, c, loss)`` of a pre-terminal with embedding ``x`` (1, E)."""
         hidden = self._hidden_size
         z = F.FullyConnected(x, iou_weight, iou_bias, num_hidden=3 * hidden)
         i, o, u = _iou(F, z, hidden)
         c = i * u
         h = o * F.Activation(c, act_type="tanh")
-        logits = F.FullyConnected(h, out_weight, no_bias=True,
-                                  num_hidden=self._num_classes)
-        return h, c, logits
+        return h, c, _node_loss(F, h, out_weight, label, self._num_classes)
 
 
 class InternalCell(gluon.HybridBlock):
-    """An internal node's state and logits, given its two children's states.
+    """An internal node's state and the loss of its subtree.
 
-    Like :class:`LeafCell`, the weights are arguments.
+    Given its children's states and subtree losses and its own label.  Like
+    :class:`LeafCell`, the weights are arguments.
     """
 
     def __init__(self, hidden_size, num_classes, **kwargs):
@@ -91,10 +98,10 @@ class InternalCell(gluon.HybridBlock):
         self._hidden_size = hidden_size
         self._num_classes = num_classes
 
-    def hybrid_forward(self, F, h1, c1, h2, c2, iou_weight, iou_bias,
-                       forget_left_weight, forget_right_weight, forget_bias,
-                       out_weight):
-        """``(h, c, logits)`` from children ``(h1, c1)`` and ``(h2, c2)``."""
+    def hybrid_forward(self, F, h1, c1, loss1, h2, c2, loss2, label, iou_weight,
+                       iou_bias, forget_left_weight, forget_right_weight,
+                       forget_bias, out_weight):
+        """``(h, c, loss)`` from children ``(h1, c1)`` and ``(h2, c2)``."""
         hidden = self._hidden_size
         z = F.FullyConnected(F.concat(h1, h2, dim=1), iou_weight, iou_bias,
                              num_hidden=3 * hidden)
@@ -107,13 +114,12 @@ class InternalCell(gluon.HybridBlock):
                           act_type="sigmoid")
         c = i * u + f1 * c1 + f2 * c2
         h = o * F.Activation(c, act_type="tanh")
-        logits = F.FullyConnected(h, out_weight, no_bias=True,
-                                  num_hidden=self._num_classes)
-        return h, c, logits
+        own = _node_loss(F, h, out_weight, label, self._num_classes)
+        return h, c, loss1 + loss2 + own
 
 
 class BinaryTreeLSTM(gdb.DynBatchBlock):
-    """Binary Tree-LSTM over one SST tree, with per-node sentiment logits.
+    """Binary Tree-LSTM over one SST tree, with the loss of every node.
 
     Call it as ``cell(tree, embeddings)`` with an :class:`~sst_data.SSTTree`
     whose pre-terminals have ``word_id`` set and the (V, E) embedding table.
@@ -156,6 +162,14 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
                 "out_weight", shape=(num_classes, hidden_size))
             self.leaf_cell = LeafCell(hidden_size, num_classes)
             self.internal_cell = InternalCell(hidden_size, num_classes)
+        self._labels = {}     # context -> label table (see _label_rows)
+
+    def _label_rows(self, ctx):
+        """The constant (num_classes,) table whose row ``k`` is the label ``k``."""
+        table = self._labels.get(ctx)
+        if table is None:
+            table = self._labels[ctx] = mx.nd.arange(self._num_classes, ctx=ctx)
+        return table
 
     def hybrid_forward(self, F, tree, embeddings, **params):
         """Run the cell over ``tree``.
@@ -165,7 +179,7 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
         F : module
             ``mx.nd`` (or whatever the engine passes).
         tree : SSTTree
-            The (sub)tree; pre-terminals need ``word_id``.
+            The (sub)tree; pre-terminals need ``word_id``, every node ``label``.
         embeddings : NDArray
             The (V, E) embedding table.
         **params : NDArray
@@ -175,27 +189,27 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
         -------
         h, c : NDArray
             (1, H) hidden and memory state of the root.
-        logits : list of NDArray
-            (1, num_classes) logits of every node, in ``tree.postorder()``
-            order (children first).
+        loss : NDArray
+            (1,) summed softmax cross-entropy of the logits of every node of
+            ``tree`` (pre-terminals and internal nodes) against its label.
         """
+        labels = self._label_rows(embeddings.context)
+        label = F.slice_axis(labels, axis=0, begin=tree.label, end=tree.label + 1)
         if tree.is_preterminal:
             x = embeddings[tree.word_id:tree.word_id + 1]
-            h, c, own = self.leaf_cell(x, params["leaf_iou_weight"],
-                                       params["leaf_iou_bias"],
-                                       params["out_weight"])
-            return h, c, [own]
+            return self.leaf_cell(x, label, params["leaf_iou_weight"],
+                                  params["leaf_iou_bias"], params["out_weight"])
         if len(tree.children) != 2:
             raise ValueError("BinaryTreeLSTM needs binary trees, got a node "
                              "with %d children" % len(tree.children))
         left, right = tree.children
-        h1, c1, logits1 = self(left, embeddings)
-        h2, c2, logits2 = self(right, embeddings)
-        h, c, own = self.internal_cell(
-            h1, c1, h2, c2, params["iou_weight"], params["iou_bias"],
-            params["forget_left_weight"], params["forget_right_weight"],
-            params["forget_bias"], params["out_weight"])
-        return h, c, list(logits1) + list(logits2) + [own]
+        h1, c1, loss1 = self(left, embeddings)
+        h2, c2, loss2 = self(right, embeddings)
+        return self.internal_cell(
+            h1, c1, loss1, h2, c2, loss2, label, params["iou_weight"],
+            params["iou_bias"], params["forget_left_weight"],
+            params["forget_right_weight"], params["forget_bias"],
+            params["out_weight"])
 
 
 class SSTSentimentModel(gluon.Block):
@@ -250,29 +264,13 @@ class SSTSentimentModel(gluon.Block):
             return [self.tree_lstm(tree, embeddings) for tree in trees]
 
 
-def node_labels(trees):
-    """Labels of every node of ``trees``, in the order of the model's logits.
-
-    Parameters
-    ----------
-    trees : list of SSTTree
-
-    Returns
-    -------
-    numpy.ndarray
-        1-d float32 array.
-    """
-    return np.array([node.label for tree in trees
-                     for node in tree.postorder()], dtype=np.float32)
-
-
 def sst_loss(outputs, trees):
     """Summed softmax cross-entropy over every node of every tree.
 
     Parameters
     ----------
     outputs : list of tuple
-        Per tree ``(h, c, logits)``, from :class:`SSTSentimentModel` or
+        Per tree ``(h, c, loss)``, from :class:`SSTSentimentModel` or
         :class:`BinaryTreeLSTM`; used after the batching scope.
     trees : list of SSTTree
         The same trees, in the same order.
@@ -285,17 +283,12 @@ def sst_loss(outputs, trees):
     Raises
     ------
     ValueError
-        If the number of logits differs from the number of nodes.
+        If the number of outputs differs from the number of trees.
     """
-    logits = [z for _, _, tree_logits in outputs for z in tree_logits]
-    labels = node_labels(trees)
-    if len(logits) != len(labels):
-        raise ValueError("got %d logits for %d tree nodes"
-                         % (len(logits), len(labels)))
-    scores = mx.nd.log_softmax(mx.nd.concat(*logits, dim=0), axis=1)
-    labels = mx.nd.array(labels, ctx=scores.context)
-    picked = mx.nd.pick(scores, labels, axis=1)
-    return -mx.nd.sum(picked, axis=0, keepdims=True)
+    if len(outputs) != len(trees):
+        raise ValueError("got %d outputs for %d trees" % (len(outputs), len(trees)))
+    losses = [loss for _, _, loss in outputs]
+    return losses[0] if len(losses) == 1 else mx.nd.add_n(*losses)
 
 
 def batch_loss(model, trees, batched=True):

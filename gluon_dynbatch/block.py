@@ -87,8 +87,7 @@ class DynBatchBlock(gluon.HybridBlock):
         outer_path = rec.path
         rec.path = outer_path + (self.name,)
         try:
-            params = {name: rec.param(p) for name, p in self._reg_params.items()}
-            return self.hybrid_forward(rec.F, *args, **params)
+            return self.hybrid_forward(rec.F, *args, **rec.params_of(self))
         except BatchingError:
             raise
         except Exception as err:

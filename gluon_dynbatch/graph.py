@@ -122,6 +122,7 @@ class Graph:
         self.flush_fn = flush_fn
         self.error = None          # set when the scope failed
         self.leaf_by_id = {}       # id(NDArray) or id(Parameter) -> leaf Node
+        self.param_dicts = {}      # id(block) -> (block, {name: LazyArray}) of its params
         self.mode = None           # autograd's (recording, training) of its calls
 
     def add(self, node):
@@ -137,6 +138,7 @@ class Graph:
         """
         self.nodes = []
         self.leaf_by_id = {}
+        self.param_dicts = {}
         self.flush_fn = _released
 
     def live_outputs(self):

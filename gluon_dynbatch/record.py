@@ -307,6 +307,19 @@ class Recorder:
         graph.leaf_by_id[id(parameter)] = (node, lazy)
         return lazy
 
+    def params_of(self, block):
+        """A block's own parameters as lazy values, by name (one dict per graph).
+
+        Every recursive call of a DynBatchBlock passes them; building the dict
+        once per graph saves a lookup per parameter per call.
+        """
+        graph = self.graph
+        found = graph.param_dicts.get(id(block))
+        if found is None or found[0] is not block:
+            found = graph.param_dicts[id(block)] = (
+                block, {name: self.param(p) for name, p in block._reg_params.items()})
+        return found[1]
+
     def value_of(self, x):
         """(node, index) of array ``x`` in the current graph."""
         if isinstance(x, LazyArray):
@@ -431,7 +444,7 @@ class Recorder:
         node.out_shapes, node.out_dtypes = info.out_shapes, info.out_dtypes
         node.attrs, node.rule, node.meta, node.info = info.attrs, info.rule, info.meta, info
         self._place(node, info)
-        graph.add(node)
+        graph.nodes.append(node)
         self.num_recorded += 1
         if len(info.out_shapes) == 1:
             lazy = LazyArray(node, 0)
@@ -538,7 +551,8 @@ class Recorder:
     def trace_block(self, block, args):
         """Record a child HybridBlock call: replayed from a template when possible."""
         key = arg_values = None
-        self.sync_mode()
+        if self._mode_seen != _MODE_CHANGES[0]:
+            self.sync_mode()
         if self.replay and not block._forward_pre_hooks and not block._forward_hooks:
             arrays, structure = replay.flatten_args(args)
             if structure is not None:
