@@ -345,8 +345,10 @@ def _exports(outputs):
 
 def _intern(program, exports, roles, block_class):
     """The CallOp of a program, shared by every template with the same abstract form."""
-    key = (tuple((op.path, info.sig, kind, sources) for op, _a, _k, info, kind, sources, _b
-                 in program), exports, roles)
+    # Constant arguments are part of the key even where signatures leave them
+    # out (a reshape's target shape), so ``CallOp.run`` is exact for every call.
+    key = (tuple((op.path, info.attrs, info.sig, kind, sources)
+                 for op, _a, _k, info, kind, sources, _b in program), exports, roles)
     with _PROGRAMS_LOCK:
         found = _PROGRAMS.get(key)
         if found is None:

@@ -188,3 +188,21 @@ def test_nan_in_one_call_stays_in_its_call():
     for k in (0, 2):
         want = model(trees[k], emb)[0].asnumpy()
         np.testing.assert_allclose(outs[k][0].asnumpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_reference_executor_runs_call_nodes_one_call_at_a_time():
+    """``CallOp.run`` (a call node unbatched, as the reference executor runs it)."""
+    from gluon_dynbatch.reference import run_reference
+    trees = _mixed_trees()
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    with gdb.batching() as scope:
+        outs = [model(t, emb) for t in trees]
+        graph = scope.recorder.graph
+        assert any(isinstance(n.op, CallOp) for n in graph.nodes)
+        live = graph.live_outputs()
+        run_reference(graph.needed(live), live, None)
+    for tree, (h, c) in zip(trees, outs):
+        want_h, want_c = model(tree, emb)
+        np.testing.assert_allclose(h.asnumpy(), want_h.asnumpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(c.asnumpy(), want_c.asnumpy(), rtol=1e-5, atol=1e-6)
