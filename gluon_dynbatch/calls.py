@@ -24,6 +24,7 @@ import threading
 import mxnet as mx
 import numpy as np
 
+from .graph import OP, Node
 from .lazy import LazyArray
 from .signatures import (BROW, NO_GRADIENT, ROW, SHARED, ReshapeRule, RowRule, Rule,
                          SegmentRule, call_as_recorded)
@@ -361,15 +362,13 @@ def _intern(program, exports, roles, block_class):
     return found
 
 
-def outputs(node, info, build):
-    """The values a call node's call returns; ``build`` makes any other structure.
+def outputs(node, info):
+    """The values a call returns when they are simply the node's outputs.
 
-    The usual structures (one output, or a tuple or list of node outputs)
-    are made here without walking the template's output description.
+    That is one output, or a tuple or list of them in order
+    (``info.out_kind``); ``replay`` builds any other structure itself.
     """
     kind = info.out_kind
-    if kind is None:
-        return build(info.outputs)
     lazies = []
     for idx in range(len(info.out_shapes)):
         lazy = LazyArray(node, idx)
@@ -380,7 +379,6 @@ def outputs(node, info, build):
 
 def make_node(rec, op, info, arg_values, external, path):
     """Record one call node (fast path of ``replay.replay``); returns it."""
-    from .graph import OP, Node
     inputs = [arg_values[ref[1]] if ref[0] == "a" else external[ref[1]]
               for ref in info.inputs]
     graph = rec.graph
@@ -397,4 +395,3 @@ def make_node(rec, op, info, arg_values, external, path):
     graph.nodes.append(node)
     rec.num_recorded += 1
     return node
-

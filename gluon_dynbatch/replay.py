@@ -176,7 +176,9 @@ def replay(rec, template, arg_values, path):
     if template.call is not None:
         op, info = template.call
         node = calls.make_node(rec, op, info, arg_values, external, path)
-        return calls.outputs(node, info, lambda ref: _build(rec, ref, arg_values, [node]))
+        if info.out_kind is None:
+            return _build(rec, info.outputs, arg_values, [node])
+        return calls.outputs(node, info)
     made = []
     sample = rec.sample
     nodes = graph.nodes

@@ -125,7 +125,6 @@ class RowRule(Rule):
         return tuple(keys)
 
 
-
 def _out_ndim(node):
     return len(node.out_shapes[0])
 

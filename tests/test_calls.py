@@ -24,10 +24,9 @@ def _call_steps(plan):
 
 def _mixed_trees():
     """Trees whose nodes have 0, 1, 2 and 3 children, several at each height."""
-    leaf = lambda w: Tree(w)  # noqa: E731
-    return [Tree(0, [leaf(1), leaf(2), leaf(3)]), Tree(4, [leaf(5)]),
-            Tree(6, [leaf(7), leaf(8)]), Tree(9, [Tree(1, [leaf(2), leaf(3)]), leaf(4)]),
-            leaf(5)]
+    return [Tree(0, [Tree(1), Tree(2), Tree(3)]), Tree(4, [Tree(5)]),
+            Tree(6, [Tree(7), Tree(8)]), Tree(9, [Tree(1, [Tree(2), Tree(3)]), Tree(4)]),
+            Tree(5)]
 
 
 def test_tree_lstm_cell_is_one_node_per_call_and_arity_does_not_split_batches():
@@ -147,8 +146,8 @@ def test_blocks_that_do_not_batch_row_by_row_stay_per_operator(child):
     samples = list(range(6))
     scope, _ = _plan(model, samples, [x])
     assert not _call_steps(scope.last_plan)
-    assert_same(run_model(model, samples, [x], "depth"), run_model(model, samples, [x],
-                                                                    "eager"))
+    eager = run_model(model, samples, [x], "eager")
+    assert_same(run_model(model, samples, [x], "depth"), eager)
 
 
 def test_reference_strategy_and_op_granularity_record_every_operator():
