@@ -98,7 +98,7 @@ class CallOp:
 
         ``variant`` says, per BROW input of the program in order, whether it
         is repeated through an index array; segment entries always read a
-        padded index and weights (and ``mean`` its counts too).
+        padded index (and ``mean`` its counts too).
         """
         extra = iter(inputs[self.num_inputs:])
         flags = iter(variant)
@@ -110,7 +110,7 @@ class CallOp:
                 if next(flags):
                     ins[pos] = F.take(ins[pos], next(extra), axis=0)
             if entry.kind == _SEGMENT:
-                ins += [next(extra), next(extra)]
+                ins.append(next(extra))
                 if entry.op.name == "mean":
                     ins.append(next(extra))
             results.append(entry.rule.batched_call(F, entry, ins))

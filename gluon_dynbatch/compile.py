@@ -236,27 +236,25 @@ class Compiler(SegmentWalker):
         return [feeds[n] for n in names]
 
     def feed_arrays(self):
-        """Every feed by name; index arrays and segment matrices copied once each.
+        """Every feed by name; index arrays and segment matrices copied once per dtype.
 
         Each ``mx.nd.array`` is a synchronous copy, so one per gather would
-        cost more than the gathers themselves.
+        cost more than the gathers themselves; the copy is then cut into the
+        parts by one ``split_v2`` (one call, where slicing costs one per part).
         """
         feeds = dict(self.feeds)
-        if self.index_parts:
-            joined = np.concatenate([part for _, part in self.index_parts])
-            table = mx.nd.array(joined, ctx=self.ctx, dtype="int32")
-            start = 0
-            for name, part in self.index_parts:
-                feeds[name] = table[start:start + len(part)]
-                start += len(part)
-        for dtype in {m.dtype for _, m in self.matrix_parts}:
-            parts = [(n, m) for n, m in self.matrix_parts if m.dtype == dtype]
-            flat = mx.nd.array(np.concatenate([m.ravel() for _, m in parts]), ctx=self.ctx,
-                               dtype=dtype)
-            start = 0
-            for name, matrix in parts:
-                feeds[name] = flat[start:start + matrix.size].reshape(matrix.shape)
-                start += matrix.size
+        parts = self.index_parts + self.matrix_parts
+        for dtype in {array.dtype for _, array in parts}:
+            group = [(name, array) for name, array in parts if array.dtype == dtype]
+            flat = mx.nd.array(np.concatenate([array.ravel() for _, array in group]),
+                               ctx=self.ctx, dtype=dtype)
+            if len(group) == 1:
+                pieces = [flat]
+            else:
+                bounds = np.cumsum([array.size for _, array in group])[:-1]
+                pieces = mx.nd.split_v2(flat, tuple(int(b) for b in bounds), axis=0)
+            for (name, array), piece in zip(group, pieces):
+                feeds[name] = piece.reshape(array.shape) if array.ndim > 1 else piece
         return feeds
 
     def deliver(self, results):
