@@ -4,10 +4,11 @@ Write the forward pass of a :class:`DynBatchBlock` for one sample; inside a
 :func:`batching` scope the calls of many samples are recorded, batched and
 run together, with outputs and gradients equal to one-sample-at-a-time runs.
 
-The pipeline, one module per stage: ``record`` (calls -> nodes) ->
-``graph`` (the recorded nodes) -> ``signatures`` (batching rules) ->
-``plan`` (steps) -> ``execute`` (batched MXNet calls); ``reference`` runs
-node by node as the oracle.
+The pipeline, one module per stage: ``record`` (calls -> nodes; ``replay``
+copies traced child-block calls, ``calls`` makes a call that batches row by
+row one node) -> ``graph`` (the recorded nodes) -> ``signatures`` (batching
+rules) -> ``plan`` (steps) -> ``execute`` and ``compile`` (batched MXNet
+calls, CachedOps); ``reference`` runs node by node as the oracle.
 """
 from . import lazy_ops as _lazy_ops  # noqa: F401  (installs LazyArray operators)
 from .block import DynBatchBlock

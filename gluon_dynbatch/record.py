@@ -22,7 +22,7 @@ from mxnet.ndarray import NDArray
 from . import lazy as lazy_mod
 from . import replay
 from .errors import BatchingError, describe_call
-from .graph import _SLOTS, LEAF, OP, VIEW, Graph, Node, Slot, slot
+from .graph import LEAF, OP, VIEW, Graph, Node, Slot, slot
 from .lazy import LazyArray
 from .signatures import ALONE, rule_for
 
@@ -351,29 +351,21 @@ class Recorder:
     def call_op(self, op, args, kwargs):
         """Record ``op(*args, **kwargs)``; return its LazyArray output(s).
 
-        This runs for every operator call of every sample: values of the
-        current graph are looked up inline, without ``value_of``.
+        This runs for every operator call of every sample (see ``_values_of``).
         """
-        graph = self.graph
-        if len(graph.nodes) >= self.max_pending:
+        if len(self.graph.nodes) >= self.max_pending:
             # Bounded memory: run what is pending (every value still held is
             # computed), then record on into a fresh graph.
             self._flush()
-            graph = self.graph
-        inputs = []
+        arrays = []
         targs = []
         for a in args:
             if isinstance(a, NDArray):
-                targs.append(_SLOTS[len(inputs)] if len(inputs) < 64 else slot(len(inputs)))
-                if type(a) is LazyArray:
-                    d = a.__dict__
-                    node = d["_node"]
-                    if node is not None and node.graph is graph:
-                        inputs.append((node, d["_idx"]))
-                        continue
-                inputs.append(self.value_of(a))
+                targs.append(slot(len(arrays)))
+                arrays.append(a)
             else:
                 targs.append(a)
+        inputs = self._values_of(arrays)
         tkw = {}
         if kwargs:
             for k, v in kwargs.items():
