@@ -289,7 +289,6 @@ class SegmentRule(Rule):
         one sample out of the others (0 * nan is nan) and works for every
         dtype.
         """
-        import numpy as np
         counts = np.asarray(counts, dtype=np.int64)
         total = int(counts.sum())
         starts = np.cumsum(counts) - counts
