@@ -99,6 +99,52 @@ class Compiler(SegmentWalker):
         self.index_parts.append((name, index))
         return ("take", tuple(sids), name)
 
+    def _gather_rows(self, nodes, k, role, force_take=False):
+        """``_gather_desc`` of input ``k`` of ``nodes``, vectorised where it can be.
+
+        Most inputs hold one segment per node (a row of an earlier step's
+        output or of a table); their sources and starts go to numpy at once
+        instead of through segment lists.
+        """
+        known = self.segs.get
+        values = [n.inputs[k] for n in nodes]
+        parts = [known(v) for v in values]
+        if None in parts:
+            parts = [p if p is not None else self.segments(*v)
+                     for p, v in zip(parts, values)]
+        if role == BROW or max(map(len, parts)) != 1:
+            return self._gather_desc(self.input_segments(nodes, k, role), force_take)
+        sids, starts, stops = zip(*[p[0] for p in parts])
+        sids = np.array(sids, dtype=np.int64)
+        starts = np.array(starts, dtype=np.int64)
+        lengths = np.array(stops, dtype=np.int64) - starts
+        first = sids[0]
+        if (sids == first).all() and (starts[1:] == starts[:-1] + lengths[:-1]).all():
+            # One run of one source: as the general path decides.
+            return self._gather_desc([(int(first), int(starts[0]), stops[-1])], force_take)
+        order = self._table_sources(sids)
+        offsets = np.zeros(len(self.source_rows), dtype=np.int64)
+        base = 0
+        for sid in order:
+            offsets[sid] = base
+            base += self.source_rows[sid]
+        starts += offsets[sids]
+        if (lengths == 1).all():
+            index = starts.astype(np.int32)
+        else:
+            index = run_indices(starts, lengths)
+        name = "i%d" % len(self.index_parts)
+        self.index_parts.append((name, index))
+        return ("take", tuple(order), name)
+
+    def _table_sources(self, sids):
+        """The sources a take reads, in table order (see ``_gather_desc``)."""
+        present = np.unique(sids)
+        if self.slices:
+            return [int(sid) for sid in present]
+        wanted = {self.families[sid] for sid in present.tolist()}
+        return [sid for sid, family in enumerate(self.families) if family in wanted]
+
     def _whole_output(self, nodes, k, role):
         """('direct', sid) when input ``k`` of ``nodes`` is exactly output j of one
         earlier step, node for node in order, else None.
@@ -149,11 +195,10 @@ class Compiler(SegmentWalker):
                     # Compiled: whether a call's rows lie in order in one earlier
                     # output depends on the trees; a take always keeps the
                     # plan's key the same for batches of the same shape.
-                    ins.append(self._gather_desc(self.input_segments(nodes, k, role),
-                                                 force_take=True))
+                    ins.append(self._gather_rows(nodes, k, role, force_take=True))
                 else:
-                    ins.append(self._whole_output(nodes, k, role) or self._gather_desc(
-                        self.input_segments(nodes, k, role)))
+                    ins.append(self._whole_output(nodes, k, role)
+                               or self._gather_rows(nodes, k, role))
             variant, extra = _extra_arrays(node0, nodes, sticky=not self.slices)
             for k, array in enumerate(extra):
                 name = "m%d_%d" % (len(self.steps), k)

@@ -44,16 +44,24 @@ class SegmentWalker:
 
     def _view_segments(self, node):
         name = node.op.name
+        if name == "slice_axis":
+            src, i = node.inputs[0]
+            segs = self.segs.get((src, i)) or self.segments(src, i)
+            kwargs = node.kwargs
+            begin, end = kwargs["begin"], kwargs["end"]
+            if len(segs) == 1 and type(begin) is int and type(end) is int \
+                    and 0 <= begin < end:
+                # Rows of one segment (a word's row of a table): the common case.
+                source, start, _ = segs[0]
+                return [(source, start + begin, start + end)]
+            return _cut(segs, begin, end, src.rows(i))
         if name in ("concat", "Concat"):
             out = []
             for src, i in node.inputs:
                 out.extend(self.segments(src, i))
             return out
         src, i = node.inputs[0]
-        segs = self.segments(src, i)
-        if name == "slice_axis":
-            return _cut(segs, node.kwargs["begin"], node.kwargs["end"], src.rows(i))
-        return segs * node.out_shapes[0][0]          # broadcast of a single row
+        return self.segments(src, i) * node.out_shapes[0][0]   # broadcast of a single row
 
     def input_segments(self, nodes, k, role):
         """Segments of input ``k`` of every node, rows broadcast where ``role`` says."""

@@ -143,15 +143,31 @@ class Graph:
 
     def live_outputs(self):
         """(node, idx, LazyArray) for every output a user still holds."""
+        return self.live_and_needed()[0]
+
+    def live_and_needed(self):
+        """``(live_outputs(), needed(live))`` in one backward pass over the nodes.
+
+        Creation order is topological, so a node is known to be needed (held
+        by a user, or an input of a needed node) before its inputs are visited.
+        """
+        nodes = self.nodes
+        mark = bytearray(len(nodes))
         live = []
-        for node in self.nodes:
-            if node.outs is None or node.kind == LEAF:
-                continue
-            for idx, ref in enumerate(node.outs):
-                lazy = ref() if ref is not None else None
-                if lazy is not None and lazy.is_pending:
-                    live.append((node, idx, lazy))
-        return live
+        for node in reversed(nodes):
+            outs = node.outs
+            if outs is not None and node.kind != LEAF:
+                for idx in range(len(outs) - 1, -1, -1):
+                    ref = outs[idx]
+                    lazy = ref() if ref is not None else None
+                    if lazy is not None and lazy.is_pending:
+                        live.append((node, idx, lazy))
+                        mark[node.id] = 1
+            if mark[node.id]:
+                for src, _ in node.inputs:
+                    mark[src.id] = 1
+        live.reverse()
+        return live, [n for n, m in zip(nodes, mark) if m]
 
     def needed(self, live):
         """Nodes the live outputs depend on, in creation order.

@@ -163,11 +163,11 @@ class BatchingScope:
         rec.samples_flushed = rec.num_samples
         rec.num_recorded = 0
         rec.new_graph()
-        live = graph.live_outputs()
+        live, needed = graph.live_and_needed()
         try:
             if live:
                 with _autograd_modes(graph.mode):
-                    self._run(graph, live, stats)
+                    self._run(graph, live, needed, stats)
         except Exception as err:
             graph.error = "%s: %s" % (type(err).__name__, err)
             if isinstance(err, BatchingError):
@@ -179,8 +179,7 @@ class BatchingScope:
             self._mark = time.perf_counter()
         log.debug("flush: %s", stats)
 
-    def _run(self, graph, live, stats):
-        needed = graph.needed(live)
+    def _run(self, graph, live, needed, stats):
         strategy = self._strategy()
         ctx = graph.ctx
         if strategy == "reference":
