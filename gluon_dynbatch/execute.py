@@ -49,12 +49,14 @@ class SegmentWalker:
             segs = self.segs.get((src, i)) or self.segments(src, i)
             kwargs = node.kwargs
             begin, end = kwargs["begin"], kwargs["end"]
-            if len(segs) == 1 and type(begin) is int and type(end) is int \
-                    and 0 <= begin < end:
+            if not (type(begin) is int and type(end) is int and 0 <= begin < end):
+                # Negative or open bounds count from the end, as in Python.
+                begin, end, _ = slice(begin, end).indices(src.rows(i))
+            if len(segs) == 1:
                 # Rows of one segment (a word's row of a table): the common case.
                 source, start, _ = segs[0]
                 return [(source, start + begin, start + end)]
-            return _cut(segs, begin, end, src.rows(i))
+            return _cut(segs, begin, end)
         if name in ("concat", "Concat"):
             out = []
             for src, i in node.inputs:
@@ -210,8 +212,8 @@ def _hand_over(lazy, array, shape):
     lazy._set_result(array)  # pylint: disable=protected-access
 
 
-def _cut(segs, begin, end, total):
-    """Rows ``begin:end`` of a segment list covering ``total`` rows."""
+def _cut(segs, begin, end):
+    """Rows ``begin:end`` (``0 <= begin < end``) of a segment list."""
     out, pos = [], 0
     for array, start, stop in segs:
         length = stop - start

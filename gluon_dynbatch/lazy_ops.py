@@ -169,8 +169,7 @@ def _getitem(self, key):
         # x[i:j], rows of a table: the common case, straight to the recorder.
         rows = self.shape[0]
         if 0 <= key.start < key.stop <= rows and (key.start, key.stop) != (0, rows):
-            return rec.call_op(_SLICE_AXIS, (self,), {"axis": 0, "begin": key.start,
-                                                     "end": key.stop})
+            return rec.row_slice(self, key.start, key.stop)
     parts = key if isinstance(key, tuple) else (key,)
     shape = self.shape
     if len(parts) > len(shape) or not all(

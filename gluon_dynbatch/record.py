@@ -156,6 +156,8 @@ def _infer_rows_view(op, node, in_shapes, in_dtypes):
         begin, end = kwargs["begin"], kwargs["end"]
         if not isinstance(begin, int) or not isinstance(end, (int, type(None))):
             return None
+        if not -rows <= begin < rows or (end is not None and not -rows <= end <= rows):
+            return None        # out of range: MXNet's inference raises its error
         start, stop, _ = slice(begin, end).indices(rows)
         if stop <= start:
             return None
@@ -209,14 +211,26 @@ class RecordingNamespace:
         elif getattr(target, "__module__", None) == "ndarray":
             op = opdef(*path)
             rec = self._recorder
-
-            def value(*args, **kwargs):
-                return rec.call_op(op, args, kwargs)
+            if path == ("slice_axis",):
+                value = _slice_axis_recorder(rec, op)
+            else:
+                def value(*args, **kwargs):
+                    return rec.call_op(op, args, kwargs)
             value.__name__ = name
         else:
             value = self._recorder.wrap_python_function(target, path)
         self.__dict__[name] = value      # later lookups skip __getattr__
         return value
+
+
+def _slice_axis_recorder(rec, op):
+    """``F.slice_axis`` of a recording namespace: rows of one array take a fast path."""
+    def slice_axis(*args, **kwargs):
+        if len(args) == 1 and len(kwargs) == 3 and kwargs.get("axis") == 0 \
+                and "begin" in kwargs and "end" in kwargs and isinstance(args[0], NDArray):
+            return rec.row_slice(args[0], kwargs["begin"], kwargs["end"])
+        return rec.call_op(op, args, kwargs)
+    return slice_axis
 
 
 class Recorder:
@@ -379,6 +393,42 @@ class Recorder:
         if not inputs:
             return self.constant(op, args, kwargs)
         return self.add_node(op, inputs, tuple(targs), tkw)
+
+    def row_slice(self, x, begin, end):
+        """Rows ``begin:end`` of array ``x``: ``x[i:j]`` and ``F.slice_axis(x, axis=0, ...)``.
+
+        A word's row of an embedding table, a label's row of a constant table:
+        models take one per tree node, so once the call shape is known the
+        view node is made here directly, without the generic ``call_op``.
+        """
+        if len(self.graph.nodes) >= self.max_pending:
+            self._flush()
+        if self._mode_seen != _MODE_CHANGES[0]:
+            self.sync_mode()
+        value = self._values_of((x,))[0]
+        src, idx = value
+        kwargs = {"axis": 0, "begin": begin, "end": end}
+        if not (type(begin) is int and type(end) is int
+                and 0 <= begin < end <= src.out_shapes[idx][0]):
+            return self.call_op(_SLICE_AXIS, (x,), kwargs)
+        info = _CALLS.get((_SLICE_AXIS, _ONE_SLOT, (("axis", 0), ("begin", begin), ("end", end)),
+                           (src.out_shapes[idx],), (src.out_dtypes[idx],)))
+        if info is None or info.kind != VIEW:
+            return self.add_node(_SLICE_AXIS, [value], _ONE_SLOT, kwargs)
+        graph = self.graph
+        if graph.mode is None:
+            graph.mode = self.mode
+        node = Node(graph, VIEW, _SLICE_AXIS, [value], _ONE_SLOT, kwargs)
+        node.sample = self.sample
+        node.path = self.path
+        node.out_shapes, node.out_dtypes = info.out_shapes, info.out_dtypes
+        node.attrs, node.rule, node.meta, node.info = info.attrs, info.rule, info.meta, info
+        node.depth = src.depth
+        graph.nodes.append(node)
+        self.num_recorded += 1
+        lazy = LazyArray(node, 0)
+        node.set_output(0, lazy)
+        return lazy
 
     def constant(self, op, args, kwargs):
         """An operator without array inputs (zeros, random, ...) runs now."""
@@ -711,6 +761,8 @@ class CallInfo:
 
 
 _CALLS = {}
+_SLICE_AXIS = opdef("slice_axis")
+_ONE_SLOT = (slot(0),)
 
 # Pending nodes after which a scope flushes by itself (about 1 KB each).
 DEFAULT_MAX_PENDING = 500000

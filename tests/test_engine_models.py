@@ -4,7 +4,7 @@ from collections import Counter
 import mxnet as mx
 import numpy as np
 import pytest
-from mxnet import nd
+from mxnet import gluon, nd
 
 from dynbatch_testing import (BinaryTreeLSTM, ChildSumTreeLSTM, TokenRNN,
                               check_all_strategies, make_model, random_binary_tree,
@@ -93,3 +93,46 @@ def test_batched_steps_are_few_and_results_exact_for_many_trees():
     stats = got[2]
     assert stats.mean_batch_size > 10
     assert stats.steps < stats.planned_nodes / 10
+
+
+class RowPicker(gdb.DynBatchBlock):
+    """Rows of a table chosen per sample through ``F.slice_axis`` and ``x[i:j]``.
+
+    ``(k, begin, end)`` samples exercise the recorder's row-slice fast path
+    (non-negative int bounds, axis 0) and its fallbacks (negative bounds,
+    ``end=None``), all of which must equal eager execution.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, sample, table, other):
+        begin, end = sample
+        rows = F.slice_axis(table, axis=0, begin=begin, end=end)
+        extra = other[1:3] if begin >= 0 else F.slice_axis(other, axis=0, begin=-2,
+                                                          end=None)
+        return F.tanh(self.dense(rows)).sum(axis=0, keepdims=True) + extra.sum()
+
+
+def test_row_slices_fast_path_and_fallbacks_equal_eager():
+    model = make_model(RowPicker)
+    table = nd.random.uniform(shape=(7, 4))
+    other = nd.random.uniform(shape=(4, 3))
+    samples = [(0, 1), (2, 5), (6, 7), (-3, None), (-1, None), (-4, -2), (3, 4), (0, 7)]
+    check_all_strategies(model, samples, [table, other], strategies=("depth",))
+
+
+def test_out_of_range_row_slice_names_sample_and_next_batch_works():
+    model = make_model(RowPicker)
+    table = nd.random.uniform(shape=(7, 4))
+    other = nd.random.uniform(shape=(4, 3))
+    with pytest.raises(gdb.BatchingError, match="sample 1"):
+        with gdb.batching():
+            for s in [(0, 1), (5, 9)]:
+                model(s, table, other)
+    with gdb.batching():
+        out = model((2, 4), table, other)
+    np.testing.assert_allclose(out.asnumpy(), model((2, 4), table, other).asnumpy(),
+                               rtol=1e-6)
