@@ -8,6 +8,7 @@ whose plan has the same shape.  Compiled graphs live in a ``PlanCache``.
 """
 import contextlib
 import time
+from itertools import chain
 
 import mxnet as mx
 import numpy as np
@@ -102,19 +103,23 @@ class Compiler(SegmentWalker):
     def _gather_rows(self, nodes, k, role, force_take=False):
         """``_gather_desc`` of input ``k`` of ``nodes``, vectorised where it can be.
 
-        Most inputs hold one segment per node (a row of an earlier step's
-        output or of a table); their sources and starts go to numpy at once
-        instead of through segment lists.
+        Each node's input is a short list of segments (one for a row of an
+        earlier step's output or of a table, one per child for a
+        concatenation); their sources and starts go to numpy at once instead
+        of through Python loops over segments.
         """
+        if role == BROW:
+            return self._gather_desc(self.input_segments(nodes, k, role), force_take)
         known = self.segs.get
         values = [n.inputs[k] for n in nodes]
         parts = [known(v) for v in values]
         if None in parts:
             parts = [p if p is not None else self.segments(*v)
                      for p, v in zip(parts, values)]
-        if role == BROW or max(map(len, parts)) != 1:
-            return self._gather_desc(self.input_segments(nodes, k, role), force_take)
-        sids, starts, stops = zip(*[p[0] for p in parts])
+        if max(map(len, parts)) == 1:
+            sids, starts, stops = zip(*[p[0] for p in parts])
+        else:
+            sids, starts, stops = zip(*chain.from_iterable(parts))
         sids = np.array(sids, dtype=np.int64)
         starts = np.array(starts, dtype=np.int64)
         lengths = np.array(stops, dtype=np.int64) - starts

@@ -146,8 +146,10 @@ def build_parser():
         help="timed batches per system (default: %(default)s)")
     add("--warmup", type=int, default=3,
         help="untimed batches before the timed ones (default: %(default)s)")
-    add("--eager-batches", type=int, default=3,
-        help="timed batches for eager, ~2-3 s each (default: %(default)s)")
+    add("--eager-batches", type=int, default=None,
+        help="timed batches for eager, ~1 s each (default: as --batches, so that "
+             "eager is timed on the same batches as every other system and the "
+             "ratios compare the same work)")
     add("--systems", default=",".join(GROUPS),
         help="comma list of systems or groups to run (default: all)")
     add("--budgets", default=DEFAULT_BUDGETS,
@@ -872,6 +874,8 @@ def describe_setup(args, features):
 
 def check_args(args, num_batches):
     """Exit with a message when the batch counts do not fit SICK train."""
+    if args.eager_batches is None:
+        args.eager_batches = args.batches
     for name in ("batches", "warmup", "eager_batches"):
         if getattr(args, name) < 0:
             sys.exit("--%s must be >= 0" % name.replace("_", "-"))
