@@ -121,7 +121,10 @@ class FuzzNet(gdb.DynBatchBlock):
             self.mix = gluon.nn.Dense(W, in_units=2 * W)
             self.nested = Nested()
             self.chain = Chain()
-            self.norm = gluon.nn.LayerNorm(in_channels=W)
+            # A large epsilon bounds LayerNorm's gradient on rows of nearly equal
+            # values, which otherwise amplifies float32 rounding past the
+            # tolerances below (hypothesis found such a row).
+            self.norm = gluon.nn.LayerNorm(epsilon=0.1, in_channels=W)
             self.cell = gluon.nn.Dense(W, in_units=2 * W, activation="tanh")
             self.opaque_hybrid = OpaqueHybrid()
             self.mat = self.params.get("mat", shape=(W, W))
