@@ -14,7 +14,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd
 
-from .execute import Executor, SegmentWalker, merge_segments, run_indices, shared_inputs
+from .execute import SegmentWalker, merge_segments, run_indices, shared_inputs
 from .signatures import BROW, NO_GRADIENT, call_as_recorded
 
 _NO_CHANGE = contextlib.nullcontext()
@@ -26,10 +26,14 @@ class Compiler(SegmentWalker):
     Sources are integers: leaves (parameters, input arrays) and step outputs.
     """
 
-    def __init__(self, ctx, slices=False):
+    def __init__(self, ctx, slices=False, tables=None):
         super().__init__()
         self.ctx = ctx or mx.current_context()
         self.slices = slices      # allow ("slice", sid, start, stop): not for caching
+        # What a take reads: the sources its rows come from ("present"), or
+        # every source so far of their families ("family": whole-plan keys
+        # that do not depend on the trees).
+        self.tables = tables or ("present" if slices else "family")
         self.matrix_parts = []    # (variable name, numpy array) extra inputs of segment steps
         self.source_desc = []     # per source: hashable description
         self.families = []        # per source: what kind of value it holds
@@ -79,7 +83,7 @@ class Compiler(SegmentWalker):
                 return ("direct", sid)
             if self.slices:
                 return ("slice", sid, start, stop)
-        if self.slices:
+        if self.tables == "present":
             sids = []
             for sid, _, _ in merged:
                 if sid not in sids:
@@ -145,7 +149,7 @@ class Compiler(SegmentWalker):
     def _table_sources(self, sids):
         """The sources a take reads, in table order (see ``_gather_desc``)."""
         present = np.unique(sids)
-        if self.slices:
+        if self.tables == "present":
             return [int(sid) for sid in present]
         wanted = {self.families[sid] for sid in present.tolist()}
         return [sid for sid, family in enumerate(self.families) if family in wanted]
@@ -400,80 +404,70 @@ def run_compiled(plan, live, ctx, cache, stats):
     compiler.deliver(results)
 
 
-class StepCompiler(Executor):
-    """Runs each step (its gathers and its operator) as one cached CachedOp.
+def run_steps(plan, live, ctx, cache, stats):
+    """``compiled="step"``: each step, its gathers included, as one cached CachedOp.
 
     A step's graph depends on its operator, attributes, roles, trailing shapes
     and how many sources each gather reads, which repeat from batch to batch
     even when whole plans do not; so after warm-up almost every step hits.
+    The walk computes every index array first, so they reach MXNet in one
+    copy, as in :func:`run_interpreted`.
     """
+    walker = Compiler(ctx, tables="present")
+    walker.walk(plan, live)
+    feeds = walker.feed_arrays()
+    values = {}
 
-    def __init__(self, ctx, cache, stats):
-        super().__init__(ctx)
-        self.cache = cache
-        self.stats = stats
+    def source(sid):
+        return values[sid] if sid in values else feeds["s%d" % sid]
 
-    def run(self, plan):
-        for step in plan.steps:
-            self.assign(step.nodes, self._run_step(step.nodes))
+    for kind, node0, ins, outs, _, variant in walker.steps:
+        arrays, shape = [], []
+        for desc in ins:
+            if desc[0] == "take":
+                arrays.extend(source(sid) for sid in desc[1])
+                arrays.append(feeds[desc[2]])
+                shape.append(("t", len(desc[1])))
+            else:
+                arrays.append(source(desc[1]) if desc[0] == "direct" else feeds[desc[1]])
+                shape.append(("d",))
+        with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
+            results = _run_step(node0, tuple(shape), variant, arrays, walker.ctx, cache, stats)
+        for sid, array in zip(outs, results):
+            values[sid] = array
+    walker.deliver([_take_rows(desc, source, feeds) for desc, _ in walker.outputs])
 
-    def _step_inputs(self, nodes):
-        node0 = nodes[0]
-        if node0.rule.kind == "alone":
-            return [self.segments(src, i) for src, i in node0.inputs]
-        shared = shared_inputs(nodes)
-        return [self.segments(*node0.inputs[k]) if shared[k]
-                else self.input_segments(nodes, k, role)
-                for k, role in enumerate(node0.meta)]
 
-    def _feeds(self, seg_lists):
-        """Feed arrays and gather descriptions: ('d',) whole source, ('t', n) take."""
-        feeds, descs = [], []
-        for segs in seg_lists:
-            merged = merge_segments(segs)
-            array, start, stop = merged[0]
-            if len(merged) == 1 and start == 0 and stop == array.shape[0]:
-                feeds.append(array)
-                descs.append(("d",))
-                continue
-            sources, offsets, base = [], {}, 0
-            for source, _, _ in merged:
-                if id(source) not in offsets:
-                    offsets[id(source)] = base
-                    base += source.shape[0]
-                    sources.append(source)
-            index = run_indices([s + offsets[id(a)] for a, s, _ in merged],
-                                [e - s for _, s, e in merged])
-            feeds.extend(sources)
-            feeds.append(mx.nd.array(index, ctx=self.ctx, dtype="int32"))
-            descs.append(("t", len(sources)))
-        return feeds, tuple(descs)
+def _take_rows(desc, source, feeds):
+    """An output group's rows (``("direct", sid)`` or ``("take", sids, name)``)."""
+    if desc[0] == "direct":
+        return source(desc[1])
+    sources = [source(sid) for sid in desc[1]]
+    table = sources[0] if len(sources) == 1 else mx.nd.concat(*sources, dim=0)
+    return mx.nd.take(table, feeds[desc[2]], axis=0)
 
-    def _run_step(self, nodes):
-        node0 = nodes[0]
-        feeds, descs = self._feeds(self._step_inputs(nodes))
-        kind = node0.rule.kind
-        variant, extra = _extra_arrays(node0, nodes)
-        for array in extra:
-            feeds.append(mx.nd.array(array, ctx=self.ctx, dtype=array.dtype))
-        attrs = node0.attrs if node0.rule.keyed_attrs else None
-        key = ("step", kind, node0.op.name, attrs, node0.meta, type(node0.rule).__name__,
-               descs, variant, len(extra), tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
-               tuple(np.dtype(src.out_dtypes[i]).name for src, i in node0.inputs),
-               tuple(s[1:] for s in node0.out_shapes), str(self.ctx))
-        entry = self.cache.get(key)
-        start = time.perf_counter()
-        if entry is None:
-            entry = CompiledPlan(_step_symbol(node0, descs, variant, len(extra)), ())
-            entry.order = [int(name[1:]) for name in entry.names]   # "v7" -> feed 7
-            self.stats.evictions += self.cache.put(key, entry)
-            self.stats.cache_misses += 1
-        else:
-            self.stats.cache_hits += 1
-        outs = entry([feeds[k] for k in entry.order])
-        if entry.calls == 1:
-            self.stats.compile_ms += 1000.0 * (time.perf_counter() - start)
-        return outs
+
+def _run_step(node0, shape, variant, arrays, ctx, cache, stats):
+    """Run one step's cached CachedOp (compiled on a miss) on ``arrays``."""
+    attrs = node0.attrs if node0.rule.keyed_attrs else None
+    key = ("step", node0.rule.kind, node0.op.name, attrs, node0.meta,
+           type(node0.rule).__name__, shape, variant,
+           tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
+           tuple(np.dtype(src.out_dtypes[i]).name for src, i in node0.inputs),
+           tuple(s[1:] for s in node0.out_shapes), str(ctx))
+    entry = cache.get(key)
+    start = time.perf_counter()
+    if entry is None:
+        entry = CompiledPlan(_step_symbol(node0, shape, variant), ())
+        entry.order = [int(name[1:]) for name in entry.names]   # "v7" -> array 7
+        stats.evictions += cache.put(key, entry)
+        stats.cache_misses += 1
+    else:
+        stats.cache_hits += 1
+    outs = entry([arrays[k] for k in entry.order])
+    if entry.calls == 1:
+        stats.compile_ms += 1000.0 * (time.perf_counter() - start)
+    return outs
 
 
 def _extra_arrays(node0, nodes, sticky=False):
@@ -491,8 +485,13 @@ def _extra_arrays(node0, nodes, sticky=False):
     return None, []
 
 
-def _step_symbol(node0, descs, variant=None, num_extra=0):
-    """The symbol of one step: gathers (take over concatenated sources), then the op."""
+def _step_symbol(node0, descs, variant=None):
+    """The symbol of one step: gathers (take over concatenated sources), then the op.
+
+    ``descs`` has per input ``("d",)`` (passed whole) or ``("t", n)`` (rows
+    taken from n sources); index arrays of calls and ragged sums are the
+    last ``("d",)`` inputs.
+    """
     count = [0]
 
     def var():
@@ -506,7 +505,6 @@ def _step_symbol(node0, descs, variant=None, num_extra=0):
         sources = [var() for _ in range(desc[1])]
         table = sources[0] if len(sources) == 1 else mx.sym.concat(*sources, dim=0)
         inputs.append(mx.sym.take(table, var(), axis=0))
-    inputs.extend(var() for _ in range(num_extra))
     if node0.rule.kind == "alone":
         outs = call_as_recorded(mx.sym, node0, inputs)
     elif node0.rule.kind == "call":

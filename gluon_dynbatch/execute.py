@@ -1,13 +1,13 @@
-"""Execution: segments of rows, gathers and delivery of results.
+"""Execution bookkeeping: where each value's rows are, and how a step gathers them.
 
-Every value is a list of *segments* ``(array, start, stop)``: rows of a concrete
-array (a step's batched output, a parameter, an input).  A step gathers the
+Every value is a list of *segments* ``(source, start, stop)``: rows of a
+source (a step's batched output, a parameter, an input).  A step gathers the
 segments of its nodes' inputs into one array (a slice, a concatenation or one
 ``take``), calls the operator once, and gives each node its rows of the outputs.
 Views (row slices, axis-0 concatenations, row broadcasts) only rearrange
-segments, so many rows taken from one array become a single gather.
+segments, so many rows taken from one array become a single gather.  The walk
+that turns a plan into gathers and MXNet calls is ``compile.Compiler``.
 """
-import mxnet as mx
 import numpy as np
 
 from .graph import LEAF, VIEW
@@ -15,7 +15,7 @@ from .signatures import BROW, SHARED
 
 
 class SegmentWalker:
-    """Segment bookkeeping shared by the imperative executor and the compiler.
+    """Segment bookkeeping of a walk over a plan (the base of ``compile.Compiler``).
 
     Subclasses say what a leaf's source is (``leaf_source``); a source has a
     row count given by ``source_rows``.
@@ -133,83 +133,6 @@ def run_indices(starts, lengths):
     ends = np.cumsum(lengths)
     shift = np.repeat(starts - (ends - lengths), lengths)
     return (np.arange(ends[-1], dtype=np.int64) + shift).astype(np.int32)
-
-
-class Executor(SegmentWalker):
-    """Gathers segments of concrete arrays and hands results to LazyArrays.
-
-    The base of the per-step compiler; whole plans run from the compiler's
-    walk (``compile.run_interpreted`` and ``run_compiled``).
-    """
-
-    def __init__(self, ctx):
-        super().__init__()
-        self.ctx = ctx or mx.current_context()
-        self.num_gathers = 0
-
-    def leaf_source(self, node):
-        return node.value if node.value is not None else node.param.data(self.ctx)
-
-    def gather(self, segs):
-        """One array holding the rows of ``segs`` in order; (array, is_new)."""
-        merged = merge_segments(segs)
-        if len(merged) == 1:
-            array, start, stop = merged[0]
-            if start == 0 and stop == array.shape[0]:
-                return array, False
-            return mx.nd.slice_axis(array, axis=0, begin=start, end=stop), True
-        self.num_gathers += 1
-        sources = {}
-        for array, _, _ in merged:
-            sources.setdefault(id(array), array)
-        if len(sources) == len(merged):
-            pieces = [a if (s == 0 and e == a.shape[0]) else
-                      mx.nd.slice_axis(a, axis=0, begin=s, end=e) for a, s, e in merged]
-            return mx.nd.concat(*pieces, dim=0), True
-        offsets, base, arrays = {}, 0, []
-        for key, array in sources.items():
-            offsets[key] = base
-            base += array.shape[0]
-            arrays.append(array)
-        index = run_indices([s + offsets[id(a)] for a, s, _ in merged],
-                            [e - s for _, s, e in merged])
-        table = arrays[0] if len(arrays) == 1 else mx.nd.concat(*arrays, dim=0)
-        index = mx.nd.array(index, ctx=self.ctx, dtype="int32")
-        return mx.nd.take(table, index, axis=0), True
-
-    # -- results ----------------------------------------------------------------------
-    def deliver(self, live):
-        """Give each live LazyArray its array (with autograd history).
-
-        Outputs with the same dtype and trailing shape are gathered together
-        and split in one call: a model returning a value per tree node (as
-        SST's per-node logits) would otherwise cost one slice per value.
-        """
-        groups = {}
-        for node, idx, lazy in live:
-            key = (node.out_dtypes[idx], node.out_shapes[idx][1:])
-            groups.setdefault(key, []).append((node, idx, lazy))
-        for members in groups.values():
-            if len(members) == 1:
-                node, idx, lazy = members[0]
-                array, is_new = self.gather(self.segments(node, idx))
-                _hand_over(lazy, array if is_new else mx.nd.identity(array),
-                           node.out_shapes[idx])
-                continue
-            segs = []
-            for node, idx, _ in members:
-                segs.extend(self.segments(node, idx))
-            array, _ = self.gather(segs)
-            bounds = np.cumsum([node.out_shapes[idx][0] for node, idx, _ in members])
-            pieces = mx.nd.split_v2(array, tuple(int(b) for b in bounds[:-1]), axis=0)
-            for (node, idx, lazy), piece in zip(members, pieces):
-                _hand_over(lazy, piece, node.out_shapes[idx])
-
-
-def _hand_over(lazy, array, shape):
-    if array.shape != shape:
-        array = array.reshape(shape)
-    lazy._set_result(array)  # pylint: disable=protected-access
 
 
 def _cut(segs, begin, end):

@@ -10,7 +10,7 @@ from mxnet import autograd
 from . import budget, record
 from .errors import BatchingError
 from .cache import PlanCache
-from .compile import StepCompiler, run_compiled, run_interpreted
+from .compile import run_compiled, run_interpreted, run_steps
 from .plan import STRATEGIES, make_plan
 from .reference import run_reference
 from .stats import BatchStats
@@ -198,9 +198,7 @@ class BatchingScope:
         t1 = time.perf_counter()
         mode = self._compiled()
         if mode == "step":
-            executor = StepCompiler(ctx, self._cache(), stats)
-            executor.run(plan)
-            executor.deliver(live)
+            run_steps(plan, live, ctx, self._cache(), stats)
         elif mode:
             run_compiled(plan, live, ctx, self._cache(), stats)
         else:

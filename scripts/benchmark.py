@@ -155,6 +155,9 @@ def build_parser():
     add("--budgets", default=DEFAULT_BUDGETS,
         help="analysis_budget values of the sweep, seconds or 'auto' "
              "(default: %(default)s)")
+    add("--no-back-to-back", action="store_true",
+        help="do not run the timed batches back to back (no per-step wait) "
+             "a further time")
     add("--no-second-pass", action="store_true",
         help="do not time the batches a second time (all plans cached) "
              "for the systems with a plan cache")
@@ -443,13 +446,19 @@ class Runner:
             outs = [self.encoder(t, emb) for t in trees]
         return nd.concat(*[h for h, _ in outs], dim=0), scope.stats.as_dict()
 
-    def step(self, pairs):
-        """One full training step; return its figures (ms and counters)."""
+    def step(self, pairs, sync=True):
+        """One full training step; return its figures (ms and counters).
+
+        With ``sync=False`` the step neither waits for earlier work nor for
+        its own (MXNet runs it asynchronously), and its figures mean little:
+        see :func:`run_back_to_back`.
+        """
         bench = self.bench
         trees = batch_trees(pairs)
         targets = sick_model.batch_targets(pairs, ctx=bench.ctx)
         n = len(pairs)
-        nd.waitall()
+        if sync:
+            nd.waitall()
         gc_before = GC_TIMER.total
         start = time.perf_counter()
         with autograd.record():
@@ -460,7 +469,8 @@ class Runner:
             loss = bench.loss_fn(log_probs, targets)
         loss.backward()
         bench.trainer.step(n)
-        nd.waitall()
+        if sync:
+            nd.waitall()
         total = 1000.0 * (time.perf_counter() - start)
         figures["gc_ms"] = 1000.0 * (GC_TIMER.total - gc_before)
         return _batch_record(total, len(trees), figures)
@@ -493,6 +503,22 @@ def run_batches(runner, batches, label):
                               disable=None)]
 
 
+def run_back_to_back(runner, batches, label):
+    """ms per batch of ``batches`` run back to back, waiting only at the end.
+
+    This is how a training loop runs: MXNet computes a step's backward and
+    update while Python already prepares (records, plans) the next one, so
+    the two cores overlap.  The per-step figures wait for every step instead.
+    """
+    nd.waitall()
+    start = time.perf_counter()
+    for pairs in tqdm(batches, desc=label, leave=False, unit="batch",
+                      disable=None):
+        runner.step(pairs, sync=False)
+    nd.waitall()
+    return 1000.0 * (time.perf_counter() - start) / len(batches)
+
+
 def unavailable_row(system, note):
     """Summary row of a system that could not run."""
     return {"system": system.name, "kind": system.kind,
@@ -505,7 +531,7 @@ def _hit_rate(hits, misses):
     return hits / (hits + misses) if hits + misses else None
 
 
-def summarize(system, records, again=None):
+def summarize(system, records, again=None, back_to_back_ms=None):
     """Summary row of one system.
 
     Parameters
@@ -515,6 +541,8 @@ def summarize(system, records, again=None):
         Per-batch figures of the timed batches, each new to the system.
     again : list of dict, optional
         The same batches timed a second time (plans cached).
+    back_to_back_ms : float, optional
+        From :func:`run_back_to_back` on the same batches.
 
     Returns
     -------
@@ -533,6 +561,9 @@ def summarize(system, records, again=None):
     trees = statistics.mean(r["trees"] for r in records)
     row["trees_per_s"] = 1000.0 * trees / row["total_ms"]
     row["hit_rate"] = _hit_rate(row["cache_hits"], row["cache_misses"])
+    if back_to_back_ms is not None:
+        row["back_to_back_ms"] = back_to_back_ms
+        row["trees_per_s_b2b"] = 1000.0 * trees / back_to_back_ms
     if again:
         row["again_ms"] = statistics.median(r["total_ms"] for r in again)
         row["trees_per_s_again"] = 1000.0 * trees / row["again_ms"]
@@ -573,12 +604,15 @@ def run_system(bench, system, args, batches):
         again = None
         if system.kind in CACHING_KINDS and not args.no_second_pass:
             again = run_batches(runner, timed, system.name + " (again)")
+        b2b = None
+        if not args.no_back_to_back:
+            b2b = run_back_to_back(runner, timed, system.name + " (back to back)")
     except Exception as err:  # pylint: disable=broad-except
         LOG.error("%s failed: %s: %s", system.name, type(err).__name__, err)
         LOG.debug("traceback", exc_info=True)
         return unavailable_row(system, "failed: %s: %s"
                                % (type(err).__name__, err)), []
-    row = summarize(system, records, again)
+    row = summarize(system, records, again, b2b)
     LOG.info("%-24s %7.1f ms/batch %7.1f trees/s%s", system.name,
              row["total_ms"], row["trees_per_s"],
              "" if again is None else ", again %.1f trees/s"
@@ -587,12 +621,15 @@ def run_system(bench, system, args, batches):
 
 
 def add_ratios(rows):
-    """Add speed ratios to eager and to hand-batched (speed / reference)."""
-    speed = {r["system"]: r["trees_per_s"] for r in rows if r["available"]}
-    for row in rows:
-        for ref, key in (("eager", "vs_eager"), ("handbatched", "vs_hand")):
-            ok = row["available"] and ref in speed
-            row[key] = row["trees_per_s"] / speed[ref] if ok else None
+    """Add speed ratios to eager and to hand-batched (speed / reference),
+    per step (``vs_*``) and back to back (``vs_*_b2b``)."""
+    for rate, suffix in (("trees_per_s", ""), ("trees_per_s_b2b", "_b2b")):
+        speed = {r["system"]: r[rate] for r in rows
+                 if r["available"] and r.get(rate)}
+        for row in rows:
+            for ref, key in (("eager", "vs_eager"), ("handbatched", "vs_hand")):
+                ok = row["available"] and ref in speed and row.get(rate)
+                row[key + suffix] = row[rate] / speed[ref] if ok else None
     return rows
 
 
@@ -682,6 +719,9 @@ TABLE_COLUMNS = (
     ("other_ms", "other", "%.1f"),
     ("hit_rate", "hits", "%s"),
     ("trees_per_s_again", "trees/s again", "%.1f"),
+    ("trees_per_s_b2b", "trees/s b2b", "%.1f"),
+    ("vs_eager_b2b", "x eager b2b", "%.1f"),
+    ("vs_hand_b2b", "x hand b2b", "%.2f"),
 )
 
 
@@ -758,7 +798,12 @@ def write_markdown(path, context, rows, epoch_rows, plot_name):
         "`other` is the rest of the step: the engine finishing the forward, "
         "the head and loss, backward and `Trainer.step`. `hits`: plan-cache "
         "hit rate over the timed batches. `trees/s again`: the same batches "
-        "timed a second time, their plans cached (as in later epochs).",
+        "timed a second time, their plans cached (as in later epochs). "
+        "`b2b` (back to back): the same batches run once more as a training "
+        "loop runs them, without waiting for each step to finish (one "
+        "`waitall` at the end), so that MXNet computes a step's backward and "
+        "update while Python prepares the next; its ratios compare every "
+        "system run that way (plans cached for the systems that cache).",
         ""]
     lines += _epoch_markdown(epoch_rows)
     if plot_name:
