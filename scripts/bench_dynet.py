@@ -72,6 +72,8 @@ LOG = logging.getLogger("bench_dynet")
 WORKLOADS = ("treelstm", "tagger", "sick", "batchsize")
 MODES = ("train", "infer")
 DEFAULT_CONFIG = "depth:imperative"
+#: Pseudo-setting of the hand-batched MXNet Tree-LSTM (``handbatched_sst.py``).
+HAND_CONFIG = "hand"
 """gluon_dynbatch's defaults: ``gdb.batching()`` with nothing changed."""
 ALL_CONFIGS = ("depth:imperative", "agenda:imperative", "depth:step",
                "agenda:step", "depth:compiled", "agenda:compiled")
@@ -474,9 +476,17 @@ class TreeTask(GluonTask):
 
     def loss(self, block, batch, config):
         emb = self.model.embedding.data()
+        if config == HAND_CONFIG:
+            return block(batch, emb), None
         outs, stats = self._scoped(block, [(t,) for t in batch], config,
                                    (emb,))
         return self.sst.sst_loss(outs, batch), stats
+
+    def hand_block(self):
+        """The hand-batched model on this task's Parameters (MXNet's limit)."""
+        import handbatched_sst  # pylint: disable=import-outside-toplevel
+        return handbatched_sst.HandBatchedSST(
+            self.model.tree_lstm, self.job["hidden"], 5, self.mx.cpu())
 
 
 class TaggerTask(GluonTask):
@@ -623,14 +633,16 @@ def run_system(task, config, job, mode, label, eager=False):
     """
     mx = task.mx
     task.reset()
-    step = task.stepper(config, mode == "train")
+    block = task.hand_block() if config == HAND_CONFIG else None
+    step = task.stepper(config, mode == "train", block)
     warmup = job["eager_warmup"] if eager else job["warmup"]
     batches = job["eager_batches"] if eager else job["batches"]
     stream = _counted_stream(task, task.stream(job.get("size")))
     loop = time_loop(lambda b: step(b.batch), stream, warmup, batches,
                      mx.nd.waitall, job["system_timeout"], label)
     res = summarize(loop)
-    res.update({"system": "eager" if config is None else "gdb",
+    res.update({"system": "eager" if config is None else
+                "hand" if config == HAND_CONFIG else "gdb",
                 "config": config or "", "mode": mode})
     LOG.info("%s %s: %.1f sentences/s (median %.1f ms per batch)", label,
              mode, res["sentences_per_s"], res["median_ms"])
@@ -663,6 +675,9 @@ def gluon_systems(task, job):
         for config in job["configs"]:
             results.append(run_system(task, config, job, mode,
                                       "%s gdb %s" % (name, config)))
+        if job.get("hand") and hasattr(task, "hand_block"):
+            results.append(run_system(task, HAND_CONFIG, job, mode,
+                                      "%s hand-batched" % name))
     return results
 
 
@@ -1013,6 +1028,9 @@ def parse_args(argv=None):
         help="smoke run: 2 timed batches, 1 warm-up, 1 eager batch, "
              "first 1000 trees, sizes 1,4,16")
     add("--skip-dynet", action="store_true", help="do not run DyNet")
+    add("--no-hand", action="store_true",
+        help="do not run the hand-batched MXNet Tree-LSTM "
+             "(scripts/handbatched_sst.py) on the treelstm workload")
     add("--profile", action="store_true",
         help="also print where gluon_dynbatch's time goes for one treelstm "
              "batch (first --dims pair): phases, scope.stats, top "
@@ -1146,7 +1164,7 @@ def base_job(args, name, workload):
             "eager_warmup": args.eager_warmup, "modes": list(MODES),
             "system_timeout": args.system_timeout,
             "max_trees": args.max_trees, "quick": args.quick,
-            "data_dir": args.data_dir}
+            "data_dir": args.data_dir, "hand": not args.no_hand}
 
 
 def dynet_available():
@@ -1217,6 +1235,8 @@ def workload_rows(label, gluon, dynet_results, notes):
     add("eager Gluon", by.get(("eager", ""), {}))
     add("gluon_dynbatch default", by.get(("gdb", DEFAULT_CONFIG), {}))
     add("gluon_dynbatch best", {m: best_of(systems, m) for m in MODES})
+    if ("hand", HAND_CONFIG) in by:
+        add("hand-batched MXNet (no per-node Python)", by[("hand", HAND_CONFIG)])
     for autobatch in (0, 1):
         res = dynet_results.get(autobatch)
         name = "DyNet autobatch=%d" % autobatch

@@ -171,7 +171,7 @@ def test_help_lists_flags():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     for flag in ("--workloads", "--sizes", "--batches", "--threads",
-                 "--quick", "--skip-dynet", "--profile", "--out-dir"):
+                 "--quick", "--skip-dynet", "--profile", "--out-dir", "--no-hand"):
         assert flag in done.stdout
 
 
@@ -206,6 +206,10 @@ def test_quick_smoke_run(tmp_path):
                 assert gap is None or gap < 1e-3, (row["system"], mode, gap)
                 first = row[mode + "_loss_gap_first"]
                 assert first is None or first < 1e-4, (row["system"], mode)
+    hand = {row["system"]: row for row in report["workloads"]["treelstm 8/8"]}[
+        "hand-batched MXNet (no per-node Python)"]
+    assert hand["train"] > 0 and hand["infer"] > 0
+    assert hand["train_loss_gap_first"] < 1e-4      # the same model as eager
     sizes = {row["size"] for row in report["sweep"]}
     assert sizes == {2, 4}
     with open(out_dir / "bench_dynet.csv") as handle:

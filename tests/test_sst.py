@@ -19,6 +19,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
+import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 
 from examples import sst_model  # noqa: E402
@@ -370,3 +371,35 @@ def test_dynet_script_rejects_mismatched_weights(tmp_path):
                       "--embed", "7", "--hidden", "6", "--batch-size", "5",
                       "--warmup", "0", "--train-batches", "1"])
     assert done.returncode != 0 and "shape" in done.stderr
+
+
+# ------------------------------------------------------------- hand-batched
+
+def test_handbatched_sst_equals_eager_loss_and_gradients():
+    """The benchmark's hand-batched SST model is the same model as the per-node one."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+    from handbatched_sst import HandBatchedSST, SSTLevelPlan
+    trees = small_trees()
+    vocab = build_vocab(trees)
+    model = make_sensitive(len(vocab), embed=6, hidden=4)
+    eager_loss, eager_grads = loss_and_grads(model, trees, batched=False)
+    hand = HandBatchedSST(model.tree_lstm, 4, 5, mx.cpu())
+    with autograd.record():
+        loss = hand(trees, model.embedding.data())
+    loss.backward()
+    assert float(loss.asscalar()) == pytest.approx(eager_loss, rel=1e-5)
+    for name, param in model.collect_params().items():
+        np.testing.assert_allclose(param.grad().asnumpy(), eager_grads[name],
+                                   rtol=1e-4, atol=1e-5, err_msg=name)
+    plan = SSTLevelPlan(trees)
+    assert plan.num_nodes == sum(len(t.postorder()) for t in trees)
+    assert plan.num_levels == max(t.depth() for t in trees)
+
+
+def test_handbatched_sst_rejects_non_binary_trees():
+    sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+    from handbatched_sst import SSTLevelPlan
+    tree = parse_sst_line("(2 (2 a) (2 b) (2 c))", "ternary")
+    assign_ids([tree], build_vocab([tree]))
+    with pytest.raises(ValueError, match="binary"):
+        SSTLevelPlan([tree])
