@@ -24,6 +24,7 @@ import threading
 import mxnet as mx
 import numpy as np
 
+from .compile import cached_op
 from .graph import OP, Node
 from .lazy import LazyArray
 from .signatures import (BROW, NO_GRADIENT, ROW, SHARED, ReshapeRule, RowRule, Rule,
@@ -128,7 +129,7 @@ class CallOp:
             outs = self.batched(mx.sym, [mx.sym.var(n) for n in names], variant)
             symbol = mx.sym.Group(outs)
             order = [names.index(n) for n in symbol.list_inputs()]
-            op = cache[key] = (mx.nd.CachedOp(symbol, [("static_alloc", True)]), order)
+            op = cache[key] = (cached_op(symbol), order)
         cached, order = op
         out = cached(*[inputs[k] for k in order])
         return list(out) if isinstance(out, (list, tuple)) else [out]
