@@ -96,26 +96,29 @@ class Compiler(SegmentWalker):
                 return ("direct", sid)
             if self.slices:
                 return ("slice", sid, start, stop)
-        if self.tables == "present":
-            sids = []
-            for sid, _, _ in merged:
-                if sid not in sids:
-                    sids.append(sid)
-        else:
-            # Compiled: read from every source so far of the families needed,
-            # so the graph does not depend on which earlier step (tree level)
-            # each row came from, only on the sequence of steps.
-            wanted = {self.families[sid] for sid, _, _ in merged}
-            sids = [sid for sid, family in enumerate(self.families) if family in wanted]
-        offsets, base = {}, 0
-        for sid in sids:
+        sids, starts, stops = (np.array(column, dtype=np.int64) for column in zip(*merged))
+        return self._take(sids, starts, stops - starts)
+
+    def _take(self, sids, starts, lengths):
+        """('take', sources, var): runs of rows of ``sids`` (numpy arrays) as one take.
+
+        The take reads the concatenation of its sources, in table order (see
+        ``_table_sources``); its index array goes to ``index_parts``.
+        """
+        order = self._table_sources(sids)
+        offsets = np.zeros(len(self.source_rows), dtype=np.int64)
+        base = 0
+        for sid in order:
             offsets[sid] = base
             base += self.source_rows[sid]
-        index = run_indices([start + offsets[sid] for sid, start, _ in merged],
-                            [stop - start for _, start, stop in merged])
+        starts = starts + offsets[sids]
+        if (lengths == 1).all():
+            index = starts.astype(np.int32)
+        else:
+            index = run_indices(starts, lengths)
         name = "i%d" % len(self.index_parts)
         self.index_parts.append((name, index))
-        return ("take", tuple(sids), name)
+        return ("take", tuple(order), name)
 
     def _gather_rows(self, nodes, k, role, force_take=False):
         """``_gather_desc`` of input ``k`` of ``nodes``, vectorised where it can be.
@@ -144,23 +147,15 @@ class Compiler(SegmentWalker):
         if (sids == first).all() and (starts[1:] == starts[:-1] + lengths[:-1]).all():
             # One run of one source: as the general path decides.
             return self._gather_desc([(int(first), int(starts[0]), stops[-1])], force_take)
-        order = self._table_sources(sids)
-        offsets = np.zeros(len(self.source_rows), dtype=np.int64)
-        base = 0
-        for sid in order:
-            offsets[sid] = base
-            base += self.source_rows[sid]
-        starts += offsets[sids]
-        if (lengths == 1).all():
-            index = starts.astype(np.int32)
-        else:
-            index = run_indices(starts, lengths)
-        name = "i%d" % len(self.index_parts)
-        self.index_parts.append((name, index))
-        return ("take", tuple(order), name)
+        return self._take(sids, starts, lengths)
 
     def _table_sources(self, sids):
-        """The sources a take reads, in table order (see ``_gather_desc``)."""
+        """The sources a take of rows of ``sids`` reads, in table order.
+
+        Compiled plans read every source so far of the families needed, so
+        the graph does not depend on which earlier step (tree level) each row
+        came from, only on the sequence of steps.
+        """
         present = np.unique(sids)
         if self.tables == "present":
             return [int(sid) for sid in present]
@@ -348,23 +343,9 @@ def run_interpreted(plan, live, ctx):
     walker.walk(plan, live)
     feeds = walker.feed_arrays()
     values = {}
-
-    def gather(desc):
-        kind = desc[0]
-        if kind == "direct":
-            return values[desc[1]] if desc[1] in values else feeds["s%d" % desc[1]]
-        if kind == "direct_var":
-            return feeds[desc[1]]
-        if kind == "slice":
-            source = gather(("direct", desc[1]))
-            return mx.nd.slice_axis(source, axis=0, begin=desc[2], end=desc[3])
-        sources = [gather(("direct", sid)) for sid in desc[1]]
-        table = sources[0] if len(sources) == 1 else mx.nd.concat(*sources, dim=0)
-        return mx.nd.take(table, feeds[desc[2]], axis=0)
-
     for kind, node0, ins, outs, count, variant in walker.steps:
         with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
-            inputs = [gather(d) for d in ins]
+            inputs = [_gather(d, values, feeds) for d in ins]
             if kind == "call":
                 results = node0.op.run_cached(inputs, variant, walker.ctx)
             elif kind == "alone" or count == 1:
@@ -373,7 +354,27 @@ def run_interpreted(plan, live, ctx):
                 results = node0.rule.batched_call(mx.nd, node0, inputs)
         for sid, array in zip(outs, results):
             values[sid] = array
-    walker.deliver([gather(desc) for desc, _ in walker.outputs])
+    walker.deliver([_gather(desc, values, feeds) for desc, _ in walker.outputs])
+
+
+def _gather(desc, values, feeds):
+    """The array a gather description stands for, run imperatively.
+
+    ``values`` holds the step outputs computed so far by source id; leaves and
+    index arrays are in ``feeds``.
+    """
+    kind = desc[0]
+    if kind == "direct":
+        sid = desc[1]
+        return values[sid] if sid in values else feeds["s%d" % sid]
+    if kind == "direct_var":
+        return feeds[desc[1]]
+    if kind == "slice":
+        return mx.nd.slice_axis(_gather(("direct", desc[1]), values, feeds), axis=0,
+                                begin=desc[2], end=desc[3])
+    sources = [_gather(("direct", sid), values, feeds) for sid in desc[1]]
+    table = sources[0] if len(sources) == 1 else mx.nd.concat(*sources, dim=0)
+    return mx.nd.take(table, feeds[desc[2]], axis=0)
 
 
 class CompiledPlan:
@@ -429,34 +430,21 @@ def run_steps(plan, live, ctx, cache, stats):
     walker.walk(plan, live)
     feeds = walker.feed_arrays()
     values = {}
-
-    def source(sid):
-        return values[sid] if sid in values else feeds["s%d" % sid]
-
     for kind, node0, ins, outs, _, variant in walker.steps:
         arrays, shape = [], []
         for desc in ins:
             if desc[0] == "take":
-                arrays.extend(source(sid) for sid in desc[1])
+                arrays.extend(_gather(("direct", sid), values, feeds) for sid in desc[1])
                 arrays.append(feeds[desc[2]])
                 shape.append(("t", len(desc[1])))
             else:
-                arrays.append(source(desc[1]) if desc[0] == "direct" else feeds[desc[1]])
+                arrays.append(_gather(desc, values, feeds))
                 shape.append(("d",))
         with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
             results = _run_step(node0, tuple(shape), variant, arrays, walker.ctx, cache, stats)
         for sid, array in zip(outs, results):
             values[sid] = array
-    walker.deliver([_take_rows(desc, source, feeds) for desc, _ in walker.outputs])
-
-
-def _take_rows(desc, source, feeds):
-    """An output group's rows (``("direct", sid)`` or ``("take", sids, name)``)."""
-    if desc[0] == "direct":
-        return source(desc[1])
-    sources = [source(sid) for sid in desc[1]]
-    table = sources[0] if len(sources) == 1 else mx.nd.concat(*sources, dim=0)
-    return mx.nd.take(table, feeds[desc[2]], axis=0)
+    walker.deliver([_gather(desc, values, feeds) for desc, _ in walker.outputs])
 
 
 def _run_step(node0, shape, variant, arrays, ctx, cache, stats):

@@ -141,15 +141,13 @@ class Graph:
         self.param_dicts = {}
         self.flush_fn = _released
 
-    def live_outputs(self):
-        """(node, idx, LazyArray) for every output a user still holds."""
-        return self.live_and_needed()[0]
-
     def live_and_needed(self):
-        """``(live_outputs(), needed(live))`` in one backward pass over the nodes.
+        """(live, needed): every output a user still holds, as ``(node, idx,
+        LazyArray)``, and the nodes they depend on, in creation order.
 
-        Creation order is topological, so a node is known to be needed (held
-        by a user, or an input of a needed node) before its inputs are visited.
+        One backward pass over the nodes finds both: creation order is
+        topological, so a node is known to be needed (held by a user, or an
+        input of a needed node) before its inputs are visited.
         """
         nodes = self.nodes
         mark = bytearray(len(nodes))
@@ -168,21 +166,6 @@ class Graph:
                     mark[src.id] = 1
         live.reverse()
         return live, [n for n, m in zip(nodes, mark) if m]
-
-    def needed(self, live):
-        """Nodes the live outputs depend on, in creation order.
-
-        Creation order is topological, so one backward pass marks everything.
-        """
-        nodes = self.nodes
-        mark = bytearray(len(nodes))
-        for node, _, _ in live:
-            mark[node.id] = 1
-        for node in reversed(nodes):
-            if mark[node.id]:
-                for src, _ in node.inputs:
-                    mark[src.id] = 1
-        return [n for n in nodes if mark[n.id]]
 
     def lint(self):
         """Check the invariants; raise AssertionError naming the first broken one."""

@@ -157,9 +157,6 @@ LazyArray.copy = _copy
 LazyArray.T = property(_T)
 
 
-_SLICE_AXIS = opdef("slice_axis")
-
-
 def _getitem(self, key):
     rec = current()
     if rec is None:
@@ -196,8 +193,7 @@ def _getitem(self, key):
         ends.append(stop)
     out = self
     if (begins[0], ends[0]) != (0, shape[0]):
-        out = rec.call_op(_SLICE_AXIS, (out,),
-                          {"axis": 0, "begin": begins[0], "end": ends[0]})
+        out = rec.row_slice(out, begins[0], ends[0])
     rest = [(b, e) if (b, e) != (0, shape[a + 1]) else (None, None)
             for a, (b, e) in enumerate(zip(begins[1:], ends[1:]))]
     if any(b is not None for b, _ in rest):

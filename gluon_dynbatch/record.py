@@ -147,7 +147,7 @@ def _infer_rows_view(op, node, in_shapes, in_dtypes):
     """
     if not in_shapes or any(not s or 0 in s for s in in_shapes) or node.args[1:]:
         return None
-    if len(set(in_dtypes)) != 1 or not all(type(a).__name__ == "Slot" for a in node.args):
+    if len(set(in_dtypes)) != 1 or not all(isinstance(a, Slot) for a in node.args):
         return None
     kwargs = node.kwargs
     if op.name == "slice_axis" and len(in_shapes) == 1 and kwargs.get("axis") == 0 \
