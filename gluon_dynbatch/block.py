@@ -122,10 +122,16 @@ def _has_lazy(args):
     return False
 
 
+_TRACEABLE = {}   # class -> whether its calls can be traced (asked once per call)
+
+
 def _traceable(block):
     cls = type(block)
-    return (cls.forward is gluon.HybridBlock.forward
-            and cls.hybrid_forward is not gluon.HybridBlock.hybrid_forward)
+    found = _TRACEABLE.get(cls)
+    if found is None:
+        found = _TRACEABLE[cls] = (cls.forward is gluon.HybridBlock.forward and
+                                   cls.hybrid_forward is not gluon.HybridBlock.hybrid_forward)
+    return found
 
 
 _ORIGINAL_CALL = gluon.Block.__call__

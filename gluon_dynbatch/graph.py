@@ -6,6 +6,7 @@ A value is referenced as ``(node, output_index)``.
 import weakref
 
 LEAF, OP, VIEW = "leaf", "op", "view"
+_NO_KWARGS = {}   # shared by nodes without keyword arguments; never mutated
 
 
 class Node:
@@ -50,7 +51,7 @@ class Node:
         self.op = op
         self.inputs = inputs
         self.args = args
-        self.kwargs = kwargs or {}
+        self.kwargs = kwargs if kwargs is not None else _NO_KWARGS
         self.out_shapes = None
         self.out_dtypes = None
         self.sig = None
@@ -123,6 +124,7 @@ class Graph:
         self.error = None          # set when the scope failed
         self.leaf_by_id = {}       # id(NDArray) or id(Parameter) -> leaf Node
         self.param_dicts = {}      # id(block) -> (block, {name: LazyArray}) of its params
+        self.externals = {}        # id(template) -> (template, its external values), replay.py
         self.mode = None           # autograd's (recording, training) of its calls
 
     def add(self, node):
@@ -139,6 +141,7 @@ class Graph:
         self.nodes = []
         self.leaf_by_id = {}
         self.param_dicts = {}
+        self.externals = {}
         self.flush_fn = _released
 
     def live_and_needed(self):

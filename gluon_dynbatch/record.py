@@ -440,17 +440,17 @@ class Recorder:
         Deterministic ones (zeros, ones, full, ...) are computed once per
         context and reused: users only ever see copies of leaves.
         """
-        kwargs = {k: v for k, v in kwargs.items() if k != "name"}
+        if "name" in kwargs:
+            kwargs = {k: v for k, v in kwargs.items() if k != "name"}
         ctx = self.ctx or mx.current_context()
-        key = None
-        if path[-1] in _DETERMINISTIC:
-            try:
-                key = (path, tuple(args), tuple(sorted(kwargs.items())), str(ctx))
-                hash(key)
-            except TypeError:
-                key = None
         store = self._store
-        out = store.constants.get(key) if key is not None else None
+        key = out = None
+        if path[-1] in _DETERMINISTIC:
+            key = (path, args, tuple(sorted(kwargs.items())) if kwargs else (), ctx)
+            try:
+                out = store.constants.get(key)
+            except TypeError:           # an unhashable argument: no memo
+                key = None
         if out is None:
             with ctx:
                 out = fn(*args, **kwargs)

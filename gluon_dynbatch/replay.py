@@ -164,15 +164,10 @@ def replay(rec, template, arg_values, path):
     graph = rec.graph
     if graph.mode is None:
         graph.mode = rec.mode
-    external = []
-    found = graph.leaf_by_id.get
-    for kind, value in template.external:
-        leaf = found(id(value)) if kind == "p" else None
-        if leaf is None:
-            lazy = rec.param(value) if kind == "p" else rec.leaf(value)
-            external.append((lazy.__dict__["_node"], 0))
-        else:
-            external.append((leaf[0], 0))
+    external = graph.externals.get(id(template))
+    if external is None or external[0] is not template:
+        external = graph.externals[id(template)] = (template, _externals(rec, template))
+    external = external[1]
     if template.call is not None:
         op, info = template.call
         node = calls.make_node(rec, op, info, arg_values, external, path)
@@ -207,6 +202,15 @@ def replay(rec, template, arg_values, path):
         made.append(node)
     rec.num_recorded += len(made)
     return _build(rec, template.outputs, arg_values, made)
+
+
+def _externals(rec, template):
+    """The graph's values of a template's parameters and constants (once per graph)."""
+    external = []
+    for kind, value in template.external:
+        lazy = rec.param(value) if kind == "p" else rec.leaf(value)
+        external.append((lazy.__dict__["_node"], 0))
+    return external
 
 
 def _build(rec, obj, arg_values, made):
