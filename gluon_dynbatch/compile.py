@@ -16,9 +16,11 @@ import numpy as np
 from mxnet import autograd
 
 from .execute import SegmentWalker, merge_segments, run_indices, shared_inputs
+from .graph import VIEW
 from .signatures import BROW, NO_GRADIENT, call_as_recorded
 
 _NO_CHANGE = contextlib.nullcontext()
+_CONCATS = ("concat", "Concat")
 
 # MXNet 1.9.1's static memory planning (CachedOp ``static_alloc``) returned
 # wrong gradients for a whole-plan graph that hypothesis found (a value read
@@ -130,24 +132,59 @@ class Compiler(SegmentWalker):
         """
         if role == BROW:
             return self._gather_desc(self.input_segments(nodes, k, role), force_take)
-        known = self.segs.get
         values = [n.inputs[k] for n in nodes]
-        parts = [known(v) for v in values]
-        if None in parts:
-            parts = [p if p is not None else self.segments(*v)
-                     for p, v in zip(parts, values)]
-        if max(map(len, parts)) == 1:
-            sids, starts, stops = zip(*[p[0] for p in parts])
-        else:
-            sids, starts, stops = zip(*chain.from_iterable(parts))
-        sids = np.array(sids, dtype=np.int64)
-        starts = np.array(starts, dtype=np.int64)
-        lengths = np.array(stops, dtype=np.int64) - starts
+        sids, starts, stops = self._row_slices(values) or self._rows_of(values)
+        lengths = stops - starts
         first = sids[0]
         if (sids == first).all() and (starts[1:] == starts[:-1] + lengths[:-1]).all():
             # One run of one source: as the general path decides.
             return self._gather_desc([(int(first), int(starts[0]), stops[-1])], force_take)
         return self._take(sids, starts, lengths)
+
+    def _rows_of(self, values):
+        """(sids, starts, stops) of the segments of ``values``, in order, as numpy arrays."""
+        known = self.segs.get
+        parts = [known(v) for v in values]
+        if None in parts and all(p is None and v[0].kind == VIEW and v[0].op.name in _CONCATS
+                                 for p, v in zip(parts, values)):
+            # Concatenations (of a node's children's states): their inputs'
+            # rows, in order, without resolving view by view.
+            flat = [known(x) for v in values for x in v[0].inputs]
+            if None not in flat:
+                parts = flat
+        if None in parts:
+            parts = [p if p is not None else self.segments(*v) for p, v in zip(parts, values)]
+        if max(map(len, parts)) == 1:
+            columns = zip(*[p[0] for p in parts])
+        else:
+            columns = zip(*chain.from_iterable(parts))
+        return tuple(np.array(column, dtype=np.int64) for column in columns)
+
+    def _row_slices(self, values):
+        """(sids, starts, stops) when every value is a row slice (``x[i:j]``) of one
+        array held in one segment, else None.
+
+        Each tree node's word row of an embedding table is such a view: its rows
+        come from the slices' bounds at once, without resolving view by view.
+        """
+        views = [v[0] for v in values]
+        first = views[0]
+        if first.kind != VIEW or first.op.name != "slice_axis":
+            return None
+        base = first.inputs[0]
+        if any(v.kind != VIEW or v.op is not first.op or v.inputs[0] != base
+               for v in views) or any(v[1] for v in values):
+            return None
+        segs = self.segs.get(base) or self.segments(*base)
+        if len(segs) != 1:
+            return None
+        begins = np.array([v.kwargs["begin"] for v in views])
+        ends = np.array([v.kwargs["end"] for v in views])
+        if begins.dtype.kind != "i" or ends.dtype.kind != "i" or not (
+                (begins >= 0).all() and (ends > begins).all()):
+            return None     # open (None) or negative bounds: resolved one by one
+        sid, start, _ = segs[0]
+        return np.full(len(views), sid, dtype=np.int64), begins + start, ends + start
 
     def _table_sources(self, sids):
         """The sources a take of rows of ``sids`` reads, in table order.

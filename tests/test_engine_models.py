@@ -136,3 +136,43 @@ def test_out_of_range_row_slice_names_sample_and_next_batch_works():
         out = model((2, 4), table, other)
     np.testing.assert_allclose(out.asnumpy(), model((2, 4), table, other).asnumpy(),
                                rtol=1e-6)
+
+
+class RowsAndChildren(gdb.DynBatchBlock):
+    """Word rows and children's states gathered in ways the compiler's walk
+    resolves in bulk or view by view, all batched into the same steps.
+
+    A sample is ``(words, table_choice)``: a chain of nodes, each reading a
+    row of ``tables[choice]`` (one table for some samples, another, or a
+    concatenation of both, which is a view of two segments) and the
+    concatenation of its previous state with a constant row (a leaf) or with
+    a second computed state.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=4)
+            self.mix = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, sample, first, second):
+        words, choice = sample
+        table = {"first": first, "second": second,
+                 "both": F.concat(first, second, dim=0)}[choice]
+        state = F.tanh(self.dense(table[words[0]:words[0] + 1]))
+        for k, word in enumerate(words[1:]):
+            x = F.tanh(self.dense(table[word:word + 1]))
+            other = F.ones((1, 3)) if k % 2 else x
+            children = F.concat(state, other, dim=0)
+            mixed = F.tanh(self.mix(children))
+            state = mixed[0:1] * 0.7 + mixed[1:2] * 0.3     # order matters
+        return state
+
+
+def test_walk_gathers_in_bulk_and_view_by_view_equal_eager():
+    model = make_model(RowsAndChildren)
+    first = nd.random.uniform(shape=(6, 4))
+    second = nd.random.uniform(shape=(5, 4))
+    samples = [([0, 3, 5, 1], "first"), ([2, 4, 1], "second"), ([7, 10, 0, 6], "both"),
+               ([1, 1, 2], "first"), ([5, 2], "both"), ([0, 4, 3, 2, 1], "second")]
+    check_all_strategies(model, samples, [first, second], strategies=("depth", "agenda"))
