@@ -15,7 +15,11 @@ A step is forward over 25 SICK train pairs (50 trees, D=300, H=150, fixed
 random embeddings), the example's similarity head and KL loss, backward and
 ``Trainer.step``.  Medians over ``--batches`` batches, each one seen for the
 first time by the timed system (warm-up batches come before them), are
-reported as trees/s and as ratios to eager and to hand-batched.  Results go
+reported as trees/s and as ratios to eager and to hand-batched.  The systems'
+timed batches run in interleaved rounds (``--round-batches`` batches of every
+system, then the next ones), so that the machine's drift in speed during the
+run does not skew the ratios.
+Results go
 to ``--out-dir`` as CSV, Markdown, JSON and (after the budget sweep) a PNG.
 
 Run from the repository root::
@@ -150,6 +154,9 @@ def build_parser():
         help="timed batches for eager, ~1 s each (default: as --batches, so that "
              "eager is timed on the same batches as every other system and the "
              "ratios compare the same work)")
+    add("--round-batches", type=int, default=5,
+        help="timed batches each system runs in a row before the next system's "
+             "turn; the rounds rotate the systems' order (default: %(default)s)")
     add("--systems", default=",".join(GROUPS),
         help="comma list of systems or groups to run (default: all)")
     add("--budgets", default=DEFAULT_BUDGETS,
@@ -586,38 +593,105 @@ def system_batches(system, args, batches):
             batches[args.warmup:args.warmup + timed])
 
 
-def run_system(bench, system, args, batches):
-    """Warm up, time and summarise one system; failures become a row."""
+class Timed:
+    """One system in the interleaved timing: its runner, batches and records.
+
+    Parameters
+    ----------
+    system : System
+    runner : Runner
+    timed : list
+        Its timed batches (the same ones for every system, eager included,
+        unless ``--eager-batches`` says otherwise).
+    """
+
+    def __init__(self, system, runner, timed):
+        self.system = system
+        self.runner = runner
+        self.timed = timed
+        self.records = []
+        self.failure = None
+
+
+def _unavailable(bench, system):
+    """Why ``system`` cannot run with this gluon_dynbatch, or None."""
     if system.kind in ("compiled", "step") and not bench.features["compiled"]:
-        return unavailable_row(system, "unavailable: compiled=True not "
-                                       "supported by gluon_dynbatch"), []
+        return "unavailable: compiled=True not supported by gluon_dynbatch"
     if system.budget is not None and not bench.features["budget_via"]:
-        return unavailable_row(system, "unavailable: analysis_budget "
-                                       "not supported"), []
+        return "unavailable: analysis_budget not supported"
+    return None
+
+
+def _failed(system, err):
+    LOG.error("%s failed: %s: %s", system.name, type(err).__name__, err)
+    LOG.debug("traceback", exc_info=True)
+    return "failed: %s: %s" % (type(err).__name__, err)
+
+
+def prepare_system(bench, system, args, batches):
+    """A warmed-up :class:`Timed` for ``system``, or its unavailable row."""
+    why = _unavailable(bench, system)
+    if why:
+        return unavailable_row(system, why)
     clear_engine_caches()
-    gc.collect()  # do not charge this system for the garbage of the last
+    gc.collect()
     warm, timed = system_batches(system, args, batches)
     try:
         runner = Runner(bench, system)
         run_batches(runner, warm, system.name + " (warm-up)")
-        records = run_batches(runner, timed, system.name)
+    except Exception as err:  # pylint: disable=broad-except
+        return unavailable_row(system, _failed(system, err))
+    return Timed(system, runner, timed)
+
+
+def time_interleaved(entries, block):
+    """Time every system's batches in rounds, ``block`` batches per system each.
+
+    Round ``r`` runs batches ``r*block`` to ``(r+1)*block - 1`` of every
+    system, one system after another, the order rotating from round to round.
+    A drift of the machine's speed during the run (this machine's speed
+    varies by up to 2x within minutes) so reaches every system alike, while
+    each system still runs several steps in a row as a training loop does
+    (alternating single steps would leave every step of a fast system with
+    caches cold from the eager one).  A garbage collection precedes each
+    block, so no system pays for another's garbage.
+    """
+    longest = max((len(e.timed) for e in entries), default=0)
+    rounds = range(0, longest, block)
+    for r, first in enumerate(tqdm(rounds, desc="timed rounds", leave=False,
+                                   unit="round", disable=None)):
+        turn = entries[r % len(entries):] + entries[:r % len(entries)]
+        for entry in turn:
+            if entry.failure is not None or first >= len(entry.timed):
+                continue
+            gc.collect()
+            try:
+                for pairs in entry.timed[first:first + block]:
+                    entry.records.append(entry.runner.step(pairs))
+            except Exception as err:  # pylint: disable=broad-except
+                entry.failure = _failed(entry.system, err)
+
+
+def finish_system(entry, args):
+    """The second and back-to-back passes of one system, then its summary row."""
+    system, runner = entry.system, entry.runner
+    if entry.failure is not None:
+        return unavailable_row(system, entry.failure), []
+    try:
         again = None
         if system.kind in CACHING_KINDS and not args.no_second_pass:
-            again = run_batches(runner, timed, system.name + " (again)")
+            again = run_batches(runner, entry.timed, system.name + " (again)")
         b2b = None
         if not args.no_back_to_back:
-            b2b = run_back_to_back(runner, timed, system.name + " (back to back)")
+            b2b = run_back_to_back(runner, entry.timed, system.name + " (back to back)")
     except Exception as err:  # pylint: disable=broad-except
-        LOG.error("%s failed: %s: %s", system.name, type(err).__name__, err)
-        LOG.debug("traceback", exc_info=True)
-        return unavailable_row(system, "failed: %s: %s"
-                               % (type(err).__name__, err)), []
-    row = summarize(system, records, again, b2b)
+        return unavailable_row(system, _failed(system, err)), []
+    row = summarize(system, entry.records, again, b2b)
     LOG.info("%-24s %7.1f ms/batch %7.1f trees/s%s", system.name,
              row["total_ms"], row["trees_per_s"],
              "" if again is None else ", again %.1f trees/s"
              % row["trees_per_s_again"])
-    return row, {"new": records, "again": again}
+    return row, {"new": entry.records, "again": again}
 
 
 def add_ratios(rows):
@@ -924,8 +998,8 @@ def check_args(args, num_batches):
     for name in ("batches", "warmup", "eager_batches"):
         if getattr(args, name) < 0:
             sys.exit("--%s must be >= 0" % name.replace("_", "-"))
-    if args.batches < 1 or args.eager_batches < 1:
-        sys.exit("--batches and --eager-batches must be at least 1")
+    if args.batches < 1 or args.eager_batches < 1 or args.round_batches < 1:
+        sys.exit("--batches, --eager-batches and --round-batches must be at least 1")
     if args.warmup + max(args.batches, args.eager_batches) > num_batches:
         sys.exit("--warmup + --batches exceed the %d batches of SICK train"
                  % num_batches)
@@ -942,9 +1016,14 @@ def run_all(args, selected, batches, bench):
     raw : dict
         Per-batch records by system name (and ``"epoch"``).
     """
+    prepared = [prepare_system(bench, system, args, batches) for system in selected]
+    time_interleaved([p for p in prepared if isinstance(p, Timed)], args.round_batches)
     rows, raw = [], {}
-    for system in selected:
-        row, raw[system.name] = run_system(bench, system, args, batches)
+    for system, entry in zip(selected, prepared):
+        if isinstance(entry, Timed):
+            row, raw[system.name] = finish_system(entry, args)
+        else:
+            row, raw[system.name] = entry, []
         rows.append(row)
     add_ratios(rows)
     epoch_rows = []

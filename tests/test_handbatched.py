@@ -119,3 +119,31 @@ def test_benchmark_smoke(tmp_path):
     assert rows[0]["available"] and rows[0]["trees_per_s"] > 0
     for name in ("benchmark.csv", "benchmark.md", "benchmark.json"):
         assert (tmp_path / name).is_file()
+
+
+def test_benchmark_interleaves_systems_in_rotating_rounds():
+    """Timed batches run in rounds of blocks, the systems' order rotating; a
+    system that fails stops alone and the others finish."""
+    import benchmark
+    log = []
+
+    class FakeRunner:
+        def __init__(self, name, fail_at=None):
+            self.name, self.fail_at = name, fail_at
+
+        def step(self, batch):
+            if batch == self.fail_at:
+                raise RuntimeError("boom")
+            log.append((self.name, batch))
+            return {"total_ms": 1.0}
+
+    systems = [benchmark.System(n, "eager", None, None) for n in ("a", "b", "c")]
+    entries = [benchmark.Timed(systems[0], FakeRunner("a"), [0, 1, 2, 3, 4]),
+               benchmark.Timed(systems[1], FakeRunner("b", fail_at=3), [0, 1, 2, 3, 4]),
+               benchmark.Timed(systems[2], FakeRunner("c"), [0, 1, 2])]
+    benchmark.time_interleaved(entries, block=2)
+    assert log == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1),
+                   ("b", 2), ("c", 2), ("a", 2), ("a", 3),
+                   ("a", 4)]
+    assert [len(e.records) for e in entries] == [5, 3, 3]
+    assert entries[1].failure is not None and "boom" in entries[1].failure
