@@ -378,8 +378,13 @@ def outputs(node, info):
     return lazies[0] if kind is LazyArray else kind(lazies)
 
 
-def make_node(rec, op, info, arg_values, external, path):
-    """Record one call node (fast path of ``replay.replay``); returns it."""
+def make_node(rec, op, info, arg_values, external, path, shared_sig=None):
+    """Record one call node (fast path of ``replay.replay``); returns it.
+
+    ``shared_sig``, when given, is the node's signature, known because every
+    SHARED input is a parameter or constant of the template (the same leaves
+    for every call in a graph); otherwise ``Recorder._place`` signs the node.
+    """
     inputs = [arg_values[ref[1]] if ref[0] == "a" else external[ref[1]]
               for ref in info.inputs]
     graph = rec.graph
@@ -392,7 +397,30 @@ def make_node(rec, op, info, arg_values, external, path):
     node.rule = CALL_RULE
     node.meta = info.meta
     node.info = info
-    rec._place(node, info)  # pylint: disable=protected-access
+    if shared_sig is None:
+        rec._place(node, info)  # pylint: disable=protected-access
+    else:
+        # As _place for a call node (never a view, never stateful): leaves
+        # have depth 0, so the arguments alone give the depth.
+        depth = 0
+        for src, _ in arg_values:
+            if src.depth > depth:
+                depth = src.depth
+        node.depth = depth + 1
+        node.sig = shared_sig
     graph.nodes.append(node)
     rec.num_recorded += 1
     return node
+
+
+def shared_signature(info, external):
+    """The signature of call nodes of ``info`` when all their SHARED inputs are
+    ``external`` values (parameters, constants), else None (see ``make_node``)."""
+    if info.sig is None or info.stateful or info.kind != "op":
+        return None
+    if not info.shared_pos:
+        return info.sig
+    refs = [info.inputs[k] for k in info.shared_pos]
+    if any(ref[0] != "x" for ref in refs):
+        return None
+    return (info.sig, tuple([(external[ref[1]][0].id, external[ref[1]][1]) for ref in refs]))

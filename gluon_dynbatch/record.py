@@ -604,9 +604,8 @@ class Recorder:
                 version = self._versions.get(id(block))
                 if version is None:
                     version = self._versions[id(block)] = replay.block_version(block)
-                key = replay.call_key(block, structure, arg_values, version,
-                                      self.mode) + (self._template_mode
-                                                    or self._find_template_mode())
+                key = replay.call_key(block, structure, arg_values, version, self.mode,
+                                      self._template_mode or self._find_template_mode())
                 template = self._store.templates.get(key)
                 if template is replay.UNTEMPLATABLE:
                     key = None

@@ -31,11 +31,14 @@ _FLAT = {}     # number of arguments -> structure of that many plain arrays
 
 def flatten_args(args):
     """(arrays, structure) of nested lists/tuples; None if a leaf is not simple."""
-    if all(isinstance(a, nd.NDArray) for a in args):       # the common case
+    for a in args:
+        if not isinstance(a, nd.NDArray):
+            break
+    else:                                   # only arrays: the common case
         structure = _FLAT.get(len(args))
         if structure is None:
             structure = _FLAT[len(args)] = _walk_args(tuple(args), [])
-        return list(args), structure
+        return args, structure
     arrays = []
     structure = _walk_args(tuple(args), arrays)
     return (arrays, structure) if structure is not None else (None, None)
@@ -164,13 +167,16 @@ def replay(rec, template, arg_values, path):
     graph = rec.graph
     if graph.mode is None:
         graph.mode = rec.mode
-    external = graph.externals.get(id(template))
-    if external is None or external[0] is not template:
-        external = graph.externals[id(template)] = (template, _externals(rec, template))
-    external = external[1]
+    found = graph.externals.get(id(template))
+    if found is None or found[0] is not template:
+        external = _externals(rec, template)
+        sig = calls.shared_signature(template.call[1], external) \
+            if template.call is not None else None
+        found = graph.externals[id(template)] = (template, external, sig)
+    external = found[1]
     if template.call is not None:
         op, info = template.call
-        node = calls.make_node(rec, op, info, arg_values, external, path)
+        node = calls.make_node(rec, op, info, arg_values, external, path, found[2])
         if info.out_kind is None:
             return _build(rec, info.outputs, arg_values, [node])
         return calls.outputs(node, info)
@@ -234,8 +240,9 @@ def _build(rec, obj, arg_values, made):
     return lazy
 
 
-def call_key(block, structure, values, version, mode):
-    """The call shape of a block call (hashable).
+def call_key(block, structure, values, version, mode, template_mode):
+    """The call shape of a block call (hashable); ends with ``template_mode``'s
+    two items (fuse, whole_calls).
 
     Besides shapes and dtypes it holds the aliasing of the array arguments
     (which positions pass the same value): a template traced where two
@@ -246,6 +253,6 @@ def call_key(block, structure, values, version, mode):
     # Shapes and dtypes from the recorded values (cheaper than LazyArray.shape).
     return (id(block), version, structure, aliasing,
             tuple([(src.out_shapes[i], src.out_dtypes[i]) for src, i in values]),
-            mode)
+            mode, template_mode[0], template_mode[1])
 
 
