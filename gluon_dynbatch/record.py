@@ -411,10 +411,15 @@ class Recorder:
         if not (type(begin) is int and type(end) is int
                 and 0 <= begin < end <= src.out_shapes[idx][0]):
             return self.call_op(_SLICE_AXIS, (x,), kwargs)
-        info = _CALLS.get((_SLICE_AXIS, _ONE_SLOT, (("axis", 0), ("begin", begin), ("end", end)),
-                           (src.out_shapes[idx],), (src.out_dtypes[idx],)))
-        if info is None or info.kind != VIEW:
-            return self.add_node(_SLICE_AXIS, [value], _ONE_SLOT, kwargs)
+        short = (begin, end, src.out_shapes[idx], src.out_dtypes[idx])
+        info = _ROW_SLICES.get(short)
+        if info is None:
+            info = _CALLS.get((_SLICE_AXIS, _ONE_SLOT,
+                               (("axis", 0), ("begin", begin), ("end", end)),
+                               (src.out_shapes[idx],), (src.out_dtypes[idx],)))
+            if info is None or info.kind != VIEW:
+                return self.add_node(_SLICE_AXIS, [value], _ONE_SLOT, kwargs)
+            _ROW_SLICES[short] = info
         graph = self.graph
         if graph.mode is None:
             graph.mode = self.mode
@@ -446,7 +451,8 @@ class Recorder:
         store = self._store
         key = out = None
         if path[-1] in _DETERMINISTIC:
-            key = (path, args, tuple(sorted(kwargs.items())) if kwargs else (), ctx)
+            key = (path, args, tuple(sorted(kwargs.items())) if kwargs else (),
+                   ctx.device_typeid, ctx.device_id)
             try:
                 out = store.constants.get(key)
             except TypeError:           # an unhashable argument: no memo
@@ -760,6 +766,7 @@ class CallInfo:
 
 
 _CALLS = {}
+_ROW_SLICES = {}   # (begin, end, shape, dtype) -> the CallInfo of a row-slice view in _CALLS
 _SLICE_AXIS = opdef("slice_axis")
 _ONE_SLOT = (slot(0),)
 
