@@ -19,27 +19,29 @@ active_recorder = None
 class LazyArray(nd.NDArray):
     """An NDArray produced by a recorded call, materialised on demand."""
 
+    # Slots, not a __dict__: a batch makes thousands of LazyArrays.
+    __slots__ = ("_h", "_node", "_idx", "__weakref__")
+
     def __init__(self, node, index):  # pylint: disable=super-init-not-called
-        d = self.__dict__
-        d["_h"] = None
-        d["_node"] = node
-        d["_idx"] = index
+        self._h = None
+        self._node = node
+        self._idx = index
         self.writable = True
 
     # -- the handle: materialise on first use --------------------------------
     @property
     def handle(self):
-        h = self.__dict__["_h"]
+        h = self._h
         if h is None:
             h = self._materialize()
         return h
 
     @handle.setter
     def handle(self, value):
-        self.__dict__["_h"] = value
+        self._h = value
 
     def _materialize(self):
-        node = self.__dict__["_node"]
+        node = self._node
         if node is None:
             raise BatchingError("this LazyArray was never given a value")
         graph = node.graph
@@ -48,51 +50,51 @@ class LazyArray(nd.NDArray):
             from mxnet import nd as _nd
             source = node.value if node.value is not None else node.param.data(graph.ctx)
             self._set_result(_nd.identity(source))
-            return self.__dict__["_h"]
+            return self._h
         if graph.error is not None:
             raise BatchingError(
                 "this value comes from a batching scope that failed (%s); "
                 "record it again in a new scope" % graph.error)
         graph.flush_fn()
-        h = self.__dict__["_h"]
+        h = self._h
         if h is None:
             raise BatchingError("internal error: value not produced by its flush")
         return h
 
     def _set_result(self, array):
         """Take over ``array``'s handle (and so its autograd history)."""
-        self.__dict__["_h"] = array.handle
+        self._h = array.handle
         array.handle = None
-        self.__dict__["_node"] = None
+        self._node = None
 
     @property
     def is_pending(self):
         """True while the value has not been computed yet."""
-        return self.__dict__["_h"] is None
+        return self._h is None
 
     def __del__(self):
-        h = self.__dict__.get("_h")
+        h = getattr(self, "_h", None)
         if h is not None:
             check_call(_LIB.MXNDArrayFree(h))
 
     # -- metadata known without running ---------------------------------------
     @property
     def shape(self):
-        node = self.__dict__["_node"]
+        node = self._node
         if node is not None:
-            return node.out_shapes[self.__dict__["_idx"]]
+            return node.out_shapes[self._idx]
         return nd.NDArray.shape.fget(self)
 
     @property
     def dtype(self):
-        node = self.__dict__["_node"]
+        node = self._node
         if node is not None:
-            return node.out_dtypes[self.__dict__["_idx"]]
+            return node.out_dtypes[self._idx]
         return nd.NDArray.dtype.fget(self)
 
     @property
     def context(self):
-        node = self.__dict__["_node"]
+        node = self._node
         if node is not None:
             return node.graph.ctx
         return nd.NDArray.context.fget(self)
@@ -112,7 +114,7 @@ class LazyArray(nd.NDArray):
 
     @property
     def stype(self):
-        if self.__dict__["_node"] is not None:
+        if self._node is not None:
             return "default"
         return nd.NDArray.stype.fget(self)
 
@@ -120,7 +122,7 @@ class LazyArray(nd.NDArray):
         return self.shape[0]
 
     def __repr__(self):
-        if self.__dict__["_h"] is None:
+        if self._h is None:
             return "<LazyArray %s %s, pending>" % (
                 "x".join(str(s) for s in self.shape), self.context)
         return nd.NDArray.__repr__(self)

@@ -337,18 +337,18 @@ class Recorder:
     def value_of(self, x):
         """(node, index) of array ``x`` in the current graph."""
         if isinstance(x, LazyArray):
-            node = x.__dict__["_node"]
+            node = x._node
             if node is not None and node.graph is self.graph:
-                return node, x.__dict__["_idx"]
+                return node, x._idx
             if node is not None:          # pending in an older graph: run it
                 x.handle  # pylint: disable=pointless-statement
         lazy = self.leaf(x)
-        return lazy.__dict__["_node"], 0
+        return lazy._node, 0
 
     def wrap_inputs(self, obj):
         """Replace NDArrays in (nested lists/tuples of) ``obj`` by lazy leaves."""
         if isinstance(obj, LazyArray):
-            node = obj.__dict__["_node"]
+            node = obj._node
             if node is not None and node.graph is self.graph:
                 return obj
             return self.leaf(obj) if node is None else obj
@@ -656,10 +656,9 @@ class Recorder:
         values = []
         for a in arrays:
             if type(a) is LazyArray:
-                d = a.__dict__
-                node = d["_node"]
+                node = a._node
                 if node is not None and node.graph is graph:
-                    values.append((node, d["_idx"]))
+                    values.append((node, a._idx))
                     continue
             values.append(self.value_of(a))
         return values

@@ -150,8 +150,8 @@ def _ref_of(where, src, idx):
 
 def _map_out(where, obj):
     if isinstance(obj, LazyArray):
-        src = obj.__dict__["_node"]
-        return None if src is None else _ref_of(where, src, obj.__dict__["_idx"])
+        src = obj._node
+        return None if src is None else _ref_of(where, src, obj._idx)
     if isinstance(obj, (list, tuple)):
         inner = [_map_out(where, o) for o in obj]
         return None if any(i is None for i in inner) else (type(obj), inner)
@@ -215,7 +215,7 @@ def _externals(rec, template):
     external = []
     for kind, value in template.external:
         lazy = rec.param(value) if kind == "p" else rec.leaf(value)
-        external.append((lazy.__dict__["_node"], 0))
+        external.append((lazy._node, 0))
     return external
 
 
