@@ -20,12 +20,13 @@ is compiled once per variant, as a CachedOp in imperative scopes
 """
 import itertools
 import threading
+import weakref
 
 import mxnet as mx
 import numpy as np
 
 from .compile import cached_op
-from .graph import OP, Node
+from .graph import _NO_KWARGS, OP, known_node
 from .lazy import LazyArray
 from .signatures import (BROW, NO_GRADIENT, ROW, SHARED, ReshapeRule, RowRule, Rule,
                          SegmentRule, call_as_recorded)
@@ -370,11 +371,8 @@ def outputs(node, info):
     (``info.out_kind``); ``replay`` builds any other structure itself.
     """
     kind = info.out_kind
-    lazies = []
-    for idx in range(len(info.out_shapes)):
-        lazy = LazyArray(node, idx)
-        node.set_output(idx, lazy)
-        lazies.append(lazy)
+    lazies = [LazyArray(node, idx) for idx in range(len(info.out_shapes))]
+    node.outs = [weakref.ref(lazy) for lazy in lazies]   # as Node.set_output
     return lazies[0] if kind is LazyArray else kind(lazies)
 
 
@@ -388,15 +386,7 @@ def make_node(rec, op, info, arg_values, external, path, shared_sig=None):
     inputs = [arg_values[ref[1]] if ref[0] == "a" else external[ref[1]]
               for ref in info.inputs]
     graph = rec.graph
-    node = Node(graph, OP, op, inputs)
-    node.sample = rec.sample
-    node.path = path
-    node.out_shapes = info.out_shapes
-    node.out_dtypes = info.out_dtypes
-    node.attrs = info.attrs
-    node.rule = CALL_RULE
-    node.meta = info.meta
-    node.info = info
+    node = known_node(graph, OP, op, inputs, (), _NO_KWARGS, info, rec.sample, path)
     if shared_sig is None:
         rec._place(node, info)  # pylint: disable=protected-access
     else:

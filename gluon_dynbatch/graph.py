@@ -83,6 +83,41 @@ class Node:
         self.outs[idx] = weakref.ref(lazy)
 
 
+def known_node(graph, kind, op, inputs, args, kwargs, info, sample, path):
+    """A node of a call whose analysis ``info`` (a CallInfo) is already known.
+
+    The recorder's fast paths make one per recorded call: every slot is set
+    once here, where ``Node(...)`` and then the analysed fields would set
+    eight of them twice.
+    """
+    node = _NEW_NODE(Node)
+    node.graph = graph
+    node.id = len(graph.nodes)
+    node.kind = kind
+    node.op = op
+    node.inputs = inputs
+    node.args = args
+    node.kwargs = kwargs
+    node.out_shapes = info.out_shapes
+    node.out_dtypes = info.out_dtypes
+    node.sig = None
+    node.rule = info.rule
+    node.deps = ()
+    node.depth = 0
+    node.sample = sample
+    node.path = path
+    node.value = None
+    node.param = None
+    node.outs = None
+    node.meta = info.meta
+    node.attrs = info.attrs
+    node.info = info
+    return node
+
+
+_NEW_NODE = object.__new__
+
+
 class Slot:
     """Placeholder in a call template for the k-th array input.
 

@@ -13,6 +13,7 @@ per (operator, attributes, input shapes, input dtypes).
 """
 import logging
 import threading
+import weakref
 
 import mxnet as mx
 import numpy as np
@@ -22,7 +23,7 @@ from mxnet.ndarray import NDArray
 from . import lazy as lazy_mod
 from . import replay
 from .errors import BatchingError, describe_call
-from .graph import LEAF, OP, VIEW, Graph, Node, Slot, slot
+from .graph import LEAF, OP, VIEW, Graph, Node, Slot, known_node, slot
 from .lazy import LazyArray
 from .signatures import ALONE, rule_for
 
@@ -423,16 +424,13 @@ class Recorder:
         graph = self.graph
         if graph.mode is None:
             graph.mode = self.mode
-        node = Node(graph, VIEW, _SLICE_AXIS, [value], _ONE_SLOT, kwargs)
-        node.sample = self.sample
-        node.path = self.path
-        node.out_shapes, node.out_dtypes = info.out_shapes, info.out_dtypes
-        node.attrs, node.rule, node.meta, node.info = info.attrs, info.rule, info.meta, info
+        node = known_node(graph, VIEW, _SLICE_AXIS, (value,), _ONE_SLOT, kwargs, info,
+                          self.sample, self.path)
         node.depth = src.depth
         graph.nodes.append(node)
         self.num_recorded += 1
         lazy = LazyArray(node, 0)
-        node.set_output(0, lazy)
+        node.outs = [weakref.ref(lazy)]
         return lazy
 
     def constant(self, op, args, kwargs):
@@ -482,27 +480,26 @@ class Recorder:
             info = _CALLS.get(key)
         except TypeError:          # an unhashable constant argument: no memo
             key = info = None
-        node = Node(graph, OP, op, inputs, targs, tkw)
-        node.sample = self.sample
-        node.path = self.path
         if info is None:
+            node = Node(graph, OP, op, inputs, targs, tkw)
+            node.sample = self.sample
+            node.path = self.path
             info = self._analyse(node, in_shapes, in_dtypes)
             if key is not None and info.cacheable:
                 _CALLS[key] = info
-        node.out_shapes, node.out_dtypes = info.out_shapes, info.out_dtypes
-        node.attrs, node.rule, node.meta, node.info = info.attrs, info.rule, info.meta, info
+            node.out_shapes, node.out_dtypes = info.out_shapes, info.out_dtypes
+            node.attrs, node.rule, node.meta, node.info = info.attrs, info.rule, info.meta, info
+        else:
+            node = known_node(graph, OP, op, inputs, targs, tkw, info, self.sample, self.path)
         self._place(node, info)
         graph.nodes.append(node)
         self.num_recorded += 1
         if len(info.out_shapes) == 1:
             lazy = LazyArray(node, 0)
-            node.set_output(0, lazy)
+            node.outs = [weakref.ref(lazy)]
             return lazy
-        outs = []
-        for i in range(len(info.out_shapes)):
-            lazy = LazyArray(node, i)
-            node.set_output(i, lazy)
-            outs.append(lazy)
+        outs = [LazyArray(node, i) for i in range(len(info.out_shapes))]
+        node.outs = [weakref.ref(lazy) for lazy in outs]
         return outs
 
     def _analyse(self, node, in_shapes, in_dtypes):

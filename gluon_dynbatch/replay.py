@@ -17,7 +17,7 @@ from mxnet import nd
 
 from . import calls
 from .fuse import FusedOp, fuse_entries
-from .graph import LEAF, OP, Node
+from .graph import LEAF, OP, known_node
 from .lazy import LazyArray
 
 _SIMPLE = (int, float, str, bool, type(None))
@@ -194,15 +194,7 @@ def replay(rec, template, arg_values, path):
                 inputs.append(arg_values[ref[1]])
             else:
                 inputs.append(external[ref[1]])
-        node = Node(graph, OP, op, inputs, args, kwargs)
-        node.sample = sample
-        node.path = path + suffix
-        node.out_shapes = info.out_shapes
-        node.out_dtypes = info.out_dtypes
-        node.attrs = info.attrs
-        node.rule = info.rule
-        node.meta = info.meta
-        node.info = info
+        node = known_node(graph, OP, op, inputs, args, kwargs, info, sample, path + suffix)
         place(node, info)
         nodes.append(node)
         made.append(node)
