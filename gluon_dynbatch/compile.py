@@ -274,12 +274,11 @@ class Compiler(SegmentWalker):
             # read both depends on its trees, so their outputs form one family
             # per position, trailing shape and dtype.
             family = (kind, tails[1:])
-        outs = []
-        for j, shape in enumerate(node0.out_shapes):
-            rows = sum(n.out_shapes[j][0] for n in nodes)
-            outs.append(self._new_source(("step", len(self.steps), j), rows, family + (j,)))
-            self.step_outputs[(node0, j)] = (outs[-1], nodes)
-        self.assign(nodes, outs)
+        outs = [self._new_source(("step", len(self.steps), j), 0, family + (j,))
+                for j in range(len(node0.out_shapes))]
+        for j, (sid, rows) in enumerate(zip(outs, self.assign(nodes, outs))):
+            self.source_rows[sid] = rows
+            self.step_outputs[(node0, j)] = (sid, nodes)
         self.steps.append((kind, node0, ins, outs, len(nodes), variant))
         self.key_parts.append(key)
 

@@ -84,13 +84,25 @@ class SegmentWalker:
         return segs
 
     def assign(self, nodes, outs):
-        """Record the rows of step outputs ``outs`` belonging to each node."""
+        """Record the rows of step outputs ``outs`` belonging to each node.
+
+        Returns the row count of each output.
+        """
+        segs = self.segs
+        totals = []
         for j, out in enumerate(outs):
+            rows = [node.out_shapes[j][0] for node in nodes]
+            if max(rows) == 1:          # one row per node: the common case
+                segs.update(zip([(node, j) for node in nodes],
+                                [[(out, k, k + 1)] for k in range(len(nodes))]))
+                totals.append(len(nodes))
+                continue
             offset = 0
-            for node in nodes:
-                rows = node.out_shapes[j][0]
-                self.segs[(node, j)] = [(out, offset, offset + rows)]
-                offset += rows
+            for node, count in zip(nodes, rows):
+                segs[(node, j)] = [(out, offset, offset + count)]
+                offset += count
+            totals.append(offset)
+        return totals
 
 
 def shared_inputs(nodes):

@@ -196,7 +196,7 @@ class Graph:
                 for idx in range(len(outs) - 1, -1, -1):
                     ref = outs[idx]
                     lazy = ref() if ref is not None else None
-                    if lazy is not None and lazy.is_pending:
+                    if lazy is not None and lazy._h is None:     # held and pending
                         live.append((node, idx, lazy))
                         mark[node.id] = 1
             if mark[node.id]:
