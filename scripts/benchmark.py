@@ -981,10 +981,11 @@ def describe_setup(args, features):
     """Context of the run for the report."""
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
     setup = ("%s batches timed per system (eager %d) after %d warm-up, "
-             "each new to the system; OMP_NUM_THREADS=%s, %d CPUs, mxnet %s, "
+             "each new to the system, the systems taking turns in rounds of %d "
+             "batches; OMP_NUM_THREADS=%s, %d CPUs, mxnet %s, "
              "Python %s" % (args.batches, args.eager_batches, args.warmup,
-                            threads, os.cpu_count(), mx.__version__,
-                            platform.python_version()))
+                            args.round_batches, threads, os.cpu_count(),
+                            mx.__version__, platform.python_version()))
     return {"setup": setup, "notes": list(features["notes"]),
             "args": vars(args), "features": {k: v for k, v in features.items()
                                              if k != "notes"},
