@@ -122,7 +122,7 @@ def _has_lazy(args):
     return False
 
 
-_TRACEABLE = {}   # class -> whether its calls can be traced (asked once per call)
+_TRACEABLE = {}   # class -> whether its calls can be traced (asked on every call)
 
 
 def _traceable(block):

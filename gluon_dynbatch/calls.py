@@ -26,7 +26,7 @@ import mxnet as mx
 import numpy as np
 
 from .compile import cached_op
-from .graph import _NO_KWARGS, OP, known_node
+from .graph import NO_KWARGS, OP, known_node
 from .lazy import LazyArray
 from .signatures import (BROW, NO_GRADIENT, ROW, SHARED, ReshapeRule, RowRule, Rule,
                          SegmentRule, call_as_recorded)
@@ -386,7 +386,7 @@ def make_node(rec, op, info, arg_values, external, path, shared_sig=None):
     inputs = [arg_values[ref[1]] if ref[0] == "a" else external[ref[1]]
               for ref in info.inputs]
     graph = rec.graph
-    node = known_node(graph, OP, op, inputs, (), _NO_KWARGS, info, rec.sample, path)
+    node = known_node(graph, OP, op, inputs, (), NO_KWARGS, info, rec.sample, path)
     if shared_sig is None:
         rec._place(node, info)  # pylint: disable=protected-access
     else:

@@ -6,7 +6,7 @@ A value is referenced as ``(node, output_index)``.
 import weakref
 
 LEAF, OP, VIEW = "leaf", "op", "view"
-_NO_KWARGS = {}   # shared by nodes without keyword arguments; never mutated
+NO_KWARGS = {}   # shared by nodes without keyword arguments; never mutated
 
 
 class Node:
@@ -45,27 +45,9 @@ class Node:
                  "sample", "path", "value", "param", "outs", "meta", "attrs", "info")
 
     def __init__(self, graph, kind, op=None, inputs=(), args=(), kwargs=None):
-        self.graph = graph
-        self.id = len(graph.nodes)
-        self.kind = kind
-        self.op = op
-        self.inputs = inputs
-        self.args = args
-        self.kwargs = kwargs if kwargs is not None else _NO_KWARGS
-        self.out_shapes = None
-        self.out_dtypes = None
-        self.sig = None
-        self.rule = None
-        self.deps = ()
-        self.depth = 0
-        self.sample = None
-        self.path = ()
-        self.value = None      # leaf: the concrete NDArray
-        self.param = None      # leaf: the gluon Parameter
-        self.outs = None       # weakrefs to the LazyArrays of the outputs
-        self.meta = None       # rule-specific facts (roles of the inputs)
-        self.attrs = None      # hashable constant arguments (for signatures and cache keys)
-        self.info = None       # the recorder's CallInfo (shared by calls of one shape)
+        _fill(self, graph, kind, op, inputs, args, NO_KWARGS if kwargs is None else kwargs,
+              out_shapes=None, out_dtypes=None, rule=None, meta=None, attrs=None, info=None,
+              sample=None, path=())
 
     def __repr__(self):
         name = self.op.name if self.op is not None else (
@@ -87,10 +69,18 @@ def known_node(graph, kind, op, inputs, args, kwargs, info, sample, path):
     """A node of a call whose analysis ``info`` (a CallInfo) is already known.
 
     The recorder's fast paths make one per recorded call: every slot is set
-    once here, where ``Node(...)`` and then the analysed fields would set
-    eight of them twice.
+    once, where ``Node(...)`` and then the analysed fields would set eight of
+    them twice.
     """
     node = _NEW_NODE(Node)
+    _fill(node, graph, kind, op, inputs, args, kwargs, info.out_shapes, info.out_dtypes,
+          info.rule, info.meta, info.attrs, info, sample, path)
+    return node
+
+
+def _fill(node, graph, kind, op, inputs, args, kwargs, out_shapes, out_dtypes, rule,
+          meta, attrs, info, sample, path):
+    """Set every slot of ``node`` (see the attributes of :class:`Node`)."""
     node.graph = graph
     node.id = len(graph.nodes)
     node.kind = kind
@@ -98,21 +88,20 @@ def known_node(graph, kind, op, inputs, args, kwargs, info, sample, path):
     node.inputs = inputs
     node.args = args
     node.kwargs = kwargs
-    node.out_shapes = info.out_shapes
-    node.out_dtypes = info.out_dtypes
+    node.out_shapes = out_shapes
+    node.out_dtypes = out_dtypes
     node.sig = None
-    node.rule = info.rule
+    node.rule = rule
     node.deps = ()
     node.depth = 0
     node.sample = sample
     node.path = path
-    node.value = None
-    node.param = None
-    node.outs = None
-    node.meta = info.meta
-    node.attrs = info.attrs
-    node.info = info
-    return node
+    node.value = None      # leaf: the concrete NDArray
+    node.param = None      # leaf: the gluon Parameter
+    node.outs = None       # weakrefs to the LazyArrays of the outputs
+    node.meta = meta       # rule-specific facts (roles of the inputs)
+    node.attrs = attrs     # hashable constant arguments (for signatures and cache keys)
+    node.info = info       # the recorder's CallInfo (shared by calls of one shape)
 
 
 _NEW_NODE = object.__new__
@@ -159,7 +148,7 @@ class Graph:
         self.error = None          # set when the scope failed
         self.leaf_by_id = {}       # id(NDArray) or id(Parameter) -> leaf Node
         self.param_dicts = {}      # id(block) -> (block, {name: LazyArray}) of its params
-        self.externals = {}        # id(template) -> (template, its external values), replay.py
+        self.externals = {}        # id(template) -> (template, its values here, call signature)
         self.mode = None           # autograd's (recording, training) of its calls
 
     def add(self, node):

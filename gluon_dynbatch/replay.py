@@ -246,5 +246,3 @@ def call_key(block, structure, values, version, mode, template_mode):
     return (id(block), version, structure, aliasing,
             tuple([(src.out_shapes[i], src.out_dtypes[i]) for src, i in values]),
             mode, template_mode[0], template_mode[1])
-
-

@@ -1,7 +1,6 @@
 """Batched runs equal eager and reference runs on the models the issue names."""
 from collections import Counter
 
-import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import gluon, nd
