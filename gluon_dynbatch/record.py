@@ -408,19 +408,21 @@ class Recorder:
             self.sync_mode()
         value = self._values_of((x,))[0]
         src, idx = value
-        kwargs = {"axis": 0, "begin": begin, "end": end}
         if not (type(begin) is int and type(end) is int
                 and 0 <= begin < end <= src.out_shapes[idx][0]):
-            return self.call_op(_SLICE_AXIS, (x,), kwargs)
+            return self.call_op(_SLICE_AXIS, (x,), {"axis": 0, "begin": begin, "end": end})
         short = (begin, end, src.out_shapes[idx], src.out_dtypes[idx])
-        info = _ROW_SLICES.get(short)
-        if info is None:
+        found = _ROW_SLICES.get(short)
+        if found is None:
+            kwargs = {"axis": 0, "begin": begin, "end": end}
             info = _CALLS.get((_SLICE_AXIS, _ONE_SLOT,
                                (("axis", 0), ("begin", begin), ("end", end)),
                                (src.out_shapes[idx],), (src.out_dtypes[idx],)))
             if info is None or info.kind != VIEW:
                 return self.add_node(_SLICE_AXIS, [value], _ONE_SLOT, kwargs)
-            _ROW_SLICES[short] = info
+            # Nodes never change their kwargs: views of the same rows share one dict.
+            found = _ROW_SLICES[short] = (info, kwargs)
+        info, kwargs = found
         graph = self.graph
         if graph.mode is None:
             graph.mode = self.mode
@@ -762,7 +764,7 @@ class CallInfo:
 
 
 _CALLS = {}
-_ROW_SLICES = {}   # (begin, end, shape, dtype) -> the CallInfo of a row-slice view in _CALLS
+_ROW_SLICES = {}   # (begin, end, shape, dtype) -> (CallInfo, kwargs) of a row-slice view
 _SLICE_AXIS = opdef("slice_axis")
 _ONE_SLOT = (slot(0),)
 
