@@ -182,9 +182,12 @@ class CallRule(Rule):
         that batches of the same shape keep the same plan key.
         """
         op = nodes[0].op
-        rows = np.array([n.info.site_rows for n in nodes], dtype=np.int64)
-        if rows.ndim == 1:
-            rows = rows.reshape(len(nodes), 0)
+        # Few call shapes among many nodes: one row per distinct CallInfo, then
+        # picked per node (cheaper than converting every node's tuple).
+        distinct = {}
+        codes = [distinct.setdefault(n.info, len(distinct)) for n in nodes]
+        table = np.array([info.site_rows for info in distinct], dtype=np.int64)
+        rows = table.reshape(len(distinct), -1)[codes]
         need = (rows[:, op.have_cols] != rows[:, op.have_cols + 1]).any(axis=0)
         if sticky:
             need |= op.sticky
