@@ -144,6 +144,9 @@ def _dispatching_call(self, *args):
         return _ORIGINAL_CALL(self, *args)
     if isinstance(self, DynBatchBlock):
         return self._record_call(rec, args)  # pylint: disable=protected-access
+    out = rec.known_call(self, args)
+    if out is not None:
+        return out
     if isinstance(self, gluon.HybridBlock) and _has_lazy(args):
         if _traceable(self):
             return rec.trace_block(self, args)

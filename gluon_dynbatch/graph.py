@@ -149,6 +149,7 @@ class Graph:
         self.leaf_by_id = {}       # id(NDArray) or id(Parameter) -> leaf Node
         self.param_dicts = {}      # id(block) -> (block, {name: LazyArray}) of its params
         self.externals = {}        # id(template) -> (template, its values here, call signature)
+        self.known_calls = {}      # call shape -> how to record it (Recorder.known_call)
         self.mode = None           # autograd's (recording, training) of its calls
 
     def add(self, node):
@@ -166,6 +167,7 @@ class Graph:
         self.leaf_by_id = {}
         self.param_dicts = {}
         self.externals = {}
+        self.known_calls = {}
         self.flush_fn = _released
 
     def live_and_needed(self):

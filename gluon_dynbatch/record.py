@@ -21,9 +21,9 @@ from mxnet import autograd
 from mxnet.ndarray import NDArray
 
 from . import lazy as lazy_mod
-from . import replay
+from . import calls, replay
 from .errors import BatchingError, describe_call
-from .graph import LEAF, OP, VIEW, Graph, Node, Slot, known_node, slot
+from .graph import LEAF, NO_KWARGS, OP, VIEW, Graph, Node, Slot, known_node, slot
 from .lazy import LazyArray
 from .signatures import ALONE, rule_for
 
@@ -214,6 +214,8 @@ class RecordingNamespace:
             rec = self._recorder
             if path == ("slice_axis",):
                 value = _slice_axis_recorder(rec, op)
+            elif path in (("concat",), ("Concat",)):
+                value = _concat_recorder(rec, op)
             else:
                 def value(*args, **kwargs):
                     return rec.call_op(op, args, kwargs)
@@ -232,6 +234,17 @@ def _slice_axis_recorder(rec, op):
             return rec.row_slice(args[0], kwargs["begin"], kwargs["end"])
         return rec.call_op(op, args, kwargs)
     return slice_axis
+
+
+def _concat_recorder(rec, op):
+    """``F.concat`` of a recording namespace: stacking rows (``dim=0``) takes a fast path."""
+    def concat(*args, **kwargs):
+        if len(kwargs) == 1 and kwargs.get("dim") == 0 and args:
+            out = rec.row_concat(op, args)
+            if out is not None:
+                return out
+        return rec.call_op(op, args, kwargs)
+    return concat
 
 
 class Recorder:
@@ -435,6 +448,46 @@ class Recorder:
         node.outs = [weakref.ref(lazy)]
         return lazy
 
+    def row_concat(self, op, args):
+        """``F.concat(*args, dim=0)`` of values of this graph whose call shape is known,
+        or None (``call_op`` records it).
+
+        A node's children's states, stacked: recursive models make one or two
+        per tree node, so the view node is made here directly (as in
+        ``row_slice``), without the generic path of ``call_op``.
+        """
+        graph = self.graph
+        if len(graph.nodes) >= self.max_pending or self._mode_seen != _MODE_CHANGES[0] \
+                or len(args) > len(_SLOTS_OF):
+            return None
+        values = []
+        shapes = []
+        dtypes = []
+        depth = 0
+        for a in args:
+            if type(a) is not LazyArray:
+                return None
+            src = a._node
+            if src is None or src.graph is not graph:
+                return None
+            idx = a._idx
+            values.append((src, idx))
+            shapes.append(src.out_shapes[idx])
+            dtypes.append(src.out_dtypes[idx])
+            if src.depth > depth:
+                depth = src.depth
+        targs = _SLOTS_OF[len(args)]
+        info = _CALLS.get((op, targs, _DIM0_ITEMS, tuple(shapes), tuple(dtypes)))
+        if info is None or info.kind != VIEW:
+            return None
+        node = known_node(graph, VIEW, op, values, targs, _DIM0, info, self.sample, self.path)
+        node.depth = depth
+        graph.nodes.append(node)
+        self.num_recorded += 1
+        lazy = LazyArray(node, 0)
+        node.outs = [weakref.ref(lazy)]
+        return lazy
+
     def constant(self, op, args, kwargs):
         """An operator without array inputs (zeros, random, ...) runs now."""
         return self.make_constant(op.nd_fn, op.path, args, kwargs)
@@ -619,8 +672,10 @@ class Recorder:
                     if pending and pending + len(template.entries) > self.max_pending:
                         self._flush()
                         arg_values = [self.value_of(a) for a in arrays]
-                    return replay.replay(self, template, arg_values,
-                                         self.path + (block.name,))
+                    out = replay.replay(self, template, arg_values, self.path + (block.name,))
+                    if template.call is not None and arrays is args:
+                        self._remember_call(block, template, arg_values)
+                    return out
         graph, start = self.graph, len(self.graph.nodes)
         out = self._trace(block, args)
         if key is not None and self.graph is graph:
@@ -639,6 +694,76 @@ class Recorder:
                 self._drop_ops_since(start)
                 out = replay.replay(self, template, arg_values, self.path + (block.name,))
         return out
+
+    def known_call(self, block, args):
+        """Record ``block(*args)`` as one call node if its call shape is known; else None.
+
+        The fast path of ``trace_block`` for what recursive models do at every
+        tree node: call a cell whose template is one call node (``calls.py``)
+        on values of this graph.  ``_remember_call`` files each such call
+        shape with the graph (whose parameters and constants the node reads);
+        a hit skips flattening the arguments, building the full call key and
+        the template lookup.  Anything unusual (a value of another graph, an
+        aliased argument, a hook, a trace in progress, a changed autograd
+        mode, the pending bound) is left to ``trace_block``.
+        """
+        graph = self.graph
+        known = graph.known_calls
+        if not known or self.tracing or self._mode_seen != _MODE_CHANGES[0] \
+                or len(graph.nodes) >= self.max_pending \
+                or block._forward_pre_hooks or block._forward_hooks:
+            return None
+        values = []
+        key = [block]
+        for a in args:
+            if type(a) is not LazyArray:
+                return None
+            node = a._node
+            if node is None or node.graph is not graph:
+                return None
+            idx = a._idx
+            values.append((node, idx))
+            key.append(node.out_shapes[idx])
+            key.append(node.out_dtypes[idx])
+        if len(values) > 1 and len(set(values)) < len(values):
+            key.append(replay.aliasing(values))
+        found = known.get(tuple(key))
+        if found is None:
+            return None
+        op, info, order, tail, sig, name = found
+        depth = 0
+        for src, _ in values:
+            if src.depth > depth:
+                depth = src.depth
+        inputs = [values[k] for k in order]
+        inputs += tail
+        node = known_node(graph, OP, op, inputs, (), NO_KWARGS, info, self.sample,
+                          self.path + (name,))
+        node.depth = depth + 1
+        node.sig = sig
+        graph.nodes.append(node)
+        self.num_recorded += 1
+        return calls.outputs(node, info)
+
+    def _remember_call(self, block, template, arg_values):
+        """File a replayed call node's shape for ``known_call`` (see there)."""
+        op, info = template.call
+        graph = self.graph
+        _, external, sig = graph.externals[id(template)]
+        if sig is None or info.out_kind is None or self.tracing:
+            return
+        refs = info.inputs
+        order = [ref[1] for ref in refs if ref[0] == "a"]
+        if any(ref[0] != "a" for ref in refs[:len(order)]):
+            return
+        tail = [external[ref[1]] for ref in refs[len(order):]]
+        key = [block]
+        for src, idx in arg_values:
+            key.append(src.out_shapes[idx])
+            key.append(src.out_dtypes[idx])
+        if len(set(arg_values)) < len(arg_values):
+            key.append(replay.aliasing(arg_values))
+        graph.known_calls[tuple(key)] = (op, info, order, tail, sig, block.name)
 
     def _fuse(self):
         """Whether templates fuse row-wise runs (``fuse.py``): in imperative scopes.
@@ -767,6 +892,9 @@ _CALLS = {}
 _ROW_SLICES = {}   # (begin, end, shape, dtype) -> (CallInfo, kwargs) of a row-slice view
 _SLICE_AXIS = opdef("slice_axis")
 _ONE_SLOT = (slot(0),)
+_SLOTS_OF = [tuple(slot(k) for k in range(n)) for n in range(33)]   # n -> n slots
+_DIM0 = {"dim": 0}          # the kwargs of row concatenations (never mutated)
+_DIM0_ITEMS = (("dim", 0),)
 
 # Pending nodes after which a scope flushes by itself (about 1 KB each).
 DEFAULT_MAX_PENDING = 500000

@@ -240,9 +240,13 @@ def call_key(block, structure, values, version, mode, template_mode):
     (which positions pass the same value): a template traced where two
     arguments were one value must not serve calls where they differ.
     """
-    first = {}
-    aliasing = tuple([first.setdefault(v, k) for k, v in enumerate(values)])
     # Shapes and dtypes from the recorded values (cheaper than LazyArray.shape).
-    return (id(block), version, structure, aliasing,
+    return (id(block), version, structure, aliasing(values),
             tuple([(src.out_shapes[i], src.out_dtypes[i]) for src, i in values]),
             mode, template_mode[0], template_mode[1])
+
+
+def aliasing(values):
+    """Per argument, the first position holding the same value (which arguments alias)."""
+    first = {}
+    return tuple([first.setdefault(v, k) for k, v in enumerate(values)])

@@ -137,3 +137,91 @@ def test_modes_are_part_of_the_call_shape(training):
         np.testing.assert_array_equal(out.asnumpy(), 1.0)
     zeros = sum(int((o.asnumpy() == 0).sum()) for o in outs)
     assert (zeros > 0) == training
+
+
+def test_known_call_shapes_skip_the_template_lookup(monkeypatch):
+    """Repeated cell calls of one shape in a graph take ``Recorder.known_call``."""
+    from gluon_dynbatch import replay
+    keys = []
+    real_call_key = replay.call_key
+
+    def counting_call_key(*args):
+        keys.append(args[0])
+        return real_call_key(*args)
+    monkeypatch.setattr(replay, "call_key", counting_call_key)
+    r = rng(13)
+    trees = [random_tree(r, 10, max_depth=3) for _ in range(8)]
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(10, 3))
+    with gdb.batching() as scope:
+        outs = [model(t, emb) for t in trees]
+    cell_calls = sum(1 for tree in trees for _ in _nodes(tree))
+    arities = {len(t.children) for tree in trees for t in _nodes(tree)}
+    # About one full lookup per distinct call shape (arity), not one per call.
+    cell_keys = [block for block in keys if block is model.cell]
+    assert 0 < len(cell_keys) <= 2 * len(arities)
+    assert len(keys) < cell_calls
+    assert scope.stats.nodes > 0
+    for (h, _), t in zip(outs, trees):
+        np.testing.assert_allclose(h.asnumpy(), model(t, emb)[0].asnumpy(), rtol=1e-5,
+                                   atol=1e-6)
+
+
+def _nodes(tree):
+    yield tree
+    for child in tree.children:
+        yield from _nodes(child)
+
+
+def test_a_hook_added_inside_a_scope_runs_for_every_later_call():
+    """Known call shapes must not skip hooks registered after they were filed."""
+    model = UsesMixer()
+    model.initialize(mx.init.Uniform(0.5))
+    x = nd.random.uniform(shape=(12, 3))
+    seen = []
+    with gdb.batching():
+        first = [model(k, x) for k in range(1, 6, 2)]
+        model.mixer.register_forward_hook(lambda block, args, out: seen.append(out))
+        later = [model(k, x) for k in range(1, 10, 2)]
+    assert len(seen) == len(later)
+    for k, out in zip(list(range(1, 6, 2)) + list(range(1, 10, 2)), first + later):
+        np.testing.assert_allclose(out.asnumpy(), model(k, x).asnumpy(), rtol=1e-5,
+                                   atol=1e-6)
+
+
+class Stacks(gdb.DynBatchBlock):
+    """Row concatenations of values of this graph, of a flushed graph and of inputs."""
+
+    def hybrid_forward(self, F, k, x, y):
+        a = x[k:k + 1] * 2
+        b = F.tanh(x[k + 1:k + 3])
+        if k == 2:
+            b.asnumpy()                  # runs what is pending: b is of an older graph
+        rows = F.concat(a, b, a, dim=0)
+        mixed = F.concat(rows, y, dim=0)                 # y is a plain input array
+        wide = F.concat(a, a, dim=1)
+        return F.sum(mixed * mixed, axis=1, keepdims=True), wide, b
+
+
+def test_row_concatenations_equal_eager_for_every_kind_of_input():
+    model = Stacks()
+    x = nd.random.uniform(shape=(8, 3))
+    y = nd.random.uniform(shape=(2, 3))
+    samples = list(range(5))
+    expected = run_model(model, samples, [x, y], "eager")
+    for strategy, compiled in (("depth", False), ("agenda", True), ("depth", "step")):
+        assert_same(run_model(model, samples, [x, y], strategy, compiled), expected)
+
+
+def test_stacking_a_value_of_a_failed_scope_raises_a_clear_error():
+    model = Stacks()
+    x = nd.random.uniform(shape=(8, 3))
+    held = []
+    with pytest.raises(KeyError):
+        with gdb.batching():
+            held.append(model(0, x, nd.ones((2, 3)))[2])
+            raise KeyError("stop")
+    with pytest.raises(gdb.BatchingError, match="scope that failed"):
+        with gdb.batching():
+            model(1, x, nd.ones((2, 3)))
+            model(0, x, held[0])
