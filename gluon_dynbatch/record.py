@@ -415,28 +415,34 @@ class Recorder:
         models take one per tree node, so once the call shape is known the
         view node is made here directly, without the generic ``call_op``.
         """
-        if len(self.graph.nodes) >= self.max_pending:
+        graph = self.graph
+        if len(graph.nodes) >= self.max_pending:
             self._flush()
+            graph = self.graph
         if self._mode_seen != _MODE_CHANGES[0]:
             self.sync_mode()
-        value = self._values_of((x,))[0]
-        src, idx = value
-        if not (type(begin) is int and type(end) is int
-                and 0 <= begin < end <= src.out_shapes[idx][0]):
+            graph = self.graph
+        src = x._node if type(x) is LazyArray else None
+        if src is not None and src.graph is graph:
+            idx = x._idx
+            value = (src, idx)
+        else:
+            value = self.value_of(x)
+            src, idx = value
+        shape = src.out_shapes[idx]
+        if not (type(begin) is int and type(end) is int and 0 <= begin < end <= shape[0]):
             return self.call_op(_SLICE_AXIS, (x,), {"axis": 0, "begin": begin, "end": end})
-        short = (begin, end, src.out_shapes[idx], src.out_dtypes[idx])
-        found = _ROW_SLICES.get(short)
+        found = _ROW_SLICES.get((begin, end, shape, src.out_dtypes[idx]))
         if found is None:
             kwargs = {"axis": 0, "begin": begin, "end": end}
             info = _CALLS.get((_SLICE_AXIS, _ONE_SLOT,
                                (("axis", 0), ("begin", begin), ("end", end)),
-                               (src.out_shapes[idx],), (src.out_dtypes[idx],)))
+                               (shape,), (src.out_dtypes[idx],)))
             if info is None or info.kind != VIEW:
                 return self.add_node(_SLICE_AXIS, [value], _ONE_SLOT, kwargs)
             # Nodes never change their kwargs: views of the same rows share one dict.
-            found = _ROW_SLICES[short] = (info, kwargs)
+            found = _ROW_SLICES[(begin, end, shape, src.out_dtypes[idx])] = (info, kwargs)
         info, kwargs = found
-        graph = self.graph
         if graph.mode is None:
             graph.mode = self.mode
         node = known_node(graph, VIEW, _SLICE_AXIS, (value,), _ONE_SLOT, kwargs, info,
