@@ -184,12 +184,19 @@ class Graph:
         for node in reversed(nodes):
             outs = node.outs
             if outs is not None and node.kind != LEAF:
-                for idx in range(len(outs) - 1, -1, -1):
-                    ref = outs[idx]
+                if len(outs) == 1:                  # the common case, unrolled
+                    ref = outs[0]
                     lazy = ref() if ref is not None else None
                     if lazy is not None and lazy._h is None:     # held and pending
-                        live.append((node, idx, lazy))
+                        live.append((node, 0, lazy))
                         mark[node.id] = 1
+                else:
+                    for idx in range(len(outs) - 1, -1, -1):
+                        ref = outs[idx]
+                        lazy = ref() if ref is not None else None
+                        if lazy is not None and lazy._h is None:
+                            live.append((node, idx, lazy))
+                            mark[node.id] = 1
             if mark[node.id]:
                 for src, _ in node.inputs:
                     mark[src.id] = 1
