@@ -143,22 +143,36 @@ class Compiler(SegmentWalker):
 
     def _rows_of(self, values):
         """(sids, starts, stops) of the segments of ``values``, in order, as numpy arrays."""
+        first = values[0][0]
+        if first.kind == VIEW and first.op.name in _CONCATS:
+            found = self._stacked_rows(values)
+            if found is not None:
+                return found
         known = self.segs.get
-        parts = [known(v) for v in values]
-        if None in parts and all(p is None and v[0].kind == VIEW and v[0].op.name in _CONCATS
-                                 for p, v in zip(parts, values)):
-            # Concatenations (of a node's children's states): their inputs'
-            # rows, in order, without resolving view by view.
-            flat = [known(x) for v in values for x in v[0].inputs]
-            if None not in flat:
-                parts = flat
-        if None in parts:
-            parts = [p if p is not None else self.segments(*v) for p, v in zip(parts, values)]
+        parts = [known(v) or self.segments(*v) for v in values]
         if max(map(len, parts)) == 1:
             columns = zip(*[p[0] for p in parts])
         else:
             columns = zip(*chain.from_iterable(parts))
         return tuple(np.array(column, dtype=np.int64) for column in columns)
+
+    def _stacked_rows(self, values):
+        """``_rows_of`` for concatenations of one-row step outputs (a node's
+        children's states), read from the outputs' ``node.at`` without
+        resolving view by view; None if any value is something else."""
+        token = self.token
+        sids, starts = [], []
+        for view, _ in values:
+            if view.kind != VIEW or view.op.name not in _CONCATS:
+                return None
+            for src, idx in view.inputs:
+                at = src.at
+                if at is None or at[0][0] is not token:
+                    return None
+                sids.append(at[0][idx + 1])
+                starts.append(at[1])
+        starts = np.array(starts, dtype=np.int64)
+        return np.array(sids, dtype=np.int64), starts, starts + 1
 
     def _row_slices(self, values):
         """(sids, starts, stops) when every value is a row slice (``x[i:j]``) of one
@@ -167,24 +181,27 @@ class Compiler(SegmentWalker):
         Each tree node's word row of an embedding table is such a view: its rows
         come from the slices' bounds at once, without resolving view by view.
         """
-        views = [v[0] for v in values]
-        first = views[0]
+        first = values[0][0]
         if first.kind != VIEW or first.op.name != "slice_axis":
             return None
-        base = first.inputs[0]
-        if any(v.kind != VIEW or v.op is not first.op or v.inputs[0] != base
-               for v in views) or any(v[1] for v in values):
-            return None
+        op, base = first.op, first.inputs[0]
+        begins, ends = [], []
+        for view, idx in values:
+            if idx or view.kind != VIEW or view.op is not op or view.inputs[0] != base:
+                return None
+            kwargs = view.kwargs
+            begins.append(kwargs["begin"])
+            ends.append(kwargs["end"])
         segs = self.segs.get(base) or self.segments(*base)
         if len(segs) != 1:
             return None
-        begins = np.array([v.kwargs["begin"] for v in views])
-        ends = np.array([v.kwargs["end"] for v in views])
+        begins = np.array(begins)
+        ends = np.array(ends)
         if begins.dtype.kind != "i" or ends.dtype.kind != "i" or not (
                 (begins >= 0).all() and (ends > begins).all()):
             return None     # open (None) or negative bounds: resolved one by one
         sid, start, _ = segs[0]
-        return np.full(len(views), sid, dtype=np.int64), begins + start, ends + start
+        return np.full(len(values), sid, dtype=np.int64), begins + start, ends + start
 
     def _table_sources(self, sids):
         """The sources a take of rows of ``sids`` reads, in table order.

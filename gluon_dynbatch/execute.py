@@ -23,6 +23,8 @@ class SegmentWalker:
 
     def __init__(self):
         self.segs = {}
+        # Marks the positions this walk gives nodes (``node.at``, see ``assign``).
+        self.token = object()
 
     def leaf_source(self, node):
         raise NotImplementedError
@@ -38,9 +40,17 @@ class SegmentWalker:
         elif node.kind == VIEW:
             found = self._view_segments(node)
         else:
-            raise RuntimeError("internal error: %r used before its step ran" % node)
+            return [self.row_of(node, idx)]
         self.segs[key] = found
         return found
+
+    def row_of(self, node, idx):
+        """The segment of output ``idx`` of ``node``, a step output of one row per node."""
+        at = node.at
+        if at is None or at[0][0] is not self.token:
+            raise RuntimeError("internal error: %r used before its step ran" % node)
+        start = at[1]
+        return (at[0][idx + 1], start, start + 1)
 
     def _view_segments(self, node):
         name = node.op.name
@@ -88,15 +98,18 @@ class SegmentWalker:
 
         Returns the row count of each output.
         """
+        counts = [[node.out_shapes[j][0] for node in nodes] for j in range(len(outs))]
+        if all(max(rows) == 1 for rows in counts):
+            # One row per node, the common case: row k of every output is
+            # node k's, which ``row_of`` reads from ``node.at`` (one tuple per
+            # node instead of a segment list per output).
+            marker = (self.token,) + tuple(outs)
+            for k, node in enumerate(nodes):
+                node.at = (marker, k)
+            return [len(nodes)] * len(outs)
         segs = self.segs
         totals = []
-        for j, out in enumerate(outs):
-            rows = [node.out_shapes[j][0] for node in nodes]
-            if max(rows) == 1:          # one row per node: the common case
-                segs.update(zip([(node, j) for node in nodes],
-                                [[(out, k, k + 1)] for k in range(len(nodes))]))
-                totals.append(len(nodes))
-                continue
+        for j, (out, rows) in enumerate(zip(outs, counts)):
             offset = 0
             for node, count in zip(nodes, rows):
                 segs[(node, j)] = [(out, offset, offset + count)]

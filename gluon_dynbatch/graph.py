@@ -38,11 +38,14 @@ class Node:
         max of their inputs).
     sample, path : int, tuple
         Which top-level call recorded it and where, for error messages.
+    at : tuple or None
+        During a walk of a plan, where an op node's one-row outputs are
+        (``execute.SegmentWalker.assign``).
     """
 
     __slots__ = ("id", "graph", "kind", "op", "inputs", "args", "kwargs",
                  "out_shapes", "out_dtypes", "sig", "rule", "deps", "depth",
-                 "sample", "path", "value", "param", "outs", "meta", "attrs", "info")
+                 "sample", "path", "value", "param", "outs", "meta", "attrs", "info", "at")
 
     def __init__(self, graph, kind, op=None, inputs=(), args=(), kwargs=None):
         _fill(self, graph, kind, op, inputs, args, NO_KWARGS if kwargs is None else kwargs,
@@ -102,6 +105,7 @@ def _fill(node, graph, kind, op, inputs, args, kwargs, out_shapes, out_dtypes, r
     node.meta = meta       # rule-specific facts (roles of the inputs)
     node.attrs = attrs     # hashable constant arguments (for signatures and cache keys)
     node.info = info       # the recorder's CallInfo (shared by calls of one shape)
+    node.at = None         # set by a walk (execute.SegmentWalker.assign)
 
 
 _NEW_NODE = object.__new__
