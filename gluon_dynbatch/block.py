@@ -85,7 +85,7 @@ class DynBatchBlock(gluon.HybridBlock):
             args = rec.wrap_inputs(args)
         rec.depth += 1
         outer_path = rec.path
-        rec.path = outer_path + (self.name,)
+        rec.path = outer_path + (self._name,)
         try:
             return self.hybrid_forward(rec.F, *args, **rec.params_of(self))
         except BatchingError:

@@ -154,6 +154,7 @@ class Graph:
         self.param_dicts = {}      # id(block) -> (block, {name: LazyArray}) of its params
         self.externals = {}        # id(template) -> (template, its values here, call signature)
         self.known_calls = {}      # call shape -> how to record it (Recorder.known_call)
+        self.constants = {}        # (F path, args) -> leaf of a deterministic F.zeros ...
         self.mode = None           # autograd's (recording, training) of its calls
 
     def add(self, node):
@@ -172,6 +173,7 @@ class Graph:
         self.param_dicts = {}
         self.externals = {}
         self.known_calls = {}
+        self.constants = {}
         self.flush_fn = _released
 
     def live_and_needed(self):

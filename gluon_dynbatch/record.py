@@ -644,7 +644,20 @@ class Recorder:
         rec = self
         if path[-1] in _DETERMINISTIC:
             def create(*args, **kwargs):
-                return rec.make_constant(fn, path, args, kwargs)
+                if kwargs or rec.ctx is None:
+                    return rec.make_constant(fn, path, args, kwargs)
+                # F.zeros((1, H)) at every leaf of a tree: one leaf per graph.
+                known = rec.graph.constants
+                key = (path, args)
+                try:
+                    found = known.get(key)
+                except TypeError:           # an unhashable argument: no memo
+                    return rec.make_constant(fn, path, args, kwargs)
+                if found is None:
+                    found = rec.make_constant(fn, path, args, kwargs)
+                    if type(found) is LazyArray:
+                        known[key] = found
+                return found
             return create
 
         def fallback(*args, **kwargs):

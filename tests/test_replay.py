@@ -225,3 +225,22 @@ def test_stacking_a_value_of_a_failed_scope_raises_a_clear_error():
         with gdb.batching():
             model(1, x, nd.ones((2, 3)))
             model(0, x, held[0])
+
+
+class Pads(gdb.DynBatchBlock):
+    """Constants of several shapes in one graph, before and after a flush."""
+
+    def hybrid_forward(self, F, k, x):
+        row = x[k:k + 1]
+        if k == 2:
+            row.asnumpy()                       # a flush: later calls start a new graph
+        return F.concat(row, F.zeros((1, 3)), F.zeros((k + 1, 3)) + 1, F.ones((1, 3)), dim=0)
+
+
+def test_constants_of_different_arguments_stay_apart_within_a_graph():
+    model = Pads()
+    x = nd.random.uniform(shape=(5, 3))
+    with gdb.batching():
+        outs = [model(k, x) for k in range(5)]
+    for k, out in enumerate(outs):
+        np.testing.assert_array_equal(out.asnumpy(), model(k, x).asnumpy())
