@@ -374,6 +374,10 @@ def outputs(node, info):
     (``info.out_kind``); ``replay`` builds any other structure itself.
     """
     kind = info.out_kind
+    if kind is tuple and len(info.out_shapes) == 2:      # (h, c) of a cell: unrolled
+        first, second = LazyArray(node, 0), LazyArray(node, 1)
+        node.outs = [weakref.ref(first), weakref.ref(second)]
+        return first, second
     lazies = [LazyArray(node, idx) for idx in range(len(info.out_shapes))]
     node.outs = [weakref.ref(lazy) for lazy in lazies]   # as Node.set_output
     return lazies[0] if kind is LazyArray else kind(lazies)
