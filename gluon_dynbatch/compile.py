@@ -357,7 +357,7 @@ class Compiler(SegmentWalker):
 
         Each ``mx.nd.array`` is a synchronous copy, so one per gather would
         cost more than the gathers themselves; the copy is then cut into the
-        parts by one ``split_v2`` (one call, where slicing costs one per part).
+        parts (views, see ``_view``).
         """
         feeds = dict(self.feeds)
         parts = self.index_parts + self.matrix_parts
@@ -377,15 +377,25 @@ class Compiler(SegmentWalker):
     def deliver(self, results):
         """Split each output group and hand the pieces to their LazyArrays."""
         for (desc, members), array in zip(self.outputs, results):
-            if len(members) == 1:
-                pieces = [array]
-            else:
-                bounds = np.cumsum([node.out_shapes[idx][0] for node, idx, _ in members])
-                pieces = mx.nd.split_v2(array, tuple(int(b) for b in bounds[:-1]), axis=0)
+            pieces = _split_rows(array, [node.out_shapes[idx][0] for node, idx, _ in members])
             # A group's rows have one trailing shape, so each piece has its
             # value's shape already: no per-piece check (a ctypes call each).
             for (_, _, lazy), piece in zip(members, pieces):
                 lazy._set_result(piece)  # pylint: disable=protected-access
+
+
+def _split_rows(array, counts):
+    """``array`` cut along axis 0 into pieces of ``counts`` rows (one recorded op).
+
+    Pieces of equal size (every tree's root state: one row) use ``split``,
+    whose forward and backward take a third of ``split_v2``'s engine time here.
+    """
+    if len(counts) == 1:
+        return [array]
+    if counts.count(counts[0]) == len(counts):
+        return mx.nd.split(array, num_outputs=len(counts), axis=0)
+    bounds = np.cumsum(counts)[:-1]
+    return mx.nd.split_v2(array, tuple(int(b) for b in bounds), axis=0)
 
 
 def _view(flat, start, stop, shape):
