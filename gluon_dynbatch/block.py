@@ -87,6 +87,8 @@ class DynBatchBlock(gluon.HybridBlock):
         outer_path = rec.path
         rec.path = outer_path + (self._name,)
         try:
+            if not self._reg_params:        # a recursive model's own block often has none
+                return self.hybrid_forward(rec.F, *args)
             return self.hybrid_forward(rec.F, *args, **rec.params_of(self))
         except BatchingError:
             raise
