@@ -193,6 +193,7 @@ class CallRule(Rule):
             need |= op.sticky
             op.sticky = need
         variant, arrays, col, site = [], [], 0, 0
+        padded = {}     # ragged sums over the same rows (a cell's two) share their arrays
         for entry in op.entries:
             for _ in entry.brow:
                 repeat = bool(need[site])
@@ -202,8 +203,13 @@ class CallRule(Rule):
                 col += 2
                 site += 1
             if entry.kind == _SEGMENT:
-                arrays += SegmentRule.arrays_for_counts(
-                    rows[:, col], entry.op.name, len(entry.out_shapes[0]) - 1, entry.dtype)
+                counts = rows[:, col]
+                key = (counts.tobytes(), entry.op.name, len(entry.out_shapes[0]) - 1,
+                       entry.dtype)
+                found = padded.get(key)
+                if found is None:
+                    found = padded[key] = SegmentRule.arrays_for_counts(counts, *key[1:])
+                arrays += found
                 col += 1
         return tuple(variant), arrays
 
