@@ -736,6 +736,7 @@ class Recorder:
         # _remember_call files it); helpers for either cost 0.4 ms a SICK batch.
         values = []
         key = [block]
+        depth = 0
         for a in args:
             if type(a) is not LazyArray:
                 return None
@@ -746,17 +747,17 @@ class Recorder:
             values.append((node, idx))
             key.append(node.out_shapes[idx])
             key.append(node.out_dtypes[idx])
+            if node.depth > depth:
+                depth = node.depth
         if len(values) > 1 and len(set(values)) < len(values):
             key.append(replay.aliasing(values))
         found = known.get(tuple(key))
         if found is None:
             return None
         op, info, order, tail, sig, name = found
-        depth = 0
-        for src, _ in values:
-            if src.depth > depth:
-                depth = src.depth
-        inputs = [values[k] for k in order]
+        # The node's inputs: its row and shared arguments (``order``; None when
+        # they are the arguments in order), then the parameters and constants.
+        inputs = values if order is None else [values[k] for k in order]
         inputs += tail
         node = known_node(graph, OP, op, inputs, (), NO_KWARGS, info, self.sample,
                           self.path + (name,))
@@ -778,6 +779,8 @@ class Recorder:
         if any(ref[0] != "a" for ref in refs[:len(order)]):
             return
         tail = [external[ref[1]] for ref in refs[len(order):]]
+        if order == list(range(len(arg_values))):
+            order = None                # known_call passes the arguments as they are
         key = [block]               # the call shape, as known_call builds it
         for src, idx in arg_values:
             key.append(src.out_shapes[idx])
