@@ -720,11 +720,12 @@ class Recorder:
         The fast path of ``trace_block`` for what recursive models do at every
         tree node: call a cell whose template is one call node (``calls.py``)
         on values of this graph.  ``_remember_call`` files each such call
-        shape with the graph (whose parameters and constants the node reads);
-        a hit skips flattening the arguments, building the full call key and
-        the template lookup.  Anything unusual (a value of another graph, an
-        aliased argument, a hook, a trace in progress, a changed autograd
-        mode, the pending bound) is left to ``trace_block``.
+        shape (argument shapes, dtypes and aliasing) with the graph, whose
+        parameters and constants the node reads; a hit skips flattening the
+        arguments, building the full call key and the template lookup.
+        Anything unusual (an argument that is not a value of this graph, a
+        hook, a trace in progress, a changed autograd mode, the pending bound)
+        is left to ``trace_block``.
         """
         graph = self.graph
         known = graph.known_calls
@@ -733,7 +734,8 @@ class Recorder:
                 or block._forward_pre_hooks or block._forward_hooks:
             return None
         # One pass reads the arguments and builds the call shape (as
-        # _remember_call files it); helpers for either cost 0.4 ms a SICK batch.
+        # _remember_call files it), like row_concat's loop: a helper shared by
+        # the two cost 0.4 ms a SICK batch (min of 30), so both stay inline.
         values = []
         key = [block]
         depth = 0
