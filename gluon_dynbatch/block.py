@@ -82,7 +82,7 @@ class DynBatchBlock(gluon.HybridBlock):
                 if self.max_pending_nodes is not None and rec.scope is not None \
                         and rec.scope.max_pending_nodes is None:
                     rec.max_pending = self.max_pending_nodes
-            args = rec.wrap_inputs(args)
+            args = rec.wrap_arguments(args)
         rec.depth += 1
         outer_path = rec.path
         rec.path = outer_path + (self._name,)

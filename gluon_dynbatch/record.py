@@ -40,8 +40,6 @@ def _set_current(recorder):
     _TLS.recorder = recorder
 
 
-lazy_mod.active_recorder = current
-
 # -- autograd's modes ------------------------------------------------------------------
 # A batch runs later than it is recorded, so it must run under the autograd
 # modes (recording, training) its calls were recorded under.  Reading them
@@ -61,6 +59,21 @@ def _counting_set_training(train_mode):
     return _SET_TRAINING(train_mode)
 
 
+def _counting_backward(backward):
+    """Wrap one of MXNet's backward functions to count graph-freeing passes."""
+    def wrapper(*args, **kwargs):
+        result = backward(*args, **kwargs)
+        retain = kwargs.get("retain_graph")
+        if not retain:
+            lazy_mod.BACKWARD_EPOCH[0] += 1
+        return result
+    wrapper.__doc__ = backward.__doc__
+    wrapper.__name__ = backward.__name__
+    return wrapper
+
+
+NDArray.backward = _counting_backward(NDArray.backward)
+autograd.backward = _counting_backward(autograd.backward)
 _counting_set_recording.__doc__ = _SET_RECORDING.__doc__
 _counting_set_training.__doc__ = _SET_TRAINING.__doc__
 autograd.set_recording = _counting_set_recording
@@ -310,16 +323,28 @@ class Recorder:
         """The LazyArray standing for concrete ``array`` in this graph."""
         graph = self.graph
         found = graph.leaf_by_id.get(id(array))
-        if found is not None and found[0].value is array:
+        if found is not None and found[2] is array:
             return found[1]
         self._set_ctx(array.context)
         node = graph.add(Node(graph, LEAF))
         node.value = array
+        if type(array) is LazyArray and array.history_freed():
+            node.value = array.detach()      # as eager uses it: a constant
+            self._warn_freed(array)
         node.out_shapes = (array.shape,)
         node.out_dtypes = (array.dtype,)
         lazy = LazyArray(node, 0)
-        graph.leaf_by_id[id(array)] = (node, lazy)
+        graph.leaf_by_id[id(array)] = (node, lazy, array)
         return lazy
+
+    def _warn_freed(self, array):
+        if "freed" not in _WARNED:
+            _WARNED.add("freed")
+            log.warning(
+                "%s: a value computed in an earlier batch is used after a backward pass "
+                "freed the graph that computed it; it is used as a constant (no gradient "
+                "flows into that earlier batch), as eager MXNet does with such arrays",
+                describe_call(self.sample, self.path))
 
     def param(self, parameter):
         """The LazyArray standing for a gluon Parameter (shared by every call)."""
@@ -332,7 +357,7 @@ class Recorder:
         node.out_shapes = (tuple(parameter.shape),)
         node.out_dtypes = (np.dtype(parameter.dtype).type,)
         lazy = LazyArray(node, 0)
-        graph.leaf_by_id[id(parameter)] = (node, lazy)
+        graph.leaf_by_id[id(parameter)] = (node, lazy, parameter)
         return lazy
 
     def params_of(self, block):
@@ -374,6 +399,48 @@ class Recorder:
             return wrapped if isinstance(obj, list) else type(obj)(wrapped) \
                 if type(obj) is tuple else type(obj)(*wrapped)
         return obj
+
+    def wrap_arguments(self, args):
+        """The arguments of a top-level call, with NDArrays as lazy leaves.
+
+        Only arrays passed directly or inside tuples are wrapped.  Lists,
+        dicts and other containers keep their identity: a model may append
+        to a list its caller passed (per-node losses), and the caller must
+        see those appends.  Arrays inside them are used as they are (an
+        operator reading one records it as a leaf when it runs).
+        """
+        return tuple(self._wrap_argument(a) for a in args)
+
+    def _wrap_argument(self, obj):
+        if isinstance(obj, mx.nd.NDArray):
+            return self.wrap_inputs(obj)
+        if isinstance(obj, tuple):
+            wrapped = [self._wrap_argument(o) for o in obj]
+            return tuple(wrapped) if type(obj) is tuple else type(obj)(*wrapped)
+        return obj
+
+    def rebind(self, lazy, result):
+        """Make LazyArray ``lazy`` stand for ``result``'s value (an in-place update).
+
+        Returns ``lazy``.  Its old value stays what other nodes read; only
+        the object (and so every alias of it) now holds the new one.
+        """
+        node = lazy._node
+        if node.kind == LEAF:
+            raise BatchingError(
+                "%s: in-place update of an input array inside a batching scope; "
+                "write x = x + y instead" % describe_call(self.sample, self.path))
+        if node.graph is not self.graph:
+            lazy.handle  # pylint: disable=pointless-statement  (runs its graph)
+            return lazy
+        if node.outs is not None and node.outs[lazy._idx] is not None \
+                and node.outs[lazy._idx]() is lazy:
+            node.outs[lazy._idx] = None
+        new, idx = result._node, result._idx
+        lazy._node, lazy._idx = new, idx
+        new.outs[idx] = weakref.ref(lazy)
+        result._node = None
+        return lazy
 
     # -- operator calls ---------------------------------------------------------
     def call_op(self, op, args, kwargs):
@@ -464,7 +531,7 @@ class Recorder:
         """
         graph = self.graph
         if len(graph.nodes) >= self.max_pending or self._mode_seen != _MODE_CHANGES[0] \
-                or len(args) > len(_SLOTS_OF):
+                or len(args) > MAX_ROW_CONCAT:
             return None
         values = []
         shapes = []
@@ -482,7 +549,7 @@ class Recorder:
             dtypes.append(src.out_dtypes[idx])
             if src.depth > depth:
                 depth = src.depth
-        targs = _SLOTS_OF[len(args)]
+        targs = slots_of(len(args))
         info = _CALLS.get((op, targs, _DIM0_ITEMS, tuple(shapes), tuple(dtypes)))
         if info is None or info.kind != VIEW:
             return None
@@ -918,7 +985,17 @@ _CALLS = {}
 _ROW_SLICES = {}   # (begin, end, shape, dtype) -> (CallInfo, kwargs) of a row-slice view
 _SLICE_AXIS = opdef("slice_axis")
 _ONE_SLOT = (slot(0),)
-_SLOTS_OF = [tuple(slot(k) for k in range(n)) for n in range(33)]   # n -> n slots
+_SLOTS_OF = {}              # n -> the n slots of an n-argument call
+MAX_ROW_CONCAT = 4096       # longer row concatenations take the generic path
+
+
+def slots_of(n):
+    """The tuple ``(slot(0), ..., slot(n - 1))``, interned."""
+    found = _SLOTS_OF.get(n)
+    if found is None:
+        found = _SLOTS_OF[n] = tuple(slot(k) for k in range(n))
+    return found
+
 _DIM0 = {"dim": 0}          # the kwargs of row concatenations (never mutated)
 _DIM0_ITEMS = (("dim", 0),)
 
