@@ -385,7 +385,7 @@ def outputs(node, info):
         node.outs = [weakref.ref(first), weakref.ref(second)]
         return first, second
     lazies = [LazyArray(node, idx) for idx in range(len(info.out_shapes))]
-    node.outs = [weakref.ref(lazy) for lazy in lazies]   # as Node.set_output
+    node.outs = [weakref.ref(lazy) for lazy in lazies]   # as Node.output does
     return lazies[0] if kind is LazyArray else kind(lazies)
 
 

@@ -5,6 +5,8 @@ A value is referenced as ``(node, output_index)``.
 """
 import weakref
 
+from .lazy import LazyArray
+
 LEAF, OP, VIEW = "leaf", "op", "view"
 NO_KWARGS = {}   # shared by nodes without keyword arguments; never mutated
 
@@ -61,11 +63,22 @@ class Node:
         """Rows of output ``idx`` along axis 0."""
         return self.out_shapes[idx][0]
 
-    def set_output(self, idx, lazy):
-        """Remember ``lazy`` as the LazyArray of output ``idx`` (weakly)."""
-        if self.outs is None:
-            self.outs = [None] * len(self.out_shapes)
-        self.outs[idx] = weakref.ref(lazy)
+    def output(self, idx):
+        """The LazyArray of output ``idx``: the one already made if it is alive.
+
+        One value has one LazyArray, as in eager code a value has one
+        NDArray: a call returning the same array twice returns one object,
+        and liveness (``Graph.live_and_needed``) sees every holder.
+        """
+        outs = self.outs
+        if outs is None:
+            outs = self.outs = [None] * len(self.out_shapes)
+        ref = outs[idx]
+        lazy = ref() if ref is not None else None
+        if lazy is None or lazy._node is not self:
+            lazy = LazyArray(self, idx)
+            outs[idx] = weakref.ref(lazy)
+        return lazy
 
 
 def known_node(graph, kind, op, inputs, args, kwargs, info, sample, path):
@@ -150,7 +163,7 @@ class Graph:
         self.ctx = ctx
         self.flush_fn = flush_fn
         self.error = None          # set when the scope failed
-        self.leaf_by_id = {}       # id(NDArray) or id(Parameter) -> leaf Node
+        self.leaf_by_id = {}       # id(NDArray or Parameter) -> (leaf Node, LazyArray, it)
         self.param_dicts = {}      # id(block) -> (block, {name: LazyArray}) of its params
         self.externals = {}        # id(template) -> (template, its values here, call signature)
         self.known_calls = {}      # call shape -> how to record it (Recorder.known_call)

@@ -227,9 +227,9 @@ def _build(rec, obj, arg_values, made):
         src, idx = made[obj[1]], obj[2]
     else:
         return rec.param(obj[1]) if kind == "p" else rec.leaf(obj[1])
-    lazy = LazyArray(src, idx)
-    src.set_output(idx, lazy)
-    return lazy
+    if src.kind == LEAF:
+        return rec.leaf(src.value) if src.param is None else rec.param(src.param)
+    return src.output(idx)
 
 
 def call_key(block, structure, values, version, mode, template_mode):
