@@ -12,15 +12,17 @@ from mxnet.base import _LIB, check_call
 
 from .errors import BatchingError
 
-# Set by record.py to avoid an import cycle: returns the active recorder or None.
-active_recorder = None
+# Backward passes that freed their graph so far (``retain_graph=False``),
+# counted by record.py's wrappers of MXNet's backward functions.
+BACKWARD_EPOCH = [0]
 
 
 class LazyArray(nd.NDArray):
     """An NDArray produced by a recorded call, materialised on demand."""
 
     # Slots, not a __dict__: a batch makes thousands of LazyArrays.
-    __slots__ = ("_h", "_node", "_idx", "__weakref__")
+    # ``_epoch``: BACKWARD_EPOCH when the value was computed (see ``history_freed``).
+    __slots__ = ("_h", "_node", "_idx", "_epoch", "__weakref__")
 
     def __init__(self, node, index):  # pylint: disable=super-init-not-called
         self._h = None
@@ -66,6 +68,18 @@ class LazyArray(nd.NDArray):
         self._h = array.handle
         array.handle = None
         self._node = None
+        self._epoch = BACKWARD_EPOCH[0]
+
+    def history_freed(self):
+        """Whether a backward pass may have freed the graph that computed this value.
+
+        A computed LazyArray is cut from the batched arrays of its flush;
+        once a backward pass has run through them (without ``retain_graph``)
+        MXNet has freed their history, and the cut-out value must be used
+        as a constant, as eager MXNet uses an array whose graph was freed.
+        """
+        epoch = getattr(self, "_epoch", None)
+        return epoch is not None and epoch != BACKWARD_EPOCH[0]
 
     @property
     def is_pending(self):

@@ -8,7 +8,10 @@ Outside a scope LazyArray behaves exactly as NDArray.
 import operator
 
 import numpy as np
-from mxnet import nd
+from mxnet import autograd, nd
+from mxnet.base import MXNetError
+
+from .errors import describe_call
 
 from .lazy import LazyArray
 from .record import current, opdef
@@ -68,11 +71,41 @@ def _dunder(name, reflected=False):
     return lambda self, other: fn(self, other)
 
 
-for _dn, _name in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"),
-                   ("truediv", "divide"), ("mod", "modulo"), ("pow", "power")]:
+def _in_place(name):
+    """``x op= y`` on a LazyArray: what eager MXNet does.
+
+    Under ``autograd.record()`` eager MXNet refuses to assign to an array
+    that is part of a recorded graph, and so does a scope.  Otherwise the
+    LazyArray object itself takes the new value, so every alias of it sees
+    the change, as with an eager in-place update.
+    """
+    fn = PYTHON_HELPERS[name]
+    eager = getattr(nd.NDArray, "__i%s__" % _IN_PLACE[name])
+
+    def in_place(self, other):
+        rec = current()
+        if rec is None or self._node is None:
+            return eager(self, other)
+        if autograd.is_recording():
+            raise MXNetError(
+                "%s: in-place update (%s=) of a value recorded under "
+                "autograd.record(); as in eager MXNet, assigning to arrays that are "
+                "already in a computational graph is not supported inside "
+                "autograd.record()" % (describe_call(rec.sample, rec.path), _SYMBOL[name]))
+        result = fn(self, other)
+        return rec.rebind(self, result)
+    in_place.__name__ = "__i%s__" % _IN_PLACE[name]
+    return in_place
+
+
+_IN_PLACE = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "truediv",
+             "modulo": "mod"}
+_SYMBOL = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/", "modulo": "%"}
+for _name, _dn in list(_IN_PLACE.items()) + [("power", "pow")]:
     setattr(LazyArray, "__%s__" % _dn, _dunder(_name))
     setattr(LazyArray, "__r%s__" % _dn, _dunder(_name, reflected=True))
-    setattr(LazyArray, "__i%s__" % _dn, _dunder(_name))
+    if _name in _IN_PLACE:      # NDArray has no __ipow__: ``x **= y`` rebinds x
+        setattr(LazyArray, "__i%s__" % _dn, _in_place(_name))
 for _dn, _name in [("eq", "equal"), ("ne", "not_equal"), ("gt", "greater"),
                    ("ge", "greater_equal"), ("lt", "lesser"), ("le", "lesser_equal")]:
     setattr(LazyArray, "__%s__" % _dn, _dunder(_name))
