@@ -1,0 +1,165 @@
+"""Code written the way users write it: containers, aliases, in-place updates, kept values."""
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon, nd
+from mxnet.base import MXNetError
+
+import gluon_dynbatch as gdb
+
+
+class Accumulate(gdb.DynBatchBlock):
+    """Appends a per-sample loss to a list its caller passes (DyNet's benchmark style)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x, losses):
+        y = self.dense(x)
+        losses.append(y.sum())
+        return y
+
+
+def _inputs(n, seed=0):
+    mx.random.seed(seed)
+    return [nd.random.uniform(shape=(1, 4)) for _ in range(n)]
+
+
+def test_list_argument_keeps_its_identity():
+    model = Accumulate()
+    model.initialize()
+    xs = _inputs(3)
+    losses = []
+    with gdb.batching():
+        for x in xs:
+            model(x, losses)
+    assert len(losses) == 3
+    eager = [model(x, []).sum().asscalar() for x in xs]
+    np.testing.assert_allclose([v.asscalar() for v in losses], eager, rtol=1e-6)
+
+
+class ReturnsTwice(gluon.HybridBlock):
+    """Returns one array twice, as Gluon's RNNCell does (``output, [output]``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        return h, h
+
+
+class UsesFirst(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = ReturnsTwice()
+
+    def hybrid_forward(self, F, x):
+        first, second = self.cell(x)
+        assert first is second          # one value, one object, as in eager code
+        return first
+
+
+@pytest.mark.parametrize("compiled", [False, True, "step"])
+def test_child_returning_one_array_twice(compiled):
+    model = UsesFirst()
+    model.initialize()
+    xs = _inputs(2)
+    with gdb.batching(compiled=compiled):
+        outs = [model(x) for x in xs]
+    for out, x in zip(outs, xs):
+        np.testing.assert_allclose(out.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-7)
+
+
+class Stack(gdb.DynBatchBlock):
+    def hybrid_forward(self, F, x, n):
+        rows = F.tanh(F.concat(*[x * (k + 1) for k in range(n)], dim=0))
+        return F.concat(*[rows[k:k + 1] for k in range(n)], dim=0)
+
+
+@pytest.mark.parametrize("n", [1, 32, 33, 34, 130])
+def test_row_concatenations_of_any_length(n):
+    model = Stack()
+    x = _inputs(1)[0]
+    with gdb.batching():
+        out = model(x, n)
+    np.testing.assert_allclose(out.asnumpy(), model(x, n).asnumpy(), rtol=1e-6)
+
+
+class InPlace(gdb.DynBatchBlock):
+    def hybrid_forward(self, F, x):
+        c = F.tanh(x)
+        alias = c
+        c += x
+        return alias
+
+
+def test_in_place_update_under_record_raises_as_eager():
+    x = _inputs(1)[0]
+    x.attach_grad()
+    with pytest.raises(MXNetError):
+        with autograd.record():
+            InPlace()(x)                 # eager MXNet refuses
+    model = InPlace()
+    with pytest.raises(MXNetError, match="sample 0, in .*in-place update"):
+        with autograd.record():
+            with gdb.batching():
+                model(x)
+    with gdb.batching():                 # the next scope works
+        out = model(x)
+    np.testing.assert_allclose(out.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_in_place_update_outside_record_updates_aliases():
+    x = _inputs(1)[0]
+    want = InPlace()(x).asnumpy()        # eager: the alias sees the update
+    np.testing.assert_allclose(want, np.tanh(x.asnumpy()) + x.asnumpy(), rtol=1e-6)
+    with gdb.batching():
+        out = InPlace()(x)
+    np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
+
+
+class Memoised(gdb.DynBatchBlock):
+    """Keeps an intermediate in a dict that outlives the batch (a forgotten cache)."""
+
+    def __init__(self, memo, **kwargs):
+        super().__init__(**kwargs)
+        self.memo = memo
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x, key):
+        if key not in self.memo:
+            self.memo[key] = F.tanh(self.dense(x)) * 2
+        return self.dense(self.memo[key]).sum() + self.dense(x).sum()
+
+
+def _train_memoised(batched):
+    mx.random.seed(3)
+    model = Memoised({})
+    model.initialize(mx.init.Uniform(0.5))
+    xs = _inputs(3, seed=4)
+    grads = []
+    for _ in range(2):
+        with autograd.record():
+            if batched:
+                with gdb.batching():
+                    outs = [model(x, k) for k, x in enumerate(xs)]
+            else:
+                outs = [model(x, k) for k, x in enumerate(xs)]
+            loss = nd.add_n(*outs)
+        loss.backward()
+        grads.append(model.dense.weight.grad().asnumpy().copy())
+    return grads
+
+
+def test_value_kept_from_an_earlier_batch_after_backward():
+    eager = _train_memoised(False)
+    batched = _train_memoised(True)
+    for got, want in zip(batched, eager):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
