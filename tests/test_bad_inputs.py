@@ -578,7 +578,7 @@ def test_batchnorm_in_training_warns_once_about_running_statistics(caplog, monke
     assert not caplog.records
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN LIMITATION (warned at recording): MXNet "
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="KNOWN LIMITATION (warned at recording): MXNet "
                    "updates BatchNorm's running statistics in backward, in the order backward "
                    "visits the calls; when samples reach BatchNorm at different depths the "
                    "batched graph changes that order and the momentum updates give other "
