@@ -5,6 +5,7 @@ from mxnet import gluon
 from . import budget, record
 from .cache import PlanCache
 from .errors import BatchingError, describe_call
+from .frames import NOT_RECORDED, Frame
 from .lazy import LazyArray
 from .plan import STRATEGIES
 from .scope import check_granularity
@@ -86,10 +87,17 @@ class DynBatchBlock(gluon.HybridBlock):
         rec.depth += 1
         outer_path = rec.path
         rec.path = outer_path + (self._name,)
+        outer_frame = rec.frame
+        frame = rec.frame = Frame(rec, rec.frame_root(self), self, rec.path) \
+            if rec.frames_on() else None
         try:
             if not self._reg_params:        # a recursive model's own block often has none
-                return self.hybrid_forward(rec.F, *args)
-            return self.hybrid_forward(rec.F, *args, **rec.params_of(self))
+                out = self.hybrid_forward(rec.F, *args)
+            else:
+                out = self.hybrid_forward(rec.F, *args, **rec.params_of(self))
+            if frame is not None:
+                frame.finish()              # ``out`` holds what the call returns
+            return out
         except BatchingError:
             raise
         except Exception as err:
@@ -98,6 +106,7 @@ class DynBatchBlock(gluon.HybridBlock):
                              % describe_call(rec.sample, rec.path))
             raise
         finally:
+            rec.frame = outer_frame
             rec.depth -= 1
             rec.path = outer_path
             if top:
@@ -124,15 +133,29 @@ def _has_lazy(args):
     return False
 
 
-_TRACEABLE = {}   # class -> whether its calls can be traced (asked on every call)
+_KINDS = {}     # block class -> how its calls are recorded (asked on every call)
+_DYNBATCH, _TRACED, _OPAQUE, _PLAIN = "dynbatch", "traced", "opaque", "plain"
 
 
-def _traceable(block):
-    cls = type(block)
-    found = _TRACEABLE.get(cls)
+def _kind(cls):
+    """How calls of blocks of class ``cls`` are recorded inside a scope.
+
+    DynBatchBlocks start frames; HybridBlocks whose ``forward`` is
+    HybridBlock's own are traced (their ``hybrid_forward`` runs with the
+    recording ``F``); other HybridBlocks are opaque (run on concrete
+    values); plain Blocks run as they are.
+    """
+    found = _KINDS.get(cls)
     if found is None:
-        found = _TRACEABLE[cls] = (cls.forward is gluon.HybridBlock.forward and
-                                   cls.hybrid_forward is not gluon.HybridBlock.hybrid_forward)
+        if issubclass(cls, DynBatchBlock):
+            found = _DYNBATCH
+        elif issubclass(cls, gluon.HybridBlock):
+            traceable = (cls.forward is gluon.HybridBlock.forward and
+                         cls.hybrid_forward is not gluon.HybridBlock.hybrid_forward)
+            found = _TRACED if traceable else _OPAQUE
+        else:
+            found = _PLAIN
+        _KINDS[cls] = found
     return found
 
 
@@ -141,16 +164,24 @@ _ORIGINAL_CALL = gluon.Block.__call__
 
 def _dispatching_call(self, *args):
     """``Block.__call__`` that records inside a batching scope."""
-    rec = record.current()
+    rec = record._TLS.recorder  # pylint: disable=protected-access
     if rec is None:
         return _ORIGINAL_CALL(self, *args)
-    if isinstance(self, DynBatchBlock):
+    kind = _KINDS.get(type(self)) or _kind(type(self))
+    if kind is _DYNBATCH:
         return self._record_call(rec, args)  # pylint: disable=protected-access
+    frame = rec.frame
+    if frame is not None and kind is not _PLAIN:
+        if kind is _TRACED and not self._forward_pre_hooks and not self._forward_hooks:
+            out = frame.block_call(self, args)
+            if out is not NOT_RECORDED:
+                return out
+        frame.fallback("a child block that templates cannot hold")
     out = rec.known_call(self, args)
     if out is not None:
         return out
-    if isinstance(self, gluon.HybridBlock) and _has_lazy(args):
-        if _traceable(self):
+    if kind is not _PLAIN and _has_lazy(args):
+        if kind is _TRACED:
             return rec.trace_block(self, args)
         # Opaque block (SymbolBlock, custom forward): run it on concrete values.
         return rec.wrap_inputs(_ORIGINAL_CALL(self, *args))

@@ -13,6 +13,7 @@ from mxnet.base import MXNetError
 
 from .errors import describe_call
 
+from . import record
 from .lazy import LazyArray
 from .record import current, opdef
 
@@ -65,10 +66,39 @@ PYTHON_HELPERS["true_divide"] = PYTHON_HELPERS["divide"]
 
 
 def _dunder(name, reflected=False):
+    """``x op y`` (or ``y op x``) on a LazyArray.
+
+    Inside a frame, with a value of the frame and a number or another value
+    of the frame, a known call takes the frame's short path (the key
+    ``Frame._op`` would build); anything else goes through the helper.
+    """
     fn = PYTHON_HELPERS[name]
-    if reflected:
-        return lambda self, other: fn(other, self)
-    return lambda self, other: fn(self, other)
+    array_op, lscalar, rscalar, _ = _BINARY[name]
+    aop = opdef(array_op)
+    sop = opdef("_internal", (rscalar or lscalar) if reflected else lscalar)
+    tls, modes = record._TLS, record._MODE_CHANGES
+
+    def dunder(self, other):
+        rec = tls.recorder
+        if rec is not None:
+            frame = rec.frame
+            if frame is not None and rec._mode_seen == modes[0]:
+                mine = self._idx if self._node is frame else frame.ext.get(id(self))
+                kind = type(other)
+                if mine is None:
+                    pass
+                elif kind is float or kind is int:
+                    nxt = frame.state.next.get((sop, mine, (float, float(other))))
+                    if nxt is not None and nxt.single:
+                        return frame.push(nxt)
+                elif kind is LazyArray and not reflected:
+                    theirs = other._idx if other._node is frame else frame.ext.get(id(other))
+                    if theirs is not None:
+                        nxt = frame.state.next.get((aop, mine, theirs))
+                        if nxt is not None and nxt.single:
+                            return frame.push(nxt)
+        return fn(other, self) if reflected else fn(self, other)
+    return dunder
 
 
 def _in_place(name):

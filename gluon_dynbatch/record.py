@@ -22,18 +22,24 @@ from mxnet.ndarray import NDArray
 
 from . import lazy as lazy_mod
 from . import calls, replay
+from . import frames as frames_mod
 from .errors import BatchingError, describe_call
+from .frames import Frame, State, Step, is_constant
 from .graph import LEAF, NO_KWARGS, OP, VIEW, Graph, Node, Slot, known_node, slot
 from .lazy import LazyArray
 from .signatures import ALONE, rule_for
 
-_TLS = threading.local()
+class _Local(threading.local):
+    recorder = None     # the recorder of this thread's active scope
+
+
+_TLS = _Local()
 log = logging.getLogger(__name__)
 
 
 def current():
     """The recorder of this thread's active batching scope, or None."""
-    return getattr(_TLS, "recorder", None)
+    return _TLS.recorder
 
 
 def _set_current(recorder):
@@ -231,6 +237,9 @@ class RecordingNamespace:
                 value = _concat_recorder(rec, op)
             else:
                 def value(*args, **kwargs):
+                    frame = rec.frame
+                    if frame is not None and rec._mode_seen == _MODE_CHANGES[0]:
+                        return frame.op(op, args, kwargs)
                     return rec.call_op(op, args, kwargs)
             value.__name__ = name
         else:
@@ -256,6 +265,12 @@ def _concat_recorder(rec, op):
             out = rec.row_concat(op, args)
             if out is not None:
                 return out
+            frame = rec.frame
+            if frame is None or not any(type(a) is LazyArray and a._node is frame
+                                        for a in args):
+                # Rows of values outside the frame: a view in the graph, read
+                # by the frame as one input.
+                return rec.graph_op(op, args, kwargs)
         return rec.call_op(op, args, kwargs)
     return concat
 
@@ -281,9 +296,20 @@ class Recorder:
         self.owner = None           # the first top-level DynBatchBlock called
         self.last_stateful = None   # last stateful node recorded (see _STATEFUL)
         self._versions = {}         # id(block) -> parameter identity, per scope
+        self._tokens = {}           # id(block) -> block_token, per scope
+        self._roots = {}            # (id(block), modes) -> frame_root, per scope
         self._store = _thread_store()
         self._mode_seen = None      # _MODE_CHANGES[0] when self.mode was read
         self.mode = None            # (is_recording, is_training) of new calls
+        self.frame = None           # the Frame recording now (frames.py), if any
+        self.frames = None          # whether DynBatchBlock calls are frames (frames_on)
+        self.num_calls = 0          # operator calls recorded (in frames or not)
+        self.lazy_pool = []         # dead provisional LazyArrays, reused by frames
+
+    @property
+    def constant_ids(self):
+        """id -> array of the constants this thread reuses (``make_constant``)."""
+        return self._store.constant_ids
 
     def sync_mode(self):
         """Re-read autograd's modes if they may have changed; return them.
@@ -305,6 +331,7 @@ class Recorder:
     def close(self):
         """Drop references back to the scope (closures of F refer to the recorder)."""
         self.graph.release()
+        self.lazy_pool = []
         self.F = self._flush = self.scope = None
 
     # -- values ---------------------------------------------------------------
@@ -379,6 +406,9 @@ class Recorder:
             node = x._node
             if node is not None and node.graph is self.graph:
                 return node, x._idx
+            if type(node) is Frame:         # a value of a call still recording
+                node.cut("its value is used outside it")
+                return self.value_of(x)
             if node is not None:          # pending in an older graph: run it
                 x.handle  # pylint: disable=pointless-statement
         lazy = self.leaf(x)
@@ -426,6 +456,16 @@ class Recorder:
         the object (and so every alias of it) now holds the new one.
         """
         node = lazy._node
+        if type(node) is Frame:
+            if result._node is node:          # both values of the recording frame
+                lazy._idx = result._idx
+                return lazy
+            node.lazies.remove(lazy)
+            node = result._node
+            lazy._node, lazy._idx = node, result._idx
+            node.outs[lazy._idx] = weakref.ref(lazy)
+            result._node = None
+            return lazy
         if node.kind == LEAF:
             raise BatchingError(
                 "%s: in-place update of an input array inside a batching scope; "
@@ -448,6 +488,25 @@ class Recorder:
 
         This runs for every operator call of every sample (see ``_values_of``).
         """
+        frame = self.frame
+        if frame is not None:
+            if self._mode_seen == _MODE_CHANGES[0] or self._same_mode():
+                return frame.op(op, args, kwargs)
+            frame.fallback("autograd's mode changed")
+        return self.graph_op(op, args, kwargs)
+
+    def _same_mode(self):
+        """Whether autograd's modes are still those of the calls recorded so far.
+
+        MXNet's own code sets them too (deferred initialisation pauses
+        recording), so a change seen by the counter may be none at all.
+        """
+        before = self.mode
+        return self.sync_mode() == before
+
+    def graph_op(self, op, args, kwargs):
+        """Record ``op(*args, **kwargs)`` as a node of the graph, frame or not."""
+        self.num_calls += 1
         if len(self.graph.nodes) >= self.max_pending:
             # Bounded memory: run what is pending (every value still held is
             # computed), then record on into a fresh graph.
@@ -482,6 +541,8 @@ class Recorder:
         models take one per tree node, so once the call shape is known the
         view node is made here directly, without the generic ``call_op``.
         """
+        if self.frame is not None and type(x) is LazyArray and x._node is self.frame:
+            return self.call_op(_SLICE_AXIS, (x,), {"axis": 0, "begin": begin, "end": end})
         graph = self.graph
         if len(graph.nodes) >= self.max_pending:
             self._flush()
@@ -489,6 +550,7 @@ class Recorder:
         if self._mode_seen != _MODE_CHANGES[0]:
             self.sync_mode()
             graph = self.graph
+        self.num_calls += 1
         src = x._node if type(x) is LazyArray else None
         if src is not None and src.graph is graph:
             idx = x._idx
@@ -498,7 +560,7 @@ class Recorder:
             src, idx = value
         shape = src.out_shapes[idx]
         if not (type(begin) is int and type(end) is int and 0 <= begin < end <= shape[0]):
-            return self.call_op(_SLICE_AXIS, (x,), {"axis": 0, "begin": begin, "end": end})
+            return self.graph_op(_SLICE_AXIS, (x,), {"axis": 0, "begin": begin, "end": end})
         found = _ROW_SLICES.get((begin, end, shape, src.out_dtypes[idx]))
         if found is None:
             kwargs = {"axis": 0, "begin": begin, "end": end}
@@ -557,6 +619,7 @@ class Recorder:
         node.depth = depth
         graph.nodes.append(node)
         self.num_recorded += 1
+        self.num_calls += 1
         lazy = LazyArray(node, 0)
         node.outs = [weakref.ref(lazy)]
         return lazy
@@ -732,6 +795,112 @@ class Recorder:
             out = fn(*args, **kwargs)
             return rec.wrap_inputs(out)
         return fallback
+
+    # -- frames -----------------------------------------------------------------
+    def frames_on(self):
+        """Whether DynBatchBlock calls are recorded as frames (``frames.py``).
+
+        They are unless the scope records operator by operator
+        (``granularity="op"``, or the reference strategy).
+        """
+        if self.frames is None:
+            self.frames = self._whole_calls()
+        return self.frames
+
+    def frame_root(self, block):
+        """The root of ``block``'s template trie for calls recorded now."""
+        if self._mode_seen != _MODE_CHANGES[0]:
+            self.sync_mode()
+        key = (id(block), self.mode)
+        root = self._roots.get(key)       # this scope's, while the modes hold
+        if root is None or root.counter[0] >= frames_mod.MAX_STATES:
+            full = (id(block), self.block_version(block), self.mode, self.replay)
+            roots = self._store.frame_roots
+            root = roots.get(full)
+            if root is None or root.counter[0] >= frames_mod.MAX_STATES:
+                root = roots[full] = State()
+            self._roots[key] = root
+        return root
+
+    def block_token(self, block):
+        """A small int naming ``block`` and its parameters (see ``block_version``)."""
+        token = self._tokens.get(id(block))
+        if token is None:
+            tokens = self._store.block_tokens
+            key = (id(block), self.block_version(block))
+            token = tokens.get(key)
+            if token is None:
+                token = tokens[key] = len(tokens)
+            self._tokens[id(block)] = token
+        return token
+
+    def block_version(self, block):
+        """Identity, shapes and dtypes of ``block``'s parameters (once per scope)."""
+        version = self._versions.get(id(block))
+        if version is None:
+            version = self._versions[id(block)] = replay.block_version(block)
+        return version
+
+    def analyse_frame_call(self, frame, op, args, kwargs, refs, kw):
+        """The :class:`frames.Step` of a call a frame meets for the first time.
+
+        ``refs`` and ``kw`` are the call's key items (see ``Frame.op``).
+        Inputs that are values of the frame stand in as ``_Position``
+        objects with their shapes; the analysis is the one of ``add_node``.
+        """
+        inputs, targs, step_refs = [], [], []
+        for a, ref in zip(args, refs):
+            if is_constant(ref):
+                targs.append(a)
+                continue
+            if type(ref) is tuple and ref[0] == "x":      # read for the first time
+                ref = frame.ext[id(a)]
+            targs.append(slot(len(inputs)))
+            inputs.append(self._frame_source(frame, a, ref))
+            step_refs.append(self._step_ref(ref))
+        tkw = {}
+        for name, ref in kw or ():
+            value = kwargs[name]
+            if isinstance(value, NDArray):
+                if type(ref) is tuple and ref[0] == "x":
+                    ref = frame.ext[id(value)]
+                tkw[name] = slot(len(inputs))
+                inputs.append(self._frame_source(frame, value, ref))
+                step_refs.append(self._step_ref(ref))
+            else:
+                tkw[name] = value
+        node = Node(self.graph, OP, op, inputs, tuple(targs), tkw)
+        node.sample, node.path = self.sample, self.path
+        in_shapes = tuple([src.out_shapes[i] for src, i in inputs])
+        in_dtypes = tuple([src.out_dtypes[i] for src, i in inputs])
+        info = self._analyse(node, in_shapes, in_dtypes)
+        start = len(frame.out_shapes)
+        outs = tuple(range(start, start + len(info.out_shapes)))
+        return Step(op, tuple(targs), tkw, tuple(step_refs), info, outs,
+                    self.path[len(frame.path):])
+
+    def _frame_source(self, frame, array, ref):
+        """``(node, idx)`` standing for an input of a frame's call during analysis."""
+        if type(ref) is int:
+            outside = frame.vals.get(ref)
+            if outside is not None:
+                return self.value_of(outside)
+            return (_Position(frame, ref), 0)
+        return self.value_of(array)
+
+    def _step_ref(self, ref):
+        """A key item as a step keeps it: positions, parameters, constant arrays."""
+        if type(ref) is int:
+            return ref
+        if ref[0] == "c":
+            return ("c", self._store.constant_ids[ref[1]])
+        if ref[0] == "p":
+            return ref
+        raise AssertionError("unexpected key item %r" % (ref,))
+
+    def trace_in_frame(self, block, args):
+        """Run a child block's ``hybrid_forward`` into the current frame."""
+        return self._trace(block, args)
 
     # -- blocks -----------------------------------------------------------------
     def trace_block(self, block, args):
@@ -948,6 +1117,20 @@ _MODAL = frozenset(["BatchNorm"])
 _STATEFUL = frozenset(["BatchNorm"])
 
 
+class _Position:
+    """A value of a frame standing in as a node during a call's analysis."""
+
+    __slots__ = ("out_shapes", "out_dtypes", "id", "param", "value", "kind", "depth")
+
+    def __init__(self, frame, pos):
+        self.out_shapes = (frame.out_shapes[pos],)
+        self.out_dtypes = (frame.out_dtypes[pos],)
+        self.id = -1 - pos
+        self.param = self.value = None
+        self.kind = OP
+        self.depth = 0
+
+
 class CallInfo:
     """What the recorder learns once per call shape (operator, constants, input shapes).
 
@@ -1022,6 +1205,8 @@ class _ThreadStore:
         self.constants = {}       # (path, args, kwargs, ctx) -> array(s)
         self.constant_ids = {}    # id -> array of those constants (kept alive above)
         self.templates = {}       # call shape -> replay Template, at most MAX_TEMPLATES
+        self.frame_roots = {}     # (block, parameters, modes, replay) -> frames.State
+        self.block_tokens = {}    # (id(block), parameters) -> small int (block_token)
 
 
 def _thread_store():

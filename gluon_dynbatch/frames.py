@@ -1,0 +1,535 @@
+"""Frames: a DynBatchBlock call recorded as a path through a trie of templates.
+
+A *frame* is one run of a DynBatchBlock's ``hybrid_forward``: one tree node,
+one sentence.  Inside a frame, operator calls and child-block calls build no
+graph nodes.  Each call is described by a *key* (the operator, its constant
+arguments, and where each array input comes from: a position of this frame,
+a parameter, a constant) and advances the frame along a trie of keys shared
+by all frames of the block (``State``).  A known key costs one dictionary
+lookup: the trie edge already holds the call's output shapes.  An unknown one
+is analysed once (shape inference, batching rule) and becomes a new edge.
+
+Values of a frame are numbered by *position*: outputs of its calls, and the
+arrays it reads from outside (arguments, outputs of nested frames, views of
+tables), numbered when first read.  Until the frame ends, the LazyArrays of
+its outputs are provisional: their ``_node`` is the frame itself.
+
+When ``hybrid_forward`` returns, the values a caller can still reach are the
+frame's exports (found by reference count: the frame's own list and the scan
+hold the others).  The path and the exports select a *recipe*
+(``templates.py``), built once: usually one program node for the whole frame,
+whose batched form is compiled once for all frames of that template.  The
+provisional LazyArrays then take their places in the graph.
+
+A frame is *cut* -- what it recorded so far goes into the graph -- when
+anything else needs one of its values (a nested frame's arguments, a read of
+the value, a block with hooks); recording then goes on in a new segment.  A
+frame that meets something templates cannot describe falls back: it is cut
+and the rest of its calls are recorded one node per operator, as they would
+be outside frames.
+"""
+import sys
+
+from mxnet.ndarray import NDArray
+
+from . import replay
+from .errors import BatchingError
+from .templates import recipe_for
+from .graph import LEAF
+from .lazy import LazyArray
+
+MAX_STATES = 200000        # trie states kept per thread before the trie is dropped
+NOT_RECORDED = object()    # ``Frame.block_call``: the call is left to the caller
+POOL_SIZE = 4096           # dead provisional LazyArrays kept for reuse, per recorder
+
+
+class Step:
+    """One operator call of a template (the edge of the trie it was learned on).
+
+    Attributes
+    ----------
+    op : OpDef
+    args, kwargs : tuple, dict
+        The call with ``Slot(k)`` for the k-th array input (as ``Node``).
+    refs : tuple
+        Per array input: an int (a position of the frame), or ``("p",
+        parameter)`` / ``("c", array)`` for a parameter or a constant.
+    info : record.CallInfo
+        Output shapes and dtypes, batching rule and signature.
+    outs : tuple of int
+        Positions of the outputs.
+    path : tuple
+        Block names below the frame's block (for messages).
+    """
+
+    __slots__ = ("op", "args", "kwargs", "refs", "info", "outs", "path")
+
+    def __init__(self, op, args, kwargs, refs, info, outs, path):
+        self.op, self.args, self.kwargs = op, args, kwargs
+        self.refs, self.info, self.outs, self.path = refs, info, outs, path
+
+
+class Macro:
+    """A child-block call learned once: where it leads and what it returns."""
+
+    __slots__ = ("target", "shapes", "dtypes", "outputs", "simple")
+
+    def __init__(self, target, shapes, dtypes, outputs, start):
+        self.target = target        # the State after the block's last call
+        self.shapes = shapes        # shapes and dtypes of the positions it adds
+        self.dtypes = dtypes
+        self.outputs = outputs      # returned structure, positions in place of arrays
+        self.simple = _simple_outputs(outputs, start)
+
+
+def _simple_outputs(outputs, start):
+    """``(None, offset)`` for one new value returned, ``(tuple or list,
+    offsets)`` for several distinct new values; None for anything else."""
+    if outputs[0] == "pos":
+        return (None, outputs[1] - start) if outputs[1] >= start else None
+    kind, items = outputs
+    if kind not in (tuple, list) or any(item[0] != "pos" for item in items):
+        return None
+    offsets = [item[1] - start for item in items]
+    if min(offsets, default=-1) < 0 or len(set(offsets)) < len(offsets):
+        return None
+    return kind, offsets
+
+
+class State:
+    """A node of the template trie: the calls of a frame so far.
+
+    ``next`` maps an operator call's key to the next state, ``calls`` a
+    child-block call's key to a :class:`Macro`, ``cuts`` the exports of a
+    cut to the state after it.  ``recipes`` caches, per tuple of exported
+    positions, how to put the segment ending here into the graph.
+    """
+
+    __slots__ = ("next", "calls", "cuts", "step", "parent", "start", "recipes", "counter",
+                 "single", "shape", "dtype")
+
+    def __init__(self, step=None, parent=None, start=None, counter=None):
+        self.single = step is not None and len(step.info.out_shapes) == 1
+        self.shape = self.dtype = None
+        if self.single:                 # read on every match: kept at hand
+            self.shape, self.dtype = step.info.out_shapes[0], step.info.out_dtypes[0]
+        self.next = {}
+        self.calls = {}
+        self.cuts = {}
+        self.step = step
+        self.parent = parent
+        self.start = self if start is None else start   # where the segment began
+        self.recipes = {}
+        self.counter = counter if counter is not None else (parent.counter if parent else [0])
+        self.counter[0] += 1
+
+    def steps(self):
+        """The steps from the start of this state's segment to it, in order."""
+        out = []
+        state = self
+        while state is not self.start:
+            if state.step is not None:         # None: entering a child-block call
+                out.append(state.step)
+            state = state.parent
+        out.reverse()
+        return out
+
+
+class _FrameGraph:
+    """What a provisional LazyArray's ``node.graph`` needs to offer."""
+
+    __slots__ = ("ctx", "error", "flush_fn")
+
+    def __init__(self, ctx, flush_fn):
+        self.ctx = ctx
+        self.error = None
+        self.flush_fn = flush_fn
+
+
+def _refcount_baseline():
+    """References ``_scan`` itself holds to a value it scans (list, loop, call)."""
+    probe = [LazyArray(None, 0)]
+    return _scan(probe, 0, None)[1]
+
+
+def _scan(lazies, baseline, pool):
+    """(values referenced from elsewhere than ``lazies``, the largest count seen).
+
+    The others are dead: nobody can read them any more.  They go to ``pool``
+    (when given, and not full), to serve as later provisional values:
+    making and freeing a LazyArray costs more than a frame's bookkeeping
+    of one call.
+    """
+    alive = []
+    most = 0
+    getrefcount = sys.getrefcount
+    for lazy in lazies:
+        count = getrefcount(lazy)
+        if count > baseline:
+            alive.append(lazy)
+        elif pool is not None and len(pool) < POOL_SIZE:
+            lazy._node = None
+            pool.append(lazy)
+        if count > most:
+            most = count
+    return alive, most
+
+
+class Frame:
+    """The recording state of one DynBatchBlock call (see the module docstring).
+
+    Attributes read through provisional LazyArrays: ``kind`` ("frame"),
+    ``graph`` (a stand-in with the context), ``out_shapes`` and
+    ``out_dtypes`` (per position).
+    """
+
+    __slots__ = ("rec", "state", "block", "path", "sample", "out_shapes", "out_dtypes",
+                 "vals", "ext", "lazies", "pool", "direct", "macro_ok")
+    kind = "frame"
+    depth = 0
+
+    def __init__(self, rec, root, block, path):
+        self.rec = rec
+        self.state = root
+        self.block = block
+        self.path = path
+        self.sample = rec.sample
+        self.out_shapes = []
+        self.out_dtypes = []
+        self.vals = {}              # position -> the outside array read there
+        self.ext = {}               # id(outside array) -> its position
+        self.lazies = []            # provisional LazyArrays of this frame
+        self.pool = rec.lazy_pool   # dead ones, reused (see ``_scan``)
+        self.direct = False         # fallen back: calls go to the graph directly
+        self.macro_ok = True        # no cut since the current child-block trace began
+
+    @property
+    def graph(self):
+        """What a provisional LazyArray's ``node.graph`` is asked for (made when asked:
+        a frame holding it would be a reference cycle)."""
+        return _FrameGraph(self.rec.ctx, self.read)
+
+    # -- keys ---------------------------------------------------------------------
+    def ref(self, a):
+        """The key item of array ``a`` read by a call of this frame.
+
+        A value of this frame is its position; a parameter or constant is
+        named by identity; any other array gets the next position the first
+        time it is read (its key item then carries its shape).
+        """
+        if type(a) is LazyArray:
+            node = a._node
+            if node is self:
+                return a._idx
+            if type(node) is Frame:
+                node.cut("a value of an enclosing call is used here")
+        found = self.ext.get(id(a))
+        if found is not None:
+            return found
+        rec = self.rec
+        node, _ = rec.value_of(a)
+        if node.kind == LEAF:
+            if node.param is not None:
+                return ("p", node.param)
+            if id(node.value) in rec.constant_ids:
+                return ("c", id(node.value))
+        pos = len(self.out_shapes)
+        shape, dtype = a.shape, a.dtype
+        self.out_shapes.append(shape)
+        self.out_dtypes.append(dtype)
+        self.vals[pos] = a
+        self.ext[id(a)] = pos
+        return ("x", shape, dtype)
+
+    def op(self, op, args, kwargs):
+        """Record ``op(*args, **kwargs)``; return its LazyArray output(s).
+
+        This runs for every operator call of every frame: a call of one
+        value of this frame takes a short path.  Keys are ``(op, *refs)``
+        without keyword arguments, else ``(op, refs, kwargs)``.
+        """
+        if not kwargs and len(args) == 1:
+            a = args[0]
+            if type(a) is LazyArray and a._node is self:
+                nxt = self.state.next.get((op, a._idx))
+                if nxt is not None and nxt.single:
+                    return self.push(nxt)
+        return self._op(op, args, kwargs)
+
+    def push(self, nxt):
+        """Move to state ``nxt`` (a one-output call); its provisional output."""
+        self.state = nxt
+        pos = len(self.out_shapes)
+        self.out_shapes.append(nxt.shape)
+        self.out_dtypes.append(nxt.dtype)
+        pool = self.pool
+        if pool:
+            lazy = pool.pop()
+            lazy._node = self
+            lazy._idx = pos
+        else:
+            lazy = LazyArray(self, pos)
+        self.lazies.append(lazy)
+        return lazy
+
+    def _op(self, op, args, kwargs):
+        refs = []
+        arrays = 0
+        for a in args:
+            if type(a) is LazyArray and a._node is self:
+                refs.append(a._idx)
+                arrays += 1
+            elif isinstance(a, NDArray):
+                refs.append(self.ref(a))
+                arrays += 1
+            else:
+                refs.append((type(a), a))      # a constant (a type never names an array)
+        kw = None
+        if kwargs:
+            kw = []
+            for name, value in kwargs.items():
+                if name == "name":
+                    continue
+                if isinstance(value, NDArray):
+                    kw.append((name, self.ref(value)))
+                    arrays += 1
+                else:
+                    kw.append((name, value))
+            kw = tuple(kw)
+        if not arrays:                         # zeros, random draws: graph leaves
+            return self.rec.constant(op, args, kwargs)
+        key = (op,) + tuple(refs) if kw is None else (op, tuple(refs), kw)
+        try:
+            nxt = self.state.next.get(key)
+        except TypeError:                     # an unhashable constant argument
+            return self.fallback_op(op, args, kwargs, "an unhashable argument")
+        if nxt is None:
+            nxt = self._learn(op, args, kwargs, key, tuple(refs), kw)
+            if nxt is None:
+                return self.fallback_op(op, args, kwargs, "a call templates cannot hold")
+        return self._outputs(nxt)
+
+    def _outputs(self, state):
+        """New provisional LazyArrays for the outputs of ``state``'s step."""
+        pos = len(self.out_shapes)
+        if state.single:
+            return self.push(state)
+        self.state = state
+        info = state.step.info
+        self.out_shapes.extend(info.out_shapes)
+        self.out_dtypes.extend(info.out_dtypes)
+        outs = [self._new_lazy(pos + k) for k in range(len(info.out_shapes))]
+        self.lazies.extend(outs)
+        return outs
+
+    def _new_lazy(self, pos):
+        """A provisional LazyArray for position ``pos`` (from the pool if it can)."""
+        pool = self.pool
+        if pool:
+            lazy = pool.pop()
+            lazy._node = self
+            lazy._idx = pos
+            return lazy
+        return LazyArray(self, pos)
+
+    def _learn(self, op, args, kwargs, key, refs, kw):
+        """Analyse a call met for the first time here; the new state, or None."""
+        step = self.rec.analyse_frame_call(self, op, args, kwargs, refs, kw)
+        if not step.info.cacheable and not step.info.stateful:
+            # The first call of a parameter with deferred initialisation gave
+            # it its shape; analysed again, the call is like any other.
+            step = self.rec.analyse_frame_call(self, op, args, kwargs, refs, kw)
+        if step.info.stateful or not step.info.cacheable:
+            return None
+        counter = self.state.counter
+        if counter[0] >= MAX_STATES:
+            return None
+        nxt = State(step, self.state, self.state.start)
+        self.state.next[key] = nxt
+        return nxt
+
+    # -- child blocks -----------------------------------------------------------
+    def block_call(self, block, args):
+        """Record a child HybridBlock call inside this frame; its outputs.
+
+        A call of a known shape moves the frame along a :class:`Macro` without
+        running the block's Python code.  Returns ``NOT_RECORDED`` when the
+        call cannot be part of a template (the caller then falls back).
+        """
+        for a in args:
+            if not isinstance(a, NDArray):
+                break
+        else:                                   # only arrays: the common case
+            refs = tuple([a._idx if type(a) is LazyArray and a._node is self
+                          else self.ref(a) for a in args])
+            key = (self.rec.block_token(block),) + refs
+            macro = self.state.calls.get(key)
+            if macro is not None:
+                return self._replay(macro, args, refs)
+            return self._learn_block(block, args, key)
+        arrays, structure = replay.flatten_args(args)
+        if structure is None:
+            return NOT_RECORDED
+        refs = tuple([self.ref(a) for a in arrays])
+        key = (self.rec.block_token(block), structure) + refs
+        macro = self.state.calls.get(key)
+        if macro is not None:
+            return self._replay(macro, arrays, refs)
+        return self._learn_block(block, args, key)
+
+    def _replay(self, macro, arrays, refs):
+        """Follow ``macro``: the block's outputs, without running its code."""
+        start = len(self.out_shapes)
+        self.out_shapes.extend(macro.shapes)
+        self.out_dtypes.extend(macro.dtypes)
+        self.state = macro.target
+        simple = macro.simple
+        if simple is None:
+            given = {ref: a for a, ref in zip(arrays, refs) if type(ref) is int}
+            return self._build(macro.outputs, start, given)
+        kind, offsets = simple
+        if kind is None:
+            lazy = self._new_lazy(start + offsets)
+            self.lazies.append(lazy)
+            return lazy
+        outs = [self._new_lazy(start + k) for k in offsets]
+        self.lazies.extend(outs)
+        return kind(outs)
+
+    def _build(self, obj, start, made):
+        """The outputs of a replayed child-block call (``made``: position -> array)."""
+        kind = obj[0]
+        if kind == "v":
+            return obj[1]
+        if kind == "pos":
+            pos = obj[1]
+            lazy = made.get(pos)
+            if lazy is None:
+                if pos < start:                 # an array read from outside
+                    return self.vals[pos]
+                lazy = made[pos] = self._new_lazy(pos)
+                self.lazies.append(lazy)
+            return lazy
+        items = [self._build(o, start, made) for o in obj[1]]
+        return kind(items) if kind in (list, tuple) else kind(*items)
+
+    def _learn_block(self, block, args, key):
+        """Trace a child-block call met for the first time here; learn its macro.
+
+        The trace starts from a state of its own, reached by the call's key:
+        the key may read arrays for the first time, and the shapes it gives
+        them must be part of the path the block's calls are learned on.
+        """
+        rec = self.rec
+        before = self.state
+        inner = before.next.get(("enter", key))
+        if inner is None:
+            inner = before.next[("enter", key)] = State(None, before, before.start)
+        self.state = inner
+        start = len(self.out_shapes)
+        outer_ok, self.macro_ok = self.macro_ok, True
+        ext_before = len(self.ext)
+        try:
+            out = rec.trace_in_frame(block, args)
+        finally:
+            ok = self.macro_ok and not self.direct and self.state.start is before.start
+            self.macro_ok = outer_ok and self.macro_ok
+        new_ext = len(self.ext) - ext_before
+        if ok and new_ext == 0 and rec.replay:
+            outputs = self._map_out(out, start)
+            if outputs is not None:
+                before.calls[key] = Macro(self.state, tuple(self.out_shapes[start:]),
+                                          tuple(self.out_dtypes[start:]), outputs, start)
+        return out
+
+    def _map_out(self, obj, start):
+        """The returned structure with positions for arrays; None if not describable."""
+        if isinstance(obj, LazyArray):
+            if obj._node is self:
+                return ("pos", obj._idx)
+            pos = self.ext.get(id(obj))
+            return ("pos", pos) if pos is not None and pos < start else None
+        if isinstance(obj, (list, tuple)):
+            inner = [self._map_out(o, start) for o in obj]
+            if any(i is None for i in inner):
+                return None
+            return (type(obj), inner)
+        if isinstance(obj, (int, float, str, bool, type(None))):
+            return ("v", obj)
+        return None
+
+    # -- ending -----------------------------------------------------------------
+    def finish(self):
+        """Put what the frame recorded into the graph (at the end of its call)."""
+        if self.direct:
+            return
+        alive, _ = _scan(self.lazies, _BASELINE, self.pool)
+        self._emit(alive)
+
+    def cut(self, why):
+        """Put what the frame recorded so far into the graph; go on in a new segment."""
+        if self.direct:
+            return
+        alive, _ = _scan(self.lazies, _BASELINE, self.pool)
+        positions = self._emit(alive)
+        nxt = self.state.cuts.get(positions)
+        if nxt is None:
+            nxt = self.state.cuts[positions] = State(None, self.state, None, self.state.counter)
+        self.state = nxt
+        self.macro_ok = False
+
+    def _emit(self, alive):
+        """Put the current segment into the graph, exporting ``alive``; their positions.
+
+        Exports are ordered by position, so frames that made their values
+        in another order (a child block replayed instead of traced) share
+        the recipe.
+        """
+        if len(alive) > 1:
+            alive.sort(key=_position)
+        positions = tuple([lazy._idx for lazy in alive])
+        self.lazies = []
+        if not alive:
+            return positions
+        recipe = self.state.recipes.get(positions)
+        if recipe is None:
+            recipe = self.state.recipes[positions] = recipe_for(self, positions)
+        recipe.apply(self, alive)
+        return positions
+
+    def fallback(self, why):
+        """Cut, then record the rest of this call one node per operator."""
+        if self.direct:
+            return
+        self.cut(why)
+        self.direct = True
+        if self.rec.frame is self:
+            self.rec.frame = None
+
+    def fallback_op(self, op, args, kwargs, why):
+        """``op`` recorded directly in the graph, after a fallback."""
+        self.fallback(why)
+        return self.rec.call_op(op, args, kwargs)
+
+    def read(self):
+        """A provisional value is read: cut, then run what is pending."""
+        self.cut("a value is read")
+        self.rec._flush()  # pylint: disable=protected-access
+
+
+def _position(lazy):
+    return lazy._idx
+
+
+def is_constant(item):
+    """Whether a key item of a positional argument is a constant ``(type, value)``."""
+    return type(item) is tuple and type(item[0]) is type
+
+
+_BASELINE = _refcount_baseline()
+
+
+def check_not_provisional(lazy):
+    """Raise if ``lazy`` is still a value of an open frame (internal check)."""
+    if type(lazy._node) is Frame:
+        raise BatchingError("internal error: a value of an unfinished call escaped")
