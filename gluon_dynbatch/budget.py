@@ -12,6 +12,7 @@ import time
 import mxnet as mx
 
 from .plan import make_plan
+from .signatures import SHARED
 
 # Strategies in the order they are tried: cheapest analysis first.
 CANDIDATES = ("depth", "agenda")
@@ -31,7 +32,9 @@ class CostModel:
         gathers = rows = 0
         for step in plan.steps:
             rows += sum(n.out_shapes[0][0] for n in step.nodes)
-            gathers += len(step.nodes[0].inputs) if len(step.nodes) > 1 else 0
+            if len(step.nodes) > 1:         # shared inputs are passed once, not gathered
+                roles = step.nodes[0].meta or ()
+                gathers += sum(1 for role in roles if role != SHARED)
         return steps * self.launch + gathers * self.gather + rows * self.row
 
 
