@@ -188,9 +188,10 @@ def keep_multipliers_on_servers(trainer, params):
     Gluon sends the optimizer to the servers pickled, and an optimizer
     pickles without its ``param_dict``, where a ``Parameter``'s own
     ``lr_mult`` and ``wd_mult`` are found; the servers would apply 1 to all.
-    Set the multipliers by index (the trainer's order of ``params``), which
-    the optimizer consults next and which do travel.  Call before the first
-    ``trainer.step``.
+    Set the multipliers by index, which the optimizer consults next and
+    which do travel.  The index is the trainer's: the position in ``params``
+    given as a list, in the sorted names given as a dict.  Call before the
+    first ``trainer.step``.
 
     Parameters
     ----------
@@ -198,8 +199,8 @@ def keep_multipliers_on_servers(trainer, params):
     params : ParameterDict or list of Parameter
         As given to the trainer.
     """
-    if hasattr(params, "values"):
-        params = list(params.values())
+    if hasattr(params, "keys"):
+        params = [params[name] for name in sorted(params.keys())]
     optimizer = trainer.optimizer
     optimizer.set_lr_mult({i: p.lr_mult for i, p in enumerate(params)})
     optimizer.set_wd_mult({i: p.wd_mult for i, p in enumerate(params)})
