@@ -93,7 +93,8 @@ class Node:
     role: str
     process: subprocess.Popen
     log_path: Path
-    pumps: list = field(default_factory=list)
+    pumps: list = field(default_factory=list)   # threads copying output
+    log: object = None                           # the log file they write
 
     @property
     def returncode(self):
@@ -162,7 +163,7 @@ def start_node(command, name, role, env, log_dir, echo):
                                stdin=subprocess.DEVNULL,
                                start_new_session=True)
     lock = threading.Lock()
-    node = Node(name, role, process, log_path)
+    node = Node(name, role, process, log_path, log=log)
     for source, out in ((process.stdout, sys.stdout),
                         (process.stderr, sys.stderr)):
         sinks = [(log.write, log.flush), _writer(out)]
@@ -170,7 +171,6 @@ def start_node(command, name, role, env, log_dir, echo):
                                 name=f"launch-{name}", daemon=True)
         pump.start()
         node.pumps.append(pump)
-    node.pumps.append(log)  # closed once the pumps are done
     return node
 
 
@@ -207,12 +207,11 @@ def stop_all(nodes, grace):
 def close_pumps(nodes, timeout=2.0):
     """Wait for the output copiers of ``nodes`` and close their logs."""
     for node in nodes:
-        for item in node.pumps:
-            if isinstance(item, threading.Thread):
-                item.join(timeout)
-            else:
-                item.close()
-        node.pumps = []
+        for pump in node.pumps:
+            pump.join(timeout)
+        if node.log is not None:
+            node.log.close()
+        node.pumps, node.log = [], None
 
 
 def log_tail(path, lines=TAIL_LINES):
