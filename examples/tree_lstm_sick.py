@@ -986,7 +986,7 @@ def run_worker(args):
     A worker that fails cannot leave its job: ps-lite would block the other
     processes, and this one in Python's exit.  So on an error it prints it
     and ends the process at once (exit code 2 for bad data or a missing
-    file, 1 otherwise), and the launcher stops the job.
+    file, 1 otherwise), and the launcher ends the job.
     """
     try:
         run(args)

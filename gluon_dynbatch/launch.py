@@ -18,7 +18,7 @@ scheduler with ``--scheduler HOST:PORT``, giving the totals with
 
 Nothing in ps-lite exits by itself when a node dies: the others wait for it
 forever.  So the launcher watches its processes, each in its own process
-group.  As soon as one fails, or the ``--deadline`` passes, it stops every
+group.  As soon as one fails, or the ``--deadline`` passes, it ends every
 group it started (SIGTERM, then SIGKILL after ``--kill-grace`` seconds),
 prints the tail of the failing node's log and exits non-zero.
 """
@@ -289,7 +289,7 @@ def _raise_interrupted(signum, _frame):
 
 
 def _set_signal_handlers(handler):
-    """Set ``handler`` for :data:`STOP_SIGNALS`; return the previous ones.
+    """Set ``handler`` for :data:`STOP_SIGNALS`; return the ones replaced.
 
     Does nothing outside the main thread, where Python cannot set them.
     """
@@ -299,8 +299,8 @@ def _set_signal_handlers(handler):
             for signum in STOP_SIGNALS}
 
 
-def _restore_signal_handlers(previous):
-    for signum, handler in previous.items():
+def _restore_signal_handlers(saved):
+    for signum, handler in saved.items():
         signal.signal(signum, handler)
 
 
@@ -358,7 +358,7 @@ def run_job(command, cluster, workers, servers, run_scheduler=True,
     env.setdefault("PYTHONUNBUFFERED", "1")
     nodes = []
     failed, why, code = None, None, EXIT_FAILED
-    previous = _set_signal_handlers(_raise_interrupted)
+    saved = _set_signal_handlers(_raise_interrupted)
     try:
         for name, role in node_names(workers, servers, run_scheduler):
             nodes.append(start_node(
@@ -374,7 +374,7 @@ def run_job(command, cluster, workers, servers, run_scheduler=True,
         try:
             stop_all(nodes, kill_grace)
         finally:
-            _restore_signal_handlers(previous)
+            _restore_signal_handlers(saved)
     if failed is not None:
         report(failed, why)
     return code

@@ -123,8 +123,8 @@ time.sleep(300)
 """
 
 
-def test_launcher_stops_everything_when_one_fails(tmp_path, job_tag,
-                                                  caplog):
+def test_launcher_ends_everything_when_one_fails(tmp_path, job_tag,
+                                                 caplog):
     start = time.monotonic()
     code = launch.run_job(
         [sys.executable, "-c", FAILING_JOB, str(tmp_path)],
@@ -279,7 +279,7 @@ def test_two_workers_equal_one_process(tmp_path, job_tag):
 
 
 @needs_dist_kvstore
-def test_killed_worker_stops_the_job(tmp_path, job_tag):
+def test_killed_worker_ends_the_job(tmp_path, job_tag):
     deadline = JOB_DEADLINE
     command = [sys.executable, "-m", "gluon_dynbatch.launch", "--workers",
                "2", "--deadline", str(deadline), "--kill-grace", "3",
