@@ -11,13 +11,20 @@ batches all trees of a minibatch (``--no-dynbatch`` runs them one by one).
 Run from the repository root::
 
     python examples/tree_lstm_sick.py --max-pairs 200 --epochs 1
+
+``--workers N`` trains data-parallel on MXNet's parameter server: N worker
+processes and one server on this machine, started by
+:mod:`gluon_dynbatch.launch` (``--kvstore dist_sync``); see
+``docs/distributed.md``.
 """
 import argparse
 import json
 import logging
+import os
 import random
 import sys
 import time
+import traceback
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +37,7 @@ from mxnet import autograd, gluon  # noqa: E402
 from scipy import stats  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from examples import sick_data  # noqa: E402
+from examples import data_parallel, sick_data  # noqa: E402
 from examples.progress_logging import setup_logging  # noqa: E402
 from examples.sick_data import SickDataError  # noqa: E402
 from examples.sick_model import (SimilarityModel, batch_targets,  # noqa: E402
@@ -147,7 +154,31 @@ def build_parser():
         help="the best full-run settings found: " + _preset_text()
              + "; flags given explicitly still win")
     add("--verbose", action="store_true", help="debug logging")
+    _add_distributed_flags(parser)
     return parser
+
+
+def _add_distributed_flags(parser):
+    """Flags of data-parallel training on MXNet's parameter server."""
+    group = parser.add_argument_group(
+        "data-parallel training (MXNet parameter server, docs/distributed.md)")
+    add = group.add_argument
+    add("--kvstore", default="local", choices=data_parallel.KVSTORES,
+        help="local: one process (default); dist_sync / dist_async: this "
+             "process is a worker of a job started by gluon_dynbatch.launch; "
+             "each worker trains on its slice of every global batch of "
+             "--batch-size pairs per worker, rank 0 evaluates, saves and "
+             "reports")
+    add("--workers", type=int, default=0, metavar="N",
+        help="start N workers and --servers servers on this machine "
+             "(127.0.0.1) through gluon_dynbatch.launch and train with "
+             "--kvstore dist_sync (unless dist_async is given); logs go to "
+             "SAVE_DIR/logs (default: 0, one process)")
+    add("--servers", type=int, default=1, metavar="N",
+        help="with --workers: parameter servers (default: %(default)s)")
+    add("--deadline", type=float, default=3600.0, metavar="SECONDS",
+        help="with --workers: stop every process and fail after this long "
+             "(default: %(default)g)")
 
 
 def _preset_text():
@@ -451,7 +482,8 @@ def add_l2(model, strength, batch_size):
         grad += scale * param.data()
 
 
-def train_step(model, trainer, loss_fn, batch, embeddings, l2=0.0):
+def train_step(model, trainer, loss_fn, batch, embeddings, l2=0.0,
+               step_size=None):
     """Run forward, backward and an optimiser step on one batch.
 
     Parameters
@@ -465,6 +497,9 @@ def train_step(model, trainer, loss_fn, batch, embeddings, l2=0.0):
         Fixed embedding table, or None for the model's own table.
     l2 : float, optional
         L2 penalty of :func:`add_l2`.
+    step_size : int, optional
+        Batch size given to ``trainer.step`` (default ``len(batch)``); with
+        ``dist_sync``, the global batch of all workers.
 
     Returns
     -------
@@ -476,7 +511,7 @@ def train_step(model, trainer, loss_fn, batch, embeddings, l2=0.0):
         loss = loss_fn(model(batch, embeddings), targets)
     loss.backward()
     add_l2(model, l2, len(batch))
-    trainer.step(len(batch))
+    trainer.step(len(batch) if step_size is None else step_size)
     return loss.sum()
 
 
@@ -487,38 +522,65 @@ def iter_batches(pairs, batch_size, rng):
         yield [pairs[i] for i in order[start:start + batch_size]]
 
 
-def train_epoch(model, trainer, loss_fn, pairs, embeddings, args, epoch,
-                rng):
-    """Train one epoch with a progress bar.
+def epoch_batches(pairs, batch_size, rng, workers):
+    """This process's batches of one epoch and the pairs all workers train.
+
+    One process: every pair, shuffled.  A distributed job: this worker's
+    slice of every complete global batch (:func:`data_parallel.shard_batches`).
 
     Returns
     -------
-    tuple of (float, float)
-        Mean loss per pair and training seconds.
+    tuple of (iterator of list of SickPair, int)
     """
+    if not workers.distributed:
+        return iter_batches(pairs, batch_size, rng), len(pairs)
+    steps = data_parallel.global_steps(len(pairs), batch_size, workers)
+    return (data_parallel.shard_batches(pairs, batch_size, rng, workers),
+            steps * batch_size * workers.count)
+
+
+def train_epoch(model, trainer, loss_fn, pairs, embeddings, args, epoch,
+                rng, workers=None):
+    """Train one epoch with a progress bar (rank 0's only).
+
+    Parameters
+    ----------
+    workers : data_parallel.Workers, optional
+        This process's place in a data-parallel job (default: one
+        process).
+
+    Returns
+    -------
+    tuple of (float, float, int)
+        Mean loss per pair of this process's batches, training seconds and
+        the pairs trained by all workers.
+    """
+    workers = workers or data_parallel.Workers()
+    batches, global_pairs = epoch_batches(pairs, args.batch_size, rng,
+                                          workers)
     total = mx.nd.zeros((1,))
-    window, window_pairs = mx.nd.zeros((1,)), 0
+    window, window_pairs, local_pairs = mx.nd.zeros((1,)), 0, 0
     start = time.perf_counter()
-    bar = tqdm(total=len(pairs), unit="pair", desc=f"epoch {epoch}",
-               leave=False, dynamic_ncols=True)
-    for step, batch in enumerate(iter_batches(pairs, args.batch_size, rng),
-                                 start=1):
+    bar = tqdm(total=global_pairs, unit="pair", desc=f"epoch {epoch}",
+               leave=False, dynamic_ncols=True, disable=not workers.chief)
+    for step, batch in enumerate(batches, start=1):
         loss = train_step(model, trainer, loss_fn, batch, embeddings,
-                          args.l2)
+                          args.l2, workers.step_size(len(batch)))
         total += loss
         window += loss
         window_pairs += len(batch)
-        bar.update(len(batch))
+        local_pairs += len(batch)
+        bar.update(len(batch) * workers.count)
         if args.log_interval and step % args.log_interval == 0:
             mean = window.asscalar() / window_pairs
             bar.set_postfix(loss=f"{mean:.4f}")
             LOG.info("epoch %d batch %d: loss %.4f", epoch, step, mean)
             window, window_pairs = mx.nd.zeros((1,)), 0
-    mean_loss = total.asscalar() / max(len(pairs), 1)
+    mean_loss = total.asscalar() / max(local_pairs, 1)
     mx.nd.waitall()
     seconds = time.perf_counter() - start
     bar.close()
-    return mean_loss, seconds
+    return mean_loss, seconds, global_pairs
 
 
 def log_metrics(name, metrics):
@@ -572,7 +634,7 @@ def compare_speed(model, trainer, loss_fn, pairs, embeddings, args):
     return result
 
 
-def build_model(args, embeddings, ctx):
+def build_model(args, embeddings, ctx, workers=None):
     """Create and initialise the model and its AdaGrad trainer.
 
     Parameters
@@ -582,6 +644,10 @@ def build_model(args, embeddings, ctx):
         The (V, D) word vectors; with ``--tune-embeddings`` they initialise
         the model's own table, with learning rate ``--embed-lr``.
     ctx : mxnet.Context
+    workers : data_parallel.Workers, optional
+        In a distributed job the trainer updates the parameters on the
+        servers; their optimiser state stays there (``--resume`` then
+        loads the parameters only).
 
     Returns
     -------
@@ -604,16 +670,27 @@ def build_model(args, embeddings, ctx):
             raise FileNotFoundError(f"--resume file not found: {args.resume}")
         model.load_parameters(args.resume, ctx=ctx)
         LOG.info("resumed parameters from %s", args.resume)
+    workers = workers or data_parallel.Workers()
+    kvstore = {"kvstore": workers.kvstore} if workers.distributed else {}
     trainer = gluon.Trainer(model.collect_params(), "adagrad",
-                            {"learning_rate": args.lr, "wd": args.wd})
+                            {"learning_rate": args.lr, "wd": args.wd},
+                            **kvstore)
+    if workers.distributed:
+        data_parallel.keep_multipliers_on_servers(trainer,
+                                                  model.collect_params())
     states = Path(str(args.resume) + ".states") if args.resume else None
     if states is not None and states.is_file():
-        trainer.load_states(str(states))
-        LOG.info("resumed optimiser state from %s", states)
+        if workers.distributed:
+            LOG.warning("optimiser state %s not loaded: on a distributed "
+                        "kvstore it lives on the servers", states)
+        else:
+            trainer.load_states(str(states))
+            LOG.info("resumed optimiser state from %s", states)
     return model, trainer
 
 
-def fit(model, trainer, data, embeddings, args, save_dir, seed=None):
+def fit(model, trainer, data, embeddings, args, save_dir, seed=None,
+        workers=None):
     """Train for ``args.epochs``, keeping the best-dev parameters.
 
     Parameters
@@ -629,40 +706,59 @@ def fit(model, trainer, data, embeddings, args, save_dir, seed=None):
         Where best.params and last.params go.
     seed : int, optional
         Seed of the batch order (default: ``args.seed``).
+    workers : data_parallel.Workers, optional
+        In a distributed job only rank 0 evaluates and saves.
 
     Returns
     -------
     dict
         Training statistics (best epoch, best dev metrics, pairs/s).
     """
+    workers = workers or data_parallel.Workers()
     loss_fn = make_loss()
     rng = np.random.RandomState(args.seed if seed is None else seed)
     best = {"epoch": None, "pearson": -np.inf}
-    best_file = save_dir / "best.params"
     train_seconds, train_pairs = 0.0, 0
     for epoch in range(1, args.epochs + 1):
-        loss, seconds = train_epoch(model, trainer, loss_fn, data["train"],
-                                    embeddings, args, epoch, rng)
+        loss, seconds, pairs = train_epoch(model, trainer, loss_fn,
+                                           data["train"], embeddings, args,
+                                           epoch, rng, workers)
         train_seconds += seconds
-        train_pairs += len(data["train"])
+        train_pairs += pairs
         LOG.info("epoch %d: train loss %.4f, %.1f s, %.1f pairs/s", epoch,
-                 loss, seconds, len(data["train"]) / seconds)
-        dev = evaluate(model, data["dev"], embeddings)
-        log_metrics(f"epoch {epoch} dev", dev)
-        model.save_parameters(str(save_dir / "last.params"))
-        trainer.save_states(str(save_dir / "last.params.states"))
-        if dev["pearson"] > best["pearson"]:
-            best = {"epoch": epoch, "pearson": dev["pearson"],
-                    "spearman": dev["spearman"], "mse": dev["mse"]}
-            model.save_parameters(str(best_file))
-            LOG.info("new best dev pearson; saved %s", best_file)
-    if best["epoch"] is not None:
-        model.load_parameters(str(best_file))
+                 loss, seconds, pairs / seconds)
+        if workers.chief:
+            best = checkpoint(model, trainer, data["dev"], embeddings,
+                              save_dir, epoch, best, workers)
+    if best["epoch"] is not None and not workers.distributed:
+        model.load_parameters(str(save_dir / "best.params"))
         LOG.info("reloaded best parameters (epoch %d)", best["epoch"])
     pairs_per_s = train_pairs / train_seconds if train_seconds else None
     return {"best_dev": best, "train_pairs_per_s": pairs_per_s,
-            "train_seconds": train_seconds,
+            "train_seconds": train_seconds, "train_pairs": train_pairs,
             "seed": args.seed if seed is None else seed}
+
+
+def checkpoint(model, trainer, dev_pairs, embeddings, save_dir, epoch, best,
+               workers):
+    """Evaluate on dev after ``epoch`` and save; return the best so far.
+
+    Saves ``last.params`` (with ``last.params.states`` in one process; a
+    distributed kvstore keeps the optimiser state on the servers) and, when
+    dev Pearson improves on ``best``, ``best.params``.
+    """
+    dev = evaluate(model, dev_pairs, embeddings)
+    log_metrics(f"epoch {epoch} dev", dev)
+    model.save_parameters(str(save_dir / "last.params"))
+    if not workers.distributed:
+        trainer.save_states(str(save_dir / "last.params.states"))
+    if dev["pearson"] > best["pearson"]:
+        best = {"epoch": epoch, "pearson": dev["pearson"],
+                "spearman": dev["spearman"], "mse": dev["mse"]}
+        best_file = save_dir / "best.params"
+        model.save_parameters(str(best_file))
+        LOG.info("new best dev pearson; saved %s", best_file)
+    return best
 
 
 def write_summary(save_dir, summary):
@@ -679,9 +775,30 @@ def write_summary(save_dir, summary):
     return path
 
 
+def join_job(args):
+    """Join the job of ``args.kvstore``; ranks above 0 log warnings only.
+
+    Returns
+    -------
+    data_parallel.Workers
+    """
+    workers = data_parallel.join(args.kvstore)
+    if workers.distributed:
+        if not workers.chief:
+            logging.getLogger().setLevel(logging.WARNING)
+        LOG.info("%s: rank %d of %d workers; rank 0 evaluates, saves and "
+                 "reports", args.kvstore, workers.rank, workers.count)
+    return workers
+
+
 def run(args):
-    """Train and evaluate as configured by ``args``; return the summary."""
+    """Train and evaluate as configured by ``args``; return the summary.
+
+    On a worker of rank above 0 of a distributed job, returns
+    ``{"rank": rank}`` after training.
+    """
     wall_start = time.perf_counter()
+    workers = join_job(args)
     seed_everything(args.seed)
     data = load_data(args)
     if data["source"] == "random" and args.glove is None:
@@ -709,7 +826,9 @@ def run(args):
                                          data["train"], feed, args)}
     save_dir = Path(args.save_dir)
     models, member_stats = train_members(args, data, embeddings, feed, ctx,
-                                         save_dir)
+                                         save_dir, workers)
+    if not workers.chief:
+        return {"rank": workers.rank}
     summary = {"data": data["source"]}
     if len(models) == 1:
         test = evaluate(models[0], data["test"], feed)
@@ -719,8 +838,9 @@ def run(args):
         test = summary.pop("ensemble_test")
     log_metrics("test", test)
     train_seconds = sum(m["train_seconds"] for m in member_stats)
-    train_pairs = args.epochs * len(data["train"]) * len(models)
+    train_pairs = sum(m["train_pairs"] for m in member_stats)
     summary.update({
+        "kvstore": args.kvstore, "workers": workers.count,
         "test": {k: test[k] for k in ("pearson", "spearman", "mse")},
         "wall_time_s": time.perf_counter() - wall_start,
         "train_pairs_per_s": (train_pairs / train_seconds if train_seconds
@@ -735,12 +855,14 @@ def run(args):
     return summary
 
 
-def train_members(args, data, embeddings, feed, ctx, save_dir):
+def train_members(args, data, embeddings, feed, ctx, save_dir,
+                  workers=None):
     """Train the ``args.ensemble`` models, each selected on dev.
 
     Member ``k`` (from 0) uses seed ``args.seed + k`` and saves to
     ``save_dir/member{k + 1}``; a single model saves to ``save_dir``.  The
     first member is exactly the model a run without ``--ensemble`` trains.
+    In a distributed job (``workers``; one member) only rank 0 saves.
 
     Returns
     -------
@@ -757,12 +879,32 @@ def train_members(args, data, embeddings, feed, ctx, save_dir):
                      args.ensemble, args.seed + k)
         if k:
             seed_everything(args.seed + k)
-        member_dir.mkdir(parents=True, exist_ok=True)
-        model, trainer = build_model(args, embeddings, ctx)
+        if workers is None or workers.chief:
+            member_dir.mkdir(parents=True, exist_ok=True)
+        model, trainer = build_model(args, embeddings, ctx, workers)
         member_stats.append(fit(model, trainer, data, feed, args,
-                                member_dir, args.seed + k))
+                                member_dir, args.seed + k, workers))
+        del trainer  # leave_job needs the distributed trainer unreachable
+        if workers is not None and workers.distributed:
+            leave_job(model, member_dir, member_stats[-1], workers)
         models.append(model)
     return models, member_stats
+
+
+def leave_job(model, save_dir, stats, workers):
+    """Leave the distributed job after training; rank 0 reloads its best.
+
+    The kvstore is freed here (:meth:`data_parallel.Workers.leave`); only
+    then can the model's parameters be loaded again, as the distributed
+    trainer cannot take new values.
+    """
+    if not workers.leave(model.collect_params()):
+        LOG.warning("the kvstore is still referenced: this worker may "
+                    "not exit cleanly")
+    if workers.chief and stats["best_dev"]["epoch"] is not None:
+        model.load_parameters(str(save_dir / "best.params"))
+        LOG.info("reloaded best parameters (epoch %d)",
+                 stats["best_dev"]["epoch"])
 
 
 def evaluate_ensemble(models, member_stats, data, feed):
@@ -798,13 +940,82 @@ def evaluate_ensemble(models, member_stats, data, feed):
                                            data["test"])}
 
 
+def distributed_error(args):
+    """What is wrong with the data-parallel flags of ``args``, or None."""
+    if args.workers < 0 or args.servers < 1 or args.deadline <= 0:
+        return "--workers, --servers or --deadline out of range"
+    if not args.workers and args.kvstore == "local":
+        return None
+    if args.compare:
+        return "--compare times one process; drop --workers and --kvstore"
+    if args.ensemble > 1:
+        return ("--ensemble trains its members one after the other in one "
+                "process; use --ensemble 1 with --workers or --kvstore")
+    return None
+
+
+def launch_workers(args, argv):
+    """Run this script as every process of a one-machine job.
+
+    ``gluon_dynbatch.launch`` starts a scheduler, ``--servers`` servers and
+    ``--workers`` workers on 127.0.0.1, each running this script with the
+    same arguments (``--kvstore dist_sync`` added unless a ``dist_*`` one is
+    given; inside the job ``--workers`` starts nothing).  Their logs go to
+    ``SAVE_DIR/logs``; the workers' output is shown here.
+
+    Returns
+    -------
+    int
+        The launcher's exit code: 0, or non-zero when a process failed or
+        the deadline passed.
+    """
+    from gluon_dynbatch import launch
+    child_argv = list(sys.argv[1:] if argv is None else argv)
+    if args.kvstore == "local":
+        child_argv += ["--kvstore", "dist_sync"]
+    command = [sys.executable, str(Path(__file__).resolve()), *child_argv]
+    cluster = launch.Cluster.local(args.workers, args.servers)
+    return launch.run_job(command, cluster, args.workers, args.servers,
+                          deadline=args.deadline,
+                          log_dir=Path(args.save_dir) / "logs")
+
+
+def run_worker(args):
+    """Run one worker of a distributed job; returns 0 or 2.
+
+    A worker that fails cannot leave its job: ps-lite would block the other
+    processes, and this one in Python's exit.  So on an error it prints it
+    and ends the process at once (exit code 2 for bad data or a missing
+    file, 1 otherwise), and the launcher ends the job.
+    """
+    try:
+        run(args)
+    except data_parallel.LaunchError as err:  # raised before joining
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (SickDataError, FileNotFoundError) as err:
+        _exit_now(f"error: {err}", 2)
+    except BaseException:  # noqa: B036 - any failure ends the worker
+        _exit_now(traceback.format_exc(), 1)
+    return 0
+
+
+def _exit_now(message, code):
+    """Print ``message`` to stderr and end the process without clean-up."""
+    print(message, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv=None):
     """Command-line entry point.
 
     Returns
     -------
     int
-        0 on success, 2 on bad data, a missing file or bad arguments.
+        0 on success, 2 on bad data, a missing file or bad arguments; with
+        ``--workers``, the launcher's exit code.
     """
     args = parse_args(argv)
     setup_logging(args.verbose, "%(asctime)s %(levelname)s %(message)s")
@@ -827,6 +1038,14 @@ def main(argv=None):
         print("error: --resume loads one model; it does not combine with "
               "--ensemble", file=sys.stderr)
         return 2
+    error = distributed_error(args)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.workers and "DMLC_ROLE" not in os.environ:
+        return launch_workers(args, argv)
+    if args.kvstore != "local":
+        return run_worker(args)
     try:
         run(args)
     except SickDataError as err:

@@ -1,0 +1,363 @@
+"""Data-parallel training on MXNet's parameter server, on loopback.
+
+First the launcher (``gluon_dynbatch.launch``) with small programs that
+import nothing, then jobs of 2 workers and 1 server training the SICK
+example's model: parity with one process, a worker killed mid-run, and the
+example's ``--workers`` flag.  Every process a test starts carries a tag in
+its environment; the tests look for tagged processes in /proc afterwards,
+and kill any they find.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import dist_worker  # noqa: E402
+from examples import data_parallel  # noqa: E402
+from examples import tree_lstm_sick as script  # noqa: E402
+from examples.sick_data import random_corpus, write_split  # noqa: E402
+from examples.sick_model import make_loss  # noqa: E402
+from gluon_dynbatch import launch  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/environ").exists(),
+    reason="finding leftover processes needs Linux's /proc")
+needs_dist_kvstore = pytest.mark.skipif(
+    not mx.runtime.Features().is_enabled("DIST_KVSTORE"),
+    reason="this MXNet build has no distributed kvstore (DIST_KVSTORE)")
+
+TAG = "GDB_TEST_JOB"
+WORKER = str(Path(__file__).with_name("dist_worker.py"))
+#: Deadline of a 4-process MXNet job here: starting takes 6-13 s on 2 cores.
+JOB_DEADLINE = 150.0
+
+
+def tagged_processes(tag):
+    """Pids of live processes whose environment holds ``TAG=tag``."""
+    entry = f"{TAG}={tag}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes()
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:  # gone, or not ours
+            continue
+        state = stat.rsplit(")", 1)[1].split()[0]
+        if entry in environ.split(b"\0") and state != "Z":  # not a zombie
+            found.append(int(name))
+    return found
+
+
+@pytest.fixture
+def job_tag(monkeypatch):
+    """Tag the processes this test starts; kill any left at the end."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TAG, tag)
+    yield tag
+    for pid in tagged_processes(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_python(code, tmp_path, workers=2, servers=1, **kwargs):
+    """Run ``python -c code`` as every node of a one-machine job."""
+    kwargs.setdefault("deadline", 60.0)
+    return launch.run_job([sys.executable, "-c", code],
+                          launch.Cluster.local(workers, servers), workers,
+                          servers, log_dir=tmp_path, echo=False, **kwargs)
+
+
+# ---------------------------------------------------------------------------
+# The launcher alone
+
+
+def test_launcher_runs_every_role(tmp_path, job_tag):
+    code = ("import os; print(*(os.environ[k] for k in ('DMLC_ROLE', "
+            "'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT', 'DMLC_NUM_WORKER', "
+            "'DMLC_NUM_SERVER', 'DMLC_NODE_HOST')))")
+    assert run_python(code, tmp_path, workers=3, servers=2) == 0
+    logs = {p.stem: p.read_text().split() for p in tmp_path.glob("*.log")}
+    assert sorted(logs) == ["scheduler", "server0", "server1", "worker0",
+                            "worker1", "worker2"]
+    ports = {words[2] for words in logs.values()}
+    assert len(ports) == 1 and int(ports.pop()) > 0
+    for name, words in logs.items():
+        assert name.startswith(words[0])
+        assert words[1] == words[5] == "127.0.0.1"
+        assert words[3:5] == ["3", "2"]
+    assert tagged_processes(job_tag) == []
+
+
+#: Every node leaves a grandchild behind in its process group; the first
+#: worker to start fails, the other nodes wait.
+FAILING_JOB = """
+import os, subprocess, sys, time
+subprocess.Popen(["sleep", "300"])
+first = os.path.join(sys.argv[1], "first")
+if os.environ["DMLC_ROLE"] == "worker":
+    try:
+        os.close(os.open(first, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        pass
+    else:
+        time.sleep(1)
+        print("worker failing now", flush=True)
+        sys.exit(3)
+time.sleep(300)
+"""
+
+
+def test_launcher_ends_everything_when_one_fails(tmp_path, job_tag,
+                                                 caplog):
+    start = time.monotonic()
+    code = launch.run_job(
+        [sys.executable, "-c", FAILING_JOB, str(tmp_path)],
+        launch.Cluster.local(2, 1), 2, 1, deadline=60.0, kill_grace=2.0,
+        log_dir=tmp_path, echo=False)
+    assert code == launch.EXIT_FAILED
+    assert time.monotonic() - start < 30
+    assert "exit code 3" in caplog.text
+    assert "worker failing now" in caplog.text  # the tail of its log
+    assert tagged_processes(job_tag) == []
+
+
+def test_launcher_deadline_escalates_to_sigkill(tmp_path, job_tag, caplog):
+    code = ("import signal, time; signal.signal(signal.SIGTERM, "
+            "signal.SIG_IGN); print('waiting', flush=True); time.sleep(300)")
+    start = time.monotonic()
+    code = run_python(code, tmp_path, deadline=2.0, kill_grace=1.0)
+    assert code == launch.EXIT_DEADLINE
+    assert 2.0 <= time.monotonic() - start < 20
+    assert "still running at the deadline" in caplog.text
+    assert "did not stop on SIGTERM; killed" in caplog.text
+    assert tagged_processes(job_tag) == []
+
+
+def test_launcher_command_line():
+    parser = launch.build_parser()
+    for flag in ("--workers", "--servers", "--deadline", "--log-dir",
+                 "--scheduler", "--host", "--num-workers", "--run-scheduler"):
+        assert flag in parser.format_help()
+    args = parser.parse_args(["--workers", "3", "--", "python", "x.py"])
+    cluster, run_scheduler = launch.cluster_from_args(args, parser)
+    assert args.command == ["python", "x.py"] and run_scheduler
+    assert (cluster.root_host, cluster.host) == ("127.0.0.1", "127.0.0.1")
+    assert (cluster.num_workers, cluster.num_servers) == (3, 1)
+    assert cluster.root_port > 0
+
+    args = parser.parse_args(
+        ["--scheduler", "10.0.0.1:9091", "--host", "10.0.0.2",
+         "--num-workers", "4", "--num-servers", "2", "--workers", "2",
+         "python", "x.py", "--kvstore", "dist_sync"])
+    cluster, run_scheduler = launch.cluster_from_args(args, parser)
+    assert not run_scheduler
+    assert args.command == ["python", "x.py", "--kvstore", "dist_sync"]
+    assert cluster.environ("server") == {
+        "DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "10.0.0.1",
+        "DMLC_PS_ROOT_PORT": "9091", "DMLC_NUM_WORKER": "4",
+        "DMLC_NUM_SERVER": "2", "DMLC_NODE_HOST": "10.0.0.2"}
+
+
+@pytest.mark.parametrize("argv", [
+    ["--workers", "2"],
+    ["--scheduler", "10.0.0.1:9091", "--", "python", "x.py"],
+    ["--scheduler", "10.0.0.1", "--host", "10.0.0.2", "--", "python"],
+    ["--num-workers", "4", "--", "python", "x.py"],
+    ["--workers", "0", "--", "python", "x.py"],
+])
+def test_launcher_rejects_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        launch.main(argv)
+    assert info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# Sharding and gradient scale, in one process
+
+
+def test_shards_make_the_global_batches():
+    items = list(range(23))
+    two = [list(data_parallel.shard_batches(
+        items, 3, np.random.RandomState(1), FakeWorkers(rank, 2)))
+        for rank in (0, 1)]
+    whole = list(data_parallel.shard_batches(
+        items, 6, np.random.RandomState(1), data_parallel.Workers()))
+    assert len(two[0]) == len(two[1]) == len(whole) == 3  # 5 pairs dropped
+    for part0, part1, batch in zip(two[0], two[1], whole):
+        assert len(part0) == len(part1) == 3
+        assert part0 + part1 == batch
+    assert data_parallel.global_steps(23, 3, FakeWorkers(0, 2)) == 3
+    # One process draws the same permutation and keeps every item.
+    batches = list(script.iter_batches(items, 6, np.random.RandomState(1)))
+    assert sum(batches, [])[:18] == sum(whole, [])
+
+
+class FakeWorkers(data_parallel.Workers):
+    """A worker of a ``dist_sync`` job, without the job."""
+
+    def __init__(self, rank, count, kind="dist_sync"):
+        super().__init__(kind, rank, count)
+
+
+def test_workers_step_size_and_roles(monkeypatch):
+    assert FakeWorkers(1, 4).step_size(25) == 100
+    assert FakeWorkers(1, 4, "dist_async").step_size(25) == 25
+    assert not FakeWorkers(1, 4).chief and FakeWorkers(0, 4).chief
+    local = data_parallel.join("local")
+    assert not local.distributed and local.chief and local.step_size(7) == 7
+    monkeypatch.delenv("DMLC_ROLE", raising=False)
+    with pytest.raises(data_parallel.LaunchError, match="gluon_dynbatch"):
+        data_parallel.join("dist_sync")
+
+
+# ---------------------------------------------------------------------------
+# Jobs of 2 workers and 1 server
+
+
+def job_logs(log_dir):
+    return "\n".join(f"--- {p.name}\n{launch.log_tail(p)}"
+                     for p in sorted(Path(log_dir).glob("*.log")))
+
+
+def train_one_process(epochs):
+    """The model of ``dist_worker`` trained on the global batches here."""
+    pairs, table = dist_worker.corpus()
+    model, trainer = dist_worker.build(table, data_parallel.Workers())
+    initial = {k: v.data().asnumpy().copy()
+               for k, v in model.collect_params().items()}
+    global_batch = 2 * dist_worker.BATCH
+    rng = np.random.RandomState(dist_worker.SEED)
+    loss_fn = make_loss()
+    for _ in range(epochs):
+        for batch in data_parallel.shard_batches(pairs, global_batch, rng,
+                                                 data_parallel.Workers()):
+            script.train_step(model, trainer, loss_fn, batch, None,
+                              dist_worker.L2)
+    return model, initial
+
+
+@needs_dist_kvstore
+def test_two_workers_equal_one_process(tmp_path, job_tag):
+    epochs = 2
+    code = launch.run_job(
+        [sys.executable, WORKER, str(tmp_path), str(epochs)],
+        launch.Cluster.local(2, 1), 2, 1, deadline=JOB_DEADLINE,
+        log_dir=tmp_path / "logs", echo=False)
+    assert code == 0, job_logs(tmp_path / "logs")
+    assert tagged_processes(job_tag) == []
+    ranks = [mx.nd.load(str(tmp_path / f"rank{r}.params")) for r in (0, 1)]
+    model, initial = train_one_process(epochs)
+    model.save_parameters(str(tmp_path / "one.params"))
+    one = mx.nd.load(str(tmp_path / "one.params"))
+    assert sorted(ranks[0]) == sorted(ranks[1]) == sorted(one)
+    for name in one:
+        np.testing.assert_array_equal(ranks[0][name].asnumpy(),
+                                      ranks[1][name].asnumpy(), err_msg=name)
+        np.testing.assert_allclose(ranks[0][name].asnumpy(),
+                                   one[name].asnumpy(), rtol=0, atol=1e-5,
+                                   err_msg=name)
+    moved = [np.abs(p.data().asnumpy() - initial[k]).max()
+             for k, p in model.collect_params().items()]
+    assert min(moved) > 1e-4, moved  # every parameter trained
+
+
+@needs_dist_kvstore
+def test_killed_worker_ends_the_job(tmp_path, job_tag):
+    deadline = JOB_DEADLINE
+    command = [sys.executable, "-m", "gluon_dynbatch.launch", "--workers",
+               "2", "--deadline", str(deadline), "--kill-grace", "3",
+               "--log-dir", str(tmp_path / "logs"), "--quiet", "--",
+               sys.executable, WORKER, str(tmp_path), "0"]
+    start = time.monotonic()
+    proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        pid_files = [tmp_path / f"rank{r}.pid" for r in (0, 1)]
+        while not all(p.exists() for p in pid_files):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() - start < deadline - 30, "no training"
+            time.sleep(0.2)
+        os.kill(int(pid_files[1].read_text()), signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=deadline)
+        stopped = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == launch.EXIT_FAILED, err
+    assert "killed by SIGKILL" in err and "worker" in err, err
+    assert stopped < 20, stopped  # at once, not at the deadline
+    assert time.monotonic() - start < deadline
+    assert tagged_processes(job_tag) == []
+
+
+@pytest.fixture
+def tiny_sick(tmp_path):
+    root = tmp_path / "sick"
+    for split, n, seed in (("train", 16, 10), ("dev", 8, 11),
+                           ("test", 8, 12)):
+        write_split(random_corpus(n, seed=seed), root, split)
+    return root
+
+
+@needs_dist_kvstore
+def test_example_trains_with_two_workers(tiny_sick, tmp_path, job_tag,
+                                         capsys):
+    save_dir = tmp_path / "run"
+    code = script.main(["--data-dir", str(tiny_sick), "--save-dir",
+                        str(save_dir), "--epochs", "1", "--batch-size", "4",
+                        "--memory", "12", "--hidden", "6", "--log-interval",
+                        "1", "--workers", "2", "--deadline",
+                        str(JOB_DEADLINE)])
+    assert code == 0, job_logs(save_dir / "logs")
+    assert tagged_processes(job_tag) == []
+    summary = json.loads((save_dir / "summary.json").read_text())
+    assert (summary["kvstore"], summary["workers"]) == ("dist_sync", 2)
+    assert summary["best_dev"]["epoch"] == 1
+    assert set(summary["test"]) == {"pearson", "spearman", "mse"}
+    assert summary["train_pairs_per_s"] > 0
+    assert (save_dir / "best.params").is_file()
+    assert not (save_dir / "last.params.states").exists()
+    assert "test (sick): pearson" in capsys.readouterr().out
+    # Rank 0 reports; the other worker logs no INFO line.
+    logs = [(save_dir / "logs" / f"worker{i}.log").read_text()
+            for i in (0, 1)]
+    assert sorted("rank 0 of 2" in log for log in logs) == [False, True]
+    assert sum(" INFO " in log for log in logs) == 1
+
+
+def test_example_distributed_flags(tmp_path, capsys, monkeypatch):
+    with pytest.raises(SystemExit):
+        script.main(["--help"])
+    text = capsys.readouterr().out
+    for flag in ("--kvstore", "--workers", "--servers", "--deadline"):
+        assert flag in text
+    monkeypatch.delenv("DMLC_ROLE", raising=False)
+    base = ["--data-dir", str(tmp_path / "none"), "--save-dir",
+            str(tmp_path / "run")]
+    assert script.main(base + ["--kvstore", "dist_sync"]) == 2
+    assert "gluon_dynbatch.launch" in capsys.readouterr().err
+    for extra in (["--compare", "2"], ["--ensemble", "2"]):
+        assert script.main(base + ["--workers", "2", *extra]) == 2
+        assert "--workers" in capsys.readouterr().err
+    assert script.main(base + ["--workers", "2", "--servers", "0"]) == 2
+    assert not (tmp_path / "run").exists()
