@@ -165,6 +165,7 @@ def test_dropout_in_training_masks_scales_and_backpropagates(mode):
     dropped = 1 - np.mean(masks)
     assert 0.3 < dropped < 0.7, dropped
     assert len({m.tobytes() for m in masks}) > len(masks) // 2
+    assert np.abs(grads[case.model.proj.weight.name]).max() > 0     # flows through dropout
     fixed = um.Case(case.model, [(w, nd.array(m)) for w, m in zip(case.samples, masks)],
                     case.inputs, call=lambda model, s, shared: model(s[0], *shared, s[1]))
     assert_same((values, grads, None), um.run_case(fixed))
