@@ -171,6 +171,193 @@ class ChildSumTreeLSTM(gdb.DynBatchBlock):
         return self.cell(x, child_h, child_c)
 
 
+class OpByOpTreeLSTM(gdb.DynBatchBlock):
+    """Child-Sum Tree-LSTM written operator by operator, as users write it.
+
+    The same function as :class:`ChildSumTreeLSTM` (with the same
+    ``output_gate`` option), written without a cell block: ``nn.Dense``
+    children are called directly in :meth:`hybrid_forward`, the gates come
+    out of ``F.split``, and a Python loop over the children computes one
+    forget gate per child, ``f_k = sigmoid(W_f x + b_f + U_f h_k)``.  The
+    children's hidden states are summed with Python's ``sum`` (as in
+    ``sum(h for h, _ in states)``: one addition per child, the first to the
+    integer 0); a leaf sums to ``F.zeros((1, H))`` and has no forget gate.
+    Use :func:`copy_encoder_weights` to give it a cell encoder's weights.
+
+    Parameters
+    ----------
+    hidden_size : int
+        Memory dimension H.
+    input_size : int
+        Word-embedding dimension D.
+    strategy : str, optional
+        Batching strategy for :class:`gluon_dynbatch.DynBatchBlock`; None
+        keeps the library's default.
+    analysis_budget : optional
+        Passed to :class:`gluon_dynbatch.DynBatchBlock` when not None.
+    output_gate : bool, optional
+        Use the output gate ``o`` (default True); without it
+        ``h = tanh(c)``.
+    **kwargs
+        Passed to :class:`mxnet.gluon.HybridBlock`.
+
+    Attributes
+    ----------
+    iou_x : mxnet.gluon.nn.Dense
+        ``W x + b`` of the gates ``i, o, u`` (``i, u`` without the output
+        gate), stacked in that order.
+    iou_h : mxnet.gluon.nn.Dense
+        ``U h_sum`` of the same gates, no bias.
+    f_x : mxnet.gluon.nn.Dense
+        ``W_f x + b_f`` of the forget gates.
+    f_h : mxnet.gluon.nn.Dense
+        ``U_f h_k``, no bias.
+    """
+
+    def __init__(self, hidden_size, input_size, strategy=None,
+                 analysis_budget=None, output_gate=True, **kwargs):
+        if strategy is not None:
+            kwargs["strategy"] = strategy
+        if analysis_budget is not None:
+            kwargs["analysis_budget"] = analysis_budget
+        super().__init__(**kwargs)
+        self.hidden_size = hidden_size
+        self.input_size = input_size
+        self.output_gate = output_gate
+        n_iou = 3 if output_gate else 2
+        dense = gluon.nn.Dense
+        with self.name_scope():
+            self.iou_x = dense(n_iou * hidden_size, in_units=input_size,
+                               weight_initializer=mx.init.Xavier())
+            self.iou_h = dense(n_iou * hidden_size, in_units=hidden_size,
+                               use_bias=False,
+                               weight_initializer=mx.init.Xavier())
+            self.f_x = dense(hidden_size, in_units=input_size,
+                             weight_initializer=mx.init.Xavier())
+            self.f_h = dense(hidden_size, in_units=hidden_size,
+                             use_bias=False,
+                             weight_initializer=mx.init.Xavier())
+
+    def hybrid_forward(self, F, tree, embeddings):
+        """Encode the subtree rooted at ``tree``.
+
+        Parameters
+        ----------
+        F : module
+            Operator namespace.
+        tree : examples.sick_data.Tree
+            Root of the subtree; every node's ``word`` must be set.
+        embeddings : NDArray
+            The whole (fixed) embedding table, shape (V, D).
+
+        Returns
+        -------
+        tuple of NDArray
+            ``(h, c)`` of the root, each of shape (1, H).
+        """
+        if tree.word is None:
+            raise ValueError(f"tree node {tree.index} has no word id; "
+                             "call sick_data.attach_words first")
+        states = [self(child, embeddings) for child in tree.children]
+        x = embeddings[tree.word:tree.word + 1]
+        if states:
+            h_sum = sum(h for h, _ in states)
+        else:
+            h_sum = F.zeros((1, self.hidden_size))
+        iou = self.iou_x(x) + self.iou_h(h_sum)
+        if self.output_gate:
+            i, o, u = F.split(iou, num_outputs=3, axis=1)
+        else:
+            i, u = F.split(iou, num_outputs=2, axis=1)
+        c = F.sigmoid(i) * F.tanh(u)
+        f_x = self.f_x(x)
+        for h_k, c_k in states:
+            c = c + F.sigmoid(f_x + self.f_h(h_k)) * c_k
+        h = F.tanh(c)
+        if self.output_gate:
+            h = F.sigmoid(o) * h
+        return h, c
+
+
+#: Encoders of :class:`SimilarityModel`, by the name its ``encoder`` takes.
+ENCODERS = {"cell": ChildSumTreeLSTM, "opbyop": OpByOpTreeLSTM}
+
+#: The cell's parameters, in the layout :func:`encoder_weights` returns.
+CELL_WEIGHTS = ("x_weight", "x_bias", "h_iou_weight", "h_f_weight")
+
+
+def _opbyop_layers(encoder):
+    """The (x-side, h-side) Dense layers of an :class:`OpByOpTreeLSTM`."""
+    return (encoder.iou_x, encoder.f_x), (encoder.iou_h, encoder.f_h)
+
+
+def encoder_weights(encoder, grad=False):
+    """An encoder's weights (or their gradients) in the cell's layout.
+
+    Parameters
+    ----------
+    encoder : ChildSumTreeLSTM or OpByOpTreeLSTM
+    grad : bool, optional
+        Return the gradients instead of the weights.
+
+    Returns
+    -------
+    dict of str to NDArray
+        ``x_weight`` ((n+1)H, D: the rows of ``i, (o,) u`` then ``f``),
+        ``x_bias``, ``h_iou_weight`` (nH, H) and ``h_f_weight`` (H, H),
+        as :class:`ChildSumLSTMCell` holds them.
+    """
+    def value(param):
+        return param.grad() if grad else param.data()
+
+    if isinstance(encoder, ChildSumTreeLSTM):
+        return {k: value(getattr(encoder.cell, k)) for k in CELL_WEIGHTS}
+    (iou_x, f_x), (iou_h, f_h) = _opbyop_layers(encoder)
+    return {
+        "x_weight": mx.nd.concat(value(iou_x.weight), value(f_x.weight),
+                                 dim=0),
+        "x_bias": mx.nd.concat(value(iou_x.bias), value(f_x.bias), dim=0),
+        "h_iou_weight": value(iou_h.weight).copy(),
+        "h_f_weight": value(f_h.weight).copy(),
+    }
+
+
+def set_encoder_weights(encoder, weights):
+    """Set an encoder's weights from the cell's layout.
+
+    Parameters
+    ----------
+    encoder : ChildSumTreeLSTM or OpByOpTreeLSTM
+    weights : dict of str to NDArray
+        As :func:`encoder_weights` returns them.
+    """
+    if isinstance(encoder, ChildSumTreeLSTM):
+        for key in CELL_WEIGHTS:
+            getattr(encoder.cell, key).set_data(weights[key])
+        return
+    (iou_x, f_x), (iou_h, f_h) = _opbyop_layers(encoder)
+    rows = iou_x.weight.shape[0]
+    iou_x.weight.set_data(weights["x_weight"][:rows])
+    f_x.weight.set_data(weights["x_weight"][rows:])
+    iou_x.bias.set_data(weights["x_bias"][:rows])
+    f_x.bias.set_data(weights["x_bias"][rows:])
+    iou_h.weight.set_data(weights["h_iou_weight"])
+    f_h.weight.set_data(weights["h_f_weight"])
+
+
+def copy_encoder_weights(source, target):
+    """Give ``target`` the weights of ``source`` (either encoder, either way).
+
+    Both must have the same sizes and ``output_gate``; they then compute
+    the same function.
+
+    Parameters
+    ----------
+    source, target : ChildSumTreeLSTM or OpByOpTreeLSTM
+    """
+    set_encoder_weights(target, encoder_weights(source))
+
+
 class SimilarityHead(gluon.HybridBlock):
     """Relatedness classifier on two sentence vectors.
 
@@ -241,14 +428,23 @@ class SimilarityModel(gluon.Block):
         ``initialize``.  When None (the default) the table is passed to
         every call and stays fixed.
     output_gate : bool, optional
-        Passed to :class:`ChildSumLSTMCell` (default True).
+        Passed to the encoder (default True).
+    encoder : {"cell", "opbyop"}, optional
+        The tree encoder: :class:`ChildSumTreeLSTM`, whose node update is
+        one :class:`ChildSumLSTMCell` call (the default), or
+        :class:`OpByOpTreeLSTM`, the same function written operator by
+        operator.  Their parameters have different names, so saved
+        parameters load into a model of the same encoder only.
     **kwargs
         Passed to :class:`mxnet.gluon.Block`.
     """
 
     def __init__(self, input_size, memory_size=150, hidden_size=50,
                  num_classes=NUM_CLASSES, dynbatch=True, strategy=None,
-                 num_words=None, output_gate=True, **kwargs):
+                 num_words=None, output_gate=True, encoder="cell", **kwargs):
+        if encoder not in ENCODERS:
+            raise ValueError("unknown encoder %r; choose one of %s"
+                             % (encoder, ", ".join(sorted(ENCODERS))))
         super().__init__(**kwargs)
         self.dynbatch = dynbatch
         self.num_classes = num_classes
@@ -258,9 +454,9 @@ class SimilarityModel(gluon.Block):
                 self.embedding = self.params.get(
                     "embedding", shape=(num_words, input_size),
                     init=mx.init.Uniform(0.05), wd_mult=0.0)
-            self.encoder = ChildSumTreeLSTM(memory_size, input_size,
-                                            strategy=strategy,
-                                            output_gate=output_gate)
+            self.encoder = ENCODERS[encoder](memory_size, input_size,
+                                             strategy=strategy,
+                                             output_gate=output_gate)
             self.head = SimilarityHead(memory_size, hidden_size, num_classes)
 
     def encode(self, trees, embeddings):

@@ -118,6 +118,10 @@ def build_parser():
     add("--no-output-gate", action="store_true",
         help="h = tanh(c), without the output gate, as in Tai et al.'s "
              "code for SICK (gate_output = false)")
+    add("--encoder", choices=("cell", "opbyop"), default="cell",
+        help="tree encoder: 'cell', the node update in one Child-Sum cell "
+             "block, or 'opbyop', the same function written operator by "
+             "operator in the encoder (default: %(default)s)")
     add("--memory", type=int, default=150,
         help="Tree-LSTM memory size (default: %(default)s)")
     add("--hidden", type=int, default=50,
@@ -660,7 +664,8 @@ def build_model(args, embeddings, ctx, workers=None):
                             strategy=args.strategy,
                             num_words=(num_words if args.tune_embeddings
                                        else None),
-                            output_gate=not args.no_output_gate)
+                            output_gate=not args.no_output_gate,
+                            encoder=args.encoder)
     model.initialize(ctx=ctx)
     if model.embedding is not None:
         model.embedding.set_data(embeddings)

@@ -1,6 +1,16 @@
 """Training-step throughput of the SICK Child-Sum Tree-LSTM, every system in one run.
 
-Systems, all on the same Parameters, batches, loss and optimiser (AdaGrad):
+Two ways of writing the same model (``--model``, default both):
+
+* ``cell``: the example's ChildSumTreeLSTM, whose node update is one call of
+  a cell block (ChildSumLSTMCell);
+* ``opbyop``: the example's OpByOpTreeLSTM, the same function written
+  operator by operator (``nn.Dense`` children, ``F.split``, a Python loop
+  over the children); it starts from the cell model's weights.
+
+Each model has its own Parameters, head and trainer; every system but
+hand-batched runs once per model.  Systems, all of one model on the same
+Parameters, batches, loss and optimiser (AdaGrad):
 
 * ``eager``: the example's ChildSumTreeLSTM outside any batching scope, one
   tree (and one node) at a time;
@@ -15,7 +25,8 @@ A step is forward over 25 SICK train pairs (50 trees, D=300, H=150, fixed
 random embeddings), the example's similarity head and KL loss, backward and
 ``Trainer.step``.  Medians over ``--batches`` batches, each one seen for the
 first time by the timed system (warm-up batches come before them), are
-reported as trees/s and as ratios to eager and to hand-batched.  The systems'
+reported as trees/s and as ratios to the same model's eager run and to
+hand-batched (which computes the same function).  The systems'
 timed batches run in interleaved rounds (``--round-batches`` batches of every
 system, then the next ones), so that the machine's drift in speed during the
 run does not skew the ratios.
@@ -76,7 +87,12 @@ CACHING_KINDS = ("compiled", "step", "handbatched")
 mx = nd = autograd = gluon = gdb = None
 sick_data = sick_model = handbatched = None
 
-System = namedtuple("System", ["name", "kind", "strategy", "budget"])
+#: The model classes of ``--model``, by name (see the module docstring).
+MODEL_CLASSES = {"cell": "ChildSumTreeLSTM", "opbyop": "OpByOpTreeLSTM"}
+MODEL_CHOICES = ("cell", "opbyop", "both")
+
+System = namedtuple("System", ["name", "kind", "strategy", "budget", "model"],
+                    defaults=("cell",))
 System.__doc__ = """One benchmarked configuration.
 
 Attributes
@@ -89,6 +105,8 @@ strategy : str or None
     gluon_dynbatch strategy; None = the library default.
 budget : float, str or None
     ``analysis_budget``; None = the library default.
+model : str
+    ``"cell"`` or ``"opbyop"`` (a key of :data:`MODEL_CLASSES`).
 """
 
 
@@ -159,6 +177,11 @@ def build_parser():
              "turn; the rounds rotate the systems' order (default: %(default)s)")
     add("--systems", default=",".join(GROUPS),
         help="comma list of systems or groups to run (default: all)")
+    add("--model", choices=MODEL_CHOICES, default="both",
+        help="model code timed: 'cell' (the node update in one cell block), "
+             "'opbyop' (the same function written operator by operator) or "
+             "'both', each system once per model, in the same interleaved "
+             "rounds (default: %(default)s); hand-batched runs once")
     add("--budgets", default=DEFAULT_BUDGETS,
         help="analysis_budget values of the sweep, seconds or 'auto' "
              "(default: %(default)s)")
@@ -170,8 +193,9 @@ def build_parser():
              "for the systems with a plan cache")
     add("--epoch-check", action="store_true",
         help="also train one whole epoch of SICK train (180 batches) with "
-             "the compiled default config (and hand-batched) and report "
-             "the cache hit rate and the analysis+compile share")
+             "the compiled default config of the cell model (and "
+             "hand-batched) and report the cache hit rate and the "
+             "analysis+compile share")
     add("--out-dir", default="results/benchmark",
         help="where CSV, Markdown, JSON and PNG go (default: %(default)s)")
     add("--seed", type=int, default=0,
@@ -305,8 +329,16 @@ def all_systems(budgets):
     return systems
 
 
-def select_systems(spec, budgets):
+def select_systems(spec, budgets, model="cell"):
     """Systems named (or whose group is named) in the comma list ``spec``.
+
+    Parameters
+    ----------
+    spec : str
+    budgets : list
+    model : {"cell", "opbyop", "both"}, optional
+        Every system but hand-batched is run for this model, or for each of
+        the two (see :func:`for_models`).
 
     Raises
     ------
@@ -320,7 +352,27 @@ def select_systems(spec, budgets):
     if unknown:
         sys.exit("unknown system(s) %s; choose from %s"
                  % (", ".join(unknown), ", ".join(sorted(names))))
-    return [s for group, s in known if group in wanted or s.name in wanted]
+    chosen = [s for group, s in known if group in wanted or s.name in wanted]
+    return for_models(chosen, ("cell", "opbyop") if model == "both" else (model,))
+
+
+def for_models(systems, models):
+    """Each system once per model; hand-batched (a model of its own) once.
+
+    The rows of the cell model keep the systems' names; the other models'
+    rows get the model's name in brackets (``eager [opbyop]``).
+
+    Returns
+    -------
+    list of System
+        Grouped by model, in the order of ``models``.
+    """
+    out = [s for s in systems if s.kind == "handbatched"]
+    for model in models:
+        label = "" if model == "cell" else " [%s]" % model
+        out += [s._replace(name=s.name + label, model=model) for s in systems
+                if s.kind != "handbatched"]
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -371,45 +423,71 @@ def batch_trees(pairs):
 # The training step
 # --------------------------------------------------------------------------
 
+ModelParts = namedtuple("ModelParts", ["encoder", "head", "trainer"])
+ModelParts.__doc__ = """One model's encoder, similarity head and AdaGrad trainer."""
+
+
 class Bench:
-    """Shared model, head, embeddings, loss and trainer of all systems.
+    """Shared models, heads, embeddings, loss and trainers of all systems.
+
+    The cell model's parts are also ``encoder``, ``head`` and ``trainer``
+    (hand-batched reads the cell's Parameters).  Every other model starts
+    from the cell model's weights, so both compute the same function at
+    the start; each then trains its own copy.
 
     Parameters
     ----------
     vocab_size : int
     features : dict
         From :func:`detect_features`.
+    models : sequence of str, optional
+        Keys of :data:`MODEL_CLASSES` to build besides ``"cell"``.
     """
 
-    def __init__(self, vocab_size, features):
+    def __init__(self, vocab_size, features, models=("cell",)):
         self.features = features
         self.ctx = mx.cpu()
-        self.encoder = sick_model.ChildSumTreeLSTM(HIDDEN_SIZE, INPUT_SIZE)
-        self.head = sick_model.SimilarityHead(HIDDEN_SIZE)
-        self.encoder.initialize(mx.init.Xavier(), ctx=self.ctx)
-        self.head.initialize(mx.init.Xavier(), ctx=self.ctx)
         self.embeddings = nd.random.uniform(
             -0.05, 0.05, shape=(vocab_size, INPUT_SIZE), ctx=self.ctx)
         self.loss_fn = sick_model.make_loss()
-        params = self.encoder.collect_params()
-        params.update(self.head.collect_params())
-        self.trainer = gluon.Trainer(params, "adagrad", {
+        self.parts = {"cell": self._build("cell")}
+        self.encoder, self.head, self.trainer = self.parts["cell"]
+        for model in models:
+            if model not in self.parts:
+                self.parts[model] = self._build(model, like=self.parts["cell"])
+
+    def _build(self, model, like=None):
+        """Encoder, head and trainer of ``model``; weights copied from ``like``."""
+        encoder = getattr(sick_model, MODEL_CLASSES[model])(HIDDEN_SIZE, INPUT_SIZE)
+        head = sick_model.SimilarityHead(HIDDEN_SIZE)
+        encoder.initialize(mx.init.Xavier(), ctx=self.ctx)
+        head.initialize(mx.init.Xavier(), ctx=self.ctx)
+        if like is not None:
+            sick_model.copy_encoder_weights(like.encoder, encoder)
+            for mine, theirs in zip(head.collect_params().values(),
+                                    like.head.collect_params().values()):
+                mine.set_data(theirs.data())
+        params = encoder.collect_params()
+        params.update(head.collect_params())
+        trainer = gluon.Trainer(params, "adagrad", {
             "learning_rate": LEARNING_RATE, "wd": WEIGHT_DECAY})
+        return ModelParts(encoder, head, trainer)
 
     def encoder_for(self, system):
-        """A fresh encoder sharing the Parameters, configured for ``system``.
+        """A fresh encoder sharing the Parameters of ``system``'s model.
 
         A new block per system starts any per-block plan cache empty.
         """
         kwargs = {}
         if system.budget is not None and self.features["budget_via"] == "block":
             kwargs["analysis_budget"] = system.budget
-        encoder = sick_model.ChildSumTreeLSTM(
-            HIDDEN_SIZE, INPUT_SIZE, prefix=self.encoder.prefix,
-            params=self.encoder.collect_params(), **kwargs)
-        for key in handbatched.CELL_PARAMS:
-            if getattr(encoder.cell, key) is not getattr(self.encoder.cell, key):
-                raise RuntimeError("encoder copy does not share %s" % key)
+        shared = self.parts[system.model].encoder
+        encoder = type(shared)(HIDDEN_SIZE, INPUT_SIZE, prefix=shared.prefix,
+                               params=shared.collect_params(), **kwargs)
+        theirs = dict(shared.collect_params().items())
+        for name, param in encoder.collect_params().items():
+            if theirs.get(name) is not param:
+                raise RuntimeError("encoder copy does not share %s" % name)
         return encoder
 
     def scope_kwargs(self, system):
@@ -434,6 +512,7 @@ class Runner:
     def __init__(self, bench, system):
         self.bench = bench
         self.system = system
+        self.parts = bench.parts[system.model]
         if system.kind == "handbatched":
             self.hand = handbatched.HandBatchedTreeLSTM(bench.encoder.cell,
                                                         bench.ctx)
@@ -447,7 +526,7 @@ class Runner:
         if kind == "handbatched":
             return self.hand(trees, emb), dict(self.hand.last)
         if kind == "eager":
-            outs = [bench.encoder(t, emb) for t in trees]
+            outs = [self.parts.encoder(t, emb) for t in trees]
             return nd.concat(*[h for h, _ in outs], dim=0), {}
         with gdb.batching(**bench.scope_kwargs(self.system)) as scope:
             outs = [self.encoder(t, emb) for t in trees]
@@ -470,12 +549,12 @@ class Runner:
         start = time.perf_counter()
         with autograd.record():
             roots, figures = self.encode(trees)
-            log_probs = bench.head(nd.slice_axis(roots, axis=0, begin=0, end=n),
-                                   nd.slice_axis(roots, axis=0, begin=n,
-                                                 end=2 * n))
+            log_probs = self.parts.head(
+                nd.slice_axis(roots, axis=0, begin=0, end=n),
+                nd.slice_axis(roots, axis=0, begin=n, end=2 * n))
             loss = bench.loss_fn(log_probs, targets)
         loss.backward()
-        bench.trainer.step(n)
+        self.parts.trainer.step(n)
         if sync:
             nd.waitall()
         total = 1000.0 * (time.perf_counter() - start)
@@ -528,7 +607,7 @@ def run_back_to_back(runner, batches, label):
 
 def unavailable_row(system, note):
     """Summary row of a system that could not run."""
-    return {"system": system.name, "kind": system.kind,
+    return {"system": system.name, "model": system.model, "kind": system.kind,
             "strategy": system.strategy, "budget": system.budget,
             "available": False, "note": note}
 
@@ -556,7 +635,7 @@ def summarize(system, records, again=None, back_to_back_ms=None):
     dict
         Median total and trees/s, mean time split, summed counters.
     """
-    row = {"system": system.name, "kind": system.kind,
+    row = {"system": system.name, "model": system.model, "kind": system.kind,
            "strategy": system.strategy, "budget": system.budget,
            "available": True, "note": "", "batches": len(records)}
     row["total_ms"] = statistics.median(r["total_ms"] for r in records)
@@ -565,6 +644,9 @@ def summarize(system, records, again=None, back_to_back_ms=None):
         row[name] = statistics.mean(r[name] for r in records)
     for name in COUNT_FIELDS:
         row[name] = sum(r[name] for r in records)
+    row["steps_per_batch"] = row["steps"] / len(records)
+    row["mean_batch_size"] = (row["planned_nodes"] / row["steps"]
+                              if row["steps"] else None)
     trees = statistics.mean(r["trees"] for r in records)
     row["trees_per_s"] = 1000.0 * trees / row["total_ms"]
     row["hit_rate"] = _hit_rate(row["cache_hits"], row["cache_misses"])
@@ -696,14 +778,25 @@ def finish_system(entry, args):
 
 def add_ratios(rows):
     """Add speed ratios to eager and to hand-batched (speed / reference),
-    per step (``vs_*``) and back to back (``vs_*_b2b``)."""
+    per step (``vs_*``) and back to back (``vs_*_b2b``).
+
+    ``vs_eager`` compares a row with the eager row of its own model;
+    ``vs_hand`` with the one hand-batched row, whatever the model (all
+    compute the same function).
+    """
     for rate, suffix in (("trees_per_s", ""), ("trees_per_s_b2b", "_b2b")):
-        speed = {r["system"]: r[rate] for r in rows
-                 if r["available"] and r.get(rate)}
+        eager, hand = {}, None
+        for r in rows:
+            if r["available"] and r.get(rate):
+                if r["kind"] == "eager":
+                    eager[r.get("model", "cell")] = r[rate]
+                elif r["kind"] == "handbatched":
+                    hand = r[rate]
         for row in rows:
-            for ref, key in (("eager", "vs_eager"), ("handbatched", "vs_hand")):
-                ok = row["available"] and ref in speed and row.get(rate)
-                row[key + suffix] = row[rate] / speed[ref] if ok else None
+            ok = row["available"] and row.get(rate)
+            ref = eager.get(row.get("model", "cell")) if ok else None
+            row["vs_eager" + suffix] = row[rate] / ref if ref else None
+            row["vs_hand" + suffix] = row[rate] / hand if ok and hand else None
     return rows
 
 
@@ -780,6 +873,7 @@ def run_epoch_checks(bench, selected, batches):
 
 TABLE_COLUMNS = (
     ("system", "system", "%s"),
+    ("model", "model", "%s"),
     ("trees_per_s", "trees/s", "%.1f"),
     ("total_ms", "ms/batch", "%.1f"),
     ("mean_total_ms", "mean ms", "%.1f"),
@@ -791,6 +885,8 @@ TABLE_COLUMNS = (
     ("launch_ms", "launch", "%.1f"),
     ("gc_ms", "gc", "%.1f"),
     ("other_ms", "other", "%.1f"),
+    ("steps_per_batch", "steps", "%.1f"),
+    ("mean_batch_size", "mean batch", "%.1f"),
     ("hit_rate", "hits", "%s"),
     ("trees_per_s_again", "trees/s again", "%.1f"),
     ("trees_per_s_b2b", "trees/s b2b", "%.1f"),
@@ -805,7 +901,7 @@ def _fmt_rate(rate):
 
 def _cell(row, key, fmt):
     """Format one table cell; '-' for missing values."""
-    if not row.get("available", True) and key != "system":
+    if not row.get("available", True) and key not in ("system", "model"):
         return "-"
     value = row.get(key)
     if key == "hit_rate":
@@ -861,8 +957,15 @@ def write_markdown(path, context, rows, epoch_rows, plot_name):
         "`trees/s` and `ms/batch`: median over the timed batches, each seen "
         "for the first time by that system; `mean ms` is the mean, which "
         "keeps the rare long pauses (garbage collection) that the median "
-        "hides. `x eager` and `x hand` are throughput ratios (above 1 = "
-        "faster than the reference). The time split is in mean ms per batch "
+        "hides. `model`: `cell` is the encoder whose node update is one "
+        "cell-block call, `opbyop` the same function written operator by "
+        "operator (Dense children, `F.split`, a Python loop over the "
+        "children); it starts from the cell model's weights and trains its "
+        "own copy. `x eager` and `x hand` are throughput ratios (above 1 = "
+        "faster than the reference): `x eager` against the eager run of the "
+        "same model, timed on the same batches, `x hand` against the one "
+        "hand-batched row. `steps` (per batch) and `mean batch` (operator "
+        "nodes per step) come from `scope.stats`. The time split is in mean ms per batch "
         "(means, so that it adds up to `mean ms`): `record`, `plan` "
         "(analysis), `compile` and `launch` (execute less compile: launching "
         "MXNet work) come from `scope.stats`; for hand-batched they are index "
@@ -916,6 +1019,11 @@ def plot_budget(path, rows):
         False when fewer than two budget rows ran.
     """
     sweep = [r for r in rows if r["available"] and r["budget"] is not None]
+    models = [r.get("model", "cell") for r in sweep]
+    if models:
+        # One model's sweep: the cell model's when it ran.
+        model = "cell" if "cell" in models else models[0]
+        sweep = [r for r, m in zip(sweep, models) if m == model]
     if len(sweep) < 2:
         return False
     import matplotlib  # pylint: disable=import-outside-toplevel
@@ -939,7 +1047,8 @@ def plot_budget(path, rows):
     ax.set_xticklabels(labels)
     ax.set_xlabel("analysis_budget (s)")
     ax.set_ylabel("ms per batch (mean over new batches)")
-    ax.set_title("Compiled gluon_dynbatch: analysis budget trade-off")
+    ax.set_title("Compiled gluon_dynbatch (%s model): analysis budget "
+                 "trade-off" % model)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
@@ -980,12 +1089,13 @@ def seed_everything(seed):
 def describe_setup(args, features):
     """Context of the run for the report."""
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
-    setup = ("%s batches timed per system (eager %d) after %d warm-up, "
-             "each new to the system, the systems taking turns in rounds of %d "
-             "batches; OMP_NUM_THREADS=%s, %d CPUs, mxnet %s, "
-             "Python %s" % (args.batches, args.eager_batches, args.warmup,
-                            args.round_batches, threads, os.cpu_count(),
-                            mx.__version__, platform.python_version()))
+    setup = ("models: %s; %s batches timed per system (eager %d) after %d "
+             "warm-up, each new to the system, the systems taking turns in "
+             "rounds of %d batches; OMP_NUM_THREADS=%s, %d CPUs, mxnet %s, "
+             "Python %s" % (args.model, args.batches, args.eager_batches,
+                            args.warmup, args.round_batches, threads,
+                            os.cpu_count(), mx.__version__,
+                            platform.python_version()))
     return {"setup": setup, "notes": list(features["notes"]),
             "args": vars(args), "features": {k: v for k, v in features.items()
                                              if k != "notes"},
@@ -1040,7 +1150,7 @@ def main(argv=None):
     set_threads(args.threads, args.engine_threads)
     import_runtime()
     budgets = [parse_budget(b) for b in args.budgets.split(",") if b.strip()]
-    selected = select_systems(args.systems, budgets)
+    selected = select_systems(args.systems, budgets, args.model)
     batches, vocab_size = load_batches(resolve_data_dir(args.data_dir),
                                        args.seed)
     check_args(args, len(batches))
@@ -1050,8 +1160,9 @@ def main(argv=None):
     seed_everything(args.seed)
     GC_TIMER.install()
     try:
+        models = sorted({s.model for s in selected})
         rows, epoch_rows, raw = run_all(args, selected, batches,
-                                        Bench(vocab_size, features))
+                                        Bench(vocab_size, features, models))
     finally:
         GC_TIMER.uninstall()
     context = describe_setup(args, features)

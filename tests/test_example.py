@@ -344,7 +344,7 @@ def test_help_lists_flags(capsys):
                  "--no-dynbatch", "--compare", "--resume", "--save-dir",
                  "--log-interval", "--l2", "--tune-embeddings",
                  "--embed-lr", "--no-output-gate", "--ensemble",
-                 "--full"):
+                 "--full", "--encoder"):
         assert flag in text
 
 
@@ -405,6 +405,24 @@ def test_script_end_to_end_resume_and_eager(tiny_sick, tmp_path, capsys):
     assert run_script(tiny_sick, run_c, "--no-dynbatch") == 0
     for key, value in summary["test"].items():
         assert read_summary(run_c)["test"][key] == pytest.approx(value,
+                                                                 abs=1e-3)
+
+
+def test_script_opbyop_encoder_batched_and_eager(tiny_sick, tmp_path):
+    run_a = tmp_path / "a"
+    assert run_script(tiny_sick, run_a, "--encoder", "opbyop",
+                      "--epochs", "1") == 0
+    summary = read_summary(run_a)
+    assert summary["args"]["encoder"] == "opbyop"
+    saved = mx.nd.load(str(run_a / "best.params"))
+    assert "encoder.f_h.weight" in saved
+    assert not any(key.endswith("h_f_weight") for key in saved)
+    run_b = tmp_path / "b"
+    assert run_script(tiny_sick, run_b, "--encoder", "opbyop",
+                      "--epochs", "1", "--no-dynbatch") == 0
+    for key, value in summary["test"].items():
+        assert np.isfinite(value)
+        assert read_summary(run_b)["test"][key] == pytest.approx(value,
                                                                  abs=1e-3)
 
 

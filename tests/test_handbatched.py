@@ -147,3 +147,53 @@ def test_benchmark_interleaves_systems_in_rotating_rounds():
                    ("a", 4)]
     assert [len(e.records) for e in entries] == [5, 3, 3]
     assert entries[1].failure is not None and "boom" in entries[1].failure
+
+
+def test_benchmark_runs_each_system_once_per_model():
+    import benchmark
+    systems = benchmark.select_systems("eager,imperative-depth,handbatched",
+                                       [], "both")
+    assert [(s.name, s.model) for s in systems] == [
+        ("handbatched", "cell"), ("imperative-depth", "cell"), ("eager", "cell"),
+        ("imperative-depth [opbyop]", "opbyop"), ("eager [opbyop]", "opbyop")]
+    only = benchmark.select_systems("eager", [], "opbyop")
+    assert [(s.name, s.model) for s in only] == [("eager [opbyop]", "opbyop")]
+
+
+def test_benchmark_ratios_to_eager_of_the_same_model():
+    import benchmark
+
+    def row(name, model, kind, rate):
+        return {"system": name, "model": model, "kind": kind, "available": True,
+                "trees_per_s": rate, "trees_per_s_b2b": 2 * rate}
+
+    rows = benchmark.add_ratios([
+        row("handbatched", "cell", "handbatched", 100.0),
+        row("eager", "cell", "eager", 5.0), row("d", "cell", "imperative", 50.0),
+        row("eager [opbyop]", "opbyop", "eager", 4.0),
+        row("d [opbyop]", "opbyop", "imperative", 20.0)])
+    assert [r["vs_eager"] for r in rows] == [20.0, 1.0, 10.0, 1.0, 5.0]
+    assert rows[4]["vs_hand"] == 0.2 and rows[4]["vs_eager_b2b"] == 5.0
+
+
+def test_benchmark_smoke_op_by_op_model(tmp_path):
+    """Both models' eager and batched runs on SICK, ratios per model."""
+    import benchmark
+    from examples.sick_data import default_data_dir
+    if default_data_dir() is None:
+        pytest.skip("SICK data not found at ../shared/data/sick")
+    rows = benchmark.main(["--systems", "eager,imperative-depth", "--model", "both",
+                           "--batches", "1", "--warmup", "1", "--no-second-pass",
+                           "--no-back-to-back", "--out-dir", str(tmp_path)])
+    by_name = {r["system"]: r for r in rows}
+    assert set(by_name) == {"eager", "imperative-depth", "eager [opbyop]",
+                            "imperative-depth [opbyop]"}
+    for name, row in by_name.items():
+        assert row["available"], (name, row.get("note"))
+    opbyop = by_name["imperative-depth [opbyop]"]
+    assert opbyop["model"] == "opbyop" and by_name["eager [opbyop]"]["vs_eager"] == 1.0
+    assert opbyop["vs_eager"] == pytest.approx(
+        opbyop["trees_per_s"] / by_name["eager [opbyop]"]["trees_per_s"])
+    assert opbyop["record_ms"] > 0 and opbyop["steps_per_batch"] > 0
+    assert opbyop["mean_batch_size"] > 1
+    assert "opbyop" in (tmp_path / "benchmark.md").read_text()

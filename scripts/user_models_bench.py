@@ -1,0 +1,124 @@
+"""One-batch timings of the user-style models of tests/user_models.py.
+
+For every case (a model written the way Gluon and DyNet users write it, with
+its samples) this times one training batch -- forward of every sample,
+the loss, backward -- eagerly, one sample at a time, and inside one
+``gdb.batching()`` scope with the library's default settings, and prints the
+two times, their ratio and figures of ``scope.stats``: mean batch size
+(operator nodes per launched step), steps and flushes.  Each is timed after
+an untimed run of the same batch (so one-off tracing and compiling are not
+counted), waiting for MXNet before and after.  It is a benchmark, not a
+test: the machine's load moves the figures; read the ratios of one run.
+
+What the figures show about how a model is written:
+
+* a model that reads a value inside a sample (``float(x.asscalar())``,
+  ``x.asnumpy()``, branching on a computed score) makes every read run all
+  that is pending: batches of about one node (``mid_sample_reads``);
+* ``gluon.rnn`` cells run each call on concrete values, which flushes what
+  is pending: one flush per call (``lstm_cell``, ``gru_cell``);
+* embedding lookups (``nn.Embedding``, ``F.Embedding``) run one lookup per
+  step (``embedding``).
+
+Run from the repository root::
+
+    .venv/bin/python scripts/user_models_bench.py --samples 8
+"""
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT, ROOT / "tests"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import mxnet as mx  # noqa: E402
+
+import user_models as um  # noqa: E402
+
+LOG = logging.getLogger("user_models_bench")
+
+COLUMNS = (("case", "%s"), ("samples", "%d"), ("eager_ms", "%.1f"), ("batched_ms", "%.1f"),
+           ("x_eager", "%.2f"), ("mean_batch", "%.1f"), ("steps", "%d"), ("flushes", "%d"),
+           ("nodes", "%d"), ("notes", "%s"))
+
+
+def build_parser():
+    """Return the command-line parser."""
+    parser = argparse.ArgumentParser(
+        description="Eager against batched time of one batch of each user-style model.")
+    parser.add_argument("--cases", default=",".join(um.CASES),
+                        help="comma list of cases (default: all: %(default)s)")
+    parser.add_argument("--samples", type=int, default=16,
+                        help="samples per batch (default: %(default)s)")
+    parser.add_argument("--hidden", type=int, default=um.HIDDEN,
+                        help="hidden size (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    return parser
+
+
+def time_batch(case, batching):
+    """Milliseconds of one forward and backward of ``case``, and its stats."""
+    mx.nd.waitall()
+    start = time.perf_counter()
+    _, stats = um.forward_backward(case, batching)
+    mx.nd.waitall()
+    return 1000.0 * (time.perf_counter() - start), stats
+
+
+def bench_case(name, samples, hidden, seed):
+    """Figures of one case: eager and batched ms, ratio, stats."""
+    case = um.CASES[name](seed=seed, n=samples, hidden=hidden)
+    for array in case.inputs:
+        array.attach_grad()
+    row = {"case": name, "samples": len(case.samples), "notes": case.notes}
+    for label, batching in (("eager", None), ("batched", {})):
+        time_batch(case, batching)                      # untimed: traces, shapes
+        row[label + "_ms"], stats = time_batch(case, batching)
+    row["x_eager"] = row["eager_ms"] / row["batched_ms"]
+    row.update(mean_batch=stats.mean_batch_size, steps=stats.steps,
+               flushes=stats.flushes, nodes=stats.nodes)
+    return row
+
+
+def table(rows):
+    """The rows as aligned text lines."""
+    cells = [[key for key, _ in COLUMNS]]
+    cells += [[fmt % row[key] for key, fmt in COLUMNS] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) if i in (0, len(COLUMNS) - 1) else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(line, widths))).rstrip()
+             for line in cells]
+    return lines[:1] + ["-" * len(lines[0])] + lines[1:]
+
+
+def main(argv=None):
+    """Run the timings; print and return the rows."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
+                        datefmt="%H:%M:%S")
+    names = [n.strip() for n in args.cases.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(um.CASES))
+    if unknown:
+        sys.exit("unknown case(s) %s; choose from %s" % (", ".join(unknown),
+                                                         ", ".join(um.CASES)))
+    rows = []
+    for name in tqdm(names, desc="cases", unit="case", leave=False, disable=None):
+        rows.append(bench_case(name, args.samples, args.hidden, args.seed))
+        LOG.info("%-18s eager %8.1f ms  batched %7.1f ms  x%.2f", name,
+                 rows[-1]["eager_ms"], rows[-1]["batched_ms"], rows[-1]["x_eager"])
+    print("\n".join(table(rows)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+"""Models written the way users write them, batched, equal eager Gluon.
+
+Every case of ``user_models.CASES`` runs eagerly and under every strategy
+("depth", "agenda") and execution mode (imperative, one CachedOp per plan,
+one per step); outputs and the gradients of every Parameter and shared input
+must agree to float32 rounding.  Tests marked ``xfail(strict=True)`` assert
+the correct behaviour where the engine does not (yet) provide it.
+"""
+import random
+
+import numpy as np
+import pytest
+from mxnet import autograd, nd
+from mxnet.base import MXNetError
+
+import gluon_dynbatch as gdb
+import user_models as um
+from dynbatch_testing import assert_same
+
+MODES = [(strategy, compiled) for strategy in ("depth", "agenda")
+         for compiled in (False, True, "step")]
+MODE_IDS = ["%s-%s" % (s, {False: "imperative", True: "plan", "step": "step"}[c])
+            for s, c in MODES]
+
+
+def _batching(mode):
+    strategy, compiled = mode
+    return {"strategy": strategy, "compiled": compiled}
+
+
+def _check(case, mode, train_mode=True):
+    """Eager and batched runs of ``case`` agree; returns the batched result."""
+    eager = um.run_case(case, train_mode=train_mode)
+    assert any(np.abs(g).max() > 0 for g in eager[1].values())
+    batched = um.run_case(case, _batching(mode), train_mode=train_mode)
+    assert_same(batched, eager)
+    assert batched[2].samples == len(case.samples)
+    return batched
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("name", sorted(um.CASES))
+def test_user_model_equals_eager(name, mode):
+    _check(um.CASES[name](), mode)
+
+
+# --------------------------------------------------------------------------
+# What the generic comparison does not see
+# --------------------------------------------------------------------------
+
+def test_each_sample_list_gets_one_loss_per_node():
+    case = um.case_node_losses()
+    with gdb.batching():
+        lists = case.outputs()
+    assert [len(losses) for losses in lists] == [len(list(t.nodes())) for t in case.samples]
+    assert all(loss.shape == (1, 1) for losses in lists for loss in losses)
+
+
+def test_dict_returns_keep_their_keys_and_python_values():
+    case = um.case_dict_returns()
+    with gdb.batching():
+        outs = case.outputs()
+    for tree, out in zip(case.samples, outs):
+        assert set(out) == {"h", "c", "nodes"}
+        assert out["nodes"] == len(list(tree.nodes()))
+        assert out["h"].shape == out["c"].shape == (1, um.HIDDEN)
+
+
+def _paths(node):
+    return 1 + sum(_paths(child) for child in node.children)
+
+
+def _distinct(node, seen=None):
+    seen = set() if seen is None else seen
+    if id(node) not in seen:
+        seen.add(id(node))
+        for child in node.children:
+            _distinct(child, seen)
+    return len(seen)
+
+
+def test_dag_case_shares_subtrees_and_memo_runs_each_node_once():
+    case = um.case_dag_memo()
+    assert any(_paths(d) > _distinct(d) for d in case.samples)
+    calls = []
+    hook = case.model.inp.register_forward_hook(lambda block, args, out: calls.append(1))
+    case.outputs()
+    hook.detach()
+    assert len(calls) == sum(_distinct(d) for d in case.samples)
+    with gdb.batching() as scope:
+        outs = case.outputs()
+    assert outs[0].shape == (1, um.HIDDEN)
+    assert scope.stats.flushes == 1
+
+
+def test_mid_sample_reads_take_both_branches_as_eager_does():
+    case = um.case_mid_sample_reads()
+    case.outputs()
+    eager = list(case.model.branches)
+    assert True in eager and False in eager
+    case.model.branches.clear()
+    with gdb.batching():
+        case.outputs()
+    assert case.model.branches == eager
+
+
+def test_hybridized_child_stays_hybridized():
+    case = um.case_mixed_children()
+    _check(case, ("depth", False))
+    assert case.model.scorer._active      # pylint: disable=protected-access
+
+
+@pytest.mark.slow
+def test_lstm_cell_every_length_from_1_to_130():
+    r = random.Random(0)
+    sentences = [[r.randrange(um.VOCAB) for _ in range(n)] for n in range(1, 131)]
+    model = um._init(um.GluonCellTagger("lstm", hidden=2, outputs="last"), 0)
+    _check(um.Case(model, sentences, [um._table(0)]), ("depth", False))
+
+
+def test_raw_lstm_lengths_1_to_40():
+    r = random.Random(1)
+    sentences = [[r.randrange(um.VOCAB) for _ in range(n)] for n in range(1, 41)]
+    r.shuffle(sentences)
+    model = um._init(um.RawLSTM(hidden=2), 1)
+    _check(um.Case(model, sentences, [um._table(1)]), ("agenda", "step"))
+
+
+# --------------------------------------------------------------------------
+# Dropout
+# --------------------------------------------------------------------------
+
+def _dropout_case(rate, n=40):
+    r = random.Random(3)
+    return um.Case(um._init(um.DropoutModel(rate), 3),
+                   [r.randrange(um.VOCAB) for _ in range(n)], [um._table(3)])
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_dropout_outside_training_is_the_identity_as_in_eager(mode):
+    batched = _check(_dropout_case(0.5, n=6), mode, train_mode=False)
+    values = batched[0]
+    for y, z in zip(values[0::3], values[1::3]):
+        np.testing.assert_array_equal(z, y)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_dropout_in_training_masks_scales_and_backpropagates(mode):
+    """Random masks cannot equal eager's; everything else about them can.
+
+    Each sample's output is its input scaled by 1 / (1 - p) where kept and 0
+    where dropped; about p of the units are dropped; samples get masks of
+    their own; and the gradients equal an eager run given those same masks.
+    """
+    rate = 0.5
+    case = _dropout_case(rate)
+    values, grads, _ = um.run_case(case, _batching(mode))
+    ys, zs = values[0::3], values[1::3]
+    masks = []
+    for y, z in zip(ys, zs):
+        assert z.shape == y.shape == (1, um.HIDDEN) and np.isfinite(z).all()
+        kept = z != 0
+        np.testing.assert_allclose(z[kept], y[kept] / (1 - rate), rtol=1e-6)
+        masks.append(kept.astype(np.float32))
+    dropped = 1 - np.mean(masks)
+    assert 0.3 < dropped < 0.7, dropped
+    assert len({m.tobytes() for m in masks}) > len(masks) // 2
+    assert np.abs(grads[case.model.proj.weight.name]).max() > 0     # flows through dropout
+    fixed = um.Case(case.model, [(w, nd.array(m)) for w, m in zip(case.samples, masks)],
+                    case.inputs, call=lambda model, s, shared: model(s[0], *shared, s[1]))
+    assert_same((values, grads, None), um.run_case(fixed))
+
+
+# --------------------------------------------------------------------------
+# Known defects of the engine: the correct behaviour, marked xfail
+# --------------------------------------------------------------------------
+
+def _emb():
+    return um._table(5)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="a list holding NDArrays passed to a top-level call is copied; "
+                          "what the model appends to it after the first sample goes to the "
+                          "copy, so the caller's list keeps only the first sample's entries")
+def test_one_list_shared_by_all_samples_collects_every_node_loss():
+    case = um.case_node_losses()
+
+    def run(batched):
+        losses = []
+        with autograd.record():
+            if batched:
+                with gdb.batching():
+                    for tree in case.samples:
+                        case.model(tree, *case.inputs, losses)
+            else:
+                for tree in case.samples:
+                    case.model(tree, *case.inputs, losses)
+            total = sum(losses)
+        total.backward()
+        grads = {n: p.grad().asnumpy().copy() for n, p in case.model.collect_params().items()}
+        return [loss.asnumpy() for loss in losses], grads, None
+
+    eager = run(False)
+    assert len(eager[0]) == sum(len(list(t.nodes())) for t in case.samples)
+    batched = run(True)
+    assert len(batched[0]) == len(eager[0]), "%d of %d node losses" % (
+        len(batched[0]), len(eager[0]))
+    assert_same(batched, eager)
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError,
+                   reason="a child block returning the same array twice (return h, h) "
+                          "leaves the returned value uncomputed: reading it raises "
+                          "RuntimeError (a value of a finished graph was never computed)")
+def test_child_returning_one_array_twice():
+    model = um._init(um.UsesSameTwice(), 0)
+    emb = _emb()
+    want = model(2, emb).asnumpy()
+    with gdb.batching():
+        out = model(2, emb)
+    np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("pieces", [32, 34])
+def test_row_concat_of_many_pieces(pieces):
+    _check(um.Case(um._init(um.ConcatPieces(pieces), 0), [1, 2, 3], [_emb()]),
+           ("depth", False))
+
+
+@pytest.mark.xfail(strict=True, raises=IndexError,
+                   reason="F.concat(*pieces, dim=0) of exactly 33 recorded pieces raises "
+                          "IndexError (32 and 34 work)")
+def test_row_concat_of_33_pieces():
+    _check(um.Case(um._init(um.ConcatPieces(33), 0), [1, 2, 3], [_emb()]),
+           ("depth", False))
+
+
+@pytest.mark.xfail(strict=True, raises=MXNetError,
+                   reason="a value computed in an earlier batching scope (kept in a memo "
+                          "dict) and passed to a layer in the next scope makes that batch's "
+                          "backward() raise MXNetError (AGInfo)")
+def test_value_memoised_across_batches():
+    emb = _emb()
+
+    def two_batches(model, batching):
+        model.memo.clear()
+        for words in ([1, 2, 3], [2, 3, 4]):
+            result = um.run_case(um.Case(model, words, [emb]), batching)
+        return result
+
+    model = um._init(um.CrossBatchMemo(), 0)
+    eager = two_batches(model, None)
+    assert_same(two_batches(model, {}), eager)
+
+
+def test_in_place_add_outside_record_gives_eager_values():
+    model = um._init(um.InPlaceAdd(), 0)
+    emb = _emb()
+    want = [model(w, emb).asnumpy() for w in range(4)]
+    with gdb.batching():
+        outs = [model(w, emb) for w in range(4)]
+    for got, ref in zip(outs, want):
+        np.testing.assert_allclose(got.asnumpy(), ref, rtol=1e-6)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="in-place arithmetic (c += x) on a recorded value under "
+                          "autograd.record() silently rebinds the name, where eager MXNet "
+                          "raises MXNetError (assigning to an array in a computational graph)")
+def test_in_place_add_under_record_raises_as_in_eager():
+    model = um._init(um.InPlaceAdd(), 0)
+    emb = _emb()
+    with pytest.raises(MXNetError, match="already in a computational graph"):
+        with autograd.record():
+            model(1, emb)
+    try:
+        with autograd.record():
+            with gdb.batching():
+                model(1, emb)
+    except (MXNetError, gdb.BatchingError) as err:
+        assert "computational graph" in str(err) or "in-place" in str(err), err
+    else:
+        raise AssertionError("c += x under autograd.record() did not raise in a scope")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="gluon.rnn cells are not batched: each call runs on concrete "
+                          "values and flushes what is pending")
+@pytest.mark.parametrize("name", ["lstm_cell", "gru_cell"])
+def test_gluon_rnn_cells_batch_in_one_flush(name):
+    case = um.CASES[name]()
+    with gdb.batching() as scope:
+        outs = case.outputs()
+    assert len(outs) == len(case.samples)
+    assert scope.stats.flushes == 1, str(scope.stats)
+    assert scope.stats.mean_batch_size > 1, str(scope.stats)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="nn.Embedding and F.Embedding lookups never batch: each lookup "
+                          "is a step of its own")
+def test_embedding_lookups_batch():
+    case = um.case_embedding()
+    with gdb.batching(keep_plan=True) as scope:
+        outs = case.outputs()
+    assert len(outs) == len(case.samples)
+    sizes = [len(step.nodes) for step in scope.last_plan.steps
+             if "Embedding" in step.nodes[0].op.name]
+    lookups = 2 * sum(len(s) for s in case.samples)
+    assert sum(sizes) == lookups
+    # The first token of every sentence can be looked up at once.
+    assert max(sizes) >= len(case.samples), sizes

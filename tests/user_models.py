@@ -1,0 +1,686 @@
+"""Models written the way Gluon and DyNet users write them, and their test cases.
+
+Each model is a :class:`gluon_dynbatch.DynBatchBlock` written for one sample
+in plain Python: ``nn.Dense`` children called directly, ``F.split`` into
+gates, Python loops over children and tokens, per-node losses appended to a
+list, dictionaries and namedtuples returned, values read in the middle of a
+sample.  :data:`CASES` builds each model with small sizes together with its
+samples and shared inputs; :func:`run_case` runs a case eagerly or in a
+batching scope, forward and backward, and returns what
+``dynbatch_testing.assert_same`` compares.  ``tests/test_user_models.py``
+checks every case against eager Gluon; ``scripts/user_models_bench.py`` times
+one batch of each.
+"""
+import random
+from collections import namedtuple
+
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+from mxnet.gluon import nn, rnn
+
+import gluon_dynbatch as gdb
+from dynbatch_testing import Tree, random_binary_tree, random_tree
+from examples.sick_model import OpByOpTreeLSTM
+
+HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
+
+State = namedtuple("State", ["h", "c"])
+
+
+# --------------------------------------------------------------------------
+# Trees and DAGs
+# --------------------------------------------------------------------------
+
+class NodeLossTreeRNN(gdb.DynBatchBlock):
+    """A tree RNN that appends each node's loss to the caller's list.
+
+    DyNet's style: ``model(tree, emb, losses)``; the caller sums ``losses``
+    after the batch.  A node's label is its word id modulo the classes.
+    """
+
+    def __init__(self, hidden=HIDDEN, classes=CLASSES, **kwargs):
+        super().__init__(**kwargs)
+        self.classes = classes
+        with self.name_scope():
+            self.leaf = nn.Dense(hidden, activation="tanh")
+            self.combine = nn.Dense(hidden, use_bias=False)
+            self.classify = nn.Dense(classes)
+
+    def hybrid_forward(self, F, tree, emb, losses):
+        h = self.leaf(emb[tree.word:tree.word + 1])
+        for child in tree.children:
+            h = h + self.combine(self(child, emb, losses))
+        h = F.tanh(h)
+        label = tree.word % self.classes
+        log_probs = F.log_softmax(self.classify(h))
+        losses.append(-F.slice_axis(log_probs, axis=1, begin=label, end=label + 1))
+        return h
+
+
+class NamedTupleCell(gluon.HybridBlock):
+    """A Child-Sum-like cell that returns a ``State(h, c)`` namedtuple."""
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.gates = nn.Dense(3 * hidden)
+            self.forget = nn.Dense(hidden)
+
+    def hybrid_forward(self, F, x, h_sum, c_sum):
+        i, o, u = F.split(self.gates(F.concat(x, h_sum, dim=1)), num_outputs=3, axis=1)
+        c = F.sigmoid(i) * F.tanh(u) + F.sigmoid(self.forget(x)) * c_sum
+        return State(h=F.sigmoid(o) * F.tanh(c), c=c)
+
+
+class DictTreeLSTM(gdb.DynBatchBlock):
+    """A tree LSTM returning ``{"h": ..., "c": ..., "nodes": int}`` per subtree.
+
+    Its cell returns a namedtuple; children's states are summed with
+    ``F.add_n``.
+    """
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = hidden
+        with self.name_scope():
+            self.cell = NamedTupleCell(hidden)
+
+    def hybrid_forward(self, F, tree, emb):
+        kids = [self(child, emb) for child in tree.children]
+        if kids:
+            h_sum = F.add_n(*[k["h"] for k in kids])
+            c_sum = F.add_n(*[k["c"] for k in kids])
+        else:
+            h_sum = c_sum = F.zeros((1, self.hidden))
+        state = self.cell(emb[tree.word:tree.word + 1], h_sum, c_sum)
+        return {"h": state.h, "c": state.c,
+                "nodes": 1 + sum(k["nodes"] for k in kids)}
+
+
+class DagNode:
+    """A node of a DAG: a word and children that other nodes may share."""
+
+    def __init__(self, word, children=()):
+        self.word = word
+        self.children = list(children)
+
+
+def random_dag(rng, vocab, size):
+    """A DAG of ``size`` nodes, each with 0-2 children among the earlier nodes.
+
+    A node may be the child of several nodes (a shared subtree).
+
+    Returns
+    -------
+    DagNode
+        A root whose children are the nodes no other node points to, so that
+        every node is reachable from it.
+    """
+    nodes = []
+    for _ in range(size):
+        picks = rng.sample(nodes, rng.randint(0, min(2, len(nodes))))
+        nodes.append(DagNode(rng.randrange(vocab), picks))
+    tops = [n for n in nodes if not any(n in m.children for m in nodes)]
+    return DagNode(rng.randrange(vocab), tops)
+
+
+class MemoDagRNN(gdb.DynBatchBlock):
+    """Recursive RNN over a DAG, memoised on node objects within the call.
+
+    A node reached twice (a shared subtree) is computed once: the result is
+    cached in a dict keyed by ``id(node)`` that the call passes down.
+    """
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(hidden)
+            self.rec = nn.Dense(hidden, use_bias=False)
+
+    def hybrid_forward(self, F, node, emb, memo=None):
+        if memo is None:
+            memo = {}
+        key = id(node)
+        if key not in memo:
+            h = self.inp(emb[node.word:node.word + 1])
+            for child in node.children:
+                h = h + self.rec(self(child, emb, memo))
+            memo[key] = F.tanh(h)
+        return memo[key]
+
+
+class ChildAttention(gdb.DynBatchBlock):
+    """Tree encoder attending over its children's states.
+
+    The children's states are stacked (k, H), scored (k, 1), the scores
+    soft-maxed over the children (axis 0) and the states summed with those
+    weights.
+    """
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(hidden)
+            self.key = nn.Dense(hidden, use_bias=False)
+            self.score = nn.Dense(1, use_bias=False)
+            self.mix = nn.Dense(hidden, use_bias=False)
+
+    def hybrid_forward(self, F, tree, emb):
+        x = self.inp(emb[tree.word:tree.word + 1])
+        kids = [self(child, emb) for child in tree.children]
+        if not kids:
+            return F.tanh(x)
+        states = F.concat(*kids, dim=0)
+        scores = self.score(F.tanh(F.broadcast_add(self.key(states), x)))
+        weights = F.softmax(scores, axis=0)
+        context = F.sum(F.broadcast_mul(weights, states), axis=0, keepdims=True)
+        return F.tanh(x + self.mix(context))
+
+
+class BranchingTreeRNN(gdb.DynBatchBlock):
+    """A tree RNN that reads a value per node and branches on it.
+
+    ``if float(score.asscalar()) > 0`` picks one of two layers, so every node
+    reads a value of the graph in the middle of its sample.
+    """
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        self.branches = []      # the branch each node took, in call order
+        with self.name_scope():
+            self.inp = nn.Dense(hidden)
+            self.gate = nn.Dense(1)
+            self.up = nn.Dense(hidden, use_bias=False)
+            self.down = nn.Dense(hidden, use_bias=False)
+
+    def hybrid_forward(self, F, tree, emb):
+        h = self.inp(emb[tree.word:tree.word + 1])
+        for child in tree.children:
+            h = h + self(child, emb)
+        h = F.tanh(h)
+        score = self.gate(h)
+        up = float(score.asscalar()) > 0
+        self.branches.append(up)
+        if up:
+            return F.tanh(self.up(h))
+        return F.tanh(self.down(h)) * F.sigmoid(score)
+
+
+class HybridizedScorer(gluon.HybridBlock):
+    """An ordinary child block; the model calls ``hybridize()`` on it."""
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(hidden)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
+class OpaqueScale(gluon.HybridBlock):
+    """A child HybridBlock whose ``forward`` is overridden."""
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(hidden, use_bias=False)
+
+    def forward(self, x):  # pylint: disable=arguments-differ
+        return self.dense(x) * 0.5
+
+
+class MixedChildren(gdb.DynBatchBlock):
+    """A tree model calling a hybridized child and an opaque one."""
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.scorer = HybridizedScorer(hidden)
+            self.opaque = OpaqueScale(hidden)
+        self.scorer.hybridize()
+
+    def hybrid_forward(self, F, tree, emb):
+        h = self.scorer(emb[tree.word:tree.word + 1])
+        for child in tree.children:
+            h = h + self.opaque(self(child, emb))
+        return F.tanh(h)
+
+
+class OpByOpBinaryTreeLSTM(gdb.DynBatchBlock):
+    """Binary Tree-LSTM (Tai et al.'s N-ary form, N = 2), operator by operator.
+
+    Leaves compute ``i, o, u`` from their word; an internal node from its
+    two children, with one forget gate per child, each seeing both children.
+    """
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.leaf = nn.Dense(3 * hidden)
+            self.iou_left = nn.Dense(3 * hidden)
+            self.iou_right = nn.Dense(3 * hidden, use_bias=False)
+            self.f_left = nn.Dense(2 * hidden)
+            self.f_right = nn.Dense(2 * hidden, use_bias=False)
+
+    def hybrid_forward(self, F, tree, emb):
+        if not tree.children:
+            i, o, u = F.split(self.leaf(emb[tree.word:tree.word + 1]), num_outputs=3, axis=1)
+            c = F.sigmoid(i) * F.tanh(u)
+        else:
+            (h_l, c_l), (h_r, c_r) = [self(child, emb) for child in tree.children]
+            i, o, u = F.split(self.iou_left(h_l) + self.iou_right(h_r), num_outputs=3, axis=1)
+            f_l, f_r = F.split(self.f_left(h_l) + self.f_right(h_r), num_outputs=2, axis=1)
+            c = F.sigmoid(i) * F.tanh(u) + F.sigmoid(f_l) * c_l + F.sigmoid(f_r) * c_r
+        return F.sigmoid(o) * F.tanh(c), c
+
+
+# --------------------------------------------------------------------------
+# Token loops
+# --------------------------------------------------------------------------
+
+class GluonCellTagger(gdb.DynBatchBlock):
+    """A gluon.rnn LSTMCell or GRUCell called in a Python loop over tokens.
+
+    Parameters
+    ----------
+    cell : {"lstm", "gru"}
+    hidden : int
+    outputs : {"concat", "last"}
+        Return the per-token outputs concatenated (T, classes) and the last
+        hidden state, or the last output and the last hidden state.
+    """
+
+    def __init__(self, cell="lstm", hidden=HIDDEN, outputs="concat", **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = hidden
+        self.outputs = outputs
+        with self.name_scope():
+            self.cell = rnn.LSTMCell(hidden) if cell == "lstm" else rnn.GRUCell(hidden)
+            self.out = nn.Dense(CLASSES)
+
+    def hybrid_forward(self, F, tokens, emb):
+        state = [F.zeros((1, self.hidden)) for _ in self.cell.state_info()]
+        outputs = []
+        for t in tokens:
+            out, state = self.cell(emb[t:t + 1], state)
+            outputs.append(self.out(out))
+        if self.outputs == "concat":
+            return F.concat(*outputs, dim=0), state[0]
+        return outputs[-1], state[0]
+
+
+class RawLSTM(gdb.DynBatchBlock):
+    """An LSTM over tokens written with F operators and its own Parameters."""
+
+    def __init__(self, hidden=HIDDEN, input_size=DIM, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = hidden
+        with self.name_scope():
+            self.w_x = self.params.get("w_x", shape=(4 * hidden, input_size))
+            self.w_h = self.params.get("w_h", shape=(4 * hidden, hidden))
+            self.bias = self.params.get("bias", shape=(4 * hidden,))
+            self.out = nn.Dense(CLASSES)
+
+    def hybrid_forward(self, F, tokens, emb, w_x, w_h, bias):
+        H = self.hidden
+        h = c = F.zeros((1, H))
+        total = None
+        for t in tokens:
+            gates = (F.FullyConnected(emb[t:t + 1], w_x, bias, num_hidden=4 * H)
+                     + F.FullyConnected(h, w_h, no_bias=True, num_hidden=4 * H))
+            i, f, g, o = F.split(gates, num_outputs=4, axis=1)
+            c = F.sigmoid(f) * c + F.sigmoid(i) * F.tanh(g)
+            h = F.sigmoid(o) * F.tanh(c)
+            score = self.out(h)
+            total = score if total is None else total + score
+        return total, h
+
+
+class EmbeddingRNN(gdb.DynBatchBlock):
+    """An Elman RNN reading word ids through embedding lookups in the model.
+
+    Each token is looked up twice: by an ``nn.Embedding`` child on a (1,)
+    slice of the sentence's id array, and by ``F.Embedding`` on the model's
+    own table; the two vectors are concatenated.
+    """
+
+    def __init__(self, hidden=HIDDEN, vocab=VOCAB, dim=DIM, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden, self.vocab, self.dim = hidden, vocab, dim
+        with self.name_scope():
+            self.embed = nn.Embedding(vocab, dim)
+            self.table = self.params.get("table", shape=(vocab, dim))
+            self.i2h = nn.Dense(hidden)
+            self.h2h = nn.Dense(hidden, use_bias=False)
+
+    def hybrid_forward(self, F, ids, table):
+        h = F.zeros((1, self.hidden))
+        for k in range(ids.shape[0]):
+            index = ids[k:k + 1]
+            x = F.concat(self.embed(index),
+                         F.Embedding(index, table, input_dim=self.vocab, output_dim=self.dim),
+                         dim=1)
+            h = F.tanh(self.i2h(x) + self.h2h(h))
+        return h
+
+
+class DropoutModel(gdb.DynBatchBlock):
+    """A projection of one word, dropout, and a layer after it.
+
+    Returns ``(y, z, out)``: the value before dropout, after it, and the
+    output layer's.  Given ``mask`` (1, H), ``z = y * mask / (1 - rate)``
+    instead of a random mask (for checking the gradients of a batched run).
+    """
+
+    def __init__(self, rate, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        self.rate = rate
+        with self.name_scope():
+            self.proj = nn.Dense(hidden)
+            self.drop = nn.Dropout(rate)
+            self.out = nn.Dense(CLASSES)
+
+    def hybrid_forward(self, F, word, emb, mask=None):
+        y = F.tanh(self.proj(emb[word:word + 1]))
+        z = self.drop(y) if mask is None else y * mask / (1.0 - self.rate)
+        return y, z, self.out(z)
+
+
+# --------------------------------------------------------------------------
+# Models of the engine's known defects (see tests/test_user_models.py)
+# --------------------------------------------------------------------------
+
+class SameTwice(gluon.HybridBlock):
+    """A child block returning the same array twice."""
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(hidden)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        return h, h
+
+
+class UsesSameTwice(gdb.DynBatchBlock):
+    """``a, b = self.cell(x); return a`` with a cell returning ``(h, h)``."""
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = SameTwice(hidden)
+
+    def hybrid_forward(self, F, word, emb):
+        a, _ = self.cell(emb[word:word + 1])
+        return a
+
+
+class ConcatPieces(gdb.DynBatchBlock):
+    """Concatenates ``pieces`` computed rows along axis 0."""
+
+    def __init__(self, pieces, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        self.pieces = pieces
+        with self.name_scope():
+            self.dense = nn.Dense(hidden)
+
+    def hybrid_forward(self, F, word, emb):
+        x = emb[word:word + 1]
+        rows = [F.tanh(self.dense(x) * (k + 1)) for k in range(self.pieces)]
+        return F.concat(*rows, dim=0)
+
+
+class CrossBatchMemo(gdb.DynBatchBlock):
+    """Caches a projection per word in a dict kept across calls and batches."""
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        self.memo = {}
+        with self.name_scope():
+            self.proj = nn.Dense(2 * hidden)
+            self.out = nn.Dense(CLASSES)
+
+    def hybrid_forward(self, F, word, emb):
+        if word not in self.memo:
+            self.memo[word] = F.tanh(self.proj(emb[word:word + 1]))
+        return F.tanh(self.out(self.memo[word]))
+
+
+class InPlaceAdd(gdb.DynBatchBlock):
+    """Adds the input to a layer's output in place: ``c += x``."""
+
+    def __init__(self, dim=DIM, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(dim)
+
+    def hybrid_forward(self, F, word, emb):
+        x = emb[word:word + 1]
+        c = self.dense(x)
+        c += x
+        return F.tanh(c)
+
+
+# --------------------------------------------------------------------------
+# Cases: a model with its samples and shared inputs
+# --------------------------------------------------------------------------
+
+class Case:
+    """A model, its samples and shared inputs, and how one sample is called.
+
+    Parameters
+    ----------
+    model : DynBatchBlock
+    samples : list
+    inputs : list of NDArray
+        Shared by every sample (the embedding table); gradients are taken.
+    call : callable, optional
+        ``call(model, sample, inputs)`` returns the sample's outputs;
+        default ``model(sample, *inputs)``.
+    notes : str, optional
+        What to expect of this model's batching (printed by the benchmark).
+    """
+
+    def __init__(self, model, samples, inputs, call=None, notes=""):
+        self.model = model
+        self.samples = samples
+        self.inputs = inputs
+        self.call = call or (lambda m, sample, shared: m(sample, *shared))
+        self.notes = notes
+
+    def outputs(self):
+        """The outputs of every sample, in order."""
+        return [self.call(self.model, s, self.inputs) for s in self.samples]
+
+
+def _init(model, seed):
+    mx.random.seed(seed)
+    model.initialize(mx.init.Uniform(0.3))
+    return model
+
+
+def _table(seed, vocab=VOCAB, dim=DIM):
+    return nd.array(random.Random(seed).choices(range(-50, 51), k=vocab * dim),
+                    dtype="float32").reshape((vocab, dim)) / 50.0
+
+
+def _trees(seed, n, max_depth=3):
+    r = random.Random(seed)
+    return [Tree(r.randrange(VOCAB))] + [random_tree(r, VOCAB, max_depth) for _ in range(n - 1)]
+
+
+def _sentences(seed, n, max_len=12):
+    r = random.Random(seed)
+    lengths = [1, max_len] + [r.randint(1, max_len) for _ in range(n - 2)]
+    return [[r.randrange(VOCAB) for _ in range(k)] for k in lengths[:n]]
+
+
+def _node_losses(model, tree, shared):
+    losses = []
+    model(tree, *shared, losses)
+    return losses
+
+
+def case_node_losses(seed=0, n=6, hidden=HIDDEN):
+    """Per-node losses appended to a list of each sample's own."""
+    return Case(_init(NodeLossTreeRNN(hidden), seed), _trees(seed, n), [_table(seed)],
+                call=_node_losses)
+
+
+def case_dict_returns(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(DictTreeLSTM(hidden), seed), _trees(seed, n), [_table(seed)])
+
+
+def case_dag_memo(seed=0, n=6, hidden=HIDDEN):
+    r = random.Random(seed)
+    dags = [random_dag(r, VOCAB, r.randint(1, 9)) for _ in range(n)]
+    return Case(_init(MemoDagRNN(hidden), seed), dags, [_table(seed)])
+
+
+def case_lstm_cell(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(GluonCellTagger("lstm", hidden), seed), _sentences(seed, n),
+                [_table(seed)],
+                notes="gluon.rnn cells run on concrete values: a flush per call")
+
+
+def case_gru_cell(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(GluonCellTagger("gru", hidden), seed), _sentences(seed, n),
+                [_table(seed)],
+                notes="gluon.rnn cells run on concrete values: a flush per call")
+
+
+def _embedding_call(model, sentence, shared):
+    return model(nd.array(sentence), *shared)
+
+
+def case_embedding(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(EmbeddingRNN(hidden), seed), _sentences(seed, n), [],
+                call=_embedding_call, notes="embedding lookups run one per step")
+
+
+def case_child_attention(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(ChildAttention(hidden), seed), _trees(seed, n), [_table(seed)])
+
+
+def case_mid_sample_reads(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(BranchingTreeRNN(hidden), seed), _trees(seed, n), [_table(seed)],
+                notes="every read runs all that is pending: batches of about one node")
+
+
+def case_mixed_children(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(MixedChildren(hidden), seed), _trees(seed, n), [_table(seed)])
+
+
+def case_dropout_p0(seed=0, n=6, hidden=HIDDEN):
+    r = random.Random(seed)
+    return Case(_init(DropoutModel(0.0, hidden), seed),
+                [r.randrange(VOCAB) for _ in range(n)], [_table(seed)])
+
+
+def case_opbyop_child_sum(seed=0, n=6, hidden=HIDDEN):
+    model = OpByOpTreeLSTM(hidden, DIM)
+    return Case(_init(model, seed), _trees(seed, n), [_table(seed)])
+
+
+def case_opbyop_binary(seed=0, n=6, hidden=HIDDEN):
+    r = random.Random(seed)
+    trees = [random_binary_tree(r, VOCAB, r.randint(1, 9)) for _ in range(n)]
+    return Case(_init(OpByOpBinaryTreeLSTM(hidden), seed), trees, [_table(seed)])
+
+
+def case_raw_lstm(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(RawLSTM(hidden), seed), _sentences(seed, n), [_table(seed)])
+
+
+#: Every case, by name.
+CASES = {
+    "node_losses": case_node_losses,
+    "dict_returns": case_dict_returns,
+    "dag_memo": case_dag_memo,
+    "lstm_cell": case_lstm_cell,
+    "gru_cell": case_gru_cell,
+    "embedding": case_embedding,
+    "child_attention": case_child_attention,
+    "mid_sample_reads": case_mid_sample_reads,
+    "mixed_children": case_mixed_children,
+    "dropout_p0": case_dropout_p0,
+    "opbyop_child_sum": case_opbyop_child_sum,
+    "opbyop_binary": case_opbyop_binary,
+    "raw_lstm": case_raw_lstm,
+}
+
+
+# --------------------------------------------------------------------------
+# Running a case
+# --------------------------------------------------------------------------
+
+def flatten(obj):
+    """The NDArrays of nested lists, tuples (namedtuples) and dicts (by sorted key)."""
+    if isinstance(obj, nd.NDArray):
+        yield obj
+    elif isinstance(obj, dict):
+        for key in sorted(obj):
+            yield from flatten(obj[key])
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from flatten(item)
+
+
+def weighted_loss(outputs):
+    """A scalar touching every output array with its own weight."""
+    total = None
+    for k, out in enumerate(flatten(outputs)):
+        term = (out * out).sum() * (1.0 + 0.1 * k) + out.sum()
+        total = term if total is None else total + term
+    return total
+
+
+def forward_backward(case, batching=None, train_mode=True):
+    """Forward and backward of every sample of ``case``.
+
+    Parameters
+    ----------
+    case : Case
+    batching : dict, optional
+        Arguments of :func:`gluon_dynbatch.batching`; None runs eagerly.
+    train_mode : bool, optional
+        ``autograd.record(train_mode=...)``.
+
+    Returns
+    -------
+    outputs : list
+    stats : BatchStats or None
+    """
+    with autograd.record(train_mode=train_mode):
+        if batching is None:
+            outputs, stats = case.outputs(), None
+        else:
+            with gdb.batching(**batching) as scope:
+                outputs = case.outputs()
+            stats = scope.stats
+        loss = weighted_loss(outputs)
+    loss.backward()
+    return outputs, stats
+
+
+def run_case(case, batching=None, train_mode=True):
+    """Outputs, gradients and stats of a case, as ``assert_same`` compares them.
+
+    Returns
+    -------
+    tuple
+        ``(values, grads, stats)``: the output arrays as numpy, the gradient
+        of every Parameter (by name) and shared input (``input<k>``), and the
+        scope's stats (None when eager).
+    """
+    for array in case.inputs:
+        array.attach_grad()
+    outputs, stats = forward_backward(case, batching, train_mode)
+    values = [o.asnumpy() for o in flatten(outputs)]
+    grads = {name: p.grad().asnumpy().copy()
+             for name, p in case.model.collect_params().items() if p.grad_req != "null"}
+    for k, array in enumerate(case.inputs):
+        grads["input%d" % k] = array.grad.asnumpy().copy()
+    return values, grads, stats
