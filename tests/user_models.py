@@ -391,47 +391,6 @@ class DropoutModel(gdb.DynBatchBlock):
 # Models of the engine's known defects (see tests/test_user_models.py)
 # --------------------------------------------------------------------------
 
-class SameTwice(gluon.HybridBlock):
-    """A child block returning the same array twice."""
-
-    def __init__(self, hidden=HIDDEN, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = nn.Dense(hidden)
-
-    def hybrid_forward(self, F, x):
-        h = F.tanh(self.dense(x))
-        return h, h
-
-
-class UsesSameTwice(gdb.DynBatchBlock):
-    """``a, b = self.cell(x); return a`` with a cell returning ``(h, h)``."""
-
-    def __init__(self, hidden=HIDDEN, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.cell = SameTwice(hidden)
-
-    def hybrid_forward(self, F, word, emb):
-        a, _ = self.cell(emb[word:word + 1])
-        return a
-
-
-class ConcatPieces(gdb.DynBatchBlock):
-    """Concatenates ``pieces`` computed rows along axis 0."""
-
-    def __init__(self, pieces, hidden=HIDDEN, **kwargs):
-        super().__init__(**kwargs)
-        self.pieces = pieces
-        with self.name_scope():
-            self.dense = nn.Dense(hidden)
-
-    def hybrid_forward(self, F, word, emb):
-        x = emb[word:word + 1]
-        rows = [F.tanh(self.dense(x) * (k + 1)) for k in range(self.pieces)]
-        return F.concat(*rows, dim=0)
-
-
 class CrossBatchMemo(gdb.DynBatchBlock):
     """Caches a projection per word in a dict kept across calls and batches."""
 
@@ -446,21 +405,6 @@ class CrossBatchMemo(gdb.DynBatchBlock):
         if word not in self.memo:
             self.memo[word] = F.tanh(self.proj(emb[word:word + 1]))
         return F.tanh(self.out(self.memo[word]))
-
-
-class InPlaceAdd(gdb.DynBatchBlock):
-    """Adds the input to a layer's output in place: ``c += x``."""
-
-    def __init__(self, dim=DIM, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = nn.Dense(dim)
-
-    def hybrid_forward(self, F, word, emb):
-        x = emb[word:word + 1]
-        c = self.dense(x)
-        c += x
-        return F.tanh(c)
 
 
 # --------------------------------------------------------------------------
