@@ -510,6 +510,41 @@ def test_handbatched_sst_equals_eager_loss_and_gradients():
     assert plan.num_levels == max(t.depth() for t in trees)
 
 
+def test_handbatched_sst_sparse_equals_eager_loss_and_gradients():
+    """Rows looked up outside the CachedOp (row_sparse gradient): the same
+    loss and gradients as the per-node model; lazy Adam moves only used rows."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+    from handbatched_sst import HandBatchedSST, sparse_embedding
+    trees = mixed_trees()
+    vocab = build_vocab(trees)
+    vocab["unused"] = len(vocab)
+    model = make_sensitive(len(vocab), embed=6, hidden=4)
+    eager_loss, eager_grads = loss_and_grads(model, trees, batched=False)
+    table = sparse_embedding(model.embedding.data())
+    hand = HandBatchedSST(model.tree_lstm, 4, 5, mx.cpu(), embedding=table)
+    with autograd.record():
+        loss = hand(trees)
+    loss.backward()
+    assert float(loss.asscalar()) == pytest.approx(eager_loss, rel=1e-5)
+    for name in sst_model.CELL_WEIGHT_NAMES:
+        param = getattr(model.tree_lstm, name)
+        np.testing.assert_allclose(param.grad().asnumpy(), eager_grads[param.name],
+                                   rtol=1e-4, atol=1e-5, err_msg=name)
+    grad = table.weight.grad()
+    assert grad.stype == "row_sparse"
+    used = sorted({n.word_id for t in trees for n in t.postorder() if n.is_preterminal})
+    assert sorted(grad.indices.asnumpy().tolist()) == used
+    np.testing.assert_allclose(grad.tostype("default").asnumpy(),
+                               eager_grads[model.embedding.name], rtol=1e-4, atol=1e-5)
+    before = table.weight.data().asnumpy()
+    params = model.tree_lstm.collect_params()
+    params.update(table.collect_params())
+    trainer = gluon.Trainer(params, "adam", {"lazy_update": True})
+    trainer.step(1)
+    moved = np.abs(table.weight.data().asnumpy() - before).sum(axis=1) > 0
+    assert moved.nonzero()[0].tolist() == used
+
+
 def test_handbatched_sst_rejects_non_binary_trees():
     sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
     from handbatched_sst import SSTLevelPlan
