@@ -85,7 +85,9 @@ batch k while Python records batch k + 1; its figure is the median over
 rounds of the block's sentences/s. Losses are read after the wait. DyNet
 computes when ``loss.value()`` is called, so its timings need no wait.
 Results go to ``--out-dir`` as CSV, Markdown, JSON and a PNG plot of the
-batch-size sweep.
+batch-size sweep (``scripts/bench_dynet_report.py``); the report says, per
+system, which process ran it, its cores and threads, its warm-up, timed
+batches and rounds. ``docs/bench_dynet.md`` describes all of this for users.
 
 Run from the repository root::
 
@@ -649,6 +651,36 @@ class WorkerProcess:
                 pass
 
 
+GLUON_WORKER_GB, DYNET_WORKER_GB = 0.55, 1.2
+"""Peak resident memory of a worker at treelstm 256/256 (measured; rough)."""
+
+
+def available_gb():
+    """MemAvailable of /proc/meminfo in GB, None where unknown."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024.0 ** 2
+    except OSError:
+        pass
+    return None
+
+
+def warn_about_memory(specs, args):
+    """Warn when the workers of ``specs`` may not fit in memory."""
+    gluon = sum(s["side"] == "gluon" for s in specs)
+    dynet = len(specs) - gluon
+    if args.gluon_processes == "shared":     # one process, a model per system
+        gluon = min(gluon, 1) + 0.1 * gluon
+    need = gluon * GLUON_WORKER_GB + dynet * DYNET_WORKER_GB
+    have = available_gb()
+    if have is not None and need > 0.8 * have:
+        LOG.warning("%d workers may need about %.1f GB, %.1f GB available: "
+                    "consider --gluon-processes shared or fewer --configs",
+                    len(specs), need, have)
+
+
 def start_workers(specs, args):
     """Start the worker processes of ``specs``; one :class:`Entry` each.
 
@@ -656,6 +688,7 @@ def start_workers(specs, args):
     shared``, the one Gluon process of the workload; a DyNet setting always
     gets its own.
     """
+    warn_about_memory(specs, args)
     entries, shared = [], None
     for spec in specs:
         if spec["side"] == "dynet":

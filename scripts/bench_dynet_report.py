@@ -53,10 +53,11 @@ def _reference_key(run):
 def summary_rows(name, run, size=None):
     """One row per system of a workload (at ``size``): figures and ratios."""
     ref_key = _reference_key(run)
+    ref_label = next((s["label"] for s in run["specs"] if s["key"] == ref_key), None)
     rows = []
     for spec in run["specs"]:
         row = {"workload": name, "system": spec["label"], "key": spec["key"],
-               "kind": spec["kind"], "size": size,
+               "kind": spec["kind"], "size": size, "loss_reference": ref_label,
                "note": run["failures"].get(spec["key"], "")}
         if spec["key"] in run["skipped"]:
             row["note"] = DYNET_SKIP
@@ -281,7 +282,8 @@ def _summary_lines(rows):
     ratios = [(mode, suffix) for mode in MODES for suffix in suffixes]
     header = (["system", "train sent/s", "infer sent/s"]
               + ["%s x %s" % (mode, REFERENCE_NAMES[suffix]) for mode, suffix in ratios]
-              + ["loss gap vs eager, 1st batch / max"])
+              + ["loss gap vs %s, 1st batch / max"
+                 % (rows[0]["loss_reference"] if rows else "-")])
     body = []
     for row in rows:
         cut = " (cut)" if row["train_cut"] or row["infer_cut"] else ""
