@@ -103,6 +103,7 @@ import math
 import os
 import random
 import select
+import shutil
 import statistics
 import subprocess
 import sys
@@ -1106,8 +1107,11 @@ def orchestrate(args):
         LOG.warning(message)
         notes.append(message)
     runs = {}
-    for name, workload, job, sizes in plan_workloads(args, notes):
-        runs[name] = run_workload(name, workload, job, sizes, args, work_dir)
+    try:
+        for name, workload, job, sizes in plan_workloads(args, notes):
+            runs[name] = run_workload(name, workload, job, sizes, args, work_dir)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)     # the exported weights
     report = report_mod.build_report(runs, args, notes, {
         "load_start": load_start, "load_end": load_average(),
         "workload_loads": list(LOADS)})
