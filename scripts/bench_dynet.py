@@ -150,7 +150,7 @@ SETUP_TIMEOUT = 900.0
 
 
 # --------------------------------------------------------------------------
-# Helpers shared with the workers (no mxnet, no dynet)
+# Shared with the workers (no mxnet, no dynet)
 # --------------------------------------------------------------------------
 
 def parse_config(text):
@@ -423,7 +423,7 @@ class Entry:
         self.spec = spec
         self.key = spec["key"]
         self.worker = worker
-        self.failure = None       # why it stopped (setup, warm-up or a round)
+        self.failure = None       # why it failed (setup, warm-up or a round)
         self.skipped = False      # failure is "not installed", not an error
         self.reset()
 
@@ -453,10 +453,10 @@ def time_in_rounds(entries, total, block, run, timeout=None, progress=None):
 
     Round ``r`` runs batches ``r * block`` to ``(r + 1) * block - 1`` of
     every entry, one entry after another in the order of
-    ``rotation(entries, r)``.  An entry whose ``run`` raises stops there
+    ``rotation(entries, r)``.  An entry whose ``run`` raises drops out there
     (``failure``), the others go on; an entry that has spent more than
-    ``timeout`` seconds in timed blocks stops too (``cut``), after at least
-    one block.
+    ``timeout`` seconds in timed blocks gets no more rounds (``cut``), after
+    at least one block.
 
     Parameters
     ----------
@@ -481,7 +481,7 @@ def time_in_rounds(entries, total, block, run, timeout=None, progress=None):
                 continue
             if timeout is not None and entry.blocks and entry.seconds > timeout:
                 entry.cut = True
-                LOG.warning("%s: stopped after %d timed batches "
+                LOG.warning("%s: no more rounds after %d timed batches "
                             "(--system-timeout %.0f s)", entry.spec["label"],
                             first, timeout)
                 continue
