@@ -217,7 +217,7 @@ class _FakeEntry(bench_dynet.Entry):
         self.name, self.fail_at = name, fail_at
 
 
-def test_rounds_rotate_and_a_failure_stops_only_its_system():
+def test_rounds_rotate_and_a_failure_drops_only_its_system():
     log = []
 
     def run(entry, first, count):
