@@ -23,10 +23,19 @@ recorded and run batched. The math (identical in
   loss is computed where the node is (in its cell), and a subtree's loss is
   passed up with its state: a tree returns one loss, not a value per node.
 
+Two encoders compute this same function on the same Parameters:
+:class:`BinaryTreeLSTM` puts a node's math in child blocks (:class:`LeafCell`,
+:class:`InternalCell`), which gluon_dynbatch traces once and then records as
+one call each; :class:`OpByOpBinaryTreeLSTM` calls the ``F`` operators
+directly in its ``hybrid_forward``, one call per tree node, as DyNet's
+benchmark writes it, so every operator is recorded on its own.
+:class:`SSTSentimentModel` takes either (``encoder="cell"`` or ``"op"``).
+
 Weights are exchanged with the DyNet side as a dict of numpy arrays (see
 :data:`WEIGHT_NAMES`, :func:`get_weights`, :func:`set_weights`,
 :func:`save_weights`).
 """
+import functools
 import logging
 
 import numpy as np
@@ -62,6 +71,52 @@ def _node_loss(F, h, out_weight, label, num_classes):
     return -F.pick(F.log_softmax(logits, axis=1), label, axis=1)
 
 
+def leaf_state(F, x, label, iou_weight, iou_bias, out_weight, hidden, num_classes):
+    """``(h, c, loss)`` of a pre-terminal with embedding ``x`` (1, E) and ``label`` (1,)."""
+    z = F.FullyConnected(x, iou_weight, iou_bias, num_hidden=3 * hidden)
+    i, o, u = _iou(F, z, hidden)
+    c = i * u
+    h = o * F.Activation(c, act_type="tanh")
+    return h, c, _node_loss(F, h, out_weight, label, num_classes)
+
+
+def internal_state(F, left, right, label, weights, hidden, num_classes):
+    """``(h, c, loss)`` of an internal node and the summed loss of its subtree.
+
+    Parameters
+    ----------
+    F : module
+        Operator namespace.
+    left, right : tuple of NDArray
+        Each child's ``(h, c, loss)``: (1, H), (1, H) and (1,).
+    label : NDArray
+        (1,) the node's label.
+    weights : tuple of NDArray
+        ``iou_weight, iou_bias, forget_left_weight, forget_right_weight,
+        forget_bias, out_weight``.
+    hidden, num_classes : int
+        Sizes H and K.
+    """
+    (h1, c1, loss1), (h2, c2, loss2) = left, right
+    iou_weight, iou_bias, forget_left, forget_right, forget_bias, out_weight = weights
+    z = F.FullyConnected(F.concat(h1, h2, dim=1), iou_weight, iou_bias,
+                         num_hidden=3 * hidden)
+    i, o, u = _iou(F, z, hidden)
+    f1 = F.Activation(F.FullyConnected(h1, forget_left, forget_bias, num_hidden=hidden),
+                      act_type="sigmoid")
+    f2 = F.Activation(F.FullyConnected(h2, forget_right, forget_bias, num_hidden=hidden),
+                      act_type="sigmoid")
+    c = i * u + f1 * c1 + f2 * c2
+    h = o * F.Activation(c, act_type="tanh")
+    own = _node_loss(F, h, out_weight, label, num_classes)
+    return h, c, loss1 + loss2 + own
+
+
+#: Weights of an internal node, in the order :func:`internal_state` takes them.
+INTERNAL_WEIGHTS = ("iou_weight", "iou_bias", "forget_left_weight",
+                    "forget_right_weight", "forget_bias", "out_weight")
+
+
 class LeafCell(gluon.HybridBlock):
     """A pre-terminal's state and loss, given its word embedding and label.
 
@@ -78,12 +133,8 @@ class LeafCell(gluon.HybridBlock):
 
     def hybrid_forward(self, F, x, label, iou_weight, iou_bias, out_weight):
         """``(h, c, loss)`` of a pre-terminal with embedding ``x`` (1, E)."""
-        hidden = self._hidden_size
-        z = F.FullyConnected(x, iou_weight, iou_bias, num_hidden=3 * hidden)
-        i, o, u = _iou(F, z, hidden)
-        c = i * u
-        h = o * F.Activation(c, act_type="tanh")
-        return h, c, _node_loss(F, h, out_weight, label, self._num_classes)
+        return leaf_state(F, x, label, iou_weight, iou_bias, out_weight,
+                          self._hidden_size, self._num_classes)
 
 
 class InternalCell(gluon.HybridBlock):
@@ -102,27 +153,14 @@ class InternalCell(gluon.HybridBlock):
                        iou_bias, forget_left_weight, forget_right_weight,
                        forget_bias, out_weight):
         """``(h, c, loss)`` from children ``(h1, c1)`` and ``(h2, c2)``."""
-        hidden = self._hidden_size
-        z = F.FullyConnected(F.concat(h1, h2, dim=1), iou_weight, iou_bias,
-                             num_hidden=3 * hidden)
-        i, o, u = _iou(F, z, hidden)
-        f1 = F.Activation(F.FullyConnected(h1, forget_left_weight, forget_bias,
-                                           num_hidden=hidden),
-                          act_type="sigmoid")
-        f2 = F.Activation(F.FullyConnected(h2, forget_right_weight, forget_bias,
-                                           num_hidden=hidden),
-                          act_type="sigmoid")
-        c = i * u + f1 * c1 + f2 * c2
-        h = o * F.Activation(c, act_type="tanh")
-        own = _node_loss(F, h, out_weight, label, self._num_classes)
-        return h, c, loss1 + loss2 + own
+        weights = (iou_weight, iou_bias, forget_left_weight, forget_right_weight,
+                   forget_bias, out_weight)
+        return internal_state(F, (h1, c1, loss1), (h2, c2, loss2), label, weights,
+                              self._hidden_size, self._num_classes)
 
 
-class BinaryTreeLSTM(gdb.DynBatchBlock):
-    """Binary Tree-LSTM over one SST tree, with the loss of every node.
-
-    Call it as ``cell(tree, embeddings)`` with an :class:`~sst_data.SSTTree`
-    whose pre-terminals have ``word_id`` set and the (V, E) embedding table.
+class _TreeLSTMBase(gdb.DynBatchBlock):
+    """The Parameters and the per-node bookkeeping both SST encoders share.
 
     Parameters
     ----------
@@ -134,7 +172,7 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
         Number of sentiment classes (5 for SST).
     **kwargs
         Passed to :class:`gluon_dynbatch.DynBatchBlock` (``strategy``,
-        ``analysis_budget``, ``prefix``, ``params``).
+        ``compiled``, ``analysis_budget``, ``prefix``, ``params``).
     """
 
     def __init__(self, embed_size, hidden_size, num_classes=5, **kwargs):
@@ -160,8 +198,6 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
                 "forget_bias", shape=(hidden_size,), init="zeros")
             self.out_weight = self.params.get(
                 "out_weight", shape=(num_classes, hidden_size))
-            self.leaf_cell = LeafCell(hidden_size, num_classes)
-            self.internal_cell = InternalCell(hidden_size, num_classes)
         self._labels = {}     # context -> label table (see _label_rows)
 
     def _label_rows(self, ctx):
@@ -171,8 +207,21 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
             table = self._labels[ctx] = mx.nd.arange(self._num_classes, ctx=ctx)
         return table
 
+    def _label(self, F, tree, embeddings):
+        """(1,) the label of ``tree``'s root, a row of the constant label table."""
+        labels = self._label_rows(embeddings.context)
+        return F.slice_axis(labels, axis=0, begin=tree.label, end=tree.label + 1)
+
+    @staticmethod
+    def _binary_children(tree):
+        """The two children of an internal node (ValueError unless binary)."""
+        if len(tree.children) != 2:
+            raise ValueError("BinaryTreeLSTM needs binary trees, got a node "
+                             "with %d children" % len(tree.children))
+        return tree.children
+
     def hybrid_forward(self, F, tree, embeddings, **params):
-        """Run the cell over ``tree``.
+        """Run the encoder over ``tree``.
 
         Parameters
         ----------
@@ -183,7 +232,7 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
         embeddings : NDArray
             The (V, E) embedding table.
         **params : NDArray
-            The cell's weights, by name.
+            The encoder's weights, by name.
 
         Returns
         -------
@@ -193,16 +242,44 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
             (1,) summed softmax cross-entropy of the logits of every node of
             ``tree`` (pre-terminals and internal nodes) against its label.
         """
-        labels = self._label_rows(embeddings.context)
-        label = F.slice_axis(labels, axis=0, begin=tree.label, end=tree.label + 1)
+        raise NotImplementedError
+
+
+class BinaryTreeLSTM(_TreeLSTMBase):
+    """Binary Tree-LSTM over one SST tree, with the loss of every node.
+
+    Call it as ``cell(tree, embeddings)`` with an :class:`~sst_data.SSTTree`
+    whose pre-terminals have ``word_id`` set and the (V, E) embedding table.
+    A node's math runs in a child block (:class:`LeafCell` or
+    :class:`InternalCell`), called once per node.
+
+    Parameters
+    ----------
+    embed_size : int
+        Size E of the word embeddings.
+    hidden_size : int
+        Size H of the hidden and memory states.
+    num_classes : int, optional
+        Number of sentiment classes (5 for SST).
+    **kwargs
+        Passed to :class:`gluon_dynbatch.DynBatchBlock` (``strategy``,
+        ``compiled``, ``analysis_budget``, ``prefix``, ``params``).
+    """
+
+    def __init__(self, embed_size, hidden_size, num_classes=5, **kwargs):
+        super().__init__(embed_size, hidden_size, num_classes, **kwargs)
+        with self.name_scope():
+            self.leaf_cell = LeafCell(hidden_size, num_classes)
+            self.internal_cell = InternalCell(hidden_size, num_classes)
+
+    def hybrid_forward(self, F, tree, embeddings, **params):
+        """``(h, c, loss)`` of ``tree``; each node's math in a child block."""
+        label = self._label(F, tree, embeddings)
         if tree.is_preterminal:
             x = embeddings[tree.word_id:tree.word_id + 1]
             return self.leaf_cell(x, label, params["leaf_iou_weight"],
                                   params["leaf_iou_bias"], params["out_weight"])
-        if len(tree.children) != 2:
-            raise ValueError("BinaryTreeLSTM needs binary trees, got a node "
-                             "with %d children" % len(tree.children))
-        left, right = tree.children
+        left, right = self._binary_children(tree)
         h1, c1, loss1 = self(left, embeddings)
         h2, c2, loss2 = self(right, embeddings)
         return self.internal_cell(
@@ -212,8 +289,54 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
             params["out_weight"])
 
 
+class OpByOpBinaryTreeLSTM(_TreeLSTMBase):
+    """The function of :class:`BinaryTreeLSTM`, written operator by operator.
+
+    No child blocks: ``hybrid_forward`` calls the ``F`` operators of a node
+    itself (one call per tree node), computes the node's loss where the node
+    is and passes the subtree's loss up with the state, as DyNet's Tree-LSTM
+    benchmark writes its model.  Inside a batching scope every operator is
+    recorded on its own.  The Parameters and their names are those of
+    :class:`BinaryTreeLSTM`, so :func:`get_weights`, :func:`set_weights`,
+    ``save_parameters`` / ``load_parameters`` and the DyNet side work for
+    both, and ``OpByOpBinaryTreeLSTM(E, H, prefix=cell.prefix,
+    params=cell.collect_params())`` shares a :class:`BinaryTreeLSTM`'s
+    weights.
+
+    Parameters
+    ----------
+    embed_size : int
+        Size E of the word embeddings.
+    hidden_size : int
+        Size H of the hidden and memory states.
+    num_classes : int, optional
+        Number of sentiment classes (5 for SST).
+    **kwargs
+        Passed to :class:`gluon_dynbatch.DynBatchBlock` (``strategy``,
+        ``compiled``, ``analysis_budget``, ``prefix``, ``params``).
+    """
+
+    def hybrid_forward(self, F, tree, embeddings, **params):
+        """``(h, c, loss)`` of ``tree``; each node's operators called here."""
+        hidden, classes = self._hidden_size, self._num_classes
+        label = self._label(F, tree, embeddings)
+        if tree.is_preterminal:
+            x = embeddings[tree.word_id:tree.word_id + 1]
+            return leaf_state(F, x, label, params["leaf_iou_weight"],
+                              params["leaf_iou_bias"], params["out_weight"],
+                              hidden, classes)
+        left, right = self._binary_children(tree)
+        weights = tuple(params[name] for name in INTERNAL_WEIGHTS)
+        return internal_state(F, self(left, embeddings), self(right, embeddings),
+                              label, weights, hidden, classes)
+
+
+#: The SST encoders by the name :class:`SSTSentimentModel` takes.
+ENCODERS = {"cell": BinaryTreeLSTM, "op": OpByOpBinaryTreeLSTM}
+
+
 class SSTSentimentModel(gluon.Block):
-    """Embedding table plus :class:`BinaryTreeLSTM`: the whole SST model.
+    """Embedding table plus a Tree-LSTM encoder: the whole SST model.
 
     Parameters
     ----------
@@ -226,20 +349,27 @@ class SSTSentimentModel(gluon.Block):
     num_classes : int, optional
         Number of sentiment classes.
     strategy : str, optional
-        Batching strategy passed to the cell.
+        Batching strategy passed to the encoder.
+    encoder : {"cell", "op"}, optional
+        :class:`BinaryTreeLSTM` (a node's math in child blocks) or
+        :class:`OpByOpBinaryTreeLSTM` (the same function, operator by
+        operator); see :data:`ENCODERS`.
     **kwargs
         Passed to :class:`mxnet.gluon.Block`.
     """
 
     def __init__(self, vocab_size, embed_size, hidden_size, num_classes=5,
-                 strategy="agenda", **kwargs):
+                 strategy="agenda", encoder="cell", **kwargs):
         super().__init__(**kwargs)
+        if encoder not in ENCODERS:
+            raise ValueError("unknown encoder %r; choose one of %s"
+                             % (encoder, ", ".join(ENCODERS)))
         with self.name_scope():
             self.embedding = self.params.get(
                 "embedding", shape=(vocab_size, embed_size),
                 init=mx.init.Uniform(0.1))
-            self.tree_lstm = BinaryTreeLSTM(embed_size, hidden_size,
-                                            num_classes, strategy=strategy)
+            self.tree_lstm = ENCODERS[encoder](embed_size, hidden_size,
+                                               num_classes, strategy=strategy)
 
     def forward(self, trees, batched=True):
         """Run the cell over every tree.
@@ -255,7 +385,7 @@ class SSTSentimentModel(gluon.Block):
         Returns
         -------
         list of tuple
-            Per tree ``(h, c, logits)`` as returned by :class:`BinaryTreeLSTM`.
+            Per tree ``(h, c, loss)`` as returned by the encoder.
         """
         embeddings = self.embedding.data()
         if not batched:
@@ -270,8 +400,8 @@ def sst_loss(outputs, trees):
     Parameters
     ----------
     outputs : list of tuple
-        Per tree ``(h, c, loss)``, from :class:`SSTSentimentModel` or
-        :class:`BinaryTreeLSTM`; used after the batching scope.
+        Per tree ``(h, c, loss)``, from :class:`SSTSentimentModel` or an
+        encoder; used after the batching scope.
     trees : list of SSTTree
         The same trees, in the same order.
 
@@ -424,7 +554,8 @@ def save_weights(model, path, vocab=None):
     logger.info("saved %d arrays to %s", len(arrays), path)
 
 
-def make_model(vocab_size, embed_size, hidden_size, seed=None, ctx=None):
+def make_model(vocab_size, embed_size, hidden_size, seed=None, ctx=None,
+               encoder="cell"):
     """Build and initialise an :class:`SSTSentimentModel`.
 
     Parameters
@@ -435,12 +566,16 @@ def make_model(vocab_size, embed_size, hidden_size, seed=None, ctx=None):
         Seeds MXNet's and numpy's generators first, for reproducible weights.
     ctx : mxnet.Context, optional
         Defaults to the CPU.
+    encoder : {"cell", "op"}, optional
+        The encoder (see :class:`SSTSentimentModel`).  Both draw the same
+        initial weights for the same seed.
 
     Returns
     -------
     SSTSentimentModel
     """
-    return seeded_model(SSTSentimentModel, (vocab_size, embed_size, hidden_size), seed, ctx)
+    cls = functools.partial(SSTSentimentModel, encoder=encoder)
+    return seeded_model(cls, (vocab_size, embed_size, hidden_size), seed, ctx)
 
 
 def seeded_model(cls, sizes, seed=None, ctx=None):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""gluon_dynbatch against eager Gluon and DyNet, in one run on one machine.
+"""gluon_dynbatch against eager Gluon, hand-batched MXNet and DyNet, in one run.
 
 Workloads, each with a gluon_dynbatch model written one sample at a time:
 
@@ -17,23 +17,77 @@ Workloads, each with a gluon_dynbatch model written one sample at a time:
     25 pairs = 50 trees per batch, similarity head, KL loss, AdaGrad); Gluon
     only.
 ``batchsize``
-    Throughput of the ``treelstm`` workload at 128/128 against the number of
-    trees per batch (``--sizes``), gluon_dynbatch against DyNet autobatching.
+    The ``treelstm`` workload at 128/128 against the number of trees per
+    batch (``--sizes``).
 
-Systems: eager Gluon (one sample, one operator at a time; few batches);
-gluon_dynbatch with default settings (strategy "depth", imperative) and with
-every ``--configs`` setting, the best of which is reported; DyNet without and
-with autobatching. Training is forward, backward and the optimiser update;
-inference is the forward pass computing the same summed loss. Every system
-starts from the same weights and sees the same batches in the same order, so
-losses must agree across systems (checked and reported).
+Systems, each a row of the report:
 
-Each measurement runs in its own subprocess: the Gluon side with the thread
-settings of ``--threads`` set before mxnet is imported, and one process per
-DyNet setting (``dynet_config`` must come before ``import dynet``). Numbers
-are medians over batches of sentences per second, every timer stopped after
-``mx.nd.waitall()``. Results go to ``--out-dir`` as CSV, Markdown, JSON and a
-PNG plot of the batch-size sweep.
+``eager``
+    Eager Gluon: the model's own block outside any batching scope, one
+    sample and one operator at a time (on ``treelstm`` the cell-written
+    encoder; the op-by-op one runs the same operators).
+``gdb``
+    gluon_dynbatch, one row per ``--configs`` setting (strategy:mode). On
+    ``treelstm`` and ``batchsize`` once per encoder of ``--encoders``:
+    ``cell`` (``BinaryTreeLSTM``: a node's math in child blocks, recorded as
+    one call each) and ``op`` (``OpByOpBinaryTreeLSTM``: the same function
+    with its ``F`` operators called one by one, as DyNet's benchmark writes
+    it). The sweep runs the default setting only.
+``hand`` and ``hand-sparse``
+    ``treelstm`` and ``batchsize``: ``scripts/handbatched_sst.py``, the same
+    model batched by hand, one CachedOp per batch and nothing per tree node
+    in Python. ``hand`` gathers the embedding rows inside the CachedOp (a
+    dense table gradient, dense Adam, like the gluon_dynbatch rows);
+    ``hand-sparse`` looks them up outside with ``nn.Embedding(...,
+    sparse_grad=True)`` and trains with ``Trainer(..., "adam",
+    {"lazy_update": True})``, updating only the rows a batch used as DyNet
+    does: the like-for-like MXNet limit.
+``dynet``
+    DyNet with autobatching off (0) and on (1).
+
+Every system starts from the same weights (the seeded model; DyNet loads the
+weights the first Gluon system exports) and sees the same batches in the same
+order; each system's losses are compared with eager Gluon's (first batch:
+the same weights, a pure forward comparison).
+
+Processes. Each system runs in a long-lived worker process of its own
+(``scripts/bench_dynet_worker.py``); with ``--gluon-processes shared`` the
+Gluon systems of a workload share one worker (less memory; each still has its
+own model, optimiser and caches). A worker applies ``--threads`` (thread
+variables and CPU affinity) before it imports mxnet or dynet, and a DyNet
+worker configures dynet (autobatch, seed, memory) before importing it, so
+every DyNet setting needs a process of its own. This driver never imports
+mxnet or dynet. It speaks to each worker over the worker's stdin and stdout,
+one JSON object per line and one answer per request (``setup``,
+``prepare``, ``run``, ``profile``, ``env``, ``quit``); the worker moves its
+own stdout to stderr before importing anything, so that what a library
+prints cannot break the protocol. Only one worker computes at any time: the
+others wait on their pipes.
+
+Rounds. Each system first warms up (``prepare``: initial weights, a fresh
+optimiser and block, ``--warmup`` untimed batches), one system after
+another. Then the timed batches run in rounds: round ``r`` runs batches
+``r * R`` to ``(r + 1) * R - 1`` (``R = --round-batches``) of every system,
+one system after another, the order rotating by one system from round to
+round, as in ``scripts/benchmark.py``. A drift of the machine's speed during
+the run so reaches every system alike, while each system still runs ``R``
+batches in a row. Training is timed first, then inference (each mode from
+the initial weights, with a new warm-up).
+
+Timing. Every system, eager included, is timed on the same ``--batches``
+batches (those after the ``--warmup`` ones). Training (forward, backward,
+optimiser update) is timed batch by batch, waiting for MXNet
+(``mx.nd.waitall``) before and after each; its figure is the median over
+batches of sentences/s (``--train-back-to-back`` times training like
+inference). Inference (forward, the same summed loss) runs a round's ``R``
+batches back to back with one wait at the end, so that MXNet may compute
+batch k while Python records batch k + 1; its figure is the median over
+rounds of the block's sentences/s. Losses are read after the wait. DyNet
+computes when ``loss.value()`` is called, so its timings need no wait.
+Results go to ``--out-dir`` as CSV, Markdown, JSON and a PNG plot of the
+batch-size sweep (``scripts/bench_dynet_report.py``); the report says, per
+system, which process ran it, its cores and threads, its warm-up, timed
+batches and rounds. ``docs/bench_dynet.md`` describes all of this for users.
 
 Run from the repository root::
 
@@ -42,15 +96,14 @@ Run from the repository root::
     .venv/bin/python scripts/bench_dynet.py --quick --profile
 """
 import argparse
-import csv
 import importlib.util
 import json
 import logging
 import math
 import os
-import platform
 import random
-import re
+import select
+import shutil
 import statistics
 import subprocess
 import sys
@@ -69,21 +122,20 @@ from examples.progress_logging import setup_logging  # noqa: E402
 
 LOG = logging.getLogger("bench_dynet")
 
+WORKER = Path(__file__).resolve().parent / "bench_dynet_worker.py"
 WORKLOADS = ("treelstm", "tagger", "sick", "batchsize")
 MODES = ("train", "infer")
 DEFAULT_CONFIG = "depth:imperative"
-#: Pseudo-setting of the hand-batched MXNet Tree-LSTM (``handbatched_sst.py``).
-HAND_CONFIG = "hand"
 """gluon_dynbatch's defaults: ``gdb.batching()`` with nothing changed."""
 ALL_CONFIGS = ("depth:imperative", "agenda:imperative", "depth:step",
                "agenda:step", "depth:compiled", "agenda:compiled")
 _COMPILED = {"imperative": False, "step": "step", "compiled": True}
+ENCODERS = ("cell", "op")
+ENCODER_NAMES = {"cell": "cell-written", "op": "op-by-op"}
 TREE_BATCH = 50
 TAGGER_BATCH = 64
 TAGGER_DIMS = (128, 128)
-SICK_PAIRS = 25
 SICK_INPUT, SICK_HIDDEN = 300, 150
-SICK_LR, SICK_WD = 0.05, 1e-4
 SWEEP_DIMS = (128, 128)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                "MXNET_CPU_WORKER_NTHREADS")
@@ -93,10 +145,12 @@ STAT_COUNTS = ("nodes", "steps", "planned_nodes", "cache_hits",
 DYNET_MISSING = 3
 """Exit status of a DyNet worker that cannot import dynet."""
 DYNET_SKIP = "skipped: dynet38 not installed (pip install dynet38)"
+SETUP_TIMEOUT = 900.0
+"""Seconds a worker may take to start, load its data and build its models."""
 
 
 # --------------------------------------------------------------------------
-# Helpers shared by every process (no mxnet, no dynet)
+# Shared with the workers (no mxnet, no dynet)
 # --------------------------------------------------------------------------
 
 def parse_config(text):
@@ -184,8 +238,8 @@ def tagged_sentences(trees):
 def batch_stream(items, size, seed):
     """Endless stream of batches of ``items``, reshuffled on every pass.
 
-    Both sides of a comparison call this with the same seed and so see the
-    same batches in the same order.
+    Every system calls this with the same seed and so sees the same batches
+    in the same order.
 
     Parameters
     ----------
@@ -252,755 +306,598 @@ def sweep_batches(batches, size, quick):
     return max(low, min(want, 4 * max(batches, 1)))
 
 
-def time_loop(step, stream, warmup, batches, sync, timeout, desc):
-    """Run ``warmup`` untimed then ``batches`` timed steps.
+def run_block(step, batches, sync, each, value=float, count=len):
+    """Run ``step`` on every batch of ``batches``; time them.
 
     Parameters
     ----------
     step : callable
-        ``step(batch) -> (loss, stats)``: one training or inference step;
-        ``stats`` is a dict of gluon_dynbatch figures or None.
-    stream : iterator of list
-        Batches.
-    warmup, batches : int
+        ``step(batch) -> (loss, stats)``; ``stats`` a dict or None.
+    batches : list
+        Drawn before the clock starts.
     sync : callable
         Waits for all pending computation (``mx.nd.waitall``).
-    timeout : float
-        Stop timing after this many seconds (at least one timed batch runs);
-        the result is then flagged ``cut``.
-    desc : str
-        Progress-bar label.
+    each : bool
+        Wait after every batch and time each alone (``batch_ms``); otherwise
+        the batches run back to back and only the block is timed.
+    value : callable, optional
+        Loss object -> float, called after the block's final wait.
+    count : callable, optional
+        Sentences in a batch.
 
     Returns
     -------
     dict
-        ``batch_ms`` and ``sentences`` of the timed batches, ``losses`` of
-        every batch (warm-up first), per-batch ``stats``, ``cut``.
+        ``block_ms``, ``batch_ms`` (empty unless ``each``), ``sentences``,
+        ``losses`` and ``stats`` (per batch).
     """
-    out = {"batch_ms": [], "sentences": [], "losses": [], "stats": [],
-           "cut": False}
-    began = time.perf_counter()
-    total = warmup + batches
-    for k in tqdm(range(total), desc=desc, leave=False, unit="batch",
-                  disable=None):
-        batch = next(stream)
-        sync()
-        start = time.perf_counter()
-        loss, stats = step(batch)
-        sync()
-        elapsed = time.perf_counter() - start
-        out["losses"].append(loss)
-        if k >= warmup:
-            out["batch_ms"].append(1000.0 * elapsed)
-            out["sentences"].append(len(batch))
-            if stats is not None:
-                out["stats"].append(stats)
-            if time.perf_counter() - began > timeout and k + 1 < total:
-                out["cut"] = True
-                LOG.warning("%s: stopped after %d of %d timed batches "
-                            "(--system-timeout %.0f s)", desc, k + 1 - warmup,
-                            batches, timeout)
-                break
-    return out
-
-
-def summarize(loop):
-    """Medians of a :func:`time_loop` result.
-
-    Returns
-    -------
-    dict
-        ``sentences_per_s`` (median over batches of sentences/s),
-        ``median_ms``, ``mean_sentences_per_s`` (all sentences over all
-        time), ``batches``, ``cut``, ``losses`` and medians (ms) or sums
-        (counts) of the gluon_dynbatch figures.
-    """
-    rates = [1000.0 * n / ms for n, ms in zip(loop["sentences"],
-                                              loop["batch_ms"])]
-    res = {"sentences_per_s": statistics.median(rates),
-           "median_ms": statistics.median(loop["batch_ms"]),
-           "mean_sentences_per_s": 1000.0 * sum(loop["sentences"])
-           / sum(loop["batch_ms"]),
-           "batches": len(rates), "cut": loop["cut"],
-           "losses": loop["losses"]}
-    if loop["stats"]:
-        stats = {}
-        for name in STAT_MS:
-            stats[name] = statistics.median(s[name] for s in loop["stats"])
-        for name in STAT_COUNTS:
-            stats[name] = sum(s[name] for s in loop["stats"])
-        stats["mean_batch_size"] = (stats["planned_nodes"] / stats["steps"]
-                                    if stats["steps"] else 0.0)
-        res["stats"] = stats
-    return res
+    losses, stats, batch_ms = [], [], []
+    sync()
+    start = time.perf_counter()
+    for batch in batches:
+        began = time.perf_counter()
+        loss, figures = step(batch)
+        if each:
+            sync()
+            batch_ms.append(1000.0 * (time.perf_counter() - began))
+        losses.append(loss)
+        if figures is not None:
+            stats.append(figures)
+    sync()
+    block_ms = 1000.0 * (time.perf_counter() - start)
+    return {"block_ms": block_ms, "batch_ms": batch_ms,
+            "sentences": [count(b) for b in batches],
+            "losses": [value(loss) for loss in losses], "stats": stats}
 
 
 # --------------------------------------------------------------------------
-# The Gluon worker
+# Systems and rounds
 # --------------------------------------------------------------------------
 
-def _gluon_imports():
-    """Import mxnet, gluon_dynbatch and the example models (after threads)."""
-    # pylint: disable=import-outside-toplevel
-    import mxnet as mx
-    import gluon_dynbatch as gdb
-    from examples import bilstm_tagger, sick_data, sick_model, sst_model
-    return mx, gdb, sst_model, bilstm_tagger, sick_data, sick_model
+def system_spec(kind, label, side="gluon", **extra):
+    """One system of a workload (a JSON-able dict; ``key`` names it)."""
+    parts = [str(extra[k]) for k in ("encoder", "config", "autobatch")
+             if extra.get(k) is not None]
+    key = "-".join([kind] + parts)
+    return dict(extra, key=key, kind=kind, label=label, side=side)
 
 
-class GluonTask:
-    """One workload on the Gluon side: data, model, trainer, steps.
-
-    Subclasses set ``self.params`` (a ParameterDict of everything trained),
-    ``self.items`` (what batches are drawn from), ``self.batch_size`` and
-    implement :meth:`make_trainer`, :meth:`block_for` and :meth:`loss`.
-
-    Parameters
-    ----------
-    mods : tuple
-        From :func:`_gluon_imports`.
-    job : dict
-        The job description.
-    """
-
-    def __init__(self, mods, job):
-        self.mx, self.gdb = mods[0], mods[1]
-        self.mods = mods
-        self.job = job
-        self.seed = job["seed"]
-        self.params = None
-        self.initial = None
-        self.trainer = None
-
-    def remember_weights(self):
-        """Keep the initial weights, restored by :meth:`reset`."""
-        self.initial = {name: p.data().copy()
-                        for name, p in self.params.items()}
-
-    def reset(self):
-        """Initial weights, zero gradients, a fresh optimiser, empty caches."""
-        for name, param in self.params.items():
-            param.set_data(self.initial[name])
-        self.params.zero_grad()
-        self.trainer = self.make_trainer()
-        cache = getattr(getattr(self.gdb, "scope", None), "DEFAULT_CACHE",
-                        None)
-        if cache is not None and callable(getattr(cache, "clear", None)):
-            cache.clear()
-
-    def stream(self, size=None):
-        """A fresh batch stream (the same one on every call)."""
-        return batch_stream(self.items, size or self.batch_size, self.seed)
-
-    def make_trainer(self):
-        """A new gluon.Trainer over ``self.params``."""
-        raise NotImplementedError
-
-    def block_for(self, config):
-        """The DynBatchBlock to call: the model's own for eager, a fresh one
-        sharing the Parameters for a gluon_dynbatch setting (empty caches)."""
-        raise NotImplementedError
-
-    def loss(self, block, batch, config):
-        """Forward: ``(loss NDArray, stats dict or None)``."""
-        raise NotImplementedError
-
-    def count(self, batch):
-        """Sentences in ``batch``."""
-        return len(batch)
-
-    def scale(self, batch):
-        """Argument of ``trainer.step``."""
-        return 1
-
-    def _scoped(self, block, args_list, config, extra):
-        """Call ``block`` on every argument tuple, batched unless eager."""
-        if config is None:
-            return [block(*args, *extra) for args in args_list], None
-        with self.gdb.batching(**parse_config(config)) as scope:
-            outs = [block(*args, *extra) for args in args_list]
-        return outs, scope.stats.as_dict()
-
-    def stepper(self, config, train, block=None):
-        """``step(batch) -> (loss float, stats)`` for :func:`time_loop`.
-
-        ``block`` defaults to ``self.block_for(config)``.
-        """
-        mx = self.mx
-        if block is None:
-            block = self.block_for(config)
-
-        def train_step(batch):
-            with mx.autograd.record():
-                loss, stats = self.loss(block, batch, config)
-            loss.backward()
-            self.trainer.step(self.scale(batch))
-            return float(loss.sum().asscalar()), stats
-
-        def infer_step(batch):
-            loss, stats = self.loss(block, batch, config)
-            return float(loss.sum().asscalar()), stats
-
-        return train_step if train else infer_step
+def gdb_label(config, encoder=None):
+    """Row label of a gluon_dynbatch system."""
+    what = "gluon_dynbatch"
+    if encoder is not None:
+        what += " " + ENCODER_NAMES[encoder]
+    default = " (default)" if config == DEFAULT_CONFIG else ""
+    return "%s %s%s" % (what, config, default)
 
 
-class TreeTask(GluonTask):
-    """Workload 1: binary Tree-LSTM on SST (``examples/sst_model.py``)."""
-
-    def __init__(self, mods, job):
-        super().__init__(mods, job)
-        self.sst = mods[2]
-        trees, vocab = load_sst_trees(job["data_dir"], job.get("max_trees"))
-        self.items, self.vocab = trees, vocab
-        self.batch_size = job["batch_size"]
-        self.model = self.sst.make_model(len(vocab), job["embed"],
-                                         job["hidden"], seed=self.seed)
-        self.params = self.model.collect_params()
-        self.remember_weights()
-        if job.get("weights_out"):
-            self.sst.save_weights(self.model, job["weights_out"], vocab)
-
-    def make_trainer(self):
-        return self.mx.gluon.Trainer(self.params, "adam")
-
-    def block_for(self, config):
-        base = self.model.tree_lstm
-        if config is None:
-            return base
-        block = self.sst.BinaryTreeLSTM(
-            self.job["embed"], self.job["hidden"], prefix=base.prefix,
-            params=base.collect_params())
-        if block.out_weight is not base.out_weight:
-            raise RuntimeError("fresh Tree-LSTM block does not share weights")
-        return block
-
-    def loss(self, block, batch, config):
-        emb = self.model.embedding.data()
-        if config == HAND_CONFIG:
-            return block(batch, emb), None
-        outs, stats = self._scoped(block, [(t,) for t in batch], config,
-                                   (emb,))
-        return self.sst.sst_loss(outs, batch), stats
-
-    def hand_block(self):
-        """The hand-batched model on this task's Parameters (MXNet's limit)."""
-        import handbatched_sst  # pylint: disable=import-outside-toplevel
-        return handbatched_sst.HandBatchedSST(
-            self.model.tree_lstm, self.job["hidden"], 5, self.mx.cpu())
-
-
-class TaggerTask(GluonTask):
-    """Workload 2: BiLSTM tagger (``examples/bilstm_tagger.py``)."""
-
-    def __init__(self, mods, job):
-        super().__init__(mods, job)
-        self.tag = mods[3]
-        trees, vocab = load_sst_trees(job["data_dir"], job.get("max_trees"))
-        self.items = tagged_sentences(trees)
-        self.batch_size = job["batch_size"]
-        self.model = self.tag.make_model(len(vocab), job["embed"],
-                                         job["hidden"], seed=self.seed)
-        self.params = self.model.collect_params()
-        self.remember_weights()
-        if job.get("weights_out"):
-            weights = self.tag.dynet_weights(self.tag.get_weights(self.model))
-            import numpy as np  # pylint: disable=import-outside-toplevel
-            np.savez(job["weights_out"], **weights)
-
-    def make_trainer(self):
-        return self.mx.gluon.Trainer(self.params, "adam")
-
-    def block_for(self, config):
-        base = self.model.tagger
-        if config is None:
-            return base
-        block = self.tag.BiLSTMTagger(self.job["embed"], self.job["hidden"],
-                                      prefix=base.prefix,
-                                      params=base.collect_params())
-        if block.forward_cell.h_weight is not base.forward_cell.h_weight:
-            raise RuntimeError("fresh tagger block does not share weights")
-        return block
-
-    def loss(self, block, batch, config):
-        emb = self.model.embedding.data()
-        outs, stats = self._scoped(block, [(ids,) for ids, _ in batch],
-                                   config, (emb,))
-        return self.tag.tagger_loss(outs, [tags for _, tags in batch]), stats
-
-
-class SickTask(GluonTask):
-    """Workload 3: SICK Child-Sum Tree-LSTM (``examples/sick_model.py``)."""
-
-    def __init__(self, mods, job):
-        super().__init__(mods, job)
-        mx = self.mx
-        self.data, self.model_mod = mods[4], mods[5]
-        data_dir = job.get("data_dir") or self.data.default_data_dir()
-        pairs = self.data.load_split(data_dir, "train")
-        if job.get("max_trees"):
-            pairs = pairs[:max(1, job["max_trees"] // 2)]
-        vocab = {}
-        for pair in pairs:
-            for tokens, tree in ((pair.a_tokens, pair.a_tree),
-                                 (pair.b_tokens, pair.b_tree)):
-                ids = [vocab.setdefault(t.lower(), len(vocab))
-                       for t in tokens]
-                self.data.attach_words(tree, ids)
-        self.items = pairs
-        self.batch_size = job["batch_size"]
-        mx.random.seed(self.seed)
-        self.encoder = self.model_mod.ChildSumTreeLSTM(job["hidden"],
-                                                       job["embed"])
-        self.head = self.model_mod.SimilarityHead(job["hidden"])
-        self.encoder.initialize(mx.init.Xavier())
-        self.head.initialize(mx.init.Xavier())
-        self.embeddings = mx.nd.random.uniform(
-            -0.05, 0.05, shape=(len(vocab), job["embed"]))
-        self.loss_fn = self.model_mod.make_loss()
-        self.params = self.encoder.collect_params()
-        self.params.update(self.head.collect_params())
-        self.remember_weights()
-
-    def make_trainer(self):
-        return self.mx.gluon.Trainer(self.params, "adagrad", {
-            "learning_rate": SICK_LR, "wd": SICK_WD})
-
-    def block_for(self, config):
-        if config is None:
-            return self.encoder
-        block = self.model_mod.ChildSumTreeLSTM(
-            self.job["hidden"], self.job["embed"], prefix=self.encoder.prefix,
-            params=self.encoder.collect_params())
-        if block.cell.x_weight is not self.encoder.cell.x_weight:
-            raise RuntimeError("fresh encoder does not share weights")
-        return block
-
-    def count(self, batch):
-        return 2 * len(batch)
-
-    def scale(self, batch):
-        return len(batch)
-
-    def loss(self, block, batch, config):
-        nd = self.mx.nd
-        trees = [p.a_tree for p in batch] + [p.b_tree for p in batch]
-        outs, stats = self._scoped(block, [(t,) for t in trees], config,
-                                   (self.embeddings,))
-        roots = nd.concat(*[h for h, _ in outs], dim=0)
-        n = len(batch)
-        log_probs = self.head(nd.slice_axis(roots, axis=0, begin=0, end=n),
-                              nd.slice_axis(roots, axis=0, begin=n,
-                                            end=2 * n))
-        targets = self.model_mod.batch_targets(batch)
-        return self.loss_fn(log_probs, targets), stats
-
-
-class _Counted:
-    """Wraps a batch so that ``len()`` counts sentences, not pairs."""
-
-    def __init__(self, task, batch):
-        self.batch = batch
-        self.n = task.count(batch)
-
-    def __len__(self):
-        return self.n
-
-
-def _counted_stream(task, stream):
-    """Batches wrapped in :class:`_Counted` (for SICK: 2 trees a pair)."""
-    for batch in stream:
-        yield _Counted(task, batch)
-
-
-def run_system(task, config, job, mode, label, eager=False):
-    """Time one system in one mode; return its summary.
+def workload_systems(workload, args):
+    """The systems of one workload, in report order.
 
     Parameters
     ----------
-    task : GluonTask
-    config : str or None
-        gluon_dynbatch setting, None for eager.
-    job : dict
-    mode : {"train", "infer"}
-    label : str
-        Progress label.
-    eager : bool
-        Use the (smaller) eager batch counts.
-
-    Returns
-    -------
-    dict
-    """
-    mx = task.mx
-    task.reset()
-    block = task.hand_block() if config == HAND_CONFIG else None
-    step = task.stepper(config, mode == "train", block)
-    warmup = job["eager_warmup"] if eager else job["warmup"]
-    batches = job["eager_batches"] if eager else job["batches"]
-    stream = _counted_stream(task, task.stream(job.get("size")))
-    loop = time_loop(lambda b: step(b.batch), stream, warmup, batches,
-                     mx.nd.waitall, job["system_timeout"], label)
-    res = summarize(loop)
-    res.update({"system": "eager" if config is None else
-                "hand" if config == HAND_CONFIG else "gdb",
-                "config": config or "", "mode": mode})
-    LOG.info("%s %s: %.1f sentences/s (median %.1f ms per batch)", label,
-             mode, res["sentences_per_s"], res["median_ms"])
-    return res
-
-
-def gluon_env(mx):
-    """Thread settings and versions of this Gluon process."""
-    env = {var: os.environ.get(var) for var in THREAD_VARS}
-    env.update({"mxnet": mx.__version__, "cores": apply_threads(None),
-                "os_threads": os_threads(), "cpu_count": os.cpu_count()})
-    return env
-
-
-def make_task(mods, job):
-    """The :class:`GluonTask` of ``job["workload"]``."""
-    kind = {"treelstm": TreeTask, "tagger": TaggerTask, "sick": SickTask,
-            "batchsize": TreeTask, "profile": TreeTask}[job["workload"]]
-    return kind(mods, job)
-
-
-def gluon_systems(task, job):
-    """Eager plus every gluon_dynbatch setting, both modes."""
-    results = []
-    name = job["name"]
-    for mode in job["modes"]:
-        if job["eager_batches"] > 0:
-            results.append(run_system(task, None, job, mode,
-                                      "%s eager" % name, eager=True))
-        for config in job["configs"]:
-            results.append(run_system(task, config, job, mode,
-                                      "%s gdb %s" % (name, config)))
-        if job.get("hand") and hasattr(task, "hand_block"):
-            results.append(run_system(task, HAND_CONFIG, job, mode,
-                                      "%s hand-batched" % name))
-    return results
-
-
-def gluon_sweep(task, job):
-    """The batch-size sweep: every setting at every size, both modes."""
-    results = []
-    for size in job["sizes"]:
-        sized = dict(job, size=size,
-                     batches=sweep_batches(job["batches"], size,
-                                           job.get("quick")))
-        for mode in job["modes"]:
-            for config in job["configs"]:
-                res = run_system(task, config, sized, mode,
-                                 "size %d gdb %s" % (size, config))
-                res["size"] = size
-                results.append(res)
-    return results
-
-
-def _profiler_rows(text, domain, top):
-    """Rows of one domain of ``mx.profiler.dumps(format='json')``.
-
-    Parameters
-    ----------
-    text : str
-        The JSON dump of aggregate statistics.
-    domain : str
-        ``"operator"`` (operators as the engine ran them, backward ones
-        included) or ``"MXNET_C_API"`` (calls from Python, waiting included).
-    top : int
-        How many rows, largest total time first.
+    workload : str
+        One of :data:`WORKLOADS`.
+    args : argparse.Namespace
 
     Returns
     -------
     list of dict
-        ``op``, ``total_ms``, ``count``.
+        :func:`system_spec` dicts.
     """
-    entries = json.loads(text).get("Time", {}).get(domain, {})
-    rows = sorted(((stat.get("Total", 0.0), stat.get("Count", 0), name)
-                   for name, stat in entries.items()), reverse=True)
-    return [{"op": name, "total_ms": total, "count": count}
-            for total, count, name in rows[:top]]
+    trees = workload in ("treelstm", "batchsize")
+    specs = []
+    if workload != "batchsize" and not args.no_eager:
+        specs.append(system_spec("eager", "eager Gluon (one sample at a time)"))
+    configs = [DEFAULT_CONFIG] if workload == "batchsize" else args.configs
+    for encoder in (args.encoders if trees else [None]):
+        for config in configs:
+            specs.append(system_spec("gdb", gdb_label(config, encoder),
+                                     config=config, encoder=encoder))
+    if trees and not args.no_hand:
+        if workload == "treelstm":
+            specs.append(system_spec(
+                "hand", "hand-batched MXNet, dense embedding gradient"))
+        specs.append(system_spec(
+            "hand-sparse", "hand-batched MXNet, sparse embedding gradient, "
+            "lazy Adam (like-for-like limit)"))
+    if workload != "sick" and not args.skip_dynet:
+        for autobatch in ((1,) if workload == "batchsize" else (0, 1)):
+            specs.append(system_spec("dynet", "DyNet autobatch=%d" % autobatch,
+                                     side="dynet", autobatch=autobatch))
+    return specs
 
 
-def profile_batch(task, config, job):
-    """Where one training batch of gluon_dynbatch spends its time.
+class Entry:
+    """One system's state in the driver during a workload.
 
-    Runs three warm-up batches, then one batch split by synchronisation
-    points, one under ``mx.profiler`` (top operators) and one under cProfile
-    (top Python functions).
+    Parameters
+    ----------
+    spec : dict
+        From :func:`system_spec`.
+    worker : WorkerProcess or None
+        The process that runs it.
+    """
+
+    def __init__(self, spec, worker=None):
+        self.spec = spec
+        self.key = spec["key"]
+        self.worker = worker
+        self.failure = None       # why it failed (setup, warm-up or a round)
+        self.skipped = False      # failure is "not installed", not an error
+        self.reset()
+
+    def reset(self):
+        """Forget the timed blocks (a new mode or batch size)."""
+        self.warmup = None
+        self.blocks = []
+        self.seconds = 0.0
+        self.cut = False
+
+    @property
+    def alive(self):
+        """Still to be timed."""
+        return self.failure is None
+
+
+def rotation(items, round_index):
+    """``items`` rotated left by ``round_index`` (mod their number)."""
+    if not items:
+        return []
+    k = round_index % len(items)
+    return items[k:] + items[:k]
+
+
+def time_in_rounds(entries, total, block, run, timeout=None, progress=None):
+    """Time ``total`` batches of every entry in rounds of ``block`` batches.
+
+    Round ``r`` runs batches ``r * block`` to ``(r + 1) * block - 1`` of
+    every entry, one entry after another in the order of
+    ``rotation(entries, r)``.  An entry whose ``run`` raises drops out there
+    (``failure``), the others go on; an entry that has spent more than
+    ``timeout`` seconds in timed blocks gets no more rounds (``cut``), after
+    at least one block.
+
+    Parameters
+    ----------
+    entries : list of Entry
+    total : int
+        Timed batches per entry.
+    block : int
+        Batches per entry and round.
+    run : callable
+        ``run(entry, first, count) -> dict`` with at least ``block_ms``;
+        appended to ``entry.blocks``.
+    timeout : float, optional
+    progress : tqdm, optional
+        Advanced by one per block.
+    """
+    for r, first in enumerate(range(0, total, block)):
+        count = min(block, total - first)
+        for entry in rotation(entries, r):
+            if progress is not None:
+                progress.update(1)
+            if not entry.alive or entry.cut:
+                continue
+            if timeout is not None and entry.blocks and entry.seconds > timeout:
+                entry.cut = True
+                LOG.warning("%s: no more rounds after %d timed batches "
+                            "(--system-timeout %.0f s)", entry.spec["label"],
+                            first, timeout)
+                continue
+            try:
+                result = run(entry, first, count)
+            except Exception as err:  # pylint: disable=broad-except
+                entry.failure = "failed in round %d: %s" % (r + 1, err)
+                LOG.error("%s %s", entry.spec["label"], entry.failure)
+                continue
+            entry.blocks.append(result)
+            entry.seconds += result["block_ms"] / 1000.0
+
+
+def summarize(entry, each):
+    """A mode's figures of one entry (its warm-up and timed blocks).
+
+    Parameters
+    ----------
+    entry : Entry
+    each : bool
+        Whether batches were timed one by one (else per block).
 
     Returns
     -------
     dict
+        ``sentences_per_s`` (median over batches, or over blocks, of
+        sentences/s), ``median_ms`` (per batch), ``mean_sentences_per_s``
+        (all sentences over all timed time), ``batches``, ``rounds``,
+        ``timing`` ("batch" or "block"), ``cut``, ``losses`` (warm-up first)
+        and medians (ms) or sums (counts) of the gluon_dynbatch figures.
     """
-    import cProfile  # pylint: disable=import-outside-toplevel
-    import pstats  # pylint: disable=import-outside-toplevel
-    import io  # pylint: disable=import-outside-toplevel
-    mx = task.mx
-    nd = mx.nd
-    task.reset()
-    block = task.block_for(config)
-    stream = task.stream()
-    step = task.stepper(config, True, block)
-    for _ in range(3):
-        step(next(stream))
-    batch = next(stream)
-    nd.waitall()
-    marks = [("start", time.perf_counter())]
-    with mx.autograd.record():
-        emb = task.model.embedding.data()
-        with task.gdb.batching(**parse_config(config)) as scope:
-            outs = [block(t, emb) for t in batch]
-        marks.append(("scope (record + plan + launch)", time.perf_counter()))
-        loss = task.sst.sst_loss(outs, batch)
-        marks.append(("loss graph", time.perf_counter()))
-    nd.waitall()
-    marks.append(("forward compute still queued at scope exit",
-                  time.perf_counter()))
-    loss.backward()
-    nd.waitall()
-    marks.append(("backward", time.perf_counter()))
-    task.trainer.step(1)
-    nd.waitall()
-    marks.append(("trainer.step (Adam, dense embedding)",
-                  time.perf_counter()))
-    phases = [(name, 1000.0 * (t - marks[k][1]))
-              for k, (name, t) in enumerate(marks[1:])]
-    stats = scope.stats.as_dict()
-    scope_ms = phases[0][1]
-    inner = [("  record (forward code, recording)", stats["record_ms"]),
-             ("  plan", stats["plan_ms"]),
-             ("  execute (launch batched ops; incl. compile %.1f ms)"
-              % stats["compile_ms"], stats["execute_ms"])]
-    inner.append(("  rest of scope exit (liveness, pruning, release)",
-                  scope_ms - sum(ms for _, ms in inner)))
-    phases[1:1] = inner
-
-    profile_file = os.path.join(tempfile.mkdtemp(prefix="gdb_prof_"),
-                                "profile.json")
-    mx.profiler.set_config(profile_all=True, aggregate_stats=True,
-                           filename=profile_file)
-    operators, api = [], []
-    for _ in range(3):      # the aggregate table now and then comes back empty
-        mx.profiler.set_state("run")
-        step(next(stream))
-        nd.waitall()
-        mx.profiler.set_state("stop")
-        dump = mx.profiler.dumps(reset=True, format="json")
-        operators = _profiler_rows(dump, "operator", job.get("top", 15))
-        api = _profiler_rows(dump, "MXNET_C_API", 6)
-        if operators:
-            break
-        LOG.debug("mx.profiler aggregate without operators: %s", dump[:300])
-
-    profiler = cProfile.Profile()
-    profiler.enable()
-    step(next(stream))
-    nd.waitall()
-    profiler.disable()
-    buf = io.StringIO()
-    pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(
-        job.get("top", 15))
-    return {"config": config, "trees": len(batch),
-            "tree_nodes": sum(len(t.postorder()) for t in batch),
-            "phases": phases,
-            "stats": stats, "operators": operators, "api": api,
-            "python": "\n".join(_trim_pstats(buf.getvalue()))}
-
-
-def _trim_pstats(text):
-    """The table lines of a pstats report, paths shortened."""
-    lines = text.strip().splitlines()
-    for k, line in enumerate(lines):
-        if line.strip().startswith("ncalls"):
-            lines = lines[k:]
-            break
-    root = str(ROOT) + os.sep
-    return [re.sub(r"\S*site-packages/", "", line.replace(root, ""))
-            for line in lines]
-
-
-def gluon_worker(job):
-    """Run a Gluon job (in its own process); return the result dict."""
-    if job.get("threads") and "mxnet" in sys.modules:
-        LOG.warning("mxnet was imported before the thread settings")
-    cores = apply_threads(job.get("threads"))
-    mods = _gluon_imports()
-    mx = mods[0]
-    task = make_task(mods, job)
-    result = {"job": job["name"], "side": "gluon"}
-    if job["workload"] == "batchsize":
-        result["systems"] = gluon_sweep(task, job)
-    elif job["workload"] == "profile":
-        result["profiles"] = [profile_batch(task, config, job)
-                              for config in job["configs"]]
+    blocks = entry.blocks
+    sentences = [n for b in blocks for n in b["sentences"]]
+    if each:
+        times = [ms for b in blocks for ms in b["batch_ms"]]
+        rates = [1000.0 * n / ms for n, ms in zip(sentences, times)]
+        per_batch = times
     else:
-        result["systems"] = gluon_systems(task, job)
-    result["env"] = gluon_env(mx)
-    result["env"]["cores"] = cores
-    return result
+        times = [b["block_ms"] for b in blocks]
+        rates = [1000.0 * sum(b["sentences"]) / b["block_ms"] for b in blocks]
+        per_batch = [b["block_ms"] / len(b["sentences"]) for b in blocks]
+    losses = list((entry.warmup or {}).get("losses", []))
+    losses += [x for b in blocks for x in b["losses"]]
+    res = {"sentences_per_s": statistics.median(rates),
+           "median_ms": statistics.median(per_batch),
+           "mean_sentences_per_s": 1000.0 * sum(sentences) / sum(times),
+           "batches": len(sentences), "rounds": len(blocks),
+           "timing": "batch" if each else "block", "cut": entry.cut,
+           "warmup_batches": len((entry.warmup or {}).get("losses", [])),
+           "losses": losses}
+    stats = [s for b in blocks for s in b["stats"]]
+    if stats:
+        res["stats"] = summarize_stats(stats)
+    return res
+
+
+def summarize_stats(stats):
+    """Medians (ms) and sums (counts) of per-batch ``scope.stats`` dicts."""
+    out = {name: statistics.median(s[name] for s in stats) for name in STAT_MS}
+    for name in STAT_COUNTS:
+        out[name] = sum(s[name] for s in stats)
+    out["mean_batch_size"] = (out["planned_nodes"] / out["steps"]
+                              if out["steps"] else 0.0)
+    return out
 
 
 # --------------------------------------------------------------------------
-# The DyNet worker
+# Worker processes (driver side)
 # --------------------------------------------------------------------------
 
-class DyNetTagger:
-    """The tagger of ``examples/bilstm_tagger.py`` in DyNet.
+class WorkerError(RuntimeError):
+    """A worker failed a request, exited or did not answer.
 
-    Two ``VanillaLSTMBuilder`` s (gate order i, f, o, g; DyNet adds 1 to the
-    forget gate, which ``bilstm_tagger.dynet_weights`` compensates), then an
-    affine layer on the concatenated states of each token.
+    ``skipped`` is True when the worker's framework is not installed.
+    """
+
+    def __init__(self, message, skipped=False):
+        super().__init__(message)
+        self.skipped = skipped
+
+
+class WorkerProcess:
+    """A worker process and the pipe to it, seen from the driver.
 
     Parameters
     ----------
-    dy : module
-        The imported ``dynet``.
-    vocab_size, embed, hidden : int
-    weights : dict, optional
-        From ``bilstm_tagger.dynet_weights``.
-    num_tags : int, optional
+    side : {"gluon", "dynet"}
+    name : str
+        For messages.
+    threads : int or None
+        ``--threads`` of the run.
+    seed : int
+    autobatch : int, optional
+        DyNet's setting (set before dynet is imported).
+    verbose : bool, optional
     """
 
-    def __init__(self, dy, vocab_size, embed, hidden, weights=None,
-                 num_tags=5):
-        self.dy = dy
-        self.pc = dy.ParameterCollection()
-        self.embedding = self.pc.add_lookup_parameters((vocab_size, embed))
-        self.fwd = dy.VanillaLSTMBuilder(1, embed, hidden, self.pc)
-        self.bwd = dy.VanillaLSTMBuilder(1, embed, hidden, self.pc)
-        self.out_weight = self.pc.add_parameters((num_tags, 2 * hidden))
-        self.out_bias = self.pc.add_parameters(
-            (num_tags,), init=dy.ConstInitializer(0.0))
-        if weights is not None:
-            self.set_weights(weights)
+    def __init__(self, side, name, threads, seed, autobatch=None,
+                 verbose=False):
+        self.side, self.name = side, name
+        cmd = [sys.executable, str(WORKER), side, "--seed", str(seed)]
+        if threads:
+            cmd += ["--threads", str(threads)]
+        if autobatch is not None:
+            cmd += ["--autobatch", str(autobatch)]
+        if verbose:
+            cmd.append("--verbose")
+        self.proc = subprocess.Popen(cmd, cwd=str(ROOT), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True,
+                                     bufsize=1)
+        self.pid = self.proc.pid
+        self.hosted = 0           # systems it runs
 
-    def set_weights(self, weights):
-        """Copy numpy weights in (shapes checked by DyNet)."""
-        self.embedding.init_from_array(weights["embedding"])
-        for short, builder in (("fwd", self.fwd), ("bwd", self.bwd)):
-            x_weight, h_weight, bias = builder.get_parameters()[0]
-            x_weight.set_value(weights[short + "_x_weight"])
-            h_weight.set_value(weights[short + "_h_weight"])
-            bias.set_value(weights[short + "_bias"])
-        self.out_weight.set_value(weights["out_weight"])
-        self.out_bias.set_value(weights["out_bias"])
+    def send(self, cmd, **kwargs):
+        """Send one request (answer with :meth:`receive`)."""
+        try:
+            self.proc.stdin.write(json.dumps({"cmd": cmd, "args": kwargs})
+                                  + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._exited() from None
 
-    def batch_loss(self, batch):
-        """New graph holding the summed token loss of ``batch``.
+    def receive(self, timeout=None):
+        """The answer to the last request; :class:`WorkerError` on failure."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            raise WorkerError("%s: no answer within %.0f s"
+                              % (self.name, timeout))
+        line = self.proc.stdout.readline()
+        if not line:
+            raise self._exited()
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise WorkerError("%s: %s" % (self.name, reply.get("error")))
+        return reply.get("result")
 
-        Parameters
-        ----------
-        batch : list of (word_ids, tags)
+    def call(self, cmd, timeout=None, **kwargs):
+        """Send a request and wait for its answer."""
+        self.send(cmd, **kwargs)
+        return self.receive(timeout)
 
-        Returns
-        -------
-        dynet.Expression
-        """
-        dy = self.dy
-        dy.renew_cg()
-        losses = []
-        for ids, tags in batch:
-            xs = [dy.lookup(self.embedding, w) for w in ids]
-            forward = self.fwd.initial_state().transduce(xs)
-            backward = self.bwd.initial_state().transduce(xs[::-1])[::-1]
-            for f, b, tag in zip(forward, backward, tags):
-                logits = dy.affine_transform([self.out_bias, self.out_weight,
-                                              dy.concatenate([f, b])])
-                losses.append(dy.pickneglogsoftmax(logits, tag))
-        return dy.esum(losses)
+    def _exited(self):
+        try:
+            code = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            return WorkerError("%s: pipe closed" % self.name)
+        if code == DYNET_MISSING and self.side == "dynet":
+            return WorkerError(DYNET_SKIP, skipped=True)
+        return WorkerError("%s: worker exited with status %d"
+                           % (self.name, code))
+
+    def close(self):
+        """Ask the worker to quit; kill it if it does not."""
+        if self.proc.poll() is None:
+            try:
+                self.call("quit", timeout=30)
+            except (WorkerError, OSError, ValueError):
+                pass
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for handle in (self.proc.stdin, self.proc.stdout):
+            try:
+                handle.close()
+            except OSError:
+                pass
 
 
-def dynet_worker(job):
-    """Run a DyNet job (one autobatch setting per process)."""
-    cores = apply_threads(job.get("threads"))
+GLUON_WORKER_GB, DYNET_WORKER_GB = 0.55, 1.2
+"""Peak resident memory of a worker at treelstm 256/256 (measured; rough)."""
+
+
+def available_gb():
+    """MemAvailable of /proc/meminfo in GB, None where unknown."""
     try:
-        import dynet_config  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        print(DYNET_SKIP, file=sys.stderr)
-        sys.exit(DYNET_MISSING)
-    dynet_config.set(mem=job.get("mem", "1024"), random_seed=job["seed"],
-                     autobatch=job["autobatch"])
-    try:
-        import dynet as dy  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        print(DYNET_SKIP, file=sys.stderr)
-        sys.exit(DYNET_MISSING)
-    import numpy as np  # pylint: disable=import-outside-toplevel
-    trees, vocab = load_sst_trees(job["data_dir"], job.get("max_trees"))
-    with np.load(job["weights"]) as data:
-        weights = {name: data[name].astype(np.float32) for name in data.files
-                   if name != "vocab"}
-        if "vocab" in data.files and list(data["vocab"]) != sorted(
-                vocab, key=vocab.get):
-            raise ValueError("the weights' vocabulary differs from the "
-                             "trees' vocabulary")
-    if job["workload"] == "tagger":
-        items = tagged_sentences(trees)
-        model = DyNetTagger(dy, len(vocab), job["embed"], job["hidden"],
-                            weights)
-    else:
-        import dynet_treelstm  # pylint: disable=import-outside-toplevel
-        items = trees
-        model = dynet_treelstm.DyNetTreeLSTM(dy, len(vocab), job["embed"],
-                                             job["hidden"], weights)
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024.0 ** 2
+    except OSError:
+        pass
+    return None
 
-    def fresh_params():
-        if job["workload"] == "tagger":
-            model.set_weights(weights)
+
+def warn_about_memory(specs, args):
+    """Warn when the workers of ``specs`` may not fit in memory."""
+    gluon = sum(s["side"] == "gluon" for s in specs)
+    dynet = len(specs) - gluon
+    if args.gluon_processes == "shared":     # one process, a model per system
+        gluon = min(gluon, 1) + 0.1 * gluon
+    need = gluon * GLUON_WORKER_GB + dynet * DYNET_WORKER_GB
+    have = available_gb()
+    if have is not None and need > 0.8 * have:
+        LOG.warning("%d workers may need about %.1f GB, %.1f GB available: "
+                    "consider --gluon-processes shared or fewer --configs",
+                    len(specs), need, have)
+
+
+def start_workers(specs, args):
+    """Start the worker processes of ``specs``; one :class:`Entry` each.
+
+    A Gluon system gets a process of its own, or, with ``--gluon-processes
+    shared``, the one Gluon process of the workload; a DyNet setting always
+    gets its own.
+    """
+    warn_about_memory(specs, args)
+    entries, shared = [], None
+    for spec in specs:
+        if spec["side"] == "dynet":
+            worker = WorkerProcess("dynet", spec["label"], args.threads,
+                                   args.seed, spec["autobatch"], args.verbose)
+        elif args.gluon_processes == "shared":
+            if shared is None:
+                shared = WorkerProcess("gluon", "Gluon worker", args.threads,
+                                       args.seed, verbose=args.verbose)
+            worker = shared
         else:
-            model.set_weights(weights, dynet_treelstm.expected_shapes(
-                len(vocab), job["embed"], job["hidden"]))
+            worker = WorkerProcess("gluon", spec["label"], args.threads,
+                                   args.seed, verbose=args.verbose)
+        worker.hosted += 1
+        entries.append(Entry(spec, worker))
+    return entries
 
-    results = []
-    sizes = job.get("sizes") or [job["batch_size"]]
-    label = "%s dynet ab=%d" % (job["name"], job["autobatch"])
-    for size in sizes:
-        batches = job["batches"]
-        if job["workload"] == "batchsize":
-            batches = sweep_batches(batches, size, job.get("quick"))
-        for mode in job["modes"]:
-            fresh_params()
-            trainer = None
-            if mode == "train":
-                trainer = dy.AdamTrainer(model.pc)
-                trainer.set_clip_threshold(0.0)
 
-            def step(batch, trainer=trainer):
-                loss = model.batch_loss(batch)
-                value = loss.value()
-                if trainer is not None:
-                    loss.backward()
-                    trainer.update()
-                return value, None
+def _fail(entries, err):
+    """Mark ``entries`` as failed (or skipped) by ``err``."""
+    for entry in entries:
+        entry.failure = str(err)
+        entry.skipped = getattr(err, "skipped", False)
+        if not entry.skipped:
+            LOG.error("%s: %s", entry.spec["label"], err)
 
-            loop = time_loop(step, batch_stream(items, size, job["seed"]),
-                             job["warmup"], batches, lambda: None,
-                             job["system_timeout"],
-                             "%s size %d" % (label, size))
-            res = summarize(loop)
-            res.update({"system": "dynet-ab%d" % job["autobatch"],
-                        "config": "autobatch=%d" % job["autobatch"],
-                        "mode": mode, "size": size})
-            LOG.info("%s size %d %s: %.1f sentences/s", label, size, mode,
-                     res["sentences_per_s"])
-            results.append(res)
-    env = {var: os.environ.get(var) for var in THREAD_VARS}
-    env.update({"cores": cores, "os_threads": os_threads()})
-    return {"job": job["name"], "side": "dynet", "systems": results,
-            "env": env}
+
+def _by_worker(entries):
+    """``{worker: [entries]}`` of the living entries, in order."""
+    groups = {}
+    for entry in entries:
+        if entry.alive:
+            groups.setdefault(entry.worker, []).append(entry)
+    return groups
+
+
+def setup_workers(entries, job):
+    """Send ``setup`` to every worker: Gluon ones first, then DyNet ones.
+
+    When the workload has DyNet systems, the first Gluon system exports the
+    initial weights to ``job["weights"]`` for them. Workers of one side set
+    up in parallel.
+    """
+    weights = None
+    if any(e.spec["side"] == "dynet" for e in entries):
+        weights = job["weights"]
+    for side in ("gluon", "dynet"):
+        groups = {w: es for w, es in _by_worker(entries).items()
+                  if w.side == side}
+        if side == "dynet" and groups and not os.path.isfile(job["weights"]):
+            _fail([e for es in groups.values() for e in es],
+                  WorkerError("no initial weights (the Gluon side failed)"))
+            continue
+        sent = []
+        for worker, group in groups.items():
+            specs = [e.spec for e in group]
+            if side == "gluon" and not sent and weights:
+                specs[0] = dict(specs[0], weights_out=weights)
+            try:
+                worker.send("setup", job=job, specs=specs)
+                sent.append((worker, group))
+            except WorkerError as err:
+                _fail(group, err)
+        for worker, group in sent:
+            try:
+                worker.receive(SETUP_TIMEOUT)
+            except WorkerError as err:
+                _fail(group, err)
+
+
+def run_phase(entries, mode, size, batches, args, progress_label):
+    """Warm up then time every living entry in rounds; their summaries.
+
+    Returns
+    -------
+    dict
+        key -> :func:`summarize` result (systems that failed are absent).
+    """
+    each = mode == "train" and not args.train_back_to_back
+    timeout = args.worker_timeout
+    for entry in entries:
+        entry.reset()
+        if not entry.alive:
+            continue
+        try:
+            entry.warmup = entry.worker.call(
+                "prepare", timeout, key=entry.key, mode=mode, size=size,
+                warmup=args.warmup)
+        except WorkerError as err:
+            _fail([entry], "warm-up failed: %s" % err)
+
+    def run(entry, _first, count):
+        return entry.worker.call("run", timeout, key=entry.key, count=count,
+                                 each=each)
+
+    living = [e for e in entries if e.alive]
+    rounds = math.ceil(batches / args.round_batches)
+    with tqdm(total=rounds * len(living), desc=progress_label, leave=False,
+              unit="block", disable=None) as bar:
+        time_in_rounds(living, batches, args.round_batches, run,
+                       args.system_timeout, bar)
+    out = {}
+    for entry in living:
+        if entry.alive and entry.blocks:
+            res = summarize(entry, each)
+            res.update(key=entry.key, mode=mode, size=size)
+            out[entry.key] = res
+            LOG.info("%s, %s: %.1f sentences/s (%s)", entry.spec["label"],
+                     mode, res["sentences_per_s"], progress_label)
+    return out
+
+
+def worker_envs(entries):
+    """``env`` of every worker still running: key -> dict."""
+    envs, seen = {}, {}
+    for entry in entries:
+        worker = entry.worker
+        if worker not in seen:
+            try:
+                seen[worker] = worker.call("env", timeout=60) \
+                    if worker.proc.poll() is None else None
+            except WorkerError:
+                seen[worker] = None
+        if seen[worker] is not None:
+            envs[entry.key] = dict(seen[worker], pid=worker.pid,
+                                   hosted=worker.hosted)
+    return envs
+
+
+def run_workload(name, workload, job, sizes, args, work_dir):
+    """Every system of one workload, both modes, every batch size.
+
+    Parameters
+    ----------
+    name : str
+        Label, e.g. ``"treelstm 128/128"``.
+    workload : str
+    job : dict
+        Data, sizes and seed (see :func:`base_job`).
+    sizes : list of tuple
+        ``(trees per batch, timed batches)`` pairs.
+    args : argparse.Namespace
+    work_dir : str
+
+    Returns
+    -------
+    dict
+        ``specs``, ``results`` (key -> mode -> size -> summary), ``failures``
+        (key -> text), ``skipped`` (keys), ``envs`` (key -> process facts).
+    """
+    specs = workload_systems(workload, args)
+    job = dict(job, weights=os.path.join(
+        work_dir, name.replace(" ", "_").replace("/", "x") + ".npz"))
+    LOG.info("%s: starting %d systems (load average %s)", name, len(specs),
+             load_average())
+    LOADS.append(load_average())
+    entries = start_workers(specs, args)
+    results = {}
+    try:
+        setup_workers(entries, job)
+        for mode in MODES:
+            for size, batches in sizes:
+                label = "%s %s%s" % (name, mode, "" if len(sizes) == 1
+                                     else " size %d" % size)
+                for key, res in run_phase(entries, mode, size, batches, args,
+                                          label).items():
+                    results.setdefault(key, {}).setdefault(mode, {})[size] = res
+        envs = worker_envs(entries)
+        profiles = []
+        if workload == "treelstm" and args.profile and job.get("profile"):
+            profiles = profile_systems(entries, args)
+    finally:
+        for worker in {e.worker for e in entries}:
+            worker.close()
+    return {"specs": specs, "results": results, "envs": envs,
+            "profiles": profiles,
+            "failures": {e.key: e.failure for e in entries
+                         if e.failure and not e.skipped},
+            "skipped": [e.key for e in entries if e.skipped]}
+
+
+def profile_systems(entries, args):
+    """``profile`` of each encoder's default gluon_dynbatch system."""
+    out = []
+    for entry in entries:
+        spec = entry.spec
+        if spec["kind"] != "gdb" or spec["config"] != DEFAULT_CONFIG \
+                or not entry.alive:
+            continue
+        try:
+            out.append(entry.worker.call("profile", args.worker_timeout,
+                                         key=entry.key))
+        except WorkerError as err:
+            LOG.error("profile of %s failed: %s", spec["label"], err)
+    return out
 
 
 # --------------------------------------------------------------------------
-# The orchestrator
+# The command line and the run
 # --------------------------------------------------------------------------
 
 def parse_args(argv=None):
     """Parse the command line (see ``--help``)."""
     parser = argparse.ArgumentParser(
         description="Training and inference throughput (sentences/s) of "
-                    "gluon_dynbatch against eager Gluon and DyNet with and "
-                    "without autobatching, on the same machine in one run.",
+                    "gluon_dynbatch against eager Gluon, hand-batched MXNet "
+                    "and DyNet with and without autobatching, every system "
+                    "in its own process, timed in interleaved rounds.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add = parser.add_argument
     add("--workloads", default=",".join(WORKLOADS),
@@ -1010,31 +907,43 @@ def parse_args(argv=None):
     add("--sizes", default="1,4,16,64,256",
         help="trees per batch of the batch-size sweep (treelstm at 128/128)")
     add("--batches", type=int, default=10,
-        help="timed batches per system (the sweep scales this by size)")
+        help="timed batches per system and mode, eager included (the sweep "
+             "scales this by size)")
     add("--warmup", type=int, default=2,
-        help="untimed batches before the timed ones")
-    add("--eager-batches", type=int, default=3,
-        help="timed batches of eager Gluon (0: skip eager)")
-    add("--eager-warmup", type=int, default=1,
-        help="untimed batches of eager Gluon")
+        help="untimed batches per system before the timed ones")
+    add("--round-batches", type=int, default=5,
+        help="timed batches of one system in a row; the systems take turns "
+             "in rounds of this many batches")
     add("--configs", default=",".join(ALL_CONFIGS),
-        help="gluon_dynbatch settings to try, strategy:mode with mode "
+        help="gluon_dynbatch settings, strategy:mode with mode "
              "imperative|step|compiled; the default %s is always run"
              % DEFAULT_CONFIG)
+    add("--encoders", default=",".join(ENCODERS),
+        help="SST encoders run by gluon_dynbatch: cell (BinaryTreeLSTM, "
+             "child-block cells), op (OpByOpBinaryTreeLSTM, operators one "
+             "by one)")
     add("--threads", type=int, default=None,
-        help="threads (and cores, by affinity) of every process; default: "
-             "the machine's defaults (DyNet computes on one thread anyway)")
+        help="threads (and cores, by affinity) of every worker; default: "
+             "the machine's defaults")
+    add("--gluon-processes", choices=("system", "shared"), default="system",
+        help="a worker process per Gluon system, or one shared by the "
+             "Gluon systems of a workload (less memory)")
+    add("--train-back-to-back", action="store_true",
+        help="time training like inference: a round's batches back to back, "
+             "one wait at the end (default: wait and time every batch)")
     add("--quick", action="store_true",
-        help="smoke run: 2 timed batches, 1 warm-up, 1 eager batch, "
-             "first 1000 trees, sizes 1,4,16")
+        help="smoke run: 2 timed batches in rounds of 1, 1 warm-up, first "
+             "1000 trees, sizes 1,4,16")
     add("--skip-dynet", action="store_true", help="do not run DyNet")
     add("--no-hand", action="store_true",
-        help="do not run the hand-batched MXNet Tree-LSTM "
-             "(scripts/handbatched_sst.py) on the treelstm workload")
+        help="do not run the hand-batched MXNet Tree-LSTMs "
+             "(scripts/handbatched_sst.py)")
+    add("--no-eager", action="store_true", help="do not run eager Gluon")
     add("--profile", action="store_true",
         help="also print where gluon_dynbatch's time goes for one treelstm "
-             "batch (first --dims pair): phases, scope.stats, top "
-             "operators (mx.profiler) and top Python functions (cProfile)")
+             "batch (first --dims pair, default setting, each encoder): "
+             "phases, scope.stats, top operators (mx.profiler) and top "
+             "Python functions (cProfile)")
     add("--tree-batch", type=int, default=TREE_BATCH,
         help="trees per batch of treelstm and sick (sick: half as pairs)")
     add("--tagger-batch", type=int, default=TAGGER_BATCH,
@@ -1044,7 +953,10 @@ def parse_args(argv=None):
     add("--max-trees", type=int, default=None,
         help="use only the first N SST train trees (N/2 SICK pairs)")
     add("--system-timeout", type=float, default=300.0,
-        help="seconds after which a system stops timing more batches")
+        help="seconds of timed batches after which a system gets no more "
+             "rounds in a mode")
+    add("--worker-timeout", type=float, default=1800.0,
+        help="seconds a worker may take to answer one request")
     add("--data-dir", default=None,
         help="SST folder (default: ../shared/data/sst from the repo root)")
     add("--sick-dir", default=None,
@@ -1053,23 +965,19 @@ def parse_args(argv=None):
     add("--out-dir", default="results/dynet",
         help="where CSV, Markdown, JSON and PNG go")
     add("--verbose", action="store_true", help="debug logging")
-    add("--worker", choices=("gluon", "dynet"), help=argparse.SUPPRESS)
-    add("--job", help=argparse.SUPPRESS)
-    add("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        return args
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.quick:
         args.batches = min(args.batches, 2)
         args.warmup = min(args.warmup, 1)
-        args.eager_batches = min(args.eager_batches, 1)
-        args.eager_warmup = 0
+        args.round_batches = 1
         if args.max_trees is None:
             args.max_trees = 1000
         if args.sizes == parser.get_default("sizes"):
             args.sizes = "1,4,16"
     try:
         args.workloads = _names(args.workloads, WORKLOADS)
+        args.encoders = _names(args.encoders, ENCODERS)
         args.dims = [_dims(d) for d in args.dims.split(",") if d.strip()]
         args.tagger_dims = _dims(args.tagger_dims)
         args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -1082,8 +990,10 @@ def parse_args(argv=None):
                                        if c != DEFAULT_CONFIG]
     if not args.dims and ("treelstm" in args.workloads or args.profile):
         parser.error("--dims is empty")
-    if min(args.sizes or [1]) < 1 or args.batches < 1 or args.warmup < 0:
-        parser.error("--sizes and --batches must be positive, --warmup >= 0")
+    if min(args.sizes or [1]) < 1 or args.batches < 1 or args.warmup < 0 \
+            or args.round_batches < 1:
+        parser.error("--sizes, --batches and --round-batches must be "
+                     "positive, --warmup >= 0")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be positive")
     return args
@@ -1093,8 +1003,8 @@ def _names(text, known):
     """Comma list of names, each one of ``known``."""
     names = [w.strip() for w in text.split(",") if w.strip()]
     bad = [w for w in names if w not in known]
-    if bad:
-        raise ValueError("unknown workload(s) %s; choose from %s"
+    if bad or not names:
+        raise ValueError("unknown or no name(s) %s; choose from %s"
                          % (", ".join(bad), ", ".join(known)))
     return names
 
@@ -1111,60 +1021,23 @@ def _dims(text):
     return embed, hidden
 
 
-def run_worker(side, job, args, work_dir):
-    """Run one job in a subprocess; return its result (or an error dict).
-
-    Parameters
-    ----------
-    side : {"gluon", "dynet"}
-    job : dict
-    args : argparse.Namespace
-    work_dir : str
-        Where the job and result files go.
-
-    Returns
-    -------
-    dict
-        The worker's result, or ``{"error": ..., "skipped": bool}``.
-    """
-    stem = os.path.join(work_dir, "%s_%s" % (side, job["name"].replace(
-        " ", "_").replace("/", "x")))
-    job_file, result_file = stem + ".job.json", stem + ".result.json"
-    with open(job_file, "w") as handle:
-        json.dump(job, handle)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side,
-           "--job", job_file, "--result", result_file]
-    if args.verbose:
-        cmd.append("--verbose")
-    LOG.info("running %s job %s (load average %s)", side, job["name"],
-             _load())
-    LOADS.append(_load())
-    done = subprocess.run(cmd, cwd=str(ROOT), stdout=subprocess.PIPE,
-                          stderr=None, text=True)
-    if done.returncode == DYNET_MISSING and side == "dynet":
-        return {"error": DYNET_SKIP, "skipped": True}
-    if done.returncode != 0 or not os.path.isfile(result_file):
-        message = "%s worker for %s failed with status %d" % (
-            side, job["name"], done.returncode)
-        LOG.error(message)
-        return {"error": message, "skipped": False}
-    with open(result_file) as handle:
-        return json.load(handle)
-
-
 LOADS = []
-"""1-minute load averages seen at the start of each job of this run."""
+"""1-minute load averages seen at the start of each workload of this run."""
 
 
-def base_job(args, name, workload):
-    """Fields every job has."""
-    return {"name": name, "workload": workload, "seed": args.seed,
-            "threads": args.threads, "warmup": args.warmup,
-            "batches": args.batches, "eager_batches": args.eager_batches,
-            "eager_warmup": args.eager_warmup, "modes": list(MODES),
-            "system_timeout": args.system_timeout,
-            "max_trees": args.max_trees, "quick": args.quick,
-            "data_dir": args.data_dir, "hand": not args.no_hand}
+def load_average():
+    """The 1-minute load average as text ('?' where unknown)."""
+    try:
+        return "%.1f" % os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return "?"
+
+
+def base_job(args, workload, dims, batch_size, data_dir):
+    """What every worker of a workload needs to build its systems."""
+    return {"workload": workload, "seed": args.seed, "embed": dims[0],
+            "hidden": dims[1], "batch_size": batch_size,
+            "data_dir": str(data_dir), "max_trees": args.max_trees}
 
 
 def dynet_available():
@@ -1173,412 +1046,21 @@ def dynet_available():
                for m in ("dynet_config", "dynet"))
 
 
-def best_of(systems, mode):
-    """The fastest gluon_dynbatch result in ``mode`` (None if none)."""
-    rows = [s for s in systems if s["system"] == "gdb" and s["mode"] == mode]
-    return max(rows, key=lambda s: s["sentences_per_s"]) if rows else None
-
-
-def loss_gap(result, reference):
-    """Relative differences of the losses both runs computed.
-
-    Returns
-    -------
-    tuple of float or None
-        ``(first, largest)``: the gap on the first batch (same weights, a
-        pure forward comparison) and the largest over the common batches
-        (training lets float rounding drift through the updates).
-    """
-    gaps = [abs(a - b) / max(abs(b), 1e-12)
-            for a, b in zip(result["losses"], reference["losses"])]
-    return (gaps[0], max(gaps)) if gaps else (None, None)
-
-
-def workload_rows(label, gluon, dynet_results, notes):
-    """Summary rows of one workload.
-
-    Parameters
-    ----------
-    label : str
-        Workload label, e.g. ``"treelstm 128/128"``.
-    gluon : dict
-        Result of the Gluon worker.
-    dynet_results : dict
-        autobatch (0/1) -> result of a DyNet worker (or error dict).
-    notes : list of str
-        Receives remarks.
-
-    Returns
-    -------
-    list of dict
-        One row per system with train/infer sentences/s, settings and
-        ratios to eager and to DyNet autobatching.
-    """
-    systems = gluon.get("systems", [])
-    by = {}
-    for res in systems:
-        by.setdefault((res["system"], res["config"]), {})[res["mode"]] = res
-    rows = []
-
-    def add(name, picks):
-        row = {"workload": label, "system": name}
-        for mode in MODES:
-            res = picks.get(mode)
-            row[mode + "_config"] = res["config"] if res else ""
-            row[mode] = res["sentences_per_s"] if res else None
-            row[mode + "_ms"] = res["median_ms"] if res else None
-            row[mode + "_batches"] = res["batches"] if res else 0
-            row[mode + "_cut"] = bool(res and res["cut"])
-            row[mode + "_result"] = res
-        rows.append(row)
-
-    add("eager Gluon", by.get(("eager", ""), {}))
-    add("gluon_dynbatch default", by.get(("gdb", DEFAULT_CONFIG), {}))
-    add("gluon_dynbatch best", {m: best_of(systems, m) for m in MODES})
-    if ("hand", HAND_CONFIG) in by:
-        add("hand-batched MXNet (no per-node Python)", by[("hand", HAND_CONFIG)])
-    for autobatch in (0, 1):
-        res = dynet_results.get(autobatch)
-        name = "DyNet autobatch=%d" % autobatch
-        if res is None:
-            continue
-        if "error" in res:
-            notes.append("%s, %s: %s" % (label, name, res["error"]))
-            continue
-        add(name, {s["mode"]: s for s in res["systems"]})
-    eager = rows[0]
-    dynet_ab = next((r for r in rows if r["system"] == "DyNet autobatch=1"),
-                    None)
-    for row in rows:
-        for mode in MODES:
-            for ref, key in ((eager, "x_eager"), (dynet_ab, "x_dynet")):
-                value = None
-                if ref is not None and ref[mode] and row[mode]:
-                    value = row[mode] / ref[mode]
-                row["%s_%s" % (mode, key)] = value
-            res, ref = row[mode + "_result"], eager[mode + "_result"]
-            first, largest = (loss_gap(res, ref)
-                              if res and ref and res is not ref
-                              else (None, None))
-            row[mode + "_loss_gap_first"] = first
-            row[mode + "_loss_gap"] = largest
-    return rows
-
-
-def sweep_rows(gluon, dynet_result, notes):
-    """Rows of the batch-size table: size x system, train and infer."""
-    table = {}
-    for res in gluon.get("systems", []):
-        key = (res["size"], "gluon_dynbatch " + res["config"])
-        table.setdefault(key, {})[res["mode"]] = res
-    if dynet_result is not None:
-        if "error" in dynet_result:
-            notes.append("batch-size sweep, DyNet: %s"
-                         % dynet_result["error"])
-        else:
-            for res in dynet_result["systems"]:
-                key = (res["size"], "DyNet autobatch=1")
-                table.setdefault(key, {})[res["mode"]] = res
-    rows = []
-    for (size, system), modes in sorted(table.items()):
-        row = {"size": size, "system": system}
-        for mode in MODES:
-            res = modes.get(mode)
-            row[mode] = res["sentences_per_s"] if res else None
-            row[mode + "_batches"] = res["batches"] if res else 0
-        rows.append(row)
-    for row in rows:
-        ref = next((r for r in rows if r["size"] == row["size"]
-                    and r["system"].startswith("DyNet")), None)
-        for mode in MODES:
-            row[mode + "_x_dynet"] = (row[mode] / ref[mode]
-                                      if ref and ref[mode] and row[mode]
-                                      else None)
-    return rows
-
-
-def _fmt(value, digits=1):
-    """Number for a table; '-' for None."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return "%.*f" % (digits, value)
-    return str(value)
-
-
-def _gaps(row):
-    """'first / max' relative loss gaps of a summary row over both modes."""
-    firsts = [row[m + "_loss_gap_first"] for m in MODES
-              if row[m + "_loss_gap_first"] is not None]
-    largest = [row[m + "_loss_gap"] for m in MODES
-               if row[m + "_loss_gap"] is not None]
-    if not firsts:
-        return "-"
-    return "%.1e / %.1e" % (max(firsts), max(largest))
-
-
-def _ratio(value):
-    """Ratio for a table, e.g. '1.23x'."""
-    return "-" if value is None else "%.2fx" % value
-
-
-def markdown_tables(report):
-    """The Markdown report (also printed)."""
-    lines = ["# gluon_dynbatch vs eager Gluon vs DyNet", ""]
-    env = report["env"]
-    lines.append("Machine: %s, %s CPUs, Python %s, mxnet %s; threads: %s; "
-                 "1-minute load average %s at the start, %s at the end, "
-                 "%s over the jobs (other jobs share the machine). "
-                 "Medians over batches of sentences/s "
-                 "(training = forward, backward, update; inference = "
-                 "forward, same loss)."
-                 % (platform.machine(), env["cpu_count"],
-                    platform.python_version(), env.get("mxnet", "?"),
-                    env["threads"], env["load_start"], env["load_end"],
-                    _load_range(env.get("job_loads"))))
-    lines.append("")
-    header = ("| system | setting (train / infer) | train sent/s | "
-              "infer sent/s | train vs eager | train vs DyNet-ab | "
-              "infer vs eager | infer vs DyNet-ab | loss gap vs eager, "
-              "1st batch / max |")
-    for label, rows in report["workloads"].items():
-        lines += ["## %s" % label, "", header,
-                  "|" + " --- |" * 9]
-        for row in rows:
-            settings = row["train_config"]
-            if row["infer_config"] != row["train_config"]:
-                settings += " / " + row["infer_config"]
-            gap = _gaps(row)
-            cut = " (cut)" if row["train_cut"] or row["infer_cut"] else ""
-            lines.append("| %s%s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                row["system"], cut, settings or "-", _fmt(row["train"]),
-                _fmt(row["infer"]), _ratio(row["train_x_eager"]),
-                _ratio(row["train_x_dynet"]), _ratio(row["infer_x_eager"]),
-                _ratio(row["infer_x_dynet"]),
-                gap))
-        lines.append("")
-    if report["configs"]:
-        lines += ["## Every gluon_dynbatch setting (sentences/s)", "",
-                  "| workload | setting | train | infer | record ms | "
-                  "plan ms | execute ms | compile ms | mean batch |",
-                  "|" + " --- |" * 9]
-        for row in report["configs"]:
-            lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                row["workload"], row["config"], _fmt(row["train"]),
-                _fmt(row["infer"]), _fmt(row["record_ms"]),
-                _fmt(row["plan_ms"]), _fmt(row["execute_ms"]),
-                _fmt(row["compile_ms"]), _fmt(row["mean_batch_size"])))
-        lines.append("")
-    if report["sweep"]:
-        lines += ["## Batch size (treelstm %d/%d)" % SWEEP_DIMS, "",
-                  "| trees per batch | system | train sent/s | infer sent/s "
-                  "| train vs DyNet-ab | infer vs DyNet-ab |",
-                  "|" + " --- |" * 6]
-        for row in report["sweep"]:
-            lines.append("| %d | %s | %s | %s | %s | %s |" % (
-                row["size"], row["system"], _fmt(row["train"]),
-                _fmt(row["infer"]), _ratio(row["train_x_dynet"]),
-                _ratio(row["infer_x_dynet"])))
-        lines.append("")
-    if report["notes"]:
-        lines += ["## Notes", ""] + ["- " + n for n in report["notes"]] + [""]
-    if report.get("profile"):
-        lines += ["## Profile of one treelstm training batch", "", "```",
-                  report["profile"], "```", ""]
-    return "\n".join(lines)
-
-
-def config_rows(label, gluon):
-    """Per-setting rows (train/infer sentences/s and medians of stats)."""
-    table = {}
-    for res in gluon.get("systems", []):
-        if res["system"] == "gdb":
-            table.setdefault(res["config"], {})[res["mode"]] = res
-    rows = []
-    for config, modes in table.items():
-        row = {"workload": label, "config": config}
-        for mode in MODES:
-            res = modes.get(mode)
-            row[mode] = res["sentences_per_s"] if res else None
-        stats = (modes.get("train") or {}).get("stats", {})
-        for name in STAT_MS + ("mean_batch_size",):
-            row[name] = stats.get(name)
-        rows.append(row)
-    return rows
-
-
-def profile_text(profiles):
-    """Readable text of :func:`profile_batch` results."""
-    out = []
-    for prof in profiles:
-        stats = prof["stats"]
-        total = sum(ms for name, ms in prof["phases"]
-                    if not name.startswith(" "))
-        out.append("gluon_dynbatch %s, %d trees (%d tree nodes), one "
-                   "training batch: %.1f ms"
-                   % (prof["config"], prof["trees"], prof["tree_nodes"],
-                      total))
-        for name, ms in prof["phases"]:
-            out.append("  %-56s %8.1f ms  %5.1f%%"
-                       % (name, ms, 100.0 * ms / total if total else 0.0))
-        out.append("  scope.stats: record %.1f ms, plan %.1f ms, execute "
-                   "%.1f ms (compile %.1f ms); %d nodes recorded (%.2f us "
-                   "each), %d steps, mean batch %.1f, cache %d hit / %d miss"
-                   % (stats["record_ms"], stats["plan_ms"],
-                      stats["execute_ms"], stats["compile_ms"],
-                      stats["nodes"], stats["us_per_node"], stats["steps"],
-                      stats["mean_batch_size"], stats["cache_hits"],
-                      stats["cache_misses"]))
-        for key, title in (("operators", "top operators"),
-                           ("api", "top MXNet C API calls")):
-            out.append("  %s (mx.profiler, one more batch):" % title)
-            if not prof[key]:
-                out.append("    (mx.profiler returned no rows)")
-            for op in prof[key]:
-                out.append("    %-40s %8.2f ms  %6d calls"
-                           % (op["op"][:40], op["total_ms"], op["count"]))
-        out.append("  top Python functions by own time (cProfile, one more "
-                   "batch):")
-        out += ["    " + line for line in prof["python"].splitlines()]
-        out.append("")
-    return "\n".join(out)
-
-
-CSV_FIELDS = ("table", "workload", "system", "size", "train_config",
-              "infer_config", "train", "infer", "train_ms", "infer_ms",
-              "train_batches", "infer_batches", "train_x_eager",
-              "train_x_dynet", "infer_x_eager", "infer_x_dynet",
-              "train_loss_gap_first", "train_loss_gap",
-              "infer_loss_gap_first", "infer_loss_gap", "record_ms", "plan_ms",
-              "execute_ms", "compile_ms", "mean_batch_size")
-
-
-def write_csv(path, report):
-    """One CSV with the summary, settings and batch-size rows."""
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS,
-                                extrasaction="ignore")
-        writer.writeheader()
-        for rows in report["workloads"].values():
-            for row in rows:
-                writer.writerow(dict(row, table="summary"))
-        for row in report["configs"]:
-            writer.writerow(dict(row, table="settings",
-                                 system="gluon_dynbatch",
-                                 train_config=row["config"],
-                                 infer_config=row["config"]))
-        for row in report["sweep"]:
-            writer.writerow(dict(row, table="batch_size",
-                                 workload="treelstm %d/%d" % SWEEP_DIMS))
-
-
-def plot_sweep(path, rows):
-    """Sentences/s against batch size, one panel per mode (PNG)."""
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
-    systems = sorted({r["system"] for r in rows})
-    for ax, mode in zip(axes, MODES):
-        for system in systems:
-            pts = [(r["size"], r[mode]) for r in rows
-                   if r["system"] == system and r[mode]]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                        label=system)
-        ax.set_xscale("log", base=2)
-        sizes = sorted({r["size"] for r in rows})
-        ax.set_xticks(sizes)
-        ax.set_xticklabels([str(n) for n in sizes])
-        ax.set_yscale("log")
-        ax.set_xlabel("trees per batch")
-        ax.set_ylabel("sentences/s")
-        ax.set_title("%s, Tree-LSTM %d/%d on SST" % ((mode,) + SWEEP_DIMS))
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def strip_results(rows):
-    """Rows without the bulky per-result dicts (for JSON/CSV)."""
-    return [{k: v for k, v in row.items() if not k.endswith("_result")}
-            for row in rows]
-
-
-def _load_range(loads):
-    """'min-max' of load-average strings ('?' when none are known)."""
-    values = [float(x) for x in loads or [] if x != "?"]
-    if not values:
-        return "?"
-    return "%.1f-%.1f" % (min(values), max(values))
-
-
-def _load():
-    """The 1-minute load average as text ('?' where unknown)."""
-    try:
-        return "%.1f" % os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return "?"
-
-
-def orchestrate(args):
-    """Run every job, write the outputs, return the report dict."""
-    from examples.sst_data import default_sst_dir  # noqa  pylint: disable=import-outside-toplevel
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work_dir = tempfile.mkdtemp(prefix="bench_dynet_")
-    load_start = _load()
-    args.data_dir = args.data_dir or default_sst_dir()
-    notes, workloads, configs = [], {}, []
-    have_dynet = not args.skip_dynet and dynet_available()
-    if args.skip_dynet:
-        notes.append("DyNet: skipped (--skip-dynet)")
-    elif not have_dynet:
-        notes.append("DyNet: " + DYNET_SKIP)
-        LOG.warning("DyNet: %s", DYNET_SKIP)
-    needs_sst = {"treelstm", "tagger", "batchsize"} & set(args.workloads)
-    if (needs_sst or args.profile) and args.data_dir is None:
-        message = ("SST not found (expected ../shared/data/sst or "
-                   "--data-dir): skipped %s" % ", ".join(sorted(needs_sst)))
-        LOG.warning(message)
-        notes.append(message)
-    envs = {}
-    best_tree_config = None
-
-    def run_pair(name, workload, dims, batch_size, data_dir, dynet):
-        job = dict(base_job(args, name, workload), embed=dims[0],
-                   hidden=dims[1], batch_size=batch_size, data_dir=data_dir,
-                   configs=args.configs,
-                   weights_out=os.path.join(work_dir, name.replace(
-                       " ", "_").replace("/", "x") + ".npz"))
-        gluon = run_worker("gluon", job, args, work_dir)
-        if "error" in gluon:
-            notes.append("%s: %s" % (name, gluon["error"]))
-            return gluon, {}
-        envs.setdefault("gluon", gluon["env"])
-        results = {}
-        if dynet and have_dynet:
-            for autobatch in (0, 1):
-                djob = dict(job, autobatch=autobatch, weights=job[
-                    "weights_out"], name="%s ab%d" % (name, autobatch))
-                results[autobatch] = run_worker("dynet", djob, args, work_dir)
-                if "env" in results[autobatch]:
-                    envs.setdefault("dynet", results[autobatch]["env"])
-        elif dynet and not args.skip_dynet:
-            results = {0: {"error": DYNET_SKIP}, 1: {"error": DYNET_SKIP}}
-        return gluon, results
-
+def plan_workloads(args, notes):
+    """``(name, workload, job, sizes)`` of every workload to run."""
     plan = []
     if args.data_dir is not None:
-        if "treelstm" in args.workloads:
-            plan += [("treelstm %d/%d" % d, "treelstm", d, args.tree_batch,
-                      args.data_dir, True) for d in args.dims]
+        for dims in (args.dims if "treelstm" in args.workloads else []):
+            job = base_job(args, "treelstm", dims, args.tree_batch,
+                           args.data_dir)
+            job["profile"] = dims == args.dims[0]
+            plan.append(("treelstm %d/%d" % dims, "treelstm", job,
+                         [(args.tree_batch, args.batches)]))
         if "tagger" in args.workloads:
-            plan.append(("tagger %d/%d" % args.tagger_dims, "tagger",
-                         args.tagger_dims, args.tagger_batch, args.data_dir,
-                         True))
+            job = base_job(args, "tagger", args.tagger_dims, args.tagger_batch,
+                           args.data_dir)
+            plan.append(("tagger %d/%d" % args.tagger_dims, "tagger", job,
+                         [(args.tagger_batch, args.batches)]))
     if "sick" in args.workloads:
         sick_dir = args.sick_dir
         if sick_dir is None:
@@ -1588,112 +1070,59 @@ def orchestrate(args):
             notes.append("sick: SICK train not found (expected "
                          "../shared/data/sick or --sick-dir): skipped")
         else:
-            plan.append(("sick %d/%d" % (SICK_INPUT, SICK_HIDDEN), "sick",
-                         (SICK_INPUT, SICK_HIDDEN), args.tree_batch // 2,
-                         str(sick_dir), False))
+            job = base_job(args, "sick", (SICK_INPUT, SICK_HIDDEN),
+                           args.tree_batch // 2, sick_dir)
+            plan.append(("sick %d/%d" % (SICK_INPUT, SICK_HIDDEN), "sick", job,
+                         [(args.tree_batch // 2, args.batches)]))
             notes.append("sick: no DyNet version (eager Gluon vs "
                          "gluon_dynbatch only); sentences = trees, 2 a pair")
-    for name, workload, dims, batch_size, data_dir, with_dynet in plan:
-        gluon, dynet = run_pair(name, workload, dims, batch_size, data_dir,
-                                with_dynet)
-        if "error" in gluon:
-            continue
-        workloads[name] = workload_rows(name, gluon, dynet, notes)
-        configs += config_rows(name, gluon)
-        if workload == "treelstm" and tuple(dims) == SWEEP_DIMS:
-            best = best_of(gluon["systems"], "train")
-            best_tree_config = best["config"] if best else None
-
-    sweep = []
     if "batchsize" in args.workloads and args.data_dir is not None:
-        sweep_configs = [DEFAULT_CONFIG]
-        if best_tree_config and best_tree_config != DEFAULT_CONFIG:
-            sweep_configs.append(best_tree_config)
-        job = dict(base_job(args, "batchsize", "batchsize"),
-                   embed=SWEEP_DIMS[0], hidden=SWEEP_DIMS[1],
-                   batch_size=args.tree_batch, sizes=args.sizes,
-                   configs=sweep_configs,
-                   weights_out=os.path.join(work_dir, "sweep.npz"))
-        gluon = run_worker("gluon", job, args, work_dir)
-        dynet = None
-        if "error" in gluon:
-            notes.append("batch-size sweep: %s" % gluon["error"])
-        else:
-            envs.setdefault("gluon", gluon["env"])
-            if have_dynet:
-                dynet = run_worker("dynet", dict(
-                    job, autobatch=1, weights=job["weights_out"],
-                    name="batchsize ab1"), args, work_dir)
-            elif not args.skip_dynet:
-                dynet = {"error": DYNET_SKIP}
-            sweep = sweep_rows(gluon, dynet, notes)
+        job = base_job(args, "batchsize", SWEEP_DIMS, args.tree_batch,
+                       args.data_dir)
+        sizes = [(s, sweep_batches(args.batches, s, args.quick))
+                 for s in args.sizes]
+        plan.append(("batchsize", "batchsize", job, sizes))
+    return plan
 
-    profile = None
-    if args.profile and args.data_dir is not None:
-        configs_p = [DEFAULT_CONFIG]
-        if best_tree_config and best_tree_config != DEFAULT_CONFIG:
-            configs_p.append(best_tree_config)
-        embed, hidden = args.dims[0]
-        job = dict(base_job(args, "profile", "profile"), embed=embed,
-                   hidden=hidden, batch_size=args.tree_batch,
-                   configs=configs_p, weights_out=None)
-        res = run_worker("gluon", job, args, work_dir)
-        if "error" in res:
-            notes.append("profile: %s" % res["error"])
-        else:
-            envs.setdefault("gluon", res["env"])
-            profile = ("treelstm %d/%d\n" % (embed, hidden)
-                       + profile_text(res["profiles"]))
 
-    gluon_env_ = envs.get("gluon", {})
-    threads = ("--threads %d for every process" % args.threads
-               if args.threads else
-               "machine defaults for Gluon (OMP_NUM_THREADS=%s, %s cores), "
-               "DyNet computes on one thread"
-               % (gluon_env_.get("OMP_NUM_THREADS") or "unset",
-                  len(gluon_env_.get("cores") or []) or "?"))
-    report = {"env": {"cpu_count": os.cpu_count(), "threads": threads,
-                      "load_start": load_start, "load_end": _load(),
-                      "job_loads": list(LOADS),
-                      "mxnet": gluon_env_.get("mxnet"), "processes": envs,
-                      "argv": sys.argv[1:]},
-              "workloads": workloads, "configs": configs, "sweep": sweep,
-              "notes": notes, "profile": profile}
-    text = markdown_tables(report)
-    (out_dir / "bench_dynet.md").write_text(text + "\n")
-    write_csv(out_dir / "bench_dynet.csv", report)
-    if sweep:
-        plot_sweep(out_dir / "batch_size.png", sweep)
-    saved = dict(report, workloads={k: strip_results(v)
-                                    for k, v in workloads.items()})
-    with open(out_dir / "bench_dynet.json", "w") as handle:
-        json.dump(saved, handle, indent=1, default=str)
-    print(text)
-    LOG.info("wrote %s", ", ".join(str(out_dir / n) for n in (
-        "bench_dynet.md", "bench_dynet.csv", "bench_dynet.json")
-        + (("batch_size.png",) if sweep else ())))
+def orchestrate(args):
+    """Run every workload, write the outputs, return the report dict."""
+    import bench_dynet_report as report_mod  # pylint: disable=import-outside-toplevel
+    from examples.sst_data import default_sst_dir  # noqa  pylint: disable=import-outside-toplevel
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work_dir = tempfile.mkdtemp(prefix="bench_dynet_")
+    load_start = load_average()
+    args.data_dir = args.data_dir or default_sst_dir()
+    notes = []
+    if args.skip_dynet:
+        notes.append("DyNet: skipped (--skip-dynet)")
+    elif not dynet_available():
+        notes.append("DyNet: " + DYNET_SKIP)
+        LOG.warning("DyNet: %s", DYNET_SKIP)
+    needs_sst = {"treelstm", "tagger", "batchsize"} & set(args.workloads)
+    if needs_sst and args.data_dir is None:
+        message = ("SST not found (expected ../shared/data/sst or "
+                   "--data-dir): skipped %s" % ", ".join(sorted(needs_sst)))
+        LOG.warning(message)
+        notes.append(message)
+    runs = {}
+    try:
+        for name, workload, job, sizes in plan_workloads(args, notes):
+            runs[name] = run_workload(name, workload, job, sizes, args, work_dir)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)     # the exported weights
+    report = report_mod.build_report(runs, args, notes, {
+        "load_start": load_start, "load_end": load_average(),
+        "workload_loads": list(LOADS)})
+    report_mod.write_outputs(out_dir, report)
+    print(report_mod.markdown(report))
     return report
 
 
-def worker_main(args):
-    """Entry point of a worker process."""
-    with open(args.job) as handle:
-        job = json.load(handle)
-    setup_logging(args.verbose, "%(asctime)s [" + args.worker + "] %(message)s")
-    if args.worker == "gluon":
-        result = gluon_worker(job)
-    else:
-        result = dynet_worker(job)
-    with open(args.result, "w") as handle:
-        json.dump(result, handle, default=str)
-
-
 def main(argv=None):
-    """Run the benchmark (or, with the hidden ``--worker``, one job)."""
+    """Run the benchmark; return the report dict."""
     args = parse_args(argv)
-    if args.worker:
-        worker_main(args)
-        return None
     setup_logging(args.verbose)
     started = time.perf_counter()
     report = orchestrate(args)

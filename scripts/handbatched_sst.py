@@ -17,11 +17,25 @@ on the same Parameters, written by hand for a whole batch of trees:
   levels (and on which levels keep no rows), so one CachedOp per such shape
   serves every batch.
 
+Two variants differ in how the word embeddings enter:
+
+* *dense* (``HandBatchedSST(cell, ...)``, called with the (V, E) table): the
+  CachedOp gathers the pre-terminals' rows with ``take``, so the table's
+  gradient is a dense (V, E) array and Adam updates every row, as in the
+  gluon_dynbatch models;
+* *sparse* (``HandBatchedSST(cell, ..., embedding=sparse_embedding(table))``):
+  an ``nn.Embedding(V, E, sparse_grad=True)`` looks the rows up outside the
+  CachedOp and feeds them in as data, so the table's gradient is
+  ``row_sparse`` and ``Trainer(..., "adam", {"lazy_update": True})`` updates
+  only the rows a batch used, as DyNet does for its lookup parameters.  This
+  is the like-for-like comparison with DyNet.
+
 It answers one question for the benchmark against DyNet: how fast can MXNet
 run this model when nothing is spent per tree node in Python?
 """
 import mxnet as mx
 import numpy as np
+from mxnet.gluon import nn
 
 #: Parameter attribute names of ``BinaryTreeLSTM``, in graph-input order.
 CELL_PARAMS = ("leaf_iou_weight", "leaf_iou_bias", "iou_weight", "iou_bias",
@@ -120,15 +134,20 @@ def _gates(z, hidden):
     return i, o, u
 
 
-def build_symbol(keeps, hidden, num_classes):
+def build_symbol(keeps, hidden, num_classes, rows_fed=False):
     """The summed loss of a batch as one symbol.
 
     ``keeps[l - 1]`` says whether level ``l``'s frontier keeps earlier rows
-    (``SSTLevelPlan.keeps``); the batch has ``len(keeps) + 1`` levels.
+    (``SSTLevelPlan.keeps``); the batch has ``len(keeps) + 1`` levels.  The
+    pre-terminals' embeddings are gathered from the input ``embedding`` by
+    ``words``, or with ``rows_fed`` come in looked up as the input ``rows``.
     """
     var = mx.sym.var
     w = {name: var(name) for name in CELL_PARAMS}
-    x = mx.sym.take(var("embedding"), var("words"), axis=0)
+    if rows_fed:
+        x = var("rows")
+    else:
+        x = mx.sym.take(var("embedding"), var("words"), axis=0)
     z = mx.sym.FullyConnected(x, w["leaf_iou_weight"], w["leaf_iou_bias"],
                               num_hidden=3 * hidden)
     i, o, u = _gates(z, hidden)
@@ -164,28 +183,56 @@ def build_symbol(keeps, hidden, num_classes):
     return -mx.sym.sum(picked, keepdims=True).reshape((1,))
 
 
+def sparse_embedding(table, ctx=None):
+    """An ``nn.Embedding`` with a ``row_sparse`` gradient, initialised to ``table``.
+
+    Parameters
+    ----------
+    table : NDArray
+        (V, E) initial embeddings (copied).
+    ctx : mxnet.Context, optional
+        Defaults to ``table``'s context.
+
+    Returns
+    -------
+    mxnet.gluon.nn.Embedding
+    """
+    vocab_size, embed_size = table.shape
+    block = nn.Embedding(vocab_size, embed_size, sparse_grad=True)
+    block.initialize(ctx=ctx or table.context)
+    block.weight.set_data(table.copy())
+    return block
+
+
 class HandBatchedSST:
     """Summed loss of a batch of SST trees, hand-batched, on a model's Parameters.
 
     Parameters
     ----------
     cell : examples.sst_model.BinaryTreeLSTM
-        Its Parameters are used (and trained) directly.
+        Its Parameters are used (and trained) directly (an
+        ``OpByOpBinaryTreeLSTM`` has the same ones).
     hidden, num_classes : int
         Sizes H and K of the model.
     ctx : mxnet.Context
+    embedding : mxnet.gluon.nn.Embedding, optional
+        Look the pre-terminals' rows up with this block outside the CachedOp
+        (see :func:`sparse_embedding`); by default the CachedOp gathers them
+        from the table passed to each call.
     """
 
-    def __init__(self, cell, hidden, num_classes, ctx):
+    def __init__(self, cell, hidden, num_classes, ctx, embedding=None):
         self.cell = cell
         self.hidden, self.num_classes = hidden, num_classes
         self.ctx = ctx
+        self.embedding = embedding
         self._ops = {}            # plan shape (keeps) -> (CachedOp, input names)
 
     def _op(self, keeps):
         found = self._ops.get(keeps)
         if found is None:
-            symbol = build_symbol(keeps, self.hidden, self.num_classes)
+            symbol = build_symbol(keeps, self.hidden, self.num_classes,
+                                  rows_fed=self.embedding is not None)
             names = symbol.list_inputs()
             params = [k for k, n in enumerate(names) if n in CELL_PARAMS + ("embedding",)]
             flags = [("static_alloc", True), ("param_indices", params),
@@ -193,11 +240,21 @@ class HandBatchedSST:
             found = self._ops[keeps] = (mx.nd.CachedOp(symbol, flags), names)
         return found
 
-    def __call__(self, trees, embeddings):
-        """The (1,) summed loss of ``trees`` (recorded when autograd records)."""
+    def __call__(self, trees, embeddings=None):
+        """The (1,) summed loss of ``trees`` (recorded when autograd records).
+
+        ``embeddings`` is the (V, E) table; it is not used (and may be
+        omitted) when the model has its own ``embedding`` block.
+        """
         plan = SSTLevelPlan(trees)
         inputs = plan.feed(self.ctx)
-        inputs["embedding"] = embeddings
+        if self.embedding is not None:
+            inputs["rows"] = self.embedding(inputs["words"])
+        elif embeddings is None:
+            raise ValueError("HandBatchedSST without an embedding block needs "
+                             "the embedding table")
+        else:
+            inputs["embedding"] = embeddings
         for name in CELL_PARAMS:
             inputs[name] = getattr(self.cell, name).data(self.ctx)
         op, names = self._op(tuple(plan.keeps))

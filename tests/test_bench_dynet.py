@@ -5,11 +5,16 @@
 * the DyNet tagger of bench_dynet's DyNet worker computes the same losses as
   the Gluon tagger from the same weights, over a few Adam steps (skipped
   without dynet);
-* a tiny ``--quick`` run of the whole benchmark writes its tables and plot
-  and reports matching losses across systems (skipped without SST).
+* the driver's pieces: the systems of each workload, the rotating rounds,
+  timing blocks without a wait per batch, the worker's request loop;
+* tiny ``--quick`` runs of the whole benchmark (a process per system, and
+  one shared Gluon process with one thread) write their tables and plot,
+  report a row for every system and matching losses across systems
+  (skipped without SST).
 """
 import csv
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -28,10 +33,12 @@ from mxnet import autograd, gluon  # noqa: E402
 
 import gluon_dynbatch as gdb  # noqa: E402
 import bench_dynet  # noqa: E402
+import bench_dynet_worker  # noqa: E402
 from examples import bilstm_tagger  # noqa: E402
 from examples.sst_data import default_sst_dir  # noqa: E402
 
 BENCH = os.path.join(SCRIPTS, "bench_dynet.py")
+WORKER = os.path.join(SCRIPTS, "bench_dynet_worker.py")
 HAVE_DYNET = importlib.util.find_spec("dynet") is not None
 SST_DIR = default_sst_dir()
 
@@ -148,22 +155,22 @@ def test_dynet_tagger_matches_gluon(sst_dir, tmp_path):
         model, trainer, [s for s, _ in sentences], [t for _, t in sentences],
         batched=True) for _ in range(steps)]
     assert gluon_losses[-1] < gluon_losses[0]
-    job = {"name": "tagger test", "workload": "tagger", "seed": 1,
-           "threads": None, "warmup": 0, "batches": steps,
-           "modes": ["train"], "system_timeout": 60, "max_trees": None,
-           "data_dir": sst_dir, "embed": 6, "hidden": 4,
-           "batch_size": len(sentences), "autobatch": 1,
-           "weights": weights_file}
-    job_file, result_file = tmp_path / "job.json", tmp_path / "result.json"
-    job_file.write_text(json.dumps(job))
-    done = subprocess.run([sys.executable, BENCH, "--worker", "dynet",
-                           "--job", str(job_file), "--result",
-                           str(result_file)], capture_output=True, text=True,
-                          timeout=120, cwd=REPO_ROOT)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(result_file.read_text())
-    dynet_losses = result["systems"][0]["losses"]
-    np.testing.assert_allclose(dynet_losses, gluon_losses, rtol=1e-4)
+    job = {"workload": "tagger", "seed": 1, "data_dir": sst_dir,
+           "max_trees": None, "embed": 6, "hidden": 4,
+           "batch_size": len(sentences), "weights": weights_file}
+    spec = bench_dynet.system_spec("dynet", "DyNet autobatch=1", side="dynet",
+                                   autobatch=1)
+    worker = bench_dynet.WorkerProcess("dynet", "test", None, 1, autobatch=1)
+    try:
+        worker.call("setup", 120, job=job, specs=[spec])
+        worker.call("prepare", 60, key=spec["key"], mode="train",
+                    size=len(sentences), warmup=0)
+        block = worker.call("run", 60, key=spec["key"], count=steps, each=True)
+    finally:
+        worker.close()
+    assert worker.proc.returncode == 0
+    assert len(block["batch_ms"]) == steps
+    np.testing.assert_allclose(block["losses"], gluon_losses, rtol=1e-4)
 
 
 def test_help_lists_flags():
@@ -171,66 +178,232 @@ def test_help_lists_flags():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     for flag in ("--workloads", "--sizes", "--batches", "--threads",
-                 "--quick", "--skip-dynet", "--profile", "--out-dir", "--no-hand"):
+                 "--quick", "--skip-dynet", "--profile", "--out-dir", "--no-hand",
+                 "--round-batches", "--encoders", "--gluon-processes",
+                 "--no-eager", "--train-back-to-back"):
         assert flag in done.stdout
+
+
+# ------------------------------------------------------------ the driver
+
+def _args(*extra):
+    return bench_dynet.parse_args(["--configs", "depth:imperative,agenda:step"]
+                                  + list(extra))
+
+
+def test_every_system_of_each_workload():
+    keys = {w: [s["key"] for s in bench_dynet.workload_systems(w, _args())]
+            for w in bench_dynet.WORKLOADS}
+    assert keys["treelstm"] == [
+        "eager", "gdb-cell-depth:imperative", "gdb-cell-agenda:step",
+        "gdb-op-depth:imperative", "gdb-op-agenda:step", "hand", "hand-sparse",
+        "dynet-0", "dynet-1"]
+    assert keys["tagger"] == ["eager", "gdb-depth:imperative", "gdb-agenda:step",
+                              "dynet-0", "dynet-1"]
+    assert keys["sick"] == ["eager", "gdb-depth:imperative", "gdb-agenda:step"]
+    assert keys["batchsize"] == ["gdb-cell-depth:imperative", "gdb-op-depth:imperative",
+                                 "hand-sparse", "dynet-1"]
+    fewer = bench_dynet.workload_systems("treelstm", _args(
+        "--no-eager", "--no-hand", "--skip-dynet", "--encoders", "op"))
+    assert [s["key"] for s in fewer] == ["gdb-op-depth:imperative", "gdb-op-agenda:step"]
+    labels = [s["label"] for s in bench_dynet.workload_systems("treelstm", _args())]
+    assert len(set(labels)) == len(labels)
+    assert "gluon_dynbatch op-by-op depth:imperative (default)" in labels
+
+
+class _FakeEntry(bench_dynet.Entry):
+    def __init__(self, name, fail_at=None):
+        super().__init__(bench_dynet.system_spec("gdb", name, config=name))
+        self.name, self.fail_at = name, fail_at
+
+
+def test_rounds_rotate_and_a_failure_drops_only_its_system():
+    log = []
+
+    def run(entry, first, count):
+        if first == entry.fail_at:
+            raise RuntimeError("boom")
+        log.append((entry.name, first, count))
+        return {"block_ms": 1.0}
+
+    entries = [_FakeEntry("a"), _FakeEntry("b", fail_at=4), _FakeEntry("c")]
+    bench_dynet.time_in_rounds(entries, total=7, block=2, run=run)
+    assert log == [("a", 0, 2), ("b", 0, 2), ("c", 0, 2),
+                   ("b", 2, 2), ("c", 2, 2), ("a", 2, 2),
+                   ("c", 4, 2), ("a", 4, 2),
+                   ("a", 6, 1), ("c", 6, 1)]
+    assert [len(e.blocks) for e in entries] == [4, 2, 4]
+    assert entries[1].failure is not None and "boom" in entries[1].failure
+    assert entries[0].failure is None and not entries[0].cut
+
+
+def test_rounds_stop_a_system_past_its_timeout():
+    entries = [_FakeEntry("slow"), _FakeEntry("fast")]
+    cost = {"slow": 5000.0, "fast": 1.0}
+    bench_dynet.time_in_rounds(entries, total=4, block=1, timeout=3.0,
+                               run=lambda e, first, count: {"block_ms": cost[e.name]})
+    assert [len(e.blocks) for e in entries] == [1, 4]
+    assert entries[0].cut and not entries[1].cut
+
+
+def test_run_block_waits_once_unless_each_batch_is_timed():
+    events = []
+
+    def step(batch):
+        events.append("step")
+        return batch[0], {"nodes": 1}
+
+    def value(loss):
+        events.append("read")
+        return float(loss)
+
+    block = bench_dynet.run_block(step, [[1, 2], [3]], lambda: events.append("sync"),
+                                  each=False, value=value)
+    assert events == ["sync", "step", "step", "sync", "read", "read"]
+    assert block["sentences"] == [2, 1] and block["losses"] == [1.0, 3.0]
+    assert block["batch_ms"] == [] and block["block_ms"] > 0
+    events.clear()
+    block = bench_dynet.run_block(step, [[1, 2], [3]], lambda: events.append("sync"),
+                                  each=True, value=value)
+    assert events == ["sync", "step", "sync", "step", "sync", "sync", "read", "read"]
+    assert len(block["batch_ms"]) == 2
+
+
+def test_summaries_per_batch_and_per_block():
+    entry = _FakeEntry("a")
+    entry.warmup = {"losses": [9.0]}
+    entry.blocks = [{"block_ms": 100.0, "batch_ms": [40.0, 60.0], "sentences": [4, 4],
+                     "losses": [1.0, 2.0], "stats": []},
+                    {"block_ms": 50.0, "batch_ms": [50.0], "sentences": [2],
+                     "losses": [3.0], "stats": []}]
+    each = bench_dynet.summarize(entry, each=True)
+    assert each["sentences_per_s"] == pytest.approx(66.666, rel=1e-3)   # of 100, 66.7, 40
+    assert each["losses"] == [9.0, 1.0, 2.0, 3.0] and each["batches"] == 3
+    blocks = bench_dynet.summarize(entry, each=False)
+    assert blocks["sentences_per_s"] == pytest.approx(60.0)           # of 80 and 40
+    assert blocks["mean_sentences_per_s"] == pytest.approx(10000 / 150)
+    assert blocks["rounds"] == 2 and blocks["timing"] == "block"
+
+
+def test_worker_request_loop_answers_errors_and_goes_on():
+    class Fake:
+        def double(self, x):
+            return 2 * x
+
+        def broken(self):
+            raise ValueError("no")
+
+    requests = io.StringIO("\n".join(json.dumps(m) for m in [
+        {"cmd": "double", "args": {"x": 4}}, {"cmd": "broken"},
+        {"cmd": "double", "args": {"x": 1}}, {"cmd": "quit"},
+        {"cmd": "double", "args": {"x": 7}}]) + "\n")
+    answers = io.StringIO()
+    bench_dynet_worker.serve(Fake(), requests, answers)
+    replies = [json.loads(line) for line in answers.getvalue().splitlines()]
+    assert replies == [{"ok": True, "result": 8},
+                       {"ok": False, "error": "ValueError: no"},
+                       {"ok": True, "result": 2}, {"ok": True, "result": None}]
+
+
+def _smoke(out_dir, *extra):
+    done = subprocess.run(
+        [sys.executable, BENCH, "--quick", "--max-trees", "60", "--dims", "8/8",
+         "--tagger-dims", "8/8", "--tree-batch", "4", "--tagger-batch", "4",
+         "--configs", "depth:imperative", "--out-dir", str(out_dir)] + list(extra),
+        capture_output=True, text=True, timeout=400, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("bench_dynet.md", "bench_dynet.csv", "bench_dynet.json"):
+        assert (out_dir / name).is_file(), name
+    return json.loads((out_dir / "bench_dynet.json").read_text()), \
+        (out_dir / "bench_dynet.md").read_text()
+
+
+def _check_rows(report, name, keys):
+    """Every system has a row with both figures and matching losses."""
+    rows = report["workloads"][name]
+    assert [row["key"] for row in rows] == keys
+    for row in rows:
+        if row["kind"] == "dynet" and not HAVE_DYNET:
+            assert "not installed" in row["note"]
+            continue
+        assert row["train"] > 0 and row["infer"] > 0, row["system"]
+        assert row["train_batches"] == 2 and row["infer_batches"] == 2
+        assert row["train_rounds"] == 2 and row["infer_rounds"] == 2
+        for mode in ("train", "infer"):
+            first = row[mode + "_loss_gap_first"]
+            assert (first is None) == (row["key"] == "eager")
+            assert first is None or first < 1e-4, (row["system"], mode)
+            gap = row[mode + "_loss_gap"]
+            assert gap is None or gap < 1e-3, (row["system"], mode, gap)
+    for row in report["processes"][name]:
+        if row["pid"] is not None:         # it ran
+            assert (row["train_timing"], row["infer_timing"]) == ("batch", "block")
+            assert row["train_warmup"] == 1 and row["max_rss_mb"] > 0
 
 
 @pytest.mark.skipif(SST_DIR is None, reason="SST data not found "
                     "(expected ../shared/data/sst)")
-def test_quick_smoke_run(tmp_path):
-    out_dir = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, BENCH, "--quick", "--workloads",
-         "treelstm,tagger,batchsize", "--max-trees", "60", "--dims", "8/8",
-         "--tagger-dims", "8/8", "--sizes", "2,4", "--tree-batch", "4",
-         "--tagger-batch", "4", "--batches", "1", "--configs",
-         "depth:imperative", "--out-dir", str(out_dir)],
-        capture_output=True, text=True, timeout=180, cwd=REPO_ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for name in ("bench_dynet.md", "bench_dynet.csv", "bench_dynet.json",
-                 "batch_size.png"):
-        assert (out_dir / name).is_file(), name
-    report = json.loads((out_dir / "bench_dynet.json").read_text())
-    assert set(report["workloads"]) == {"treelstm 8/8", "tagger 8/8"}
-    for rows in report["workloads"].values():
-        systems = {row["system"]: row for row in rows}
-        for name in ("eager Gluon", "gluon_dynbatch default"):
-            assert systems[name]["train"] > 0 and systems[name]["infer"] > 0
-        if HAVE_DYNET:
-            dynet = systems["DyNet autobatch=1"]
-            assert dynet["train"] > 0 and dynet["infer"] > 0
-            assert systems["gluon_dynbatch default"]["train_x_dynet"] > 0
-        for row in rows:
-            for mode in ("train", "infer"):
-                gap = row[mode + "_loss_gap"]
-                assert gap is None or gap < 1e-3, (row["system"], mode, gap)
-                first = row[mode + "_loss_gap_first"]
-                assert first is None or first < 1e-4, (row["system"], mode)
-    hand = {row["system"]: row for row in report["workloads"]["treelstm 8/8"]}[
-        "hand-batched MXNet (no per-node Python)"]
-    assert hand["train"] > 0 and hand["infer"] > 0
-    assert hand["train_loss_gap_first"] < 1e-4      # the same model as eager
-    sizes = {row["size"] for row in report["sweep"]}
-    assert sizes == {2, 4}
-    with open(out_dir / "bench_dynet.csv") as handle:
+def test_quick_smoke_run_a_process_per_system(tmp_path):
+    report, text = _smoke(tmp_path, "--workloads", "treelstm")
+    keys = ["eager", "gdb-cell-depth:imperative", "gdb-op-depth:imperative",
+            "hand", "hand-sparse", "dynet-0", "dynet-1"]
+    _check_rows(report, "treelstm 8/8", keys)
+    procs = report["processes"]["treelstm 8/8"]
+    pids = [row["pid"] for row in procs if HAVE_DYNET or "dynet" not in row["key"]]
+    assert len(set(pids)) == len(pids)               # one process each
+    assert all(row["hosted"] == 1 for row in procs if row["pid"])
+    assert {row["infer_timing"] for row in procs if row["pid"]} == {"block"}
+    rows = {row["key"]: row for row in report["workloads"]["treelstm 8/8"]}
+    assert rows["hand-sparse"]["train_x_hand_sparse"] == pytest.approx(1.0)
+    assert rows["gdb-op-depth:imperative"]["train_x_eager"] > 0
+    for label in ("eager Gluon", "cell-written depth:imperative", "op-by-op",
+                  "dense embedding gradient", "sparse embedding gradient",
+                  "DyNet autobatch=1", "How each system ran", "rounds of 1"):
+        assert label in text, label
+    with open(tmp_path / "bench_dynet.csv") as handle:
         tables = {row["table"] for row in csv.DictReader(handle)}
-    assert tables == {"summary", "settings", "batch_size"}
-    text = (out_dir / "bench_dynet.md").read_text()
-    assert "## treelstm 8/8" in text and "## Batch size" in text
+    assert tables == {"summary", "processes", "gluon_dynbatch"}
     if not HAVE_DYNET:
         assert "skipped: dynet38 not installed" in text
 
 
-def test_dynet_worker_without_dynet_says_skipped(tmp_path):
+@pytest.mark.skipif(SST_DIR is None, reason="SST data not found "
+                    "(expected ../shared/data/sst)")
+def test_quick_smoke_run_shared_process_one_thread(tmp_path):
+    report, text = _smoke(tmp_path, "--workloads", "tagger,batchsize",
+                          "--sizes", "2,4", "--threads", "1",
+                          "--gluon-processes", "shared")
+    _check_rows(report, "tagger 8/8", ["eager", "gdb-depth:imperative",
+                                       "dynet-0", "dynet-1"])
+    procs = report["processes"]["tagger 8/8"]
+    gluon = [row for row in procs if not row["key"].startswith("dynet")]
+    assert len({row["pid"] for row in gluon}) == 1 and gluon[0]["hosted"] == 2
+    for row in procs:
+        if row["pid"]:
+            assert row["cores"] == [row["cores"][0]]
+            assert row["OMP_NUM_THREADS"] == "1"
+    assert "--threads 1" in report["env"]["threads"]
+    sweep = report["sweep"]
+    assert {row["size"] for row in sweep} == {2, 4}
+    systems = {row["key"] for row in sweep if row["train"]}
+    assert {"gdb-cell-depth:imperative", "gdb-op-depth:imperative",
+            "hand-sparse"} <= systems
+    assert (tmp_path / "batch_size.png").is_file()
+    assert "## Batch size" in text
+
+
+def test_dynet_worker_without_dynet_says_skipped(tmp_path, monkeypatch):
     fake = tmp_path / "fake"
     fake.mkdir()
     (fake / "dynet_config.py").write_text("raise ImportError('no dynet')\n")
-    job_file = tmp_path / "job.json"
-    job_file.write_text(json.dumps({"name": "x", "threads": None}))
     env = dict(os.environ, PYTHONPATH=str(fake))
-    done = subprocess.run([sys.executable, BENCH, "--worker", "dynet",
-                           "--job", str(job_file), "--result",
-                           str(tmp_path / "r.json")], capture_output=True,
+    done = subprocess.run([sys.executable, WORKER, "dynet"], capture_output=True,
                           text=True, timeout=60, env=env, cwd=REPO_ROOT)
     assert done.returncode == bench_dynet.DYNET_MISSING
     assert "skipped: dynet38 not installed" in done.stderr
+    monkeypatch.setenv("PYTHONPATH", str(fake))
+    worker = bench_dynet.WorkerProcess("dynet", "test", None, 1, autobatch=1)
+    with pytest.raises(bench_dynet.WorkerError) as info:
+        worker.call("env", timeout=60)
+    worker.close()
+    assert info.value.skipped and "not installed" in str(info.value)

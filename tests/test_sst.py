@@ -22,6 +22,7 @@ if REPO_ROOT not in sys.path:
 import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 
+import gluon_dynbatch as gdb  # noqa: E402
 from examples import sst_model  # noqa: E402
 from examples.sst_data import (  # noqa: E402
     UNK, SSTFormatError, SSTTree, assign_ids, build_vocab, default_sst_dir,
@@ -175,17 +176,18 @@ def test_real_sst_files(sst_train):
 # --------------------------------------------------------------- Gluon model
 
 
-def make(vocab_size, embed=7, hidden=5, seed=3):
-    return sst_model.make_model(vocab_size, embed, hidden, seed=seed)
+def make(vocab_size, embed=7, hidden=5, seed=3, encoder="cell"):
+    return sst_model.make_model(vocab_size, embed, hidden, seed=seed,
+                                encoder=encoder)
 
 
-def make_sensitive(vocab_size, embed, hidden, seed=4):
+def make_sensitive(vocab_size, embed, hidden, seed=4, encoder="cell"):
     """A model with large random weights and biases.
 
     With the default small initialisation the states stay near zero and a
     wrong gate or weight changes the loss by less than the tolerance.
     """
-    model = make(vocab_size, embed, hidden)
+    model = make(vocab_size, embed, hidden, encoder=encoder)
     rng = np.random.RandomState(seed)
     weights = {}
     for name, value in sst_model.get_weights(model).items():
@@ -300,6 +302,118 @@ def test_weights_roundtrip(tmp_path):
         sst_model.set_weights(target, weights)
 
 
+# ---------------------------------------------------- op-by-op encoder
+
+def grads_by_weight_name(model):
+    """Gradients keyed by :data:`sst_model.WEIGHT_NAMES` (model-independent)."""
+    params = {name: getattr(model.tree_lstm, name)
+              for name in sst_model.WEIGHT_NAMES[1:]}
+    params["embedding"] = model.embedding
+    return {name: p.grad().asnumpy() for name, p in params.items()}
+
+
+def encoder_loss_and_grads(model, trees, **scope):
+    """Loss and gradients by weight name; batched when ``scope`` is given."""
+    with autograd.record():
+        emb = model.embedding.data()
+        if scope:
+            with gdb.batching(**scope):
+                outs = [model.tree_lstm(t, emb) for t in trees]
+        else:
+            outs = [model.tree_lstm(t, emb) for t in trees]
+        loss = sst_model.sst_loss(outs, trees)
+    loss.backward()
+    return float(loss.asscalar()), grads_by_weight_name(model)
+
+
+def mixed_trees():
+    """The small trees plus deeper random binary ones, with ids."""
+    rng = np.random.RandomState(11)
+    words = ["The", "good", "film", "A", "dull", "great", ".", "awful", ","]
+
+    def grow(leaves):
+        if leaves == 1:
+            return SSTTree(int(rng.randint(5)), word=words[rng.randint(len(words))])
+        left = int(rng.randint(1, leaves))
+        return SSTTree(int(rng.randint(5)), children=[grow(left), grow(leaves - left)])
+
+    trees = [parse_sst_line(line, "small:%d" % i)
+             for i, line in enumerate(SMALL_TREES, 1)]
+    trees += [grow(n) for n in (7, 12, 3)]
+    return assign_ids(trees, build_vocab(trees))
+
+
+def test_opbyop_encoder_has_the_cell_encoders_parameters():
+    trees = small_trees()
+    vocab = build_vocab(trees)
+    cell, op = make(len(vocab)), make(len(vocab), encoder="op")
+    assert isinstance(op.tree_lstm, sst_model.OpByOpBinaryTreeLSTM)
+    assert not op.tree_lstm._children          # no child blocks
+    assert set(cell.tree_lstm._children) == {"leaf_cell", "internal_cell"}
+    short = {name[len(cell.tree_lstm.prefix):]
+             for name in cell.tree_lstm.collect_params()}
+    assert short == {name[len(op.tree_lstm.prefix):]
+                     for name in op.tree_lstm.collect_params()}
+    # The same seed draws the same weights.
+    for name, value in sst_model.get_weights(cell).items():
+        np.testing.assert_array_equal(sst_model.get_weights(op)[name], value)
+    with pytest.raises(ValueError, match="unknown encoder"):
+        sst_model.SSTSentimentModel(10, 4, 3, encoder="opbyop")
+
+
+def test_opbyop_equals_cell_model_eagerly(tmp_path):
+    trees = mixed_trees()
+    vocab = build_vocab(trees)
+    cell = make_sensitive(len(vocab), embed=6, hidden=4)
+    op = make(len(vocab), embed=6, hidden=4, seed=9, encoder="op")
+    sst_model.set_weights(op, sst_model.get_weights(cell))
+    cell_loss, cell_grads = encoder_loss_and_grads(cell, trees)
+    op_loss, op_grads = encoder_loss_and_grads(op, trees)
+    assert np.isfinite(cell_loss) and cell_loss > 0
+    assert op_loss == pytest.approx(cell_loss, rel=1e-6)
+    for name, grad in cell_grads.items():
+        assert np.abs(grad).sum() > 0, name
+        np.testing.assert_allclose(op_grads[name], grad, rtol=1e-5, atol=1e-7,
+                                   err_msg=name)
+    # Parameter files load into either encoder.
+    path = str(tmp_path / "cell.params")
+    cell.save_parameters(path)
+    other = make(len(vocab), embed=6, hidden=4, seed=5, encoder="op")
+    other.load_parameters(path)
+    assert sst_model.batch_loss(other, trees, batched=False) == \
+        pytest.approx(cell_loss, rel=1e-6)
+
+
+def test_opbyop_shares_a_cell_encoders_parameters():
+    trees = small_trees()
+    vocab = build_vocab(trees)
+    cell = make_sensitive(len(vocab), embed=6, hidden=4)
+    base = cell.tree_lstm
+    shared = sst_model.OpByOpBinaryTreeLSTM(6, 4, prefix=base.prefix,
+                                            params=base.collect_params())
+    assert shared.out_weight is base.out_weight
+    emb = cell.embedding.data()
+    got = sst_model.sst_loss([shared(t, emb) for t in trees], trees)
+    want = sst_model.sst_loss([base(t, emb) for t in trees], trees)
+    assert float(got.asscalar()) == pytest.approx(float(want.asscalar()), rel=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+@pytest.mark.parametrize("compiled", [False, True, "step"])
+def test_opbyop_batched_equals_eager(strategy, compiled):
+    trees = mixed_trees()
+    vocab = build_vocab(trees)
+    model = make_sensitive(len(vocab), embed=6, hidden=4, encoder="op")
+    eager_loss, eager_grads = encoder_loss_and_grads(model, trees)
+    loss, grads = encoder_loss_and_grads(model, trees, strategy=strategy,
+                                         compiled=compiled)
+    assert loss == pytest.approx(eager_loss, rel=1e-5)
+    for name, grad in eager_grads.items():
+        assert np.abs(grad).sum() > 0, name
+        np.testing.assert_allclose(grads[name], grad, rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+
+
 # ------------------------------------------------------ Gluon == DyNet check
 
 def run_dynet(args):
@@ -394,6 +508,41 @@ def test_handbatched_sst_equals_eager_loss_and_gradients():
     plan = SSTLevelPlan(trees)
     assert plan.num_nodes == sum(len(t.postorder()) for t in trees)
     assert plan.num_levels == max(t.depth() for t in trees)
+
+
+def test_handbatched_sst_sparse_equals_eager_loss_and_gradients():
+    """Rows looked up outside the CachedOp (row_sparse gradient): the same
+    loss and gradients as the per-node model; lazy Adam moves only used rows."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+    from handbatched_sst import HandBatchedSST, sparse_embedding
+    trees = mixed_trees()
+    vocab = build_vocab(trees)
+    vocab["unused"] = len(vocab)
+    model = make_sensitive(len(vocab), embed=6, hidden=4)
+    eager_loss, eager_grads = loss_and_grads(model, trees, batched=False)
+    table = sparse_embedding(model.embedding.data())
+    hand = HandBatchedSST(model.tree_lstm, 4, 5, mx.cpu(), embedding=table)
+    with autograd.record():
+        loss = hand(trees)
+    loss.backward()
+    assert float(loss.asscalar()) == pytest.approx(eager_loss, rel=1e-5)
+    for name in sst_model.CELL_WEIGHT_NAMES:
+        param = getattr(model.tree_lstm, name)
+        np.testing.assert_allclose(param.grad().asnumpy(), eager_grads[param.name],
+                                   rtol=1e-4, atol=1e-5, err_msg=name)
+    grad = table.weight.grad()
+    assert grad.stype == "row_sparse"
+    used = sorted({n.word_id for t in trees for n in t.postorder() if n.is_preterminal})
+    assert sorted(grad.indices.asnumpy().tolist()) == used
+    np.testing.assert_allclose(grad.tostype("default").asnumpy(),
+                               eager_grads[model.embedding.name], rtol=1e-4, atol=1e-5)
+    before = table.weight.data().asnumpy()
+    params = model.tree_lstm.collect_params()
+    params.update(table.collect_params())
+    trainer = gluon.Trainer(params, "adam", {"lazy_update": True})
+    trainer.step(1)
+    moved = np.abs(table.weight.data().asnumpy() - before).sum(axis=1) > 0
+    assert moved.nonzero()[0].tolist() == used
 
 
 def test_handbatched_sst_rejects_non_binary_trees():
