@@ -75,13 +75,19 @@ class CallOp:
         self.num_inputs = num_inputs
         self._compiled = threading.local()
         # Columns of a call's site_rows holding a BROW input's rows (the next
-        # column holds its output's rows); and the repeats compiled plans keep.
-        cols, col = [], 0
+        # column holds its output's rows) and a segment's count; and what
+        # compiled plans keep (repeats, segment sums) once needed.
+        cols, counts, col = [], [], 0
         for entry in entries:
             cols += [col + 2 * k for k in range(len(entry.brow))]
-            col += 2 * len(entry.brow) + (entry.kind == _SEGMENT)
+            col += 2 * len(entry.brow)
+            if entry.kind == _SEGMENT:
+                counts.append(col)
+                col += 1
         self.have_cols = np.array(cols, dtype=np.int64)
+        self.count_cols = np.array(counts, dtype=np.int64)
         self.sticky = np.zeros(len(cols), dtype=bool)
+        self.sticky_sums = np.zeros(len(counts), dtype=bool)
 
     def __repr__(self):
         return "CallOp(%s, %d entries)" % (self.name, len(self.entries))
@@ -99,8 +105,9 @@ class CallOp:
         """N calls at once: ``inputs`` batched along axis 0, then the index arrays.
 
         ``variant`` says, per BROW input of the program in order, whether it
-        is repeated through an index array; segment entries always read a
-        padded index (and ``mean`` its counts too).
+        is repeated through an index array, and per segment entry whether it
+        sums (reading a padded index, and ``mean`` its counts too) or, every
+        call's count being 1, passes its input on.
         """
         extra = iter(inputs[self.num_inputs:])
         flags = iter(variant)
@@ -112,6 +119,10 @@ class CallOp:
                 if next(flags):
                     ins[pos] = F.take(ins[pos], next(extra), axis=0)
             if entry.kind == _SEGMENT:
+                if not next(flags):             # one row per call: nothing to sum
+                    tail = tuple(entry.out_shapes[0][1:])
+                    results.append([F.reshape(ins[0], shape=(-1,) + tail)])
+                    continue
                 ins.append(next(extra))
                 if entry.op.name == "mean":
                     ins.append(next(extra))
@@ -189,10 +200,13 @@ class CallRule(Rule):
         table = np.array([info.site_rows for info in distinct], dtype=np.int64)
         rows = table.reshape(len(distinct), -1)[codes]
         need = (rows[:, op.have_cols] != rows[:, op.have_cols + 1]).any(axis=0)
+        sums = (rows[:, op.count_cols] != 1).any(axis=0)
         if sticky:
             need |= op.sticky
             op.sticky = need
-        variant, arrays, col, site = [], [], 0, 0
+            sums |= op.sticky_sums
+            op.sticky_sums = sums
+        variant, arrays, col, site, seg = [], [], 0, 0, 0
         padded = {}     # ragged sums over the same rows (a cell's two) share their arrays
         for entry in op.entries:
             for _ in entry.brow:
@@ -203,13 +217,17 @@ class CallRule(Rule):
                 col += 2
                 site += 1
             if entry.kind == _SEGMENT:
-                counts = rows[:, col]
-                key = (counts.tobytes(), entry.op.name, len(entry.out_shapes[0]) - 1,
-                       entry.dtype)
-                found = padded.get(key)
-                if found is None:
-                    found = padded[key] = SegmentRule.arrays_for_counts(counts, *key[1:])
-                arrays += found
+                summing = bool(sums[seg])
+                variant.append(summing)
+                seg += 1
+                if summing:
+                    counts = rows[:, col]
+                    key = (counts.tobytes(), entry.op.name, len(entry.out_shapes[0]) - 1,
+                           entry.dtype)
+                    found = padded.get(key)
+                    if found is None:
+                        found = padded[key] = SegmentRule.arrays_for_counts(counts, *key[1:])
+                    arrays += found
                 col += 1
         return tuple(variant), arrays
 

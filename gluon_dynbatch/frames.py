@@ -32,7 +32,7 @@ import sys
 
 from mxnet.ndarray import NDArray
 
-from . import replay
+from . import replay, sites
 from .errors import BatchingError
 from .templates import recipe_for
 from .graph import LEAF
@@ -60,13 +60,16 @@ class Step:
         Positions of the outputs.
     path : tuple
         Block names below the frame's block (for messages).
+    site : tuple or None
+        The call's place in the user's code (``sites.capture``).
     """
 
-    __slots__ = ("op", "args", "kwargs", "refs", "info", "outs", "path")
+    __slots__ = ("op", "args", "kwargs", "refs", "info", "outs", "path", "site")
 
     def __init__(self, op, args, kwargs, refs, info, outs, path):
         self.op, self.args, self.kwargs = op, args, kwargs
         self.refs, self.info, self.outs, self.path = refs, info, outs, path
+        self.site = None            # where the user's code made the call (sites.py)
 
 
 class Macro:
@@ -184,11 +187,12 @@ class Frame:
     """
 
     __slots__ = ("rec", "state", "block", "path", "sample", "out_shapes", "out_dtypes",
-                 "vals", "ext", "lazies", "pool", "direct", "macro_ok")
+                 "vals", "ext", "lazies", "pool", "direct", "macro_ok", "caller")
     kind = "frame"
     depth = 0
 
     def __init__(self, rec, root, block, path):
+        self.caller = id(sys._getframe(1))  # pylint: disable=protected-access
         self.rec = rec
         self.state = root
         self.block = block
@@ -227,12 +231,20 @@ class Frame:
         if found is not None:
             return found
         rec = self.rec
+        shared = rec.graph.shared_items
+        found = shared.get(id(a))           # a parameter or constant of this graph
+        if found is not None:
+            return found
         node, _ = rec.value_of(a)
         if node.kind == LEAF:
             if node.param is not None:
-                return ("p", node.param)
-            if id(node.value) in rec.constant_ids:
-                return ("c", id(node.value))
+                found = ("p", node.param)
+            elif id(node.value) in rec.constant_ids:
+                found = ("c", id(node.value))
+            if found is not None:
+                if node.graph is rec.graph and (type(a) is not LazyArray or a._node is node):
+                    shared[id(a)] = found       # ``a`` is kept alive by the graph
+                return found
         pos = len(self.out_shapes)
         shape, dtype = a.shape, a.dtype
         self.out_shapes.append(shape)
@@ -335,10 +347,12 @@ class Frame:
     def _learn(self, op, args, kwargs, key, refs, kw):
         """Analyse a call met for the first time here; the new state, or None."""
         step = self.rec.analyse_frame_call(self, op, args, kwargs, refs, kw)
+        step.site = sites.capture(self.caller)
         if not step.info.cacheable and not step.info.stateful:
             # The first call of a parameter with deferred initialisation gave
             # it its shape; analysed again, the call is like any other.
             step = self.rec.analyse_frame_call(self, op, args, kwargs, refs, kw)
+            step.site = sites.capture(self.caller)
         if step.info.stateful or not step.info.cacheable:
             return None
         counter = self.state.counter

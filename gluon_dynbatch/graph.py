@@ -168,6 +168,7 @@ class Graph:
         self.externals = {}        # id(template) -> (template, its values here, call signature)
         self.known_calls = {}      # call shape -> how to record it (Recorder.known_call)
         self.constants = {}        # (F path, args) -> leaf of a deterministic F.zeros ...
+        self.shared_items = {}     # id(array) -> frame key item of a parameter or constant
         self.mode = None           # autograd's (recording, training) of its calls
 
     def add(self, node):
@@ -187,6 +188,7 @@ class Graph:
         self.externals = {}
         self.known_calls = {}
         self.constants = {}
+        self.shared_items = {}
         self.flush_fn = _released
 
     def live_and_needed(self):

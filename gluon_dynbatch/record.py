@@ -879,6 +879,19 @@ class Recorder:
         return Step(op, tuple(targs), tkw, tuple(step_refs), info, outs,
                     self.path[len(frame.path):])
 
+    def analyse_stub(self, op, args, kwargs, sources):
+        """The CallInfo of ``op(*args, **kwargs)`` on stand-in inputs ``sources``.
+
+        ``sources`` are ``(node, idx)`` pairs: graph leaves for parameters,
+        :class:`Stand` objects for anything else (a shape and a dtype).
+        Template passes (``vectorize.py``) analyse the calls they make up.
+        """
+        node = Node(self.graph, OP, op, list(sources), args, kwargs)
+        node.sample, node.path = self.sample, self.path
+        in_shapes = tuple([src.out_shapes[i] for src, i in sources])
+        in_dtypes = tuple([src.out_dtypes[i] for src, i in sources])
+        return self._analyse(node, in_shapes, in_dtypes)
+
     def _frame_source(self, frame, array, ref):
         """``(node, idx)`` standing for an input of a frame's call during analysis."""
         if type(ref) is int:
@@ -1117,18 +1130,23 @@ _MODAL = frozenset(["BatchNorm"])
 _STATEFUL = frozenset(["BatchNorm"])
 
 
-class _Position:
-    """A value of a frame standing in as a node during a call's analysis."""
+class Stand:
+    """A value standing in as a node's output during a call's analysis."""
 
     __slots__ = ("out_shapes", "out_dtypes", "id", "param", "value", "kind", "depth")
 
-    def __init__(self, frame, pos):
-        self.out_shapes = (frame.out_shapes[pos],)
-        self.out_dtypes = (frame.out_dtypes[pos],)
-        self.id = -1 - pos
+    def __init__(self, shape, dtype, uid):
+        self.out_shapes = (shape,)
+        self.out_dtypes = (dtype,)
+        self.id = -1 - uid
         self.param = self.value = None
         self.kind = OP
         self.depth = 0
+
+
+def _Position(frame, pos):  # pylint: disable=invalid-name
+    """Position ``pos`` of ``frame`` standing in as a node."""
+    return Stand(frame.out_shapes[pos], frame.out_dtypes[pos], pos)
 
 
 class CallInfo:

@@ -4,63 +4,138 @@ A frame's segment (its calls from its start, or from its last cut) and the
 positions it exports select a recipe, built once per template and reused by
 every frame that takes the same path:
 
-* :class:`ProgramRecipe`: the whole segment batches row by row, so it
-  becomes ONE program node (``calls.py``).  Frames of different templates
-  whose programs differ only in row counts share the program, so they batch
-  together.
+* :class:`ProgramRecipe`: the segment batches row by row, so it becomes ONE
+  program node (``calls.py``), after ``vectorize.py`` has turned the copies
+  of a loop's body into calls on stacked rows.  Frames whose programs differ
+  only in row counts (a node with 1 child or 5) share the program, so they
+  batch together.  Values read from outside are the node's inputs (stacked
+  by views in the graph where the program reads them stacked).
 * :class:`OpsRecipe`: otherwise, one node per call, exactly as recorded.
 """
 import weakref
 
-from . import calls
-from .graph import OP, known_node
+from . import calls, record, sites
+from .graph import OP, VIEW, known_node, slot
+from .lazy import LazyArray
+from .vectorize import vectorize
+
+
+
+def _concat():
+    return record.opdef("concat")
+
+
+def _slice_axis():
+    return record.opdef("slice_axis")
 
 
 def recipe_for(frame, positions):
-    """The recipe of ``frame``'s current segment exporting ``positions``."""
+    """The recipe of ``frame``'s current segment exporting ``positions``.
+
+    Each iteration of a recurrent loop (``sites.structure``) becomes a part
+    of its own, so the segment may be several nodes; parts pass values on
+    through the graph.
+    """
     steps = frame.state.steps()
+    accumulating, segments = sites.structure(steps)
+    accumulating = {id(steps[j]) for j in accumulating}
+    if segments[-1] == segments[0]:
+        return _recipe(steps, positions, frame, accumulating)
+    parts = []
+    for part in range(segments[0], segments[-1] + 1):
+        mine = [step for step, seg in zip(steps, segments) if seg == part]
+        later = {ref for step, seg in zip(steps, segments) if seg > part
+                 for ref in step.refs if type(ref) is int}
+        made = {pos for step in mine for pos in step.outs}
+        wanted = sorted(made & (set(positions) | later))
+        if mine:
+            parts.append((_recipe(mine, wanted, frame, accumulating), tuple(wanted)))
+    return PartsRecipe(parts)
+
+
+def _recipe(steps, positions, frame, accumulating):
+    name = type(frame.block).__name__
+    plan = vectorize(steps, positions, frame, accumulating)
+    recipe = _program(plan, frame, name, len(steps))
+    if recipe is None:
+        recipe = _program(_plain(steps, positions), frame, name, len(steps))
+    if recipe is None:
+        recipe = OpsRecipe(steps)
+    return recipe
+
+
+class PartsRecipe:
+    """A segment as several recipes in order (the iterations of a recurrent loop)."""
+
+    def __init__(self, parts):
+        self.parts = parts              # (recipe, exported positions)
+
+    def apply(self, frame, alive):
+        by_position = {lazy._idx: lazy for lazy in alive}
+        vals = frame.vals
+        for recipe, wanted in self.parts:
+            # Values later parts read go to ``frame.vals``, as arrays read from outside.
+            lazies = [by_position[pos] if pos in by_position else LazyArray(frame, pos)
+                      for pos in wanted]
+            recipe.apply(frame, lazies)
+            for pos, lazy in zip(wanted, lazies):
+                vals[pos] = lazy
+
+
+def _plain(steps, positions):
+    """The segment as a program of its calls as recorded (no vectorizing)."""
+    from .vectorize import Plan
+    plan = Plan()
     produced = {}
     for j, step in enumerate(steps):
-        for idx, pos in enumerate(step.outs):
-            produced[pos] = (j, idx)
-    entries, inputs, external = _entries(steps, produced, frame)
-    outputs = (tuple, [("n",) + produced[pos] for pos in positions])
-    shapes = [frame.out_shapes[ref] if type(ref) is int else ref[1].shape for ref in inputs]
-    built = calls.build(tuple(entries), outputs, shapes, type(frame.block).__name__)
-    if built is not None:
-        return ProgramRecipe(built[0], built[1], inputs, external, len(steps))
-    return OpsRecipe(steps, produced)
-
-
-def _entries(steps, produced, frame):
-    """Steps in the form ``calls.build`` reads: refs ``("a", k)`` to the k-th
-    outside value or constant, ``("n", j, idx)`` to step outputs, ``("x", k)``
-    to the k-th parameter."""
-    inputs, where = [], {}
-    external, named = [], {}
-    entries = []
-    for step in steps:
         refs = []
         for ref in step.refs:
             if type(ref) is int and ref in produced:
                 refs.append(("n",) + produced[ref])
-            elif type(ref) is int or ref[0] == "c":
-                # Outside values and constants (a zero state may be row data)
-                # are inputs of each call; parameters are shared by all.
-                key = ref if type(ref) is int else id(ref[1])
-                k = where.get(key)
-                if k is None:
-                    k = where[key] = len(inputs)
-                    inputs.append(ref)
-                refs.append(("a", k))
+            elif type(ref) is int:
+                refs.append(plan.input_ref(("pos", ref)))
+            elif ref[0] == "c":
+                refs.append(plan.input_ref(ref))
             else:
-                k = named.get(id(ref[1]))
-                if k is None:
-                    k = named[id(ref[1])] = len(external)
-                    external.append(ref)
-                refs.append(("x", k))
-        entries.append((step.op, step.args, step.kwargs, tuple(refs), step.info, step.path))
-    return entries, inputs, tuple(external)
+                refs.append(plan.param_ref(ref))
+        plan.add((step.op, step.args, step.kwargs, tuple(refs), step.info, step.path))
+        for idx, pos in enumerate(step.outs):
+            produced[pos] = (j, idx)
+    plan.exports = [produced[pos] + (None,) for pos in positions]
+    return plan
+
+
+def _program(plan, frame, name, num_calls):
+    """A :class:`ProgramRecipe` of ``plan``, or None if it does not batch row by row."""
+    wanted = []
+    for j, idx, _ in plan.exports:
+        if (j, idx) not in wanted:
+            wanted.append((j, idx))
+    shapes = [_input_shape(spec, frame) for spec in plan.inputs]
+    built = calls.build(tuple(plan.entries), (tuple, [("n", j, idx) for j, idx in wanted]),
+                        shapes, name)
+    if built is None:
+        return None
+    return ProgramRecipe(built[0], built[1], plan, wanted, frame, num_calls)
+
+
+def _input_shape(spec, frame):
+    kind = spec[0]
+    if kind == "pos":
+        return frame.out_shapes[spec[1]]
+    if kind == "c":
+        return tuple(spec[1].shape)
+    shapes = [_input_shape(s, frame) for s in spec[1]]
+    return (sum(s[0] for s in shapes),) + tuple(shapes[0][1:])
+
+
+def _input_dtype(spec, frame):
+    kind = spec[0]
+    if kind == "pos":
+        return frame.out_dtypes[spec[1]]
+    if kind == "c":
+        return spec[1].dtype
+    return _input_dtype(spec[1][0], frame)
 
 
 def _rebind(lazies, places):
@@ -80,40 +155,93 @@ def _leaf_value(rec, ref):
     return (lazy._node, 0)
 
 
+def _view_node(rec, frame, op, values, args, kwargs, info):
+    """A view node of the graph (no step: its consumers gather its rows)."""
+    graph = rec.graph
+    node = known_node(graph, VIEW, op, values, args, kwargs, info, frame.sample, frame.path)
+    depth = 0
+    for src, _ in values:
+        if src.depth > depth:
+            depth = src.depth
+    node.depth = depth
+    graph.nodes.append(node)
+    rec.num_recorded += 1
+    return node
+
+
 class ProgramRecipe:
     """The segment as one program node (see the module docstring)."""
 
-    def __init__(self, op, info, inputs, external, num_calls):
+    def __init__(self, op, info, plan, wanted, frame, num_calls):
         self.op = op
         self.info = info
-        self.inputs = inputs            # per outside input: a frame position or ("c", array)
-        self.external = external        # ("p", parameter) of each shared parameter
         self.num_calls = num_calls
+        # calls.build orders the node's inputs: info.inputs are refs to the
+        # plan's inputs ("a", k) and parameters ("x", k).
+        self.inputs = plan.inputs
+        self.params = tuple(plan.params)
+        rec = frame.rec
+        self.views = {}       # plan input k -> CallInfo of its stacking view
+        for k, spec in enumerate(plan.inputs):
+            if spec[0] == "view":
+                sources = [(record.Stand(_input_shape(s, frame), _input_dtype(s, frame), n), 0)
+                           for n, s in enumerate(spec[1])]
+                args = tuple(slot(n) for n in range(len(sources)))
+                self.views[k] = (args, rec.analyse_stub(_concat(), args, {"dim": 0}, sources))
+        self.exports = []     # per exported position: (output index, slice view or None)
+        for j, idx, rows in plan.exports:
+            out = wanted.index((j, idx))
+            view = None
+            if rows is not None:
+                shape = info.out_shapes[out]
+                kwargs = {"axis": 0, "begin": rows[0], "end": rows[1]}
+                source = (record.Stand(shape, info.out_dtypes[out], 0), 0)
+                view = (kwargs, rec.analyse_stub(_slice_axis(), (slot(0),), kwargs, [source]))
+            self.exports.append((out, view))
 
     def apply(self, frame, alive):
-        """Record the node for ``frame``; ``alive`` get its outputs, in order."""
+        """Record the node for ``frame``; ``alive`` get their values, in order."""
         rec = frame.rec
         graph = rec.graph
         found = graph.externals.get(id(self))
         if found is None or found[0] is not self:
-            external = [_leaf_value(rec, ref) for ref in self.external]
+            external = [_leaf_value(rec, ref) for ref in self.params]
             sig = calls.shared_signature(self.info, external)
             found = graph.externals[id(self)] = (self, external, sig)
-        vals = frame.vals
-        arg_values = [rec.value_of(vals[ref]) if type(ref) is int else _leaf_value(rec, ref)
-                      for ref in self.inputs]
+        arg_values = [self._input(rec, frame, k, spec) for k, spec in enumerate(self.inputs)]
         node = calls.make_node(rec, self.op, self.info, arg_values, found[1], frame.path,
                                found[2])
-        _rebind(alive, [(node, k) for k in range(len(alive))])
+        places = []
+        for out, view in self.exports:
+            if view is None:
+                places.append((node, out))
+            else:
+                kwargs, info = view
+                places.append((_view_node(rec, frame, _slice_axis(), [(node, out)],
+                                          (slot(0),), kwargs, info), 0))
+        _rebind(alive, places)
         rec.num_calls += self.num_calls
+
+    def _input(self, rec, frame, k, spec):
+        kind = spec[0]
+        if kind == "pos":
+            return rec.value_of(frame.vals[spec[1]])
+        if kind == "c":
+            return _leaf_value(rec, spec)
+        values = [self._input(rec, frame, None, s) for s in spec[1]]
+        args, info = self.views[k]
+        return (_view_node(rec, frame, _concat(), values, args, {"dim": 0}, info), 0)
 
 
 class OpsRecipe:
     """The segment as one node per call, exactly as recorded."""
 
-    def __init__(self, steps, produced):
+    def __init__(self, steps):
         self.steps = steps
-        self.produced = produced
+        self.produced = {}
+        for j, step in enumerate(steps):
+            for idx, pos in enumerate(step.outs):
+                self.produced[pos] = (j, idx)
 
     def apply(self, frame, alive):
         rec = frame.rec
