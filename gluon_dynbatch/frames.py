@@ -225,12 +225,19 @@ class Frame:
             node = a._node
             if node is self:
                 return a._idx
+            found = self.ext.get(id(a))
+            if found is not None:
+                return found
+            rec = self.rec
+            if node is not None and node.graph is rec.graph and node.kind is not LEAF:
+                return self._read(a, node.out_shapes[a._idx], node.out_dtypes[a._idx])
             if type(node) is Frame:
                 node.cut("a value of an enclosing call is used here")
-        found = self.ext.get(id(a))
-        if found is not None:
-            return found
-        rec = self.rec
+        else:
+            found = self.ext.get(id(a))
+            if found is not None:
+                return found
+            rec = self.rec
         shared = rec.graph.shared_items
         found = shared.get(id(a))           # a parameter or constant of this graph
         if found is not None:
@@ -245,8 +252,11 @@ class Frame:
                 if node.graph is rec.graph and (type(a) is not LazyArray or a._node is node):
                     shared[id(a)] = found       # ``a`` is kept alive by the graph
                 return found
+        return self._read(a, a.shape, a.dtype)
+
+    def _read(self, a, shape, dtype):
+        """Give outside array ``a`` the next position; its key item."""
         pos = len(self.out_shapes)
-        shape, dtype = a.shape, a.dtype
         self.out_shapes.append(shape)
         self.out_dtypes.append(dtype)
         self.vals[pos] = a
@@ -310,13 +320,23 @@ class Frame:
             kw = tuple(kw)
         if not arrays:                         # zeros, random draws: graph leaves
             return self.rec.constant(op, args, kwargs)
-        key = (op,) + tuple(refs) if kw is None else (op, tuple(refs), kw)
+        refs = tuple(refs)
+        key = (op,) + refs if kw is None else (op, refs, kw)
+        return self.call(op, args, kwargs, key, refs, kw)
+
+    def call(self, op, args, kwargs, key, refs, kw):
+        """Follow (or learn) the edge of ``key``; the call's outputs.
+
+        ``refs`` and ``kw`` are the key items of the call's arguments (see
+        ``ref``); callers with a short path of their own (``lazy_ops``) come
+        here when they miss.
+        """
         try:
             nxt = self.state.next.get(key)
         except TypeError:                     # an unhashable constant argument
             return self.fallback_op(op, args, kwargs, "an unhashable argument")
         if nxt is None:
-            nxt = self._learn(op, args, kwargs, key, tuple(refs), kw)
+            nxt = self._learn(op, args, kwargs, key, refs, kw)
             if nxt is None:
                 return self.fallback_op(op, args, kwargs, "a call templates cannot hold")
         return self._outputs(nxt)
@@ -474,11 +494,33 @@ class Frame:
 
     # -- ending -----------------------------------------------------------------
     def finish(self):
-        """Put what the frame recorded into the graph (at the end of its call)."""
+        """Put what the frame recorded into the graph (at the end of its call).
+
+        Runs at the end of every frame; ``_scan`` and ``_emit`` written out.
+        """
         if self.direct:
             return
-        alive, _ = _scan(self.lazies, _BASELINE, self.pool)
-        self._emit(alive)
+        alive = []
+        pool = self.pool
+        getrefcount = sys.getrefcount
+        for lazy in self.lazies:
+            if getrefcount(lazy) > _BASELINE:
+                alive.append(lazy)
+            elif len(pool) < POOL_SIZE:
+                lazy._node = None
+                pool.append(lazy)
+        self.lazies = []
+        if not alive:
+            return
+        if len(alive) > 1:
+            alive.sort(key=_position)
+            positions = tuple([lazy._idx for lazy in alive])
+        else:
+            positions = (alive[0]._idx,)
+        recipe = self.state.recipes.get(positions)
+        if recipe is None:
+            recipe = self.state.recipes[positions] = recipe_for(self, positions)
+        recipe.apply(self, alive)
 
     def cut(self, why):
         """Put what the frame recorded so far into the graph; go on in a new segment."""

@@ -68,9 +68,10 @@ PYTHON_HELPERS["true_divide"] = PYTHON_HELPERS["divide"]
 def _dunder(name, reflected=False):
     """``x op y`` (or ``y op x``) on a LazyArray.
 
-    Inside a frame, with a value of the frame and a number or another value
-    of the frame, a known call takes the frame's short path (the key
-    ``Frame._op`` would build); anything else goes through the helper.
+    Inside a frame, with a number or another array, the call is keyed here
+    as ``Frame._op`` would key it (the arrays' key items from ``Frame.ref``)
+    and follows the frame's trie directly; anything else goes through the
+    helper.
     """
     fn = PYTHON_HELPERS[name]
     array_op, lscalar, rscalar, _ = _BINARY[name]
@@ -83,20 +84,23 @@ def _dunder(name, reflected=False):
         if rec is not None:
             frame = rec.frame
             if frame is not None and rec._mode_seen == modes[0]:
-                mine = self._idx if self._node is frame else frame.ext.get(id(self))
                 kind = type(other)
-                if mine is None:
-                    pass
-                elif kind is float or kind is int:
-                    nxt = frame.state.next.get((sop, mine, (float, float(other))))
+                if kind is float or kind is int:
+                    mine = self._idx if self._node is frame else frame.ref(self)
+                    key = (sop, mine, (float, float(other)))
+                    nxt = frame.state.next.get(key)
                     if nxt is not None and nxt.single:
                         return frame.push(nxt)
-                elif kind is LazyArray and not reflected:
-                    theirs = other._idx if other._node is frame else frame.ext.get(id(other))
-                    if theirs is not None:
-                        nxt = frame.state.next.get((aop, mine, theirs))
-                        if nxt is not None and nxt.single:
-                            return frame.push(nxt)
+                    return frame.call(sop, (self, float(other)), {}, key,
+                                      (mine, (float, float(other))), None)
+                if kind is LazyArray and not reflected:
+                    mine = self._idx if self._node is frame else frame.ref(self)
+                    theirs = other._idx if other._node is frame else frame.ref(other)
+                    key = (aop, mine, theirs)
+                    nxt = frame.state.next.get(key)
+                    if nxt is not None and nxt.single:
+                        return frame.push(nxt)
+                    return frame.call(aop, (self, other), {}, key, (mine, theirs), None)
         return fn(other, self) if reflected else fn(self, other)
     return dunder
 

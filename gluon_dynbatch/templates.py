@@ -15,7 +15,7 @@ every frame that takes the same path:
 import weakref
 
 from . import calls, record, sites
-from .graph import OP, VIEW, known_node, slot
+from .graph import NO_KWARGS, OP, VIEW, known_node, slot
 from .lazy import LazyArray
 from .vectorize import vectorize
 
@@ -198,9 +198,21 @@ class ProgramRecipe:
                 source = (record.Stand(shape, info.out_dtypes[out], 0), 0)
                 view = (kwargs, rec.analyse_stub(_slice_axis(), (slot(0),), kwargs, [source]))
             self.exports.append((out, view))
+        # What every frame of the template does, ready to run (``apply``):
+        # the node's inputs in order, from the plan's inputs ("a") or the
+        # parameters ("x"); whether every input is a position and every
+        # export a whole output.
+        self.order = tuple((ref[0] == "a", ref[1]) for ref in info.inputs)
+        self.positions = tuple(spec[1] for spec in plan.inputs) \
+            if all(spec[0] == "pos" for spec in plan.inputs) else None
+        self.whole = all(view is None for _, view in self.exports)
 
     def apply(self, frame, alive):
-        """Record the node for ``frame``; ``alive`` get their values, in order."""
+        """Record the node for ``frame``; ``alive`` get their values, in order.
+
+        This runs at the end of every frame: the common case (inputs read
+        from outside as they are, whole outputs exported) is written out.
+        """
         rec = frame.rec
         graph = rec.graph
         found = graph.externals.get(id(self))
@@ -208,9 +220,41 @@ class ProgramRecipe:
             external = [_leaf_value(rec, ref) for ref in self.params]
             sig = calls.shared_signature(self.info, external)
             found = graph.externals[id(self)] = (self, external, sig)
-        arg_values = [self._input(rec, frame, k, spec) for k, spec in enumerate(self.inputs)]
-        node = calls.make_node(rec, self.op, self.info, arg_values, found[1], frame.path,
-                               found[2])
+        external, sig = found[1], found[2]
+        if self.positions is not None:
+            vals = frame.vals
+            args = []
+            for pos in self.positions:
+                array = vals[pos]
+                src = array._node if type(array) is LazyArray else None
+                if src is not None and src.graph is graph:
+                    args.append((src, array._idx))
+                else:
+                    args.append(rec.value_of(array))
+        else:
+            args = [self._input(rec, frame, k, spec) for k, spec in enumerate(self.inputs)]
+        node = known_node(graph, OP, self.op,
+                          [args[k] if from_arg else external[k] for from_arg, k in self.order],
+                          (), NO_KWARGS, self.info, rec.sample, frame.path)
+        if sig is None:
+            rec._place(node, self.info)  # pylint: disable=protected-access
+        else:           # a call node: its depth from its arguments (leaves have 0)
+            depth = 0
+            for src, _ in args:
+                if src.depth > depth:
+                    depth = src.depth
+            node.depth = depth + 1
+            node.sig = sig
+        graph.nodes.append(node)
+        rec.num_recorded += 1
+        rec.num_calls += self.num_calls
+        if self.whole:
+            outs = node.outs = [None] * len(self.info.out_shapes)
+            for lazy, (out, _) in zip(alive, self.exports):
+                lazy._node = node
+                lazy._idx = out
+                outs[out] = weakref.ref(lazy)
+            return
         places = []
         for out, view in self.exports:
             if view is None:
@@ -220,7 +264,6 @@ class ProgramRecipe:
                 places.append((_view_node(rec, frame, _slice_axis(), [(node, out)],
                                           (slot(0),), kwargs, info), 0))
         _rebind(alive, places)
-        rec.num_calls += self.num_calls
 
     def _input(self, rec, frame, k, spec):
         kind = spec[0]
