@@ -134,25 +134,37 @@ def _has_lazy(args):
 
 
 _KINDS = {}     # block class -> how its calls are recorded (asked on every call)
-_DYNBATCH, _TRACED, _OPAQUE, _PLAIN = "dynbatch", "traced", "opaque", "plain"
+_DYNBATCH, _TRACED, _CELL, _OPAQUE, _PLAIN = "dynbatch", "traced", "cell", "opaque", "plain"
+
+# ``forward`` methods that only wrap ``hybrid_forward``: HybridBlock's own,
+# and Gluon's recurrent cells' (which count their calls first).
+_WRAPPERS = {gluon.HybridBlock.forward: _TRACED,
+             gluon.rnn.rnn_cell.RecurrentCell.forward: _CELL}
+# Cells whose ``hybrid_forward`` keeps state in the block between calls
+# (ZoneoutCell remembers its previous output): run on concrete values.
+STATEFUL_CELLS = (gluon.rnn.ZoneoutCell,)
 
 
 def _kind(cls):
     """How calls of blocks of class ``cls`` are recorded inside a scope.
 
-    DynBatchBlocks start frames; HybridBlocks whose ``forward`` is
-    HybridBlock's own are traced (their ``hybrid_forward`` runs with the
-    recording ``F``); other HybridBlocks are opaque (run on concrete
-    values); plain Blocks run as they are.
+    DynBatchBlocks start frames.  A HybridBlock whose ``forward`` merely
+    wraps ``hybrid_forward`` (HybridBlock's own: layers, containers,
+    hybridized blocks; or a Gluon recurrent cell's) is traced: its
+    ``hybrid_forward`` runs with the recording ``F``.  Other HybridBlocks
+    (an overridden ``forward``, ``SymbolBlock``, the cells of
+    ``STATEFUL_CELLS``) are opaque: they run on concrete values.  Plain
+    Blocks run as they are.
     """
     found = _KINDS.get(cls)
     if found is None:
         if issubclass(cls, DynBatchBlock):
             found = _DYNBATCH
         elif issubclass(cls, gluon.HybridBlock):
-            traceable = (cls.forward is gluon.HybridBlock.forward and
-                         cls.hybrid_forward is not gluon.HybridBlock.hybrid_forward)
-            found = _TRACED if traceable else _OPAQUE
+            found = _WRAPPERS.get(cls.forward, _OPAQUE)
+            if cls.hybrid_forward is gluon.HybridBlock.hybrid_forward \
+                    or issubclass(cls, STATEFUL_CELLS):
+                found = _OPAQUE
         else:
             found = _PLAIN
         _KINDS[cls] = found
@@ -170,6 +182,9 @@ def _dispatching_call(self, *args):
     kind = _KINDS.get(type(self)) or _kind(type(self))
     if kind is _DYNBATCH:
         return self._record_call(rec, args)  # pylint: disable=protected-access
+    if kind is _CELL:
+        self._counter += 1          # as RecurrentCell.forward counts its calls
+        kind = _TRACED
     frame = rec.frame
     if frame is not None and kind is not _PLAIN:
         if kind is _TRACED and not self._forward_pre_hooks and not self._forward_hooks:

@@ -921,7 +921,8 @@ class Recorder:
         key = arg_values = None
         if self._mode_seen != _MODE_CHANGES[0]:
             self.sync_mode()
-        if self.replay and not block._forward_pre_hooks and not block._forward_hooks:
+        if self.replay and not self._reference() and not block._forward_pre_hooks \
+                and not block._forward_hooks:
             arrays, structure = replay.flatten_args(args)
             if structure is not None:
                 if len(self.graph.nodes) >= self.max_pending:
@@ -1077,6 +1078,13 @@ class Recorder:
         if self.owner is not None:
             self._template_mode = mode
         return mode
+
+    def _reference(self):
+        """Whether the scope runs the reference strategy: then every operator is
+        recorded as it is called (no replay, fusion, whole calls or frames), so
+        the oracle shares nothing with the batched path but the user's code."""
+        scope = getattr(self, "scope", None)
+        return scope is not None and scope._strategy() == "reference"  # pylint: disable=W0212
 
     def _whole_calls(self):
         """Whether templates that batch row by row become one node per call (``calls.py``).

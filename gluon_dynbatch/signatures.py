@@ -420,8 +420,16 @@ broadcast_lesser_equal broadcast_logical_and broadcast_logical_or broadcast_logi
 _equal _not_equal _greater _greater_equal _lesser _lesser_equal""".split())
 
 register_rule(_UNARY + _NARY, RowRule(elementwise_roles))
-register_rule(["FullyConnected", "Embedding", "Convolution", "Deconvolution", "Pooling",
+def lookup_roles(node):
+    """Embedding: one output row per index; the table is shared."""
+    if len(_in_shape(node, 0)) < 1:
+        return None
+    return (ROW,) + (SHARED,) * (len(node.inputs) - 1)
+
+
+register_rule(["FullyConnected", "Convolution", "Deconvolution", "Pooling",
                "one_hot", "L2Normalization"], RowRule(first_row_roles))
+register_rule("Embedding", RowRule(lookup_roles))
 register_rule("LayerNorm", RowRule(axis_roles("axis", -1, extra_shared=True)))
 register_rule("BatchNorm", RowRule(batchnorm_roles))
 register_rule("dot", RowRule(dot_roles))

@@ -30,7 +30,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from . import record
-from .signatures import BROW, ROW, SHARED
+from .signatures import BROW, SHARED
 
 _ADDS = frozenset(["broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus"])
 _NARY_ADDS = frozenset(["add_n", "ElementWiseSum"])

@@ -220,6 +220,18 @@ def assert_same(result, expected, rtol=1e-5, atol=1e-6):
                                    atol=atol * scale, err_msg=name)
 
 
+def reference_run(model, samples, inputs):
+    """The reference executor's run, checked against eager Gluon first.
+
+    The reference records every operator as it is called and runs them one
+    by one: the oracle of the batched strategies, itself held to eager.
+    """
+    eager = run_model(model, samples, inputs, "eager")
+    reference = run_model(model, samples, inputs, "reference")
+    assert_same(reference, eager, rtol=1e-6, atol=1e-7)   # same ops, same order
+    return reference
+
+
 def check_all_strategies(model, samples, inputs, strategies=BATCHED,
                          compiled=(False, True, "step")):
     """Compare eager, reference and every strategy, imperative and compiled.
@@ -229,9 +241,7 @@ def check_all_strategies(model, samples, inputs, strategies=BATCHED,
     Returns the stats of each run, keyed by ``(strategy, compiled)`` and
     ``(strategy, compiled, "op")``.
     """
-    eager = run_model(model, samples, inputs, "eager")
-    reference = run_model(model, samples, inputs, "reference")
-    assert_same(reference, eager, rtol=1e-6, atol=1e-7)   # same ops, same order
+    reference = reference_run(model, samples, inputs)
     stats = {}
     for strategy in strategies:
         for mode in compiled:

@@ -1,13 +1,12 @@
 """Planning under an analysis budget, with the measured cost model."""
-import numpy as np
 import pytest
 from mxnet import nd
 
 import gluon_dynbatch as gdb
 from gluon_dynbatch import budget
 from gluon_dynbatch.plan import make_plan
-from dynbatch_testing import (ChildSumTreeLSTM, assert_same, make_model, random_tree, rng,
-                              run_model)
+from dynbatch_testing import (ChildSumTreeLSTM, assert_same, make_model, random_tree,
+                              reference_run, rng, run_model)
 
 
 def _trees(seed=0, count=6):
@@ -35,7 +34,7 @@ def test_any_budget_gives_a_correct_plan(value):
     trees = _trees(1)
     net = make_model(ChildSumTreeLSTM, hidden=4, analysis_budget=value)
     emb = nd.random.uniform(shape=(12, 3))
-    expected = run_model(net, trees, [emb], "reference")
+    expected = reference_run(net, trees, [emb])
     got = run_model(net, trees, [emb], None)
     assert_same(got, expected)
 

@@ -7,7 +7,7 @@ from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, Tree, assert_same, make_model,
-                              random_tree, rng, run_model)
+                              random_tree, reference_run, rng, run_model)
 from gluon_dynbatch.cache import PlanCache
 
 
@@ -32,7 +32,7 @@ def test_same_plan_shape_hits_and_stays_exact():
     others = [_relabel(t, r, 20) for t in trees]
     _, second = _compiled_run(model, others, emb)
     assert (second.cache_hits, second.cache_misses) == (1, 0)
-    expected = run_model(model, others, [emb], "reference")
+    expected = reference_run(model, others, [emb])
     assert_same(run_model(model, others, [emb], "agenda", compiled=True), expected)
 
 
@@ -179,6 +179,6 @@ def test_batches_of_different_trees_with_one_height_share_a_compiled_plan():
             continue
         _, run_stats = _compiled_run(model, trees, emb)
         stats.add(run_stats)
-        expected = run_model(model, trees, [emb], "reference")
+        expected = reference_run(model, trees, [emb])
         assert_same(run_model(model, trees, [emb], "depth", compiled=True), expected)
     assert stats.cache_misses <= 2 and stats.cache_hits >= 2

@@ -5,8 +5,8 @@ import pytest
 from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import (ChildSumTreeLSTM, Tree, make_model, random_tree, rng,
-                              run_model, assert_same)
+from dynbatch_testing import (ChildSumTreeLSTM, make_model, random_tree, reference_run, rng,
+                              run_model)
 
 
 class Scaled(gdb.DynBatchBlock):
@@ -290,7 +290,7 @@ def test_max_pending_nodes_flushes_and_stays_exact(compiled):
     trees = [random_tree(r, 10, max_depth=3) for _ in range(6)]
     model = make_model(ChildSumTreeLSTM, hidden=4)
     emb = nd.random.uniform(shape=(10, 3))
-    expected = run_model(model, trees, [emb], "reference")
+    expected = reference_run(model, trees, [emb])
     with gdb.batching(max_pending_nodes=40, compiled=compiled) as scope:
         outs = [model(t, emb) for t in trees]
         assert len(scope.recorder.graph.nodes) <= 41

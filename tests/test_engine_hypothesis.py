@@ -5,7 +5,7 @@ from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import (BATCHED, ChildSumTreeLSTM, Tree, assert_same, make_model,
-                              run_model)
+                              reference_run, run_model)
 
 WIDTH = 4
 
@@ -22,7 +22,7 @@ def trees(draw, depth=0, vocab=12):
 def test_random_trees_all_arities(samples, strategy, compiled):
     model = make_model(ChildSumTreeLSTM, hidden=3)
     emb = nd.array(mx.nd.random.uniform(shape=(12, 2)).asnumpy())
-    expected = run_model(model, samples, [emb], "reference")
+    expected = reference_run(model, samples, [emb])
     assert_same(run_model(model, samples, [emb], strategy, compiled), expected)
 
 
@@ -121,6 +121,6 @@ def test_random_dag_programs(progs, strategy, same_program, compiled):
     model.initialize(mx.init.Uniform(0.5))
     table = nd.array(mx.nd.random.uniform(-1, 1, shape=(len(progs) + 4, WIDTH)).asnumpy())
     expected = run_model(model, samples, [table], "eager")
-    assert_same(run_model(model, samples, [table], "reference"), expected)
+    assert_same(reference_run(model, samples, [table]), expected)
     assert_same(run_model(model, samples, [table], strategy, compiled), expected,
                 rtol=1e-5, atol=1e-5)

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from mxnet import gluon, nd
 
-from dynbatch_testing import (BinaryTreeLSTM, ChildSumTreeLSTM, TokenRNN,
-                              check_all_strategies, make_model, random_binary_tree,
-                              random_tree, rng, run_model, sick_trees)
+from dynbatch_testing import (BinaryTreeLSTM, ChildSumTreeLSTM, TokenRNN, check_all_strategies,
+                              make_model, random_binary_tree, random_tree, reference_run, rng,
+                              run_model, sick_trees)
 import gluon_dynbatch as gdb
 
 
@@ -85,7 +85,7 @@ def test_batched_steps_are_few_and_results_exact_for_many_trees():
     trees = [random_tree(r, 50, max_depth=4, arities=(0, 1, 2, 3)) for _ in range(20)]
     model = make_model(ChildSumTreeLSTM, hidden=4)
     emb = nd.random.uniform(shape=(50, 3))
-    ref = run_model(model, trees, [emb], "reference")
+    ref = reference_run(model, trees, [emb])
     got = run_model(model, trees, [emb], "agenda")
     for a, b in zip(got[0], ref[0]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -5,8 +5,8 @@ import pytest
 from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, Tree, assert_same, make_model,
-                              random_tree, rng, run_model)
+from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, assert_same, make_model, random_tree,
+                              reference_run, rng, run_model)
 
 
 class Mixer(gluon.HybridBlock):
@@ -71,7 +71,7 @@ def test_replay_runs_a_childs_code_once_per_call_shape_with_the_same_results():
     assert counts[False][0] == nodes                    # traced at every tree node
     assert counts[True][0] < nodes / 4                  # once per call shape at most
     assert counts[True][1] == counts[False][1]          # batched alike
-    expected = run_model(model, trees, [emb], "reference")
+    expected = reference_run(model, trees, [emb])
     assert_same(run_model(model, trees, [emb], "depth", "step"), expected)
 
 

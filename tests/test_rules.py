@@ -4,13 +4,12 @@ Each case records the same operator for several samples with different row
 counts and checks every strategy, imperative and compiled, against the
 reference executor, outputs and gradients.
 """
-import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import assert_same, run_model
+from dynbatch_testing import assert_same, reference_run, run_model
 
 
 class OneOp(gdb.DynBatchBlock):
@@ -62,7 +61,7 @@ def test_rule_matches_per_node(name):
     rng = np.random.RandomState(0)
     table = nd.array(rng.uniform(-1, 1, size=(12, 4)))
     samples = [(0, 3), (2, 1), (5, 3), (1, 2)]
-    expected = run_model(model, samples, [table], "reference")
+    expected = reference_run(model, samples, [table])
     for strategy in ("depth", "agenda"):
         for compiled in (False, True, "step"):
             assert_same(run_model(model, samples, [table], strategy, compiled), expected)
