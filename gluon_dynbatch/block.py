@@ -2,13 +2,12 @@
 import mxnet as mx
 from mxnet import gluon
 
-from . import budget, record
+from . import budget, context
 from .cache import PlanCache
 from .errors import BatchingError, describe_call
 from .frames import NOT_RECORDED, Frame
 from .lazy import LazyArray
-from .plan import STRATEGIES
-from .scope import check_granularity
+from .scope import STRATEGIES, check_granularity
 
 
 class DynBatchBlock(gluon.HybridBlock):
@@ -176,7 +175,7 @@ _ORIGINAL_CALL = gluon.Block.__call__
 
 def _dispatching_call(self, *args):
     """``Block.__call__`` that records inside a batching scope."""
-    rec = record._TLS.recorder  # pylint: disable=protected-access
+    rec = context.TLS.recorder
     if rec is None:
         return _ORIGINAL_CALL(self, *args)
     kind = _KINDS.get(type(self)) or _kind(type(self))
@@ -185,19 +184,19 @@ def _dispatching_call(self, *args):
     if kind is _CELL:
         self._counter += 1          # as RecurrentCell.forward counts its calls
         kind = _TRACED
+    hooked = kind is not _PLAIN and (self._forward_pre_hooks or self._forward_hooks)
     frame = rec.frame
     if frame is not None and kind is not _PLAIN:
-        if kind is _TRACED and not self._forward_pre_hooks and not self._forward_hooks:
+        if kind is _TRACED and not hooked:
             out = frame.block_call(self, args)
             if out is not NOT_RECORDED:
                 return out
         frame.fallback("a child block that templates cannot hold")
-    out = rec.known_call(self, args)
-    if out is not None:
-        return out
-    if kind is not _PLAIN and _has_lazy(args):
-        if kind is _TRACED:
-            return rec.trace_block(self, args)
+    if kind is _TRACED and _has_lazy(args):
+        if rec.frames_on() and not hooked:
+            return rec.block_frame(self, args)
+        return rec.trace(self, args)
+    if kind is _OPAQUE and _has_lazy(args):
         # Opaque block (SymbolBlock, custom forward): run it on concrete values.
         return rec.wrap_inputs(_ORIGINAL_CALL(self, *args))
     return _ORIGINAL_CALL(self, *args)

@@ -12,7 +12,7 @@ import time
 import mxnet as mx
 
 from .plan import make_plan
-from .signatures import SHARED
+from .rules import SHARED
 
 # Strategies in the order they are tried: cheapest analysis first.
 CANDIDATES = ("depth", "agenda")
@@ -93,5 +93,4 @@ def plan_within_budget(nodes, budget_s, model=None):
         cost = model.cost(plan)
         if cost < best_cost:
             best, best_cost = plan, cost
-    best.strategy_tried = tried
     return best, tried

@@ -1,447 +1,115 @@
-"""Whole child-block calls as single nodes (``granularity="call"``).
+"""Calls: what a recorded operator call is, learned once per call shape.
 
-Recording, planning and walking cost Python time per node.  A replayed
-child-block call whose template batches row by row is therefore recorded as
-ONE node rather than one node per operator: every entry must have a
-``RowRule`` (inputs ``ROW``, ``BROW`` or ``SHARED``), a ``SegmentRule``
-(ragged sum or mean over axis 0) or a ``ReshapeRule``; no views, no stateful
-and no zero-gradient operators; parameters and constants only ever shared.
-
-Templates that differ only in row counts (a Child-Sum cell with 1, 2 or 5
-children) have the same *abstract program* (``CallOp``) and batch together,
-so variable arity does not split batches.  A batch of N calls runs the
-program once on the calls' inputs concatenated along axis 0, each entry
-through its operator's batching rule.  What depends on the calls' row counts
-enters as index arrays computed with numpy (``CallRule.batch_arrays``): the
-repeats of one-row ``BROW`` inputs and the padded indices of ragged sums.
-Which ``BROW`` inputs need a repeat in a batch is its *variant*; a program
-is compiled once per variant, as a CachedOp in imperative scopes
-(``CallOp.run_cached``) or inlined in the plan's symbol in compiled ones.
+A call shape is an operator, its constant arguments, and its inputs' shapes
+and dtypes.  Its :class:`CallInfo` holds the output shapes and dtypes (from
+``ops.INFER``), the batching rule that applies, the roles of the inputs and
+the interned batching signature (``rules.py``).  Every later call of the
+same shape reuses it: ``INFOS`` memoises them for the recorder.
 """
-import itertools
 import threading
-import weakref
 
-import mxnet as mx
-import numpy as np
+from .errors import BatchingError, describe_call
+from .graph import OP, VIEW, Slot
+from .ops import INFER, first_line, hashable
+from .rules import ALONE, intern, rule_for
 
-from .compile import cached_op
-from .graph import NO_KWARGS, OP, known_node
-from .lazy import LazyArray
-from .signatures import (BROW, NO_GRADIENT, ROW, SHARED, ReshapeRule, RowRule, Rule,
-                         SegmentRule, call_as_recorded)
+# Operators whose batching rule depends on autograd's training mode.
+MODAL = frozenset(["BatchNorm"])
+# Operators that update state in training mode: kept in recording order.
+STATEFUL = frozenset(["BatchNorm"])
 
-_SEGMENT, _RESHAPE, _ROWS = "segment", "reshape", "rows"
-
-
-class _Entry:
-    """One operator of a program: what ``call_as_recorded`` and the rules read."""
-
-    __slots__ = ("op", "args", "kwargs", "out_shapes", "out_dtypes", "dtype", "rule", "kind",
-                 "sources", "brow")
-
-    def __init__(self, op, args, kwargs, info, kind, sources, brow):
-        self.op, self.args, self.kwargs = op, args, kwargs
-        self.out_shapes = info.out_shapes    # of the first concrete call: tails are read
-        self.out_dtypes = info.out_dtypes
-        self.dtype = info.out_dtypes[0]
-        self.rule = info.rule
-        self.kind = kind
-        self.sources = sources          # ("in", position) or ("e", entry, output)
-        self.brow = brow                # input positions with the BROW role
-
-
-class CallOp:
-    """The abstract program of a child block's calls, shared by their row counts.
-
-    Attributes
-    ----------
-    uid : int
-        Small id, unique in this process; part of signatures and plan keys.
-    name : str
-        ``"call:<block class>"`` of the block first seen with this program.
-    num_inputs : int
-        Array inputs of a call node: row arguments, shared arguments, then
-        the parameters and constants the block reads.
-    """
-
-    path = None          # call_as_recorded runs it through ``run``
-
-    def __init__(self, uid, name, entries, exports, num_inputs):
-        self.uid = uid
-        self.name = name
-        self.entries = entries
-        self.exports = exports
-        self.num_inputs = num_inputs
-        self._compiled = threading.local()
-        # Columns of a call's site_rows holding a BROW input's rows (the next
-        # column holds its output's rows) and a segment's count; and what
-        # compiled plans keep (repeats, segment sums) once needed.
-        cols, counts, col = [], [], 0
-        for entry in entries:
-            cols += [col + 2 * k for k in range(len(entry.brow))]
-            col += 2 * len(entry.brow)
-            if entry.kind == _SEGMENT:
-                counts.append(col)
-                col += 1
-        self.have_cols = np.array(cols, dtype=np.int64)
-        self.count_cols = np.array(counts, dtype=np.int64)
-        self.sticky = np.zeros(len(cols), dtype=bool)
-        self.sticky_sums = np.zeros(len(counts), dtype=bool)
-
-    def __repr__(self):
-        return "CallOp(%s, %d entries)" % (self.name, len(self.entries))
-
-    def run(self, F, inputs):
-        """One call, unbatched: every entry called as recorded (the reference)."""
-        results = []
-        for entry in self.entries:
-            ins = [inputs[s[1]] if s[0] == "in" else results[s[1]][s[2]]
-                   for s in entry.sources]
-            results.append(call_as_recorded(F, entry, ins))
-        return [results[j][idx] for j, idx in self.exports]
-
-    def batched(self, F, inputs, variant):
-        """N calls at once: ``inputs`` batched along axis 0, then the index arrays.
-
-        ``variant`` says, per BROW input of the program in order, whether it
-        is repeated through an index array, and per segment entry whether it
-        sums (reading a padded index, and ``mean`` its counts too) or, every
-        call's count being 1, passes its input on.
-        """
-        extra = iter(inputs[self.num_inputs:])
-        flags = iter(variant)
-        results = []
-        for entry in self.entries:
-            ins = [inputs[s[1]] if s[0] == "in" else results[s[1]][s[2]]
-                   for s in entry.sources]
-            for pos in entry.brow:
-                if next(flags):
-                    ins[pos] = F.take(ins[pos], next(extra), axis=0)
-            if entry.kind == _SEGMENT:
-                if not next(flags):             # one row per call: nothing to sum
-                    tail = tuple(entry.out_shapes[0][1:])
-                    results.append([F.reshape(ins[0], shape=(-1,) + tail)])
-                    continue
-                ins.append(next(extra))
-                if entry.op.name == "mean":
-                    ins.append(next(extra))
-            results.append(entry.rule.batched_call(F, entry, ins))
-        return [results[j][idx] for j, idx in self.exports]
-
-    def run_cached(self, inputs, variant, ctx):
-        """``batched`` through a CachedOp kept per thread, variant and context."""
-        cache = getattr(self._compiled, "ops", None)
-        if cache is None:
-            cache = self._compiled.ops = {}
-        key = (variant, str(ctx))
-        op = cache.get(key)
-        if op is None:
-            names = ["x%d" % k for k in range(len(inputs))]
-            outs = self.batched(mx.sym, [mx.sym.var(n) for n in names], variant)
-            symbol = mx.sym.Group(outs)
-            order = [names.index(n) for n in symbol.list_inputs()]
-            op = cache[key] = (cached_op(symbol), order)
-        cached, order = op
-        out = cached(*[inputs[k] for k in order])
-        return list(out) if isinstance(out, (list, tuple)) else [out]
+INFOS = {}          # call shape -> CallInfo (of cacheable calls)
+_INFOS_LOCK = threading.Lock()
 
 
 class CallInfo:
-    """What replay needs of one concrete call shape (see ``record.CallInfo``)."""
+    """What the recorder learns once per call shape (see the module docstring).
+
+    Attributes
+    ----------
+    out_shapes, out_dtypes : tuple
+    attrs : hashable
+        The constant arguments.
+    rule : rules.Rule
+    meta : tuple or None
+        The role of each input (``ROW``, ``BROW``, ``SHARED``).
+    kind : str
+        ``"op"`` or ``"view"`` (rows of other values: no step of its own).
+    sig : int or None
+        The interned signature, without the ids of shared inputs (added per
+        node from ``shared_pos``); None means the node runs alone.
+    cacheable : bool
+        False when the analysis changed something (a parameter's deferred
+        shape) or depends on autograd's mode.
+    stateful : bool
+        The operator updates state in training mode.
+    """
 
     __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
-                 "shared_pos", "cacheable", "stateful", "site_rows", "inputs", "outputs",
-                 "out_kind")
+                 "shared_pos", "cacheable", "stateful")
 
-    def __init__(self, op, roles, out_shapes, out_dtypes, site_rows, inputs, outputs):
+    def __init__(self, op, out_shapes, out_dtypes, attrs, signature, cacheable):
+        self.stateful = op.name in STATEFUL
         self.out_shapes, self.out_dtypes = out_shapes, out_dtypes
-        self.attrs = ("call", op.uid)
-        self.rule = CALL_RULE
-        self.meta = roles
-        self.kind = "op"
-        self.shared_pos = tuple(k for k, role in enumerate(roles) if role == SHARED)
-        self.sig = ("call", op.uid, roles)
-        self.cacheable = True
-        self.stateful = False
-        self.site_rows = site_rows      # ints read by CallRule.batch_arrays
-        self.inputs = inputs            # template refs of the node's inputs, in order
-        self.outputs = outputs          # the template's outputs, ("m", k) = output k
-        # LazyArray, tuple or list when the outputs are simply the node's outputs
-        # in order (see ``outputs``); None for anything else.
-        self.out_kind = None
-        every = [("m", k) for k in range(len(out_shapes))]
-        if outputs == ("m", 0) and len(out_shapes) == 1:
-            self.out_kind = LazyArray
-        elif outputs[0] in (tuple, list) and list(outputs[1]) == every:
-            self.out_kind = outputs[0]
+        self.attrs, self.cacheable = attrs, cacheable
+        self.shared_pos = ()
+        self.sig = None
+        if signature is None:
+            self.rule, self.meta, self.kind = ALONE, None, OP
+            return
+        key, self.rule, self.meta = signature
+        self.kind = VIEW if self.rule.batching == "view" else OP
+        if self.kind == VIEW:
+            return
+        self.shared_pos = tuple(k for k, part in enumerate(key)
+                                if isinstance(part, tuple) and part and part[0] == "shared")
+        key = tuple(("shared",) if k in self.shared_pos else part for k, part in enumerate(key))
+        keyed = attrs if self.rule.keyed_attrs else None
+        self.sig = intern((op.name, keyed, len(out_shapes), key))
 
 
-class CallRule(Rule):
-    """Batches call nodes of one program (see the module docstring)."""
+def analyse(node, in_shapes, in_dtypes):
+    """The :class:`CallInfo` of ``node``'s call (a node of the graph or a stand-in).
 
-    kind = "call"
-
-    def signature(self, node):     # call nodes come with their CallInfo
-        raise NotImplementedError("call nodes are signed when their template is built")
-
-    def batch_arrays(self, nodes, sticky=False):
-        """(variant, index arrays) of a batch of call nodes, from their row counts.
-
-        With ``sticky`` (compiled plans), a repeat that the program needed in
-        any earlier batch is kept (as an identity where no call needs it), so
-        that batches of the same shape keep the same plan key.
-        """
-        op = nodes[0].op
-        # Few call shapes among many nodes: one row per distinct CallInfo, then
-        # picked per node (cheaper than converting every node's tuple).
-        distinct = {}
-        codes = [distinct.setdefault(n.info, len(distinct)) for n in nodes]
-        table = np.array([info.site_rows for info in distinct], dtype=np.int64)
-        rows = table.reshape(len(distinct), -1)[codes]
-        need = (rows[:, op.have_cols] != rows[:, op.have_cols + 1]).any(axis=0)
-        sums = (rows[:, op.count_cols] != 1).any(axis=0)
-        if sticky:
-            need |= op.sticky
-            op.sticky = need
-            sums |= op.sticky_sums
-            op.sticky_sums = sums
-        variant, arrays, col, site, seg = [], [], 0, 0, 0
-        padded = {}     # ragged sums over the same rows (a cell's two) share their arrays
-        for entry in op.entries:
-            for _ in entry.brow:
-                repeat = bool(need[site])
-                variant.append(repeat)
-                if repeat:
-                    arrays.append(_repeat_index(rows[:, col], rows[:, col + 1]))
-                col += 2
-                site += 1
-            if entry.kind == _SEGMENT:
-                summing = bool(sums[seg])
-                variant.append(summing)
-                seg += 1
-                if summing:
-                    counts = rows[:, col]
-                    key = (counts.tobytes(), entry.op.name, len(entry.out_shapes[0]) - 1,
-                           entry.dtype)
-                    found = padded.get(key)
-                    if found is None:
-                        found = padded[key] = SegmentRule.arrays_for_counts(counts, *key[1:])
-                    arrays += found
-                col += 1
-        return tuple(variant), arrays
-
-    def batched_call(self, F, node, inputs, variant=()):
-        return node.op.batched(F, inputs, variant)
-
-
-CALL_RULE = CallRule()
-
-
-def _repeat_index(have, want):
-    """Rows of a BROW input: its own where ``have == want``, else its one row repeated."""
-    starts = np.cumsum(have) - have
-    total = int(want.sum())
-    within = np.arange(total) - np.repeat(np.cumsum(want) - want, want)
-    same = np.repeat(have == want, want)
-    return (np.repeat(starts, want) + within * same).astype(np.int32)
-
-
-# -- building call templates ------------------------------------------------------------
-
-_PROGRAMS = {}
-_PROGRAMS_LOCK = threading.Lock()
-_UIDS = itertools.count()
-MAX_PROGRAMS = 4096
-
-
-def _entry_kind(op, info):
-    """How an entry batches inside a program, or None if it keeps a call out."""
-    if info.kind != "op" or info.sig is None or info.stateful or op.name in NO_GRADIENT:
-        return None
-    if any(len(shape) == 0 for shape in info.out_shapes):
-        return None
-    rule = info.rule
-    if type(rule) is RowRule:
-        return _ROWS
-    if isinstance(rule, SegmentRule):
-        return _SEGMENT
-    if isinstance(rule, ReshapeRule):
-        return _RESHAPE
-    return None
-
-
-def _roles(kind, info):
-    return tuple(info.meta) if kind == _ROWS else (ROW,)
-
-
-def build(entries, outputs, arg_shapes, block_class):
-    """The ``CallInfo`` of a template's calls, or None if they must stay per operator.
-
-    Parameters
-    ----------
-    entries : tuple
-        ``(op, args, kwargs, refs, info, path)`` of an unfused template, refs
-        ``("a", k)``, ``("n", j, idx)`` or ``("x", k)`` (see ``replay.Template``).
-    outputs : nested refs
-        The template's outputs.
-    arg_shapes : list of tuple
-        Shapes of the call's array arguments.
-    block_class : str
-        Class name of the block, for ``CallOp.name``.
+    Sets the node's output shapes, dtypes and constants; gives parameters
+    whose shape was deferred the shape inference found.  Raises
+    BatchingError naming the sample and the call when MXNet refuses it.
     """
-    arg_role, kinds, rows_of = {}, [], {}
-    for j, (op, _args, _kwargs, refs, info, _path) in enumerate(entries):
-        kind = _entry_kind(op, info)
-        if kind is None:
-            return None
-        kinds.append(kind)
-        for ref, role in zip(refs, _roles(kind, info)):
-            if not _use_ok(ref, role, arg_role, arg_shapes):
-                return None
-        for idx, shape in enumerate(info.out_shapes):
-            rows_of[("n", j, idx)] = shape[0]
-    for k, role in arg_role.items():
-        if role != SHARED:
-            rows_of[("a", k)] = arg_shapes[k][0]
-    inputs = ([("a", k) for k in sorted(arg_role) if arg_role[k] != SHARED]
-              + [("a", k) for k in sorted(arg_role) if arg_role[k] == SHARED]
-              + sorted({ref for e in entries for ref in e[3] if ref[0] == "x"}))
-    position = {ref: p for p, ref in enumerate(inputs)}
-    roles = tuple(ROW if ref in rows_of else SHARED for ref in inputs)
-    program, site_rows = [], []
-    for (op, args, kwargs, refs, info, _path), kind in zip(entries, kinds):
-        entry_roles = _roles(kind, info)
-        if kind == _ROWS and not _rows_match(refs, entry_roles, rows_of, info):
-            return None
-        sources = tuple(("in", position[r]) if r[0] != "n" else ("e", r[1], r[2])
-                        for r in refs)
-        brow = tuple(p for p, role in enumerate(entry_roles) if role == BROW)
-        for p in brow:
-            site_rows += [rows_of[refs[p]], info.out_shapes[0][0]]
-        if kind == _SEGMENT:
-            site_rows.append(rows_of[refs[0]])
-        program.append((op, args, kwargs, info, kind, sources, brow))
-    exports, outputs = _exports(outputs)
-    if not exports:
-        return None
-    op = _intern(program, exports, roles, block_class)
-    out_shapes = tuple(entries[j][4].out_shapes[idx] for j, idx in exports)
-    out_dtypes = tuple(entries[j][4].out_dtypes[idx] for j, idx in exports)
-    return op, CallInfo(op, roles, out_shapes, out_dtypes, tuple(site_rows), tuple(inputs),
-                        outputs)
+    op = node.op
+    attrs = (tuple((i, hashable(a)) for i, a in enumerate(node.args) if not isinstance(a, Slot)),
+             tuple(sorted((k, hashable(v)) for k, v in node.kwargs.items()
+                          if not isinstance(v, Slot))))
+    try:
+        out_shapes, out_dtypes, inferred = INFER.infer(op, node, in_shapes, in_dtypes, attrs)
+    except Exception as err:  # MXNetError, TypeError, ValueError from MXNet
+        raise BatchingError("%s: invalid call with input shapes %s: %s" % (
+            describe_call(node.sample, node.path, op.name), list(in_shapes),
+            first_line(err))) from None
+    deferred = _finish_deferred(node.inputs, inferred)
+    node.out_shapes, node.out_dtypes, node.attrs = out_shapes, out_dtypes, attrs
+    signature = rule_for(op.name).signature(node)
+    return CallInfo(op, out_shapes, out_dtypes, attrs, signature,
+                    cacheable=not deferred and op.name not in MODAL)
 
 
-def _use_ok(ref, role, arg_role, arg_shapes):
-    """Whether value ``ref`` may be used with ``role`` (recording args' roles)."""
-    want = SHARED if role == SHARED else ROW
-    if ref[0] == "x":
-        return want == SHARED          # parameters and constants are never row data
-    if ref[0] == "n":
-        return want == ROW             # a computed weight would differ per call
-    if want == ROW and not arg_shapes[ref[1]]:
-        return False
-    return arg_role.setdefault(ref[1], want) == want
+def remember(key, info):
+    """Memoise ``info`` for call shape ``key`` (when cacheable)."""
+    if key is not None and info.cacheable:
+        with _INFOS_LOCK:
+            INFOS[key] = info
 
 
-def _rows_match(refs, roles, rows_of, info):
-    """ROW inputs have the output's rows; BROW ones too, or a single row."""
-    out_rows = info.out_shapes[0][0]
-    for ref, role in zip(refs, roles):
-        if role == ROW and rows_of[ref] != out_rows:
-            return False
-        if role == BROW and rows_of[ref] not in (out_rows, 1):
-            return False
-    return True
+def _finish_deferred(inputs, inferred):
+    """Give deferred-initialised parameters the shapes inference found.
 
-
-def _exports(outputs):
-    """Entry outputs the call returns, in order, and the outputs with ("m", k) refs."""
-    exports = []
-
-    def walk(obj):
-        kind = obj[0]
-        if isinstance(kind, type):
-            return (kind, [walk(item) for item in obj[1]])
-        if kind != "n":
-            return obj
-        key = (obj[1], obj[2])
-        if key not in exports:
-            exports.append(key)
-        return ("m", exports.index(key))
-    rewritten = walk(outputs)
-    return tuple(exports), rewritten
-
-
-def _intern(program, exports, roles, block_class):
-    """The CallOp of a program, shared by every template with the same abstract form."""
-    # Constant arguments are part of the key even where signatures leave them
-    # out (a reshape's target shape), so ``CallOp.run`` is exact for every call.
-    key = (tuple((op.path, info.attrs, info.sig, kind, sources)
-                 for op, _a, _k, info, kind, sources, _b in program), exports, roles)
-    with _PROGRAMS_LOCK:
-        found = _PROGRAMS.get(key)
-        if found is None:
-            if len(_PROGRAMS) >= MAX_PROGRAMS:
-                _PROGRAMS.clear()       # rare; live templates keep their programs
-            entries = tuple(_Entry(op, args, kwargs, info, kind, sources, brow)
-                            for op, args, kwargs, info, kind, sources, brow in program)
-            found = _PROGRAMS[key] = CallOp(next(_UIDS), "call:" + block_class, entries,
-                                            exports, len(roles))
+    Returns True if any parameter was still waiting for its shape.
+    """
+    found = False
+    for (src, _), shape in zip(inputs, inferred):
+        if src.param is not None and 0 in src.out_shapes[0]:
+            param = src.param
+            param.shape = shape
+            param._finish_deferred_init()  # pylint: disable=protected-access
+            src.out_shapes = (tuple(shape),)
+            found = True
     return found
-
-
-def outputs(node, info):
-    """The values a call returns when they are simply the node's outputs.
-
-    That is one output, or a tuple or list of them in order
-    (``info.out_kind``); ``replay`` builds any other structure itself.
-    """
-    kind = info.out_kind
-    if kind is tuple and len(info.out_shapes) == 2:      # (h, c) of a cell: unrolled
-        first, second = LazyArray(node, 0), LazyArray(node, 1)
-        node.outs = [weakref.ref(first), weakref.ref(second)]
-        return first, second
-    lazies = [LazyArray(node, idx) for idx in range(len(info.out_shapes))]
-    node.outs = [weakref.ref(lazy) for lazy in lazies]   # as Node.output does
-    return lazies[0] if kind is LazyArray else kind(lazies)
-
-
-def make_node(rec, op, info, arg_values, external, path, shared_sig=None):
-    """Record one call node (fast path of ``replay.replay``); returns it.
-
-    ``shared_sig``, when given, is the node's signature, known because every
-    SHARED input is a parameter or constant of the template (the same leaves
-    for every call in a graph); otherwise ``Recorder._place`` signs the node.
-    """
-    inputs = [arg_values[ref[1]] if ref[0] == "a" else external[ref[1]]
-              for ref in info.inputs]
-    graph = rec.graph
-    node = known_node(graph, OP, op, inputs, (), NO_KWARGS, info, rec.sample, path)
-    if shared_sig is None:
-        rec._place(node, info)  # pylint: disable=protected-access
-    else:
-        # As _place for a call node (never a view, never stateful): leaves
-        # have depth 0, so the arguments alone give the depth.
-        depth = 0
-        for src, _ in arg_values:
-            if src.depth > depth:
-                depth = src.depth
-        node.depth = depth + 1
-        node.sig = shared_sig
-    graph.nodes.append(node)
-    rec.num_recorded += 1
-    return node
-
-
-def shared_signature(info, external):
-    """The signature of call nodes of ``info`` when all their SHARED inputs are
-    ``external`` values (parameters, constants), else None (see ``make_node``)."""
-    if info.sig is None or info.stateful or info.kind != "op":
-        return None
-    if not info.shared_pos:
-        return info.sig
-    refs = [info.inputs[k] for k in info.shared_pos]
-    if any(ref[0] != "x" for ref in refs):
-        return None
-    return (info.sig, tuple([(external[ref[1]][0].id, external[ref[1]][1]) for ref in refs]))

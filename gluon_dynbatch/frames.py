@@ -32,110 +32,15 @@ import sys
 
 from mxnet.ndarray import NDArray
 
-from . import replay, sites
-from .errors import BatchingError
-from .templates import recipe_for
-from .graph import LEAF
+from . import sites
+from .graph import LEAF, slot
 from .lazy import LazyArray
+from .ops import Stand
+from .templates import recipe_for
+from .trie import MAX_STATES, Macro, State, Step, flatten_args, is_constant
 
-MAX_STATES = 200000        # trie states kept per thread before the trie is dropped
 NOT_RECORDED = object()    # ``Frame.block_call``: the call is left to the caller
 POOL_SIZE = 4096           # dead provisional LazyArrays kept for reuse, per recorder
-
-
-class Step:
-    """One operator call of a template (the edge of the trie it was learned on).
-
-    Attributes
-    ----------
-    op : OpDef
-    args, kwargs : tuple, dict
-        The call with ``Slot(k)`` for the k-th array input (as ``Node``).
-    refs : tuple
-        Per array input: an int (a position of the frame), or ``("p",
-        parameter)`` / ``("c", array)`` for a parameter or a constant.
-    info : record.CallInfo
-        Output shapes and dtypes, batching rule and signature.
-    outs : tuple of int
-        Positions of the outputs.
-    path : tuple
-        Block names below the frame's block (for messages).
-    site : tuple or None
-        The call's place in the user's code (``sites.capture``).
-    """
-
-    __slots__ = ("op", "args", "kwargs", "refs", "info", "outs", "path", "site")
-
-    def __init__(self, op, args, kwargs, refs, info, outs, path):
-        self.op, self.args, self.kwargs = op, args, kwargs
-        self.refs, self.info, self.outs, self.path = refs, info, outs, path
-        self.site = None            # where the user's code made the call (sites.py)
-
-
-class Macro:
-    """A child-block call learned once: where it leads and what it returns."""
-
-    __slots__ = ("target", "shapes", "dtypes", "outputs", "simple")
-
-    def __init__(self, target, shapes, dtypes, outputs, start):
-        self.target = target        # the State after the block's last call
-        self.shapes = shapes        # shapes and dtypes of the positions it adds
-        self.dtypes = dtypes
-        self.outputs = outputs      # returned structure, positions in place of arrays
-        self.simple = _simple_outputs(outputs, start)
-
-
-def _simple_outputs(outputs, start):
-    """``(None, offset)`` for one new value returned, ``(tuple or list,
-    offsets)`` for several distinct new values; None for anything else."""
-    if outputs[0] == "pos":
-        return (None, outputs[1] - start) if outputs[1] >= start else None
-    kind, items = outputs
-    if kind not in (tuple, list) or any(item[0] != "pos" for item in items):
-        return None
-    offsets = [item[1] - start for item in items]
-    if min(offsets, default=-1) < 0 or len(set(offsets)) < len(offsets):
-        return None
-    return kind, offsets
-
-
-class State:
-    """A node of the template trie: the calls of a frame so far.
-
-    ``next`` maps an operator call's key to the next state, ``calls`` a
-    child-block call's key to a :class:`Macro`, ``cuts`` the exports of a
-    cut to the state after it.  ``recipes`` caches, per tuple of exported
-    positions, how to put the segment ending here into the graph.
-    """
-
-    __slots__ = ("next", "calls", "cuts", "step", "parent", "start", "recipes", "counter",
-                 "single", "shape", "dtype")
-
-    def __init__(self, step=None, parent=None, start=None, counter=None):
-        self.single = step is not None and len(step.info.out_shapes) == 1
-        self.shape = self.dtype = None
-        if self.single:                 # read on every match: kept at hand
-            self.shape, self.dtype = step.info.out_shapes[0], step.info.out_dtypes[0]
-        self.next = {}
-        self.calls = {}
-        self.cuts = {}
-        self.step = step
-        self.parent = parent
-        self.start = self if start is None else start   # where the segment began
-        self.recipes = {}
-        self.counter = counter if counter is not None else (parent.counter if parent else [0])
-        self.counter[0] += 1
-
-    def steps(self):
-        """The steps from the start of this state's segment to it, in order."""
-        out = []
-        state = self
-        while state is not self.start:
-            if state.step is not None:         # None: entering a child-block call
-                out.append(state.step)
-            state = state.parent
-        out.reverse()
-        return out
 
 
 class _FrameGraph:
@@ -366,12 +271,12 @@ class Frame:
 
     def _learn(self, op, args, kwargs, key, refs, kw):
         """Analyse a call met for the first time here; the new state, or None."""
-        step = self.rec.analyse_frame_call(self, op, args, kwargs, refs, kw)
+        step = learn_call(self.rec, self, op, args, kwargs, refs, kw)
         step.site = sites.capture(self.caller)
         if not step.info.cacheable and not step.info.stateful:
             # The first call of a parameter with deferred initialisation gave
             # it its shape; analysed again, the call is like any other.
-            step = self.rec.analyse_frame_call(self, op, args, kwargs, refs, kw)
+            step = learn_call(self.rec, self, op, args, kwargs, refs, kw)
             step.site = sites.capture(self.caller)
         if step.info.stateful or not step.info.cacheable:
             return None
@@ -401,7 +306,7 @@ class Frame:
             if macro is not None:
                 return self._replay(macro, args, refs)
             return self._learn_block(block, args, key)
-        arrays, structure = replay.flatten_args(args)
+        arrays, structure = flatten_args(args)
         if structure is None:
             return NOT_RECORDED
         refs = tuple([self.ref(a) for a in arrays])
@@ -464,7 +369,7 @@ class Frame:
         outer_ok, self.macro_ok = self.macro_ok, True
         ext_before = len(self.ext)
         try:
-            out = rec.trace_in_frame(block, args)
+            out = rec.trace(block, args)
         finally:
             ok = self.macro_ok and not self.direct and self.state.start is before.start
             self.macro_ok = outer_ok and self.macro_ok
@@ -570,22 +475,66 @@ class Frame:
     def read(self):
         """A provisional value is read: cut, then run what is pending."""
         self.cut("a value is read")
-        self.rec._flush()  # pylint: disable=protected-access
+        self.rec.flush()
+
+
+def learn_call(rec, frame, op, args, kwargs, refs, kw):
+    """The :class:`trie.Step` of a call a frame meets for the first time.
+
+    ``refs`` and ``kw`` are the call's key items (see ``Frame.op``).
+    Inputs that are values of the frame stand in as :class:`ops.Stand`
+    objects with their shapes; the analysis is the one of ``add_node``.
+    """
+    inputs, targs, step_refs = [], [], []
+    for a, ref in zip(args, refs):
+        if is_constant(ref):
+            targs.append(a)
+            continue
+        if type(ref) is tuple and ref[0] == "x":      # read for the first time
+            ref = frame.ext[id(a)]
+        targs.append(slot(len(inputs)))
+        inputs.append(_source(rec, frame, a, ref))
+        step_refs.append(_step_ref(rec, ref))
+    tkw = {}
+    for name, ref in kw or ():
+        value = kwargs[name]
+        if isinstance(value, NDArray):
+            if type(ref) is tuple and ref[0] == "x":
+                ref = frame.ext[id(value)]
+            tkw[name] = slot(len(inputs))
+            inputs.append(_source(rec, frame, value, ref))
+            step_refs.append(_step_ref(rec, ref))
+        else:
+            tkw[name] = value
+    info = rec.analyse_stub(op, tuple(targs), tkw, inputs)
+    start = len(frame.out_shapes)
+    outs = tuple(range(start, start + len(info.out_shapes)))
+    return Step(op, tuple(targs), tkw, tuple(step_refs), info, outs,
+                rec.path[len(frame.path):])
+
+
+def _source(rec, frame, array, ref):
+    """``(node, idx)`` standing for an input of a frame's call during analysis."""
+    if type(ref) is int:
+        outside = frame.vals.get(ref)
+        if outside is not None:
+            return rec.value_of(outside)
+        return (Stand(frame.out_shapes[ref], frame.out_dtypes[ref], ref), 0)
+    return rec.value_of(array)
+
+def _step_ref(rec, ref):
+    """A key item as a step keeps it: positions, parameters, constant arrays."""
+    if type(ref) is int:
+        return ref
+    if ref[0] == "c":
+        return ("c", rec.constant_ids[ref[1]])
+    if ref[0] == "p":
+        return ref
+    raise AssertionError("unexpected key item %r" % (ref,))
 
 
 def _position(lazy):
     return lazy._idx
 
 
-def is_constant(item):
-    """Whether a key item of a positional argument is a constant ``(type, value)``."""
-    return type(item) is tuple and type(item[0]) is type
-
-
 _BASELINE = _refcount_baseline()
-
-
-def check_not_provisional(lazy):
-    """Raise if ``lazy`` is still a value of an open frame (internal check)."""
-    if type(lazy._node) is Frame:
-        raise BatchingError("internal error: a value of an unfinished call escaped")

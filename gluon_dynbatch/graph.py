@@ -31,7 +31,7 @@ class Node:
         Batching signature: nodes with equal signatures may run as one step.
         A unique object for nodes that must run alone; None for leaves and views.
     rule : Rule or None
-        How the node batches (see ``signatures.py``).
+        How the node batches (see ``rules.py``).
     deps : tuple of Node
         Extra op nodes this one waits for besides its inputs (ordering of
         stateful operators); ``op_deps`` gives all of them.
@@ -151,6 +151,17 @@ def slot(k):
     return _SLOTS[k] if k < 64 else Slot(k)
 
 
+_SLOTS_OF = {}              # n -> the n slots of an n-argument call
+
+
+def slots_of(n):
+    """The tuple ``(slot(0), ..., slot(n - 1))``, interned."""
+    found = _SLOTS_OF.get(n)
+    if found is None:
+        found = _SLOTS_OF[n] = tuple(slot(k) for k in range(n))
+    return found
+
+
 def _released():
     raise RuntimeError("internal error: a value of a finished graph was never computed")
 
@@ -165,8 +176,7 @@ class Graph:
         self.error = None          # set when the scope failed
         self.leaf_by_id = {}       # id(NDArray or Parameter) -> (leaf Node, LazyArray, it)
         self.param_dicts = {}      # id(block) -> (block, {name: LazyArray}) of its params
-        self.externals = {}        # id(template) -> (template, its values here, call signature)
-        self.known_calls = {}      # call shape -> how to record it (Recorder.known_call)
+        self.externals = {}        # id(recipe) -> (recipe, its parameters here, signature)
         self.constants = {}        # (F path, args) -> leaf of a deterministic F.zeros ...
         self.shared_items = {}     # id(array) -> frame key item of a parameter or constant
         self.mode = None           # autograd's (recording, training) of its calls
@@ -186,7 +196,6 @@ class Graph:
         self.leaf_by_id = {}
         self.param_dicts = {}
         self.externals = {}
-        self.known_calls = {}
         self.constants = {}
         self.shared_items = {}
         self.flush_fn = _released

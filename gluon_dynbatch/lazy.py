@@ -13,7 +13,7 @@ from mxnet.base import _LIB, check_call
 from .errors import BatchingError
 
 # Backward passes that freed their graph so far (``retain_graph=False``),
-# counted by record.py's wrappers of MXNet's backward functions.
+# counted by context.py's wrappers of MXNet's backward functions.
 BACKWARD_EPOCH = [0]
 
 

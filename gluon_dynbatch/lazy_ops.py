@@ -11,11 +11,11 @@ import numpy as np
 from mxnet import autograd, nd
 from mxnet.base import MXNetError
 
+from . import context
+from .context import current
 from .errors import describe_call
-
-from . import record
 from .lazy import LazyArray
-from .record import current, opdef
+from .ops import opdef
 
 # name: (array op, scalar op with array on the left, scalar op with array on the right, python op)
 _BINARY = {
@@ -77,7 +77,7 @@ def _dunder(name, reflected=False):
     array_op, lscalar, rscalar, _ = _BINARY[name]
     aop = opdef(array_op)
     sop = opdef("_internal", (rscalar or lscalar) if reflected else lscalar)
-    tls, modes = record._TLS, record._MODE_CHANGES
+    tls, modes = context.TLS, context.MODE_CHANGES
 
     def dunder(self, other):
         rec = tls.recorder

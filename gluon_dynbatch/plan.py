@@ -1,6 +1,7 @@
 """Planning: order the recorded operator nodes into batched steps.
 
-Strategies (``strategy=`` of ``DynBatchBlock`` or ``batching``):
+Planners (``strategy=`` of ``DynBatchBlock`` or ``batching``, which also
+takes ``"reference"``: no plan, every node run by itself):
 
 ``"depth"``
     TensorFlow Fold / the first Gluon prototype: nodes with the same signature
@@ -11,15 +12,13 @@ Strategies (``strategy=`` of ``DynBatchBlock`` or ``batching``):
     nodes can still become ready.
 ``"unbatched"``
     One node per step, in recording order: exercises the executor without batching.
-``"reference"``
-    No plan: the reference executor runs node by node (the test oracle).
 """
 from dataclasses import dataclass, field
 from typing import Tuple
 
 from .graph import OP, op_deps
 
-STRATEGIES = ("depth", "agenda", "unbatched", "reference")
+PLANNERS = ("depth", "agenda", "unbatched")
 
 
 @dataclass(frozen=True)
@@ -35,14 +34,10 @@ class Plan:
     """The steps of one flush, in execution order."""
 
     steps: list = field(default_factory=list)
-    strategy_tried: list = field(default_factory=list)
 
     @property
     def num_nodes(self):
         return sum(len(s.nodes) for s in self.steps)
-
-    def batch_sizes(self):
-        return [len(s.nodes) for s in self.steps]
 
 
 def make_plan(nodes, strategy="depth"):
@@ -54,7 +49,7 @@ def make_plan(nodes, strategy="depth"):
         return _agenda_plan(ops)
     if strategy == "unbatched":
         return Plan([Step(n.sig, (n,)) for n in ops])
-    raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
+    raise ValueError("unknown strategy %r; choose one of %s" % (strategy, PLANNERS))
 
 
 def _depth_plan(ops):

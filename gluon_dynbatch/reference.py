@@ -5,7 +5,7 @@ It is the oracle of the tests: batched plans must give its outputs and gradients
 import mxnet as mx
 
 from .graph import LEAF
-from .signatures import call_as_recorded
+from .rules import call_as_recorded
 
 
 def run_reference(nodes, live, ctx):

@@ -7,12 +7,13 @@ import time
 
 from mxnet import autograd
 
-from . import budget, record
+from . import budget, context
 from .errors import BatchingError
 from .cache import PlanCache
-from .compile import run_compiled, run_interpreted, run_steps
-from .plan import STRATEGIES, make_plan
+from .plan import PLANNERS, make_plan
+from .recorder import Recorder
 from .reference import run_reference
+from .run import run_compiled, run_interpreted, run_steps
 from .stats import BatchStats
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ class _GcPause:
 
 
 _GC_PAUSE = _GcPause()
+
+#: What ``strategy=`` takes: the planners, and the reference executor.
+STRATEGIES = PLANNERS + ("reference",)
 
 
 class BatchingScope:
@@ -81,19 +85,19 @@ class BatchingScope:
         self._mark = None
 
     def __enter__(self):
-        outer = record.current()
+        outer = context.current()
         if outer is not None:
             # Nested scope: it joins the outer one and flushes when it ends.
             self._outer = outer
             self.recorder = outer
             return self
-        self.recorder = record.Recorder(self.flush)
+        self.recorder = Recorder(self.flush)
         self.recorder.scope = self
         if self.max_pending_nodes is not None:
             self.recorder.max_pending = self.max_pending_nodes
         self.recorder.replay = self.replay
         _GC_PAUSE.__enter__()
-        record._set_current(self.recorder)  # pylint: disable=protected-access
+        context.set_current(self.recorder)
         self._mark = time.perf_counter()
         return self
 
@@ -108,7 +112,7 @@ class BatchingScope:
             else:
                 self._discard("%s: %s" % (exc_type.__name__, exc))
         finally:
-            record._set_current(None)  # pylint: disable=protected-access
+            context.set_current(None)
             self.recorder.close()
             self.recorder = None
             _GC_PAUSE.__exit__()
@@ -124,11 +128,16 @@ class BatchingScope:
     def _strategy(self):
         return self.strategy or getattr(self.recorder, "strategy", None) or "depth"
 
-    def _granularity(self):
+    def granularity_now(self):
+        """The granularity calls are recorded with: the scope's, else the first block's."""
         if self.granularity is not None:
             return self.granularity
         owner = getattr(self.recorder, "owner", None)
         return getattr(owner, "granularity", None) or "call"
+
+    def reference_now(self):
+        """Whether this scope runs the reference strategy."""
+        return self._strategy() == "reference"
 
     def _compiled(self):
         if self.compiled is not None:
@@ -274,10 +283,11 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
         Keep the last flush's plan as ``scope.last_plan`` for inspection
         (its steps and their nodes); off by default since it holds the graph.
     replay : bool, default True
-        Trace each child block once per call shape and copy that trace for
-        later calls (see ``replay.py``).  Like ``hybridize()``, this assumes a
-        child's ``hybrid_forward`` depends only on its inputs and parameters;
-        turn it off for blocks whose behaviour depends on mutable attributes.
+        Run a child block's ``hybrid_forward`` once per call shape and reuse
+        what it recorded for later calls (``frames.py``).  Like
+        ``hybridize()``, this assumes a child's ``hybrid_forward`` depends only
+        on its inputs and parameters; turn it off for blocks whose behaviour
+        depends on mutable attributes.  DynBatchBlocks' own code always runs.
     analysis_budget : float or "auto", optional
         Seconds of planning per flush: starting from "depth", other strategies
         are tried while the budget lasts and the plan with the lowest cost
@@ -285,11 +295,12 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
         allows 5% of the block's recent execution time.  Ignored when
         ``strategy`` is given here.  Defaults to the first DynBatchBlock's.
     granularity : {"call", "op"}, optional
-        ``"call"`` (the default): a child-block call whose operators all
-        batch row by row is recorded, planned and run as one node (its
-        batched form compiled once, see ``calls.py``); other calls are
-        recorded operator by operator.  ``"op"``: always operator by operator.
-        Defaults to the first DynBatchBlock's.
+        ``"call"`` (the default): each DynBatchBlock call, and each child-block
+        call outside one, is recorded as a template (``frames.py``) and runs
+        as one program node when its operators batch row by row (its batched
+        form compiled once per program, ``programs.py``), else as programs of
+        its row-wise runs and a node per other operator.  ``"op"``: every
+        operator one node.  Defaults to the first DynBatchBlock's.
 
     Returns
     -------

@@ -5,7 +5,7 @@ positions it exports select a recipe, built once per template and reused by
 every frame that takes the same path:
 
 * :class:`ProgramRecipe`: the segment batches row by row, so it becomes ONE
-  program node (``calls.py``), after ``vectorize.py`` has turned the copies
+  program node (``programs.py``), after ``vectorize.py`` has turned the copies
   of a loop's body into calls on stacked rows.  Frames whose programs differ
   only in row counts (a node with 1 child or 5) share the program, so they
   batch together.  Values read from outside are the node's inputs (stacked
@@ -14,19 +14,21 @@ every frame that takes the same path:
 """
 import weakref
 
-from . import calls, record, sites
+from . import programs, sites
 from .graph import NO_KWARGS, OP, VIEW, known_node, slot
 from .lazy import LazyArray
-from .vectorize import vectorize
+from .ops import Stand, opdef
+from .rules import SHARED
+from .vectorize import Plan, vectorize
 
 
 
 def _concat():
-    return record.opdef("concat")
+    return opdef("concat")
 
 
 def _slice_axis():
-    return record.opdef("slice_axis")
+    return opdef("slice_axis")
 
 
 def recipe_for(frame, positions):
@@ -60,8 +62,46 @@ def _recipe(steps, positions, frame, accumulating):
     if recipe is None:
         recipe = _program(_plain(steps, positions), frame, name, len(steps))
     if recipe is None:
-        recipe = OpsRecipe(steps)
+        recipe = _runs(steps, positions, frame, name)
     return recipe
+
+
+def _runs(steps, positions, frame, name):
+    """A segment that is no program as a whole: runs of calls that batch row by
+    row become programs, the calls between them nodes of their own.
+
+    A run is contiguous (so convex); a call whose shared input (a weight) was
+    computed in the current run starts a new one.
+    """
+    runs, current, made = [], [], set()
+    for step in steps:
+        kind = programs.entry_kind(step.op, step.info)
+        shared = [step.refs[k] for k, role in enumerate(step.info.meta or ())
+                  if role == SHARED]
+        if kind is None or any(ref in made for ref in shared if type(ref) is int):
+            if current:
+                runs.append(current)
+            current, made = [], set()
+            if kind is None:
+                runs.append([step])
+                continue
+        current.append(step)
+        made.update(step.outs)
+    if current:
+        runs.append(current)
+    if len(runs) == 1 and len(runs[0]) == 1:
+        return OpsRecipe(steps)
+    parts = []
+    for k, run in enumerate(runs):
+        later = {ref for other in runs[k + 1:] for step in other for ref in step.refs
+                 if type(ref) is int}
+        outs = {pos for step in run for pos in step.outs}
+        wanted = sorted(outs & (set(positions) | later))
+        recipe = None
+        if len(run) > 1:
+            recipe = _program(_plain(run, wanted), frame, name, len(run))
+        parts.append((recipe or OpsRecipe(run), tuple(wanted)))
+    return PartsRecipe(parts)
 
 
 class PartsRecipe:
@@ -84,7 +124,6 @@ class PartsRecipe:
 
 def _plain(steps, positions):
     """The segment as a program of its calls as recorded (no vectorizing)."""
-    from .vectorize import Plan
     plan = Plan()
     produced = {}
     for j, step in enumerate(steps):
@@ -112,8 +151,7 @@ def _program(plan, frame, name, num_calls):
         if (j, idx) not in wanted:
             wanted.append((j, idx))
     shapes = [_input_shape(spec, frame) for spec in plan.inputs]
-    built = calls.build(tuple(plan.entries), (tuple, [("n", j, idx) for j, idx in wanted]),
-                        shapes, name)
+    built = programs.build(tuple(plan.entries), wanted, shapes, name)
     if built is None:
         return None
     return ProgramRecipe(built[0], built[1], plan, wanted, frame, num_calls)
@@ -184,7 +222,7 @@ class ProgramRecipe:
         self.views = {}       # plan input k -> CallInfo of its stacking view
         for k, spec in enumerate(plan.inputs):
             if spec[0] == "view":
-                sources = [(record.Stand(_input_shape(s, frame), _input_dtype(s, frame), n), 0)
+                sources = [(Stand(_input_shape(s, frame), _input_dtype(s, frame), n), 0)
                            for n, s in enumerate(spec[1])]
                 args = tuple(slot(n) for n in range(len(sources)))
                 self.views[k] = (args, rec.analyse_stub(_concat(), args, {"dim": 0}, sources))
@@ -195,7 +233,7 @@ class ProgramRecipe:
             if rows is not None:
                 shape = info.out_shapes[out]
                 kwargs = {"axis": 0, "begin": rows[0], "end": rows[1]}
-                source = (record.Stand(shape, info.out_dtypes[out], 0), 0)
+                source = (Stand(shape, info.out_dtypes[out], 0), 0)
                 view = (kwargs, rec.analyse_stub(_slice_axis(), (slot(0),), kwargs, [source]))
             self.exports.append((out, view))
         # What every frame of the template does, ready to run (``apply``):
@@ -218,7 +256,7 @@ class ProgramRecipe:
         found = graph.externals.get(id(self))
         if found is None or found[0] is not self:
             external = [_leaf_value(rec, ref) for ref in self.params]
-            sig = calls.shared_signature(self.info, external)
+            sig = programs.shared_signature(self.info, external)
             found = graph.externals[id(self)] = (self, external, sig)
         external, sig = found[1], found[2]
         if self.positions is not None:
@@ -237,7 +275,7 @@ class ProgramRecipe:
                           [args[k] if from_arg else external[k] for from_arg, k in self.order],
                           (), NO_KWARGS, self.info, rec.sample, frame.path)
         if sig is None:
-            rec._place(node, self.info)  # pylint: disable=protected-access
+            rec.place(node, self.info)
         else:           # a call node: its depth from its arguments (leaves have 0)
             depth = 0
             for src, _ in args:
@@ -304,7 +342,7 @@ class OpsRecipe:
                     inputs.append(_leaf_value(rec, ref))
             node = known_node(graph, OP, step.op, inputs, step.args, step.kwargs, step.info,
                               frame.sample, frame.path + step.path)
-            rec._place(node, step.info)  # pylint: disable=protected-access
+            rec.place(node, step.info)
             graph.nodes.append(node)
             made.append(node)
         rec.num_recorded += len(made)

@@ -29,8 +29,9 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from . import record
-from .signatures import BROW, SHARED
+from .graph import slot
+from .ops import Stand, opdef
+from .rules import BROW, SHARED
 
 _ADDS = frozenset(["broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus"])
 _NARY_ADDS = frozenset(["add_n", "ElementWiseSum"])
@@ -264,7 +265,7 @@ def _signature(op_unit):
     """What calls must share to be one group (level aside)."""
     step = op_unit.step
     info = step.info
-    if info.kind != "op" or info.sig is None or info.rule.kind != "rows":
+    if info.kind != "op" or info.sig is None or info.rule.batching != "rows":
         return None
     shared = tuple(step.refs[k] if type(step.refs[k]) is int else id(step.refs[k][1])
                    for k in info.shared_pos)
@@ -436,7 +437,7 @@ class _Emitter:
 
     def stand(self, shape, dtype):
         self._uid += 1
-        return (record.Stand(tuple(shape), dtype, self._uid), 0)
+        return (Stand(tuple(shape), dtype, self._uid), 0)
 
     def entry(self, op, args, kwargs, refs, sources, path):
         """Analyse and add one entry; its output refs."""
@@ -530,7 +531,7 @@ class _Emitter:
         result = partials[0]
         for other in partials[1:]:
             sources = [self.stand(*self.shape[result]), self.stand(*self.shape[other])]
-            result = self.entry(record.opdef("broadcast_add"), (_slot(0), _slot(1)), {}, [result, other], sources,
+            result = self.entry(opdef("broadcast_add"), (slot(0), slot(1)), {}, [result, other], sources,
                                 unit.path)[0]
         if result[0] != "n":                      # a value read from outside, alone
             result = self._segment_sum(result)
@@ -538,13 +539,8 @@ class _Emitter:
 
     def _segment_sum(self, ref):
         shape, dtype = self.shape[ref]
-        return self.entry(record.opdef("sum"), (_slot(0),), {"axis": 0, "keepdims": True}, [ref],
+        return self.entry(opdef("sum"), (slot(0),), {"axis": 0, "keepdims": True}, [ref],
                           [self.stand(shape, dtype)], ())[0]
-
-
-def _slot(k):
-    from .graph import slot
-    return slot(k)
 
 
 def _emit(units, groups, produced, exported, frame):

@@ -54,7 +54,7 @@ def _cell_batches(plan, weight):
     sizes = []
     for step in plan.steps:
         node = step.nodes[0]
-        if (node.op.name == "FullyConnected" or node.rule.kind == "call") and any(
+        if (node.op.name == "FullyConnected" or node.rule.batching == "program") and any(
                 src.param is weight for src, _ in node.inputs):
             sizes.append(len(step.nodes))
     return sizes

@@ -5,6 +5,7 @@ import pytest
 from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
+from gluon_dynbatch.programs import Program
 from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, assert_same, make_model, random_tree,
                               reference_run, rng, run_model)
 
@@ -155,28 +156,30 @@ class RowOf(gdb.DynBatchBlock):
         return x[k:k + 1] * 1
 
 
-def test_known_call_shapes_outside_frames_skip_the_template_lookup(monkeypatch):
-    """Repeated child-block calls of one shape outside any DynBatchBlock call
-    (on its outputs, in the scope's own code) take ``Recorder.known_call``."""
-    from gluon_dynbatch import replay
-    keys = []
-    real_call_key = replay.call_key
-
-    def counting_call_key(*args):
-        keys.append(args[0])
-        return real_call_key(*args)
-    monkeypatch.setattr(replay, "call_key", counting_call_key)
+def test_child_calls_outside_frames_are_program_nodes_traced_once_per_shape():
+    """Child-block calls in the scope's own code (on outputs of DynBatchBlock
+    calls) are frames of their own: one program node each, the block's Python
+    code run once per call shape."""
     cell = ChildSumCell(4)
     cell.initialize(mx.init.Uniform(0.5))
+    traced = []
+    original = cell.hybrid_forward
+
+    def counting(*args, **kwargs):
+        traced.append(1)
+        return original(*args, **kwargs)
+    cell.hybrid_forward = counting
     x = nd.random.uniform(shape=(12, 3))
     states = nd.random.uniform(shape=(12, 4))
     rows, reads = RowOf(), RowOf()
-    with gdb.batching() as scope:
+    with gdb.batching(keep_plan=True) as scope:
         outs = [cell(rows(k, x), reads(k, states), reads(k + 1, states)) for k in range(10)]
-    assert 0 < len([block for block in keys if block is cell]) <= 2
-    assert scope.stats.nodes > 0
+    assert len(traced) == 1
+    last = scope.last_plan.steps[-1]                     # the cell's calls: one step
+    assert isinstance(last.nodes[0].op, Program) and len(last.nodes) == 10
     for k, (h, _) in enumerate(outs):
-        want = cell(x[k:k + 1], states[k:k + 1], states[k + 1:k + 2])[0]
+        want = original(nd, x[k:k + 1], states[k:k + 1], states[k + 1:k + 2],
+                        **{name: p.data() for name, p in cell._reg_params.items()})[0]
         np.testing.assert_allclose(h.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
 
 

@@ -1,4 +1,4 @@
-"""Whole child-block calls as one node (gluon_dynbatch/calls.py)."""
+"""Calls recorded as one program node each (gluon_dynbatch/programs.py)."""
 import numpy as np
 import pytest
 from mxnet import gluon, nd
@@ -6,7 +6,7 @@ from mxnet import gluon, nd
 import gluon_dynbatch as gdb
 from dynbatch_testing import (ChildSumTreeLSTM, Tree, assert_same, make_model, random_tree,
                               rng, run_model)
-from gluon_dynbatch.calls import CALL_RULE, CallOp
+from gluon_dynbatch.programs import PROGRAM_RULE, Program
 
 STRATEGIES = ["depth", "agenda", "unbatched"]
 MODES = [False, True, "step"]
@@ -19,7 +19,7 @@ def _plan(model, samples, inputs, **kwargs):
 
 
 def _call_steps(plan):
-    return [s for s in plan.steps if isinstance(s.nodes[0].op, CallOp)]
+    return [s for s in plan.steps if isinstance(s.nodes[0].op, Program)]
 
 
 def _mixed_trees():
@@ -68,10 +68,10 @@ def test_variant_repeats_one_row_inputs_only_when_a_call_needs_it():
     leaves = [Tree(w) for w in range(4)]
     scope, _ = _plan(model, leaves, [emb])
     (step,) = scope.last_plan.steps
-    variant, _ = CALL_RULE.batch_arrays(step.nodes)
+    variant, _ = PROGRAM_RULE.batch_arrays(step.nodes)
     assert not any(variant)                        # every call has one child row
     scope, _ = _plan(model, [Tree(0, [Tree(1), Tree(2)]), Tree(3, [Tree(4)])], [emb])
-    variant, arrays = CALL_RULE.batch_arrays(scope.last_plan.steps[1].nodes)
+    variant, arrays = PROGRAM_RULE.batch_arrays(scope.last_plan.steps[1].nodes)
     assert any(variant)                            # x's row is repeated per child
     # The repeat index gives each call's child rows its own x row: 0, 0 then 1.
     assert [0, 0, 1] in [list(a) for a in arrays if a.ndim == 1]
@@ -156,7 +156,7 @@ def test_rows_of_an_argument_are_a_view_and_the_rest_one_program():
     samples = list(range(6))
     scope, _ = _plan(model, samples, [x])
     (step,) = scope.last_plan.steps
-    assert isinstance(step.nodes[0].op, CallOp) and len(step.nodes) == len(samples)
+    assert isinstance(step.nodes[0].op, Program) and len(step.nodes) == len(samples)
     eager = run_model(model, samples, [x], "eager")
     for mode in MODES:
         assert_same(run_model(model, samples, [x], "depth", mode), eager)
@@ -172,7 +172,7 @@ def test_reference_strategy_and_op_granularity_record_every_operator():
         with gdb.batching(strategy=strategy) as scope:
             outs = [model(t, emb) for t in trees]
             ops = {type(n.op).__name__ for n in scope.recorder.graph.nodes if n.op}
-        assert ("CallOp" in ops) == (strategy != "reference")
+        assert ("Program" in ops) == (strategy != "reference")
         assert outs[0][0].shape == (1, 3)
 
 
@@ -202,7 +202,7 @@ def test_nan_in_one_call_stays_in_its_call():
 
 
 def test_reference_executor_runs_call_nodes_one_call_at_a_time():
-    """``CallOp.run`` (a call node unbatched, as the reference executor runs it)."""
+    """``Program.run`` (a call node unbatched, as the reference executor runs it)."""
     from gluon_dynbatch.reference import run_reference
     trees = _mixed_trees()
     model = make_model(ChildSumTreeLSTM, hidden=4)
@@ -210,7 +210,7 @@ def test_reference_executor_runs_call_nodes_one_call_at_a_time():
     with gdb.batching() as scope:
         outs = [model(t, emb) for t in trees]
         graph = scope.recorder.graph
-        assert any(isinstance(n.op, CallOp) for n in graph.nodes)
+        assert any(isinstance(n.op, Program) for n in graph.nodes)
         live, needed = graph.live_and_needed()
         run_reference(needed, live, None)
     for tree, (h, c) in zip(trees, outs):

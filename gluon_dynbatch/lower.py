@@ -1,40 +1,189 @@
-"""Compilation: a plan becomes one symbolic graph, run as an MXNet CachedOp.
+"""Lowering: a plan becomes gathers and steps, with every value's rows located.
 
-The graph depends on the plan's *shape* only: the sequence of steps, their
-operators and attributes, and which sources each gather reads.  Which rows go
-where enters as index arrays fed as data (``take``), and ragged axis-0 sums
-as padded index arrays, so one compiled graph serves every sample set
-whose plan has the same shape.  Compiled graphs live in a ``PlanCache``.
+Every value is a list of *segments* ``(source, start, stop)``: rows of a
+source (a step's batched output, a parameter, an input).  A step gathers the
+segments of its nodes' inputs into one array (a slice, or one ``take`` over
+its sources concatenated), calls the operator (or program) once, and gives
+each node its rows of the outputs.  Views (row slices, axis-0
+concatenations, row broadcasts) only rearrange segments, so many rows taken
+from one array become a single gather.
+
+:class:`Compiler` walks a plan once and produces what every executor of
+``run.py`` needs: per step its gather descriptions, the index arrays (fed as
+data, so one compiled graph serves many sample sets), the plan's structure
+key, and how to hand the live values their rows.
 """
-import contextlib
 import ctypes
-import os
-import time
 from itertools import chain
 
 import mxnet as mx
 import numpy as np
-from mxnet import autograd
 from mxnet.base import _LIB, NDArrayHandle, c_array, check_call, mx_uint
 
-from .execute import SegmentWalker, merge_segments, run_indices, shared_inputs
-from .graph import VIEW
-from .signatures import BROW, NO_GRADIENT, call_as_recorded
+from .graph import LEAF, VIEW
+from .rules import BROW, SHARED
 
-_NO_CHANGE = contextlib.nullcontext()
 _CONCATS = ("concat", "Concat")
 
-# MXNet 1.9.1's static memory planning (CachedOp ``static_alloc``) returned
-# wrong gradients for a whole-plan graph that hypothesis found (a value read
-# by tanh and reverse, or tanh and cumsum, besides gathers): the same symbol
-# without it is exact.  Exactness comes first, so no CachedOp here uses it
-# (tests/test_fuzz.py::test_regression_static_alloc_gradient keeps that case).
-STATIC_ALLOC = os.environ.get("GDB_STATIC_ALLOC", "0") == "1"
+
+class SegmentWalker:
+    """Segment bookkeeping of a walk over a plan (the base of ``compile.Compiler``).
+
+    Subclasses say what a leaf's source is (``leaf_source``); a source has a
+    row count given by ``source_rows``.
+    """
+
+    def __init__(self):
+        self.segs = {}
+        # Marks the positions this walk gives nodes (``node.at``, see ``assign``).
+        self.token = object()
+
+    def leaf_source(self, node):
+        raise NotImplementedError
+
+    def segments(self, node, idx=0):
+        """The segment list of output ``idx`` of ``node``."""
+        key = (node, idx)
+        found = self.segs.get(key)
+        if found is not None:
+            return found
+        if node.kind == LEAF:
+            found = [(self.leaf_source(node), 0, node.out_shapes[0][0])]
+        elif node.kind == VIEW:
+            found = self._view_segments(node)
+        else:
+            return [self.row_of(node, idx)]
+        self.segs[key] = found
+        return found
+
+    def row_of(self, node, idx):
+        """The segment of output ``idx`` of ``node``, a step output of one row per node."""
+        at = node.at
+        if at is None or at[0][0] is not self.token:
+            raise RuntimeError("internal error: %r used before its step ran" % node)
+        start = at[1]
+        return (at[0][idx + 1], start, start + 1)
+
+    def _view_segments(self, node):
+        name = node.op.name
+        if name == "slice_axis":
+            src, i = node.inputs[0]
+            segs = self.segs.get((src, i)) or self.segments(src, i)
+            kwargs = node.kwargs
+            begin, end = kwargs["begin"], kwargs["end"]
+            if not (type(begin) is int and type(end) is int and 0 <= begin < end):
+                # Negative or open bounds count from the end, as in Python.
+                begin, end, _ = slice(begin, end).indices(src.rows(i))
+            if len(segs) == 1:
+                # Rows of one segment (a word's row of a table): the common case.
+                source, start, _ = segs[0]
+                return [(source, start + begin, start + end)]
+            return _cut(segs, begin, end)
+        if name in ("concat", "Concat"):
+            out = []
+            for src, i in node.inputs:
+                out.extend(self.segments(src, i))
+            return out
+        src, i = node.inputs[0]
+        return self.segments(src, i) * node.out_shapes[0][0]   # broadcast of a single row
+
+    def input_segments(self, nodes, k, role):
+        """Segments of input ``k`` of every node, rows broadcast where ``role`` says."""
+        segs = []
+        extend = segs.extend
+        known = self.segs.get
+        brow = role == BROW
+        for node in nodes:
+            value = node.inputs[k]
+            part = known(value)
+            if part is None:
+                part = self.segments(*value)
+            if brow:
+                rows_out = node.out_shapes[0][0]
+                if rows_out > 1 and value[0].out_shapes[value[1]][0] == 1:
+                    part = part * rows_out
+            extend(part)
+        return segs
+
+    def assign(self, nodes, outs):
+        """Record the rows of step outputs ``outs`` belonging to each node.
+
+        Returns the row count of each output.
+        """
+        counts = [[node.out_shapes[j][0] for node in nodes] for j in range(len(outs))]
+        if all(max(rows) == 1 for rows in counts):
+            # One row per node, the common case: row k of every output is
+            # node k's, which ``row_of`` reads from ``node.at`` (one tuple per
+            # node instead of a segment list per output).
+            marker = (self.token,) + tuple(outs)
+            for k, node in enumerate(nodes):
+                node.at = (marker, k)
+            return [len(nodes)] * len(outs)
+        segs = self.segs
+        totals = []
+        for j, (out, rows) in enumerate(zip(outs, counts)):
+            offset = 0
+            for node, count in zip(nodes, rows):
+                segs[(node, j)] = [(out, offset, offset + count)]
+                offset += count
+            totals.append(offset)
+        return totals
 
 
-def cached_op(symbol, flags=()):
-    """``mx.nd.CachedOp(symbol)`` with this package's flags (see ``STATIC_ALLOC``)."""
-    return mx.nd.CachedOp(symbol, list(flags) + [("static_alloc", STATIC_ALLOC)])
+def shared_inputs(nodes):
+    """Per input of a batch: True when it is passed once rather than gathered.
+
+    SHARED inputs always are.  A one-row BROW input that every node shares can
+    broadcast natively too, provided another input is gathered at full rows
+    (otherwise the batch would have one row instead of one per node).
+    """
+    node0 = nodes[0]
+    shared = []
+    for k, role in enumerate(node0.meta):
+        first = node0.inputs[k]
+        shared.append(role == SHARED or (
+            role == BROW and first[0].out_shapes[first[1]][0] == 1
+            and all(n.inputs[k] == first for n in nodes)))
+    if all(shared[k] for k, role in enumerate(node0.meta) if role != SHARED):
+        for k, role in enumerate(node0.meta):
+            if role != SHARED:
+                shared[k] = False
+                break
+    return shared
+
+
+def merge_segments(segs):
+    """Join adjacent segments of the same source."""
+    merged = []
+    for source, start, stop in segs:
+        if merged and merged[-1][0] is source and merged[-1][2] == start:
+            merged[-1] = (source, merged[-1][1], stop)
+        else:
+            merged.append((source, start, stop))
+    return merged
+
+
+def run_indices(starts, lengths):
+    """Concatenation of ``arange(start, start + length)`` for each run, vectorised."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    shift = np.repeat(starts - (ends - lengths), lengths)
+    return (np.arange(ends[-1], dtype=np.int64) + shift).astype(np.int32)
+
+
+def _cut(segs, begin, end):
+    """Rows ``begin:end`` (``0 <= begin < end``) of a segment list."""
+    out, pos = [], 0
+    for array, start, stop in segs:
+        length = stop - start
+        lo, hi = max(begin, pos), min(end, pos + length)
+        if lo < hi:
+            out.append((array, start + lo - pos, start + hi - pos))
+        pos += length
+        if pos >= end:
+            break
+    return out
 
 
 class Compiler(SegmentWalker):
@@ -253,18 +402,18 @@ class Compiler(SegmentWalker):
     def _walk_step(self, nodes):
         node0 = nodes[0]
         variant = None
-        if node0.rule.kind == "alone":
+        if node0.rule.batching == "alone":
             kind = "alone"
             ins = tuple(self._gather_desc(self.segments(src, i)) for src, i in node0.inputs)
             key = (kind, node0.op.name, node0.attrs, ins)
         else:
-            kind = node0.rule.kind
+            kind = node0.rule.batching
             ins = []
             shared = shared_inputs(nodes)
             for k, role in enumerate(node0.meta):
                 if shared[k]:
                     ins.append(self._gather_desc(self.segments(*node0.inputs[k])))
-                elif kind == "call" and not self.slices:
+                elif kind == "program" and not self.slices:
                     # Compiled: whether a call's rows lie in order in one earlier
                     # output depends on the trees; a take always keeps the
                     # plan's key the same for batches of the same shape.
@@ -287,7 +436,7 @@ class Compiler(SegmentWalker):
         key = key + (tails,)
         family = (kind, node0.op.name, node0.attrs if node0.rule.keyed_attrs else None,
                   node0.meta, tails)
-        if kind == "call":
+        if kind == "program":
             # Calls of different programs (a leaf's cell and an internal
             # node's) feed the same consumers; whether a batch's consumers
             # read both depends on its trees, so their outputs form one family
@@ -315,38 +464,6 @@ class Compiler(SegmentWalker):
             self.key_parts.append(("out", gkey, desc))
 
     # -- building and running ----------------------------------------------------------
-    def build_symbol(self):
-        """The symbol of the walked plan (on a cache miss)."""
-        syms = {}
-
-        def source(sid):
-            found = syms.get(sid)
-            if found is None:
-                found = syms[sid] = mx.sym.var("s%d" % sid)
-            return found
-
-        def gather(desc):
-            if desc[0] == "direct":
-                return source(desc[1])
-            if desc[0] == "direct_var":
-                return mx.sym.var(desc[1])
-            _, sids, name = desc
-            table = source(sids[0]) if len(sids) == 1 else mx.sym.concat(
-                *[source(s) for s in sids], dim=0)
-            return mx.sym.take(table, mx.sym.var(name), axis=0)
-
-        for kind, node0, ins, outs, _, variant in self.steps:
-            inputs = [gather(d) for d in ins]
-            if kind == "alone":
-                results = call_as_recorded(mx.sym, node0, inputs)
-            elif kind == "call":
-                results = node0.op.batched(mx.sym, inputs, variant)
-            else:
-                results = node0.rule.batched_call(mx.sym, node0, inputs)
-            for sid, sym in zip(outs, results):
-                syms[sid] = sym
-        return mx.sym.Group([gather(desc) for desc, _ in self.outputs])
-
     def inputs(self, names):
         """NDArrays for the symbol's input ``names``."""
         feeds = self.feed_arrays()
@@ -417,182 +534,16 @@ def _view(flat, start, stop, shape):
     return mx.nd.NDArray(handle)
 
 
-def run_interpreted(plan, live, ctx):
-    """Run ``plan`` imperatively from the compiler's walk (batched nd calls).
-
-    The walk computes every gather's indices before anything runs, so they
-    reach MXNet in one copy; single-node steps run exactly as recorded.
-    """
-    walker = Compiler(ctx, slices=True)
-    walker.walk(plan, live)
-    feeds = walker.feed_arrays()
-    values = {}
-    for kind, node0, ins, outs, count, variant in walker.steps:
-        with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
-            inputs = [_gather(d, values, feeds) for d in ins]
-            if kind == "call":
-                results = node0.op.run_cached(inputs, variant, walker.ctx)
-            elif kind == "alone" or count == 1:
-                results = call_as_recorded(mx.nd, node0, inputs[:len(node0.inputs)])
-            else:
-                results = node0.rule.batched_call(mx.nd, node0, inputs)
-        for sid, array in zip(outs, results):
-            values[sid] = array
-    walker.deliver([_gather(desc, values, feeds) for desc, _ in walker.outputs])
-
-
-def _gather(desc, values, feeds):
-    """The array a gather description stands for, run imperatively.
-
-    ``values`` holds the step outputs computed so far by source id; leaves and
-    index arrays are in ``feeds``.
-    """
-    kind = desc[0]
-    if kind == "direct":
-        sid = desc[1]
-        return values[sid] if sid in values else feeds["s%d" % sid]
-    if kind == "direct_var":
-        return feeds[desc[1]]
-    if kind == "slice":
-        return mx.nd.slice_axis(_gather(("direct", desc[1]), values, feeds), axis=0,
-                                begin=desc[2], end=desc[3])
-    sources = [_gather(("direct", sid), values, feeds) for sid in desc[1]]
-    table = sources[0] if len(sources) == 1 else mx.nd.concat(*sources, dim=0)
-    return mx.nd.take(table, feeds[desc[2]], axis=0)
-
-
-class CompiledPlan:
-    """A CachedOp and the order of its inputs."""
-
-    def __init__(self, symbol, param_names):
-        self.names = symbol.list_inputs()
-        flags = [("data_indices", [i for i, n in enumerate(self.names)
-                                   if n not in param_names]),
-                 ("param_indices", [i for i, n in enumerate(self.names) if n in param_names])]
-        self.op = cached_op(symbol, flags)
-        self.num_outputs = len(symbol.list_outputs())
-        self.calls = 0
-
-    def __call__(self, inputs):
-        self.calls += 1
-        out = self.op(*inputs)
-        return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-def run_compiled(plan, live, ctx, cache, stats):
-    """Run ``plan`` through a cached (or new) CachedOp; fill ``stats``.
-
-    On a miss, building the symbol, creating the CachedOp and its first call
-    (where MXNet builds the graph) count as compilation.
-    """
-    compiler = Compiler(ctx)
-    key = (str(compiler.ctx),) + compiler.walk(plan, live)
-    entry = cache.get(key)
-    start = time.perf_counter()
-    if entry is None:
-        entry = CompiledPlan(compiler.build_symbol(), compiler.param_names)
-        stats.evictions += cache.put(key, entry)
-        stats.cache_misses += 1
-    else:
-        stats.cache_hits += 1
-    results = entry(compiler.inputs(entry.names))
-    if stats.cache_misses and entry.calls == 1:
-        stats.compile_ms += 1000.0 * (time.perf_counter() - start)
-    compiler.deliver(results)
-
-
-def run_steps(plan, live, ctx, cache, stats):
-    """``compiled="step"``: each step, its gathers included, as one cached CachedOp.
-
-    A step's graph depends on its operator, attributes, roles, trailing shapes
-    and how many sources each gather reads, which repeat from batch to batch
-    even when whole plans do not; so after warm-up almost every step hits.
-    The walk computes every index array first, so they reach MXNet in one
-    copy, as in :func:`run_interpreted`.
-    """
-    walker = Compiler(ctx, tables="present")
-    walker.walk(plan, live)
-    feeds = walker.feed_arrays()
-    values = {}
-    for kind, node0, ins, outs, _, variant in walker.steps:
-        arrays, shape = [], []
-        for desc in ins:
-            if desc[0] == "take":
-                arrays.extend(_gather(("direct", sid), values, feeds) for sid in desc[1])
-                arrays.append(feeds[desc[2]])
-                shape.append(("t", len(desc[1])))
-            else:
-                arrays.append(_gather(desc, values, feeds))
-                shape.append(("d",))
-        with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
-            results = _run_step(node0, tuple(shape), variant, arrays, walker.ctx, cache, stats)
-        for sid, array in zip(outs, results):
-            values[sid] = array
-    walker.deliver([_gather(desc, values, feeds) for desc, _ in walker.outputs])
-
-
-def _run_step(node0, shape, variant, arrays, ctx, cache, stats):
-    """Run one step's cached CachedOp (compiled on a miss) on ``arrays``."""
-    attrs = node0.attrs if node0.rule.keyed_attrs else None
-    key = ("step", node0.rule.kind, node0.op.name, attrs, node0.meta,
-           type(node0.rule).__name__, shape, variant,
-           tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
-           tuple(np.dtype(src.out_dtypes[i]).name for src, i in node0.inputs),
-           tuple(s[1:] for s in node0.out_shapes), str(ctx))
-    entry = cache.get(key)
-    start = time.perf_counter()
-    if entry is None:
-        entry = CompiledPlan(_step_symbol(node0, shape, variant), ())
-        entry.order = [int(name[1:]) for name in entry.names]   # "v7" -> array 7
-        stats.evictions += cache.put(key, entry)
-        stats.cache_misses += 1
-    else:
-        stats.cache_hits += 1
-    outs = entry([arrays[k] for k in entry.order])
-    if entry.calls == 1:
-        stats.compile_ms += 1000.0 * (time.perf_counter() - start)
-    return outs
-
-
 def _extra_arrays(node0, nodes, sticky=False):
     """(variant, arrays): the index arrays a batched step reads besides its inputs.
 
-    Ragged sums read a padded index (and counts); call nodes (``calls.py``)
+    Ragged sums read a padded index (and counts); program nodes (``programs.py``)
     read repeats and padded indices, and their variant says which (with
     ``sticky``, every repeat a program ever needed, for stable plan keys).
     """
-    kind = node0.rule.kind
+    kind = node0.rule.batching
     if kind == "segment":
         return None, node0.rule.segment_arrays(nodes, node0.out_dtypes[0])
-    if kind == "call":
+    if kind == "program":
         return node0.rule.batch_arrays(nodes, sticky)
     return None, []
-
-
-def _step_symbol(node0, descs, variant=None):
-    """The symbol of one step: gathers (take over concatenated sources), then the op.
-
-    ``descs`` has per input ``("d",)`` (passed whole) or ``("t", n)`` (rows
-    taken from n sources); index arrays of calls and ragged sums are the
-    last ``("d",)`` inputs.
-    """
-    count = [0]
-
-    def var():
-        count[0] += 1
-        return mx.sym.var("v%d" % (count[0] - 1))
-    inputs = []
-    for desc in descs:
-        if desc[0] == "d":
-            inputs.append(var())
-            continue
-        sources = [var() for _ in range(desc[1])]
-        table = sources[0] if len(sources) == 1 else mx.sym.concat(*sources, dim=0)
-        inputs.append(mx.sym.take(table, var(), axis=0))
-    if node0.rule.kind == "alone":
-        outs = call_as_recorded(mx.sym, node0, inputs)
-    elif node0.rule.kind == "call":
-        outs = node0.op.batched(mx.sym, inputs, variant)
-    else:
-        outs = node0.rule.batched_call(mx.sym, node0, inputs)
-    return mx.sym.Group(outs)

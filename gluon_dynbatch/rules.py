@@ -16,18 +16,42 @@ nodes, it may run as one batched call along axis 0:
   move rows; they become index lists resolved by the consumer's gather, not steps.
 * ``ALONE``: everything else runs one node at a time, exactly as recorded.
 
-The signature of a node is a hashable tuple: nodes with equal signatures are
-interchangeable for batching.  ``register_rule`` adds rules for more operators.
+A rule's ``signature(node)`` is a pure function of the node (its operator,
+constants, input shapes and dtypes): a :class:`Signature`, or None when the
+node must run alone.  Its ``key`` is hashable: nodes with equal keys are
+interchangeable for batching; ``intern`` turns keys into small ints (as
+DyNet's ``SigMap`` does) so that planning hashes ints.  Its ``rule`` is the
+rule that batches the node (a choice picks one of two) and its ``roles`` the
+role of each input.  ``register_rule`` adds rules for more operators.
 """
+import threading
+from collections import namedtuple
+
 import numpy as np
 
 ROW, BROW, SHARED = "row", "brow", "shared"
 
+Signature = namedtuple("Signature", ["key", "rule", "roles"])
+Signature.__doc__ = """How a node batches: ``key`` (equal keys batch together), the
+``rule`` that batches it and the ``roles`` of its inputs (None where unused)."""
+
+_INTERNED = {}
+_INTERNED_LOCK = threading.Lock()
+
+
+def intern(key):
+    """A small int standing for signature key ``key`` in this process."""
+    found = _INTERNED.get(key)
+    if found is None:
+        with _INTERNED_LOCK:
+            found = _INTERNED.setdefault(key, len(_INTERNED))
+    return found
+
 
 class Rule:
-    """Base class: ``signature(node)`` returns a hashable key, or None to run alone."""
+    """Base class: ``signature(node)`` returns a :class:`Signature`, or None to run alone."""
 
-    kind = "rows"
+    batching = "rows"          # how a step of its nodes runs (see lower.py)
     keyed_attrs = True      # constant arguments are part of the signature
 
     def signature(self, node):
@@ -44,7 +68,7 @@ class Rule:
 
 def call_as_recorded(F, node, inputs, extra_kwargs=None):
     """Call ``node``'s operator through ``F`` with ``inputs`` in its array slots."""
-    if node.op.path is None:            # a fused node (see fuse.py)
+    if node.op.path is None:            # a program (see programs.py)
         return node.op.run(F, inputs)
     fn = F
     for part in node.op.path:
@@ -65,7 +89,7 @@ def call_as_recorded(F, node, inputs, extra_kwargs=None):
 class AloneRule(Rule):
     """Never batch: the node runs by itself, exactly as recorded."""
 
-    kind = "alone"
+    batching = "alone"
 
     def signature(self, node):
         return None
@@ -121,8 +145,7 @@ class RowRule(Rule):
                 if not shape:
                     return None
                 keys.append((role, _trail(shape), _in_dtype(node, k)))
-        node.meta = roles
-        return tuple(keys)
+        return Signature(tuple(keys), self, roles)
 
 
 def _out_ndim(node):
@@ -249,8 +272,7 @@ class ReshapeRule(Rule):
         shape_in, shape_out = _in_shape(node, 0), node.out_shapes[0]
         if not shape_in or not shape_out:
             return None
-        node.meta = (ROW,)
-        return (("reshape", _trail(shape_out), _in_dtype(node, 0)),)
+        return Signature((("reshape", _trail(shape_out), _in_dtype(node, 0)),), self, (ROW,))
 
     def batched_call(self, F, node, inputs):
         return [F.reshape(inputs[0], shape=(-1,) + tuple(_trail(node.out_shapes[0])))]
@@ -259,7 +281,7 @@ class ReshapeRule(Rule):
 class SegmentRule(Rule):
     """``sum``/``mean`` over axis 0 of each node's (ragged) rows."""
 
-    kind = "segment"
+    batching = "segment"
 
     def signature(self, node):
         axis = node.kwargs.get("axis")
@@ -268,9 +290,8 @@ class SegmentRule(Rule):
         if axis != 0 or node.kwargs.get("exclude", False) or len(node.inputs) != 1:
             return None
         shape = _in_shape(node, 0)
-        node.meta = (ROW,)
-        return (("segment", _trail(shape), _in_dtype(node, 0),
-                 bool(node.kwargs.get("keepdims", False))),)
+        return Signature((("segment", _trail(shape), _in_dtype(node, 0),
+                           bool(node.kwargs.get("keepdims", False))),), self, (ROW,))
 
     @staticmethod
     def segment_arrays(nodes, dtype):
@@ -329,27 +350,23 @@ class RowFallback(Rule):
 
     def __init__(self, first, second):
         self.first, self.second = first, second
-        self.kind = "choice"
+        self.batching = "choice"
 
     def signature(self, node):
-        key = self.first.signature(node)
-        if key is not None:
-            node.rule = self.first
-            return key
-        node.rule = self.second
-        return self.second.signature(node)
+        found = self.first.signature(node)
+        return found if found is not None else self.second.signature(node)
 
 
 class ViewRule(Rule):
     """Row movements: no step, the consumer gathers the rows directly."""
 
-    kind = "view"
+    batching = "view"
 
     def __init__(self, applies):
         self._applies = applies
 
     def signature(self, node):
-        return "view" if self._applies(node) else None
+        return Signature("view", self, None) if self._applies(node) else None
 
 
 def _rows_view(node):

@@ -1,0 +1,161 @@
+"""Operators: MXNet's callables by name, and the shapes and dtypes of their outputs.
+
+An :class:`OpDef` names an operator reachable as ``mx.nd.<path>`` and
+``mx.sym.<path>``.  Output shapes and dtypes come from MXNet's symbolic
+inference, cached per (operator, constant arguments, input shapes, input
+dtypes); row slices and row concatenations, whose constants change with
+every call, are inferred here directly.
+"""
+import threading
+
+import mxnet as mx
+import numpy as np
+
+from .graph import OP, Slot
+
+
+class OpDef:
+    """An MXNet operator reachable as ``mx.nd.<path>`` and ``mx.sym.<path>``."""
+
+    __slots__ = ("name", "path", "nd_fn", "sym_fn")
+
+    def __init__(self, path):
+        self.path = path
+        self.name = path[-1]
+        self.nd_fn = _resolve(mx.nd, path)
+        self.sym_fn = _resolve(mx.sym, path)
+
+    def __repr__(self):
+        return "OpDef(%s)" % ".".join(self.path)
+
+
+def _resolve(module, path):
+    obj = module
+    for part in path:
+        obj = getattr(obj, part)
+    return obj
+
+
+_OPDEFS = {}
+
+
+def opdef(*path):
+    """The cached OpDef of ``mx.nd.<path>``."""
+    found = _OPDEFS.get(path)
+    if found is None:
+        found = _OPDEFS[path] = OpDef(path)
+    return found
+
+
+def hashable(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(hashable(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.dtype) or isinstance(value, type):
+        return np.dtype(value).name
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+class _InferCache:
+    """Output shapes and dtypes per (op, attributes, input shapes, dtypes)."""
+
+    def __init__(self):
+        self._cache = {}
+        self._lock = threading.Lock()
+
+    def infer(self, op, node, in_shapes, in_dtypes, attrs_key):
+        key = (op.name, attrs_key, in_shapes, in_dtypes)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        result = _infer_rows_view(op, node, in_shapes, in_dtypes)
+        if result is None:
+            result = _infer_symbolic(op, node, in_shapes, in_dtypes)
+        if all(all(s > 0 for s in shape) for shape in in_shapes):
+            with self._lock:
+                self._cache[key] = result
+        return result
+
+
+def _infer_rows_view(op, node, in_shapes, in_dtypes):
+    """Shapes of axis-0 slices and concatenations, without MXNet; None otherwise.
+
+    Their constant arguments differ per call (a word's row of an embedding
+    table), so each new one would otherwise pay a symbolic inference.
+    """
+    if not in_shapes or any(not s or 0 in s for s in in_shapes) or node.args[1:]:
+        return None
+    if len(set(in_dtypes)) != 1 or not all(isinstance(a, Slot) for a in node.args):
+        return None
+    kwargs = node.kwargs
+    if op.name == "slice_axis" and len(in_shapes) == 1 and kwargs.get("axis") == 0 \
+            and set(kwargs) == {"axis", "begin", "end"}:
+        rows = in_shapes[0][0]
+        begin, end = kwargs["begin"], kwargs["end"]
+        if not isinstance(begin, int) or not isinstance(end, (int, type(None))):
+            return None
+        if not -rows <= begin < rows or (end is not None and not -rows <= end <= rows):
+            return None        # out of range: MXNet's inference raises its error
+        start, stop, _ = slice(begin, end).indices(rows)
+        if stop <= start:
+            return None
+        out = (stop - start,) + tuple(in_shapes[0][1:])
+    elif op.name in ("concat", "Concat") and set(kwargs) <= {"dim", "num_args"} \
+            and kwargs.get("dim", 1) == 0 and len(set(s[1:] for s in in_shapes)) == 1:
+        out = (sum(s[0] for s in in_shapes),) + tuple(in_shapes[0][1:])
+    else:
+        return None
+    return (out,), (in_dtypes[0],), tuple(tuple(s) for s in in_shapes)
+
+
+def _infer_symbolic(op, node, in_shapes, in_dtypes):
+    """Run MXNet's shape and type inference on a one-operator symbol."""
+    names = ["x%d" % k for k in range(len(in_shapes))]
+    syms = [mx.sym.var(n) for n in names]
+    args = [syms[a.k] if isinstance(a, Slot) else a for a in node.args]
+    kwargs = {k: (syms[v.k] if isinstance(v, Slot) else v) for k, v in node.kwargs.items()}
+    sym = op.sym_fn(*args, **kwargs)
+    known = {n: s for n, s in zip(names, in_shapes) if s and all(d > 0 for d in s)}
+    arg_shapes, out_shapes, aux_shapes = sym.infer_shape(**known)
+    if out_shapes is None or any(s is None or 0 in s for s in out_shapes):
+        raise ValueError("cannot infer output shapes from input shapes %s" % (in_shapes,))
+    all_names = sym.list_arguments() + sym.list_auxiliary_states()
+    all_shapes = dict(zip(all_names, list(arg_shapes) + list(aux_shapes)))
+    _, out_types, _ = sym.infer_type(**dict(zip(names, in_dtypes)))
+    out_dtypes = tuple(np.dtype(t).type for t in out_types)
+    inferred_inputs = tuple(tuple(all_shapes.get(n, ())) for n in names)
+    return tuple(tuple(s) for s in out_shapes), out_dtypes, inferred_inputs
+
+
+INFER = _InferCache()
+
+
+class Stand:
+    """A value standing in as a node's output during a call's analysis."""
+
+    __slots__ = ("out_shapes", "out_dtypes", "id", "param", "value", "kind", "depth")
+
+    def __init__(self, shape, dtype, uid):
+        self.out_shapes = (shape,)
+        self.out_dtypes = (dtype,)
+        self.id = -1 - uid
+        self.param = self.value = None
+        self.kind = OP
+        self.depth = 0
+
+
+
+def first_line(err):
+    """The line of an MXNet error message worth showing."""
+    text = str(err).strip()
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("Stack trace"):
+            if "Check failed" in line or "Error" in line or len(text.splitlines()) == 1:
+                return line[:300]
+    return text.splitlines()[0][:300] if text else type(err).__name__

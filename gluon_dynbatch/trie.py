@@ -1,0 +1,207 @@
+"""The template trie: what frames learned, shared by every frame of a block.
+
+A path from a root is a sequence of calls: each edge of a :class:`State` is
+keyed by an operator call's key (see ``Frame.op``) and holds its
+:class:`Step`, learned once; a child-block call is a :class:`Macro` edge that
+skips over the block's calls.  A state remembers, per exported positions,
+the recipe of the segment ending there (``templates.py``).
+
+Tries live per thread and per block (``roots``): a block's trie holds its
+parameters, so it is dropped with the block.
+"""
+import itertools
+import threading
+import weakref
+
+from mxnet.ndarray import NDArray
+
+MAX_STATES = 200000        # states of one trie before it is dropped and learned anew
+
+
+class Step:
+    """One operator call of a template (the edge of the trie it was learned on).
+
+    Attributes
+    ----------
+    op : OpDef
+    args, kwargs : tuple, dict
+        The call with ``Slot(k)`` for the k-th array input (as ``Node``).
+    refs : tuple
+        Per array input: an int (a position of the frame), or ``("p",
+        parameter)`` / ``("c", array)`` for a parameter or a constant.
+    info : calls.CallInfo
+        Output shapes and dtypes, batching rule and signature.
+    outs : tuple of int
+        Positions of the outputs.
+    path : tuple
+        Block names below the frame's block (for messages).
+    site : tuple or None
+        The call's place in the user's code (``sites.capture``).
+    """
+
+    __slots__ = ("op", "args", "kwargs", "refs", "info", "outs", "path", "site")
+
+    def __init__(self, op, args, kwargs, refs, info, outs, path):
+        self.op, self.args, self.kwargs = op, args, kwargs
+        self.refs, self.info, self.outs, self.path = refs, info, outs, path
+        self.site = None            # where the user's code made the call (sites.py)
+
+
+class Macro:
+    """A child-block call learned once: where it leads and what it returns."""
+
+    __slots__ = ("target", "shapes", "dtypes", "outputs", "simple")
+
+    def __init__(self, target, shapes, dtypes, outputs, start):
+        self.target = target        # the State after the block's last call
+        self.shapes = shapes        # shapes and dtypes of the positions it adds
+        self.dtypes = dtypes
+        self.outputs = outputs      # returned structure, positions in place of arrays
+        self.simple = _simple_outputs(outputs, start)
+
+
+def _simple_outputs(outputs, start):
+    """``(None, offset)`` for one new value returned, ``(tuple or list,
+    offsets)`` for several distinct new values; None for anything else."""
+    if outputs[0] == "pos":
+        return (None, outputs[1] - start) if outputs[1] >= start else None
+    kind, items = outputs
+    if kind not in (tuple, list) or any(item[0] != "pos" for item in items):
+        return None
+    offsets = [item[1] - start for item in items]
+    if min(offsets, default=-1) < 0 or len(set(offsets)) < len(offsets):
+        return None
+    return kind, offsets
+
+
+class State:
+    """A node of the template trie: the calls of a frame so far.
+
+    ``next`` maps an operator call's key to the next state, ``calls`` a
+    child-block call's key to a :class:`Macro`, ``cuts`` the exports of a
+    cut to the state after it.  ``recipes`` caches, per tuple of exported
+    positions, how to put the segment ending here into the graph.
+    """
+
+    __slots__ = ("next", "calls", "cuts", "step", "_parent", "_start", "recipes", "counter",
+                 "single", "shape", "dtype", "__weakref__")
+
+    def __init__(self, step=None, parent=None, start=None, counter=None):
+        self.single = step is not None and len(step.info.out_shapes) == 1
+        self.shape = self.dtype = None
+        if self.single:                 # read on every match: kept at hand
+            self.shape, self.dtype = step.info.out_shapes[0], step.info.out_dtypes[0]
+        self.next = {}
+        self.calls = {}
+        self.cuts = {}
+        self.step = step
+        # Links back up the trie are weak, so a trie whose block has gone is
+        # freed at once (its states are held from the root down).
+        self._parent = None if parent is None else weakref.ref(parent)
+        self._start = None if start is None or start is self else weakref.ref(start)
+        self.recipes = {}
+        self.counter = counter if counter is not None else (parent.counter if parent else [0])
+        self.counter[0] += 1
+
+    @property
+    def parent(self):
+        """The state before this one (None at a root)."""
+        return None if self._parent is None else self._parent()
+
+    @property
+    def start(self):
+        """The state where this state's segment began (a root or a cut)."""
+        return self if self._start is None else self._start()
+
+    def steps(self):
+        """The steps from the start of this state's segment to it, in order."""
+        out = []
+        state = self
+        start = self.start
+        while state is not start:
+            if state.step is not None:         # None: entering a child-block call
+                out.append(state.step)
+            state = state.parent
+        out.reverse()
+        return out
+
+
+_SIMPLE = (int, float, str, bool, type(None))
+
+
+def flatten_args(args):
+    """(arrays, structure) of a call's nested lists and tuples of arguments;
+    (None, None) when a leaf is neither an array nor a simple value."""
+    arrays = []
+    structure = _walk_args(tuple(args), arrays)
+    return (arrays, structure) if structure is not None else (None, None)
+
+
+def _walk_args(obj, arrays):
+    if isinstance(obj, NDArray):
+        arrays.append(obj)
+        return ("A", len(arrays) - 1)
+    if isinstance(obj, (list, tuple)):
+        inner = tuple(_walk_args(o, arrays) for o in obj)
+        return None if None in inner else (type(obj).__name__, inner)
+    return ("C", obj) if isinstance(obj, _SIMPLE) else None
+
+
+def is_constant(item):
+    """Whether a key item of a positional argument is a constant ``(type, value)``."""
+    return type(item) is tuple and type(item[0]) is type
+
+
+
+_STORES = threading.local()
+
+
+class Store:
+    """What a thread's recorders keep across scopes.
+
+    Cached constants (``F.zeros`` ...) become inputs of autograd's graph when
+    a batch runs; one NDArray recorded by two threads' autograd at once
+    corrupts MXNet's bookkeeping, so every thread has its own constants, and
+    its own tries (which refer to constants by array).
+    """
+
+    def __init__(self):
+        self.constants = {}       # (path, args, kwargs, ctx) -> array(s)
+        self.constant_ids = {}    # id -> array of those constants (kept alive above)
+        self.roots = {}           # (block, parameters, modes, replay) -> root State
+        self.tokens = {}          # (id(block), parameters) -> small int (``token``)
+        self.counter = itertools.count()
+
+
+def store():
+    """This thread's :class:`Store`."""
+    found = getattr(_STORES, "store", None)
+    if found is None:
+        found = _STORES.store = Store()
+    return found
+
+
+def version(block):
+    """Identity, shapes and dtypes of ``block``'s parameters."""
+    return tuple((id(p), p.shape, p.dtype) for p in block.collect_params().values())
+
+
+def root(key, block):
+    """This thread's root State of ``key`` (block, parameters, modes...)."""
+    roots = store().roots
+    found = roots.get(key)
+    if found is None or found.counter[0] >= MAX_STATES:
+        found = roots[key] = State()
+        # The trie holds the block's parameters: drop it with the block.
+        weakref.finalize(block, roots.pop, key, None)
+    return found
+
+
+def token(key, block):
+    """A small int naming ``key`` (a block and its parameters) in this thread."""
+    tokens = store().tokens
+    found = tokens.get(key)
+    if found is None:
+        found = tokens[key] = next(store().counter)
+        weakref.finalize(block, tokens.pop, key, None)
+    return found

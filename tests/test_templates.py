@@ -1,0 +1,155 @@
+"""Templates: what a frame's calls become (gluon_dynbatch/templates.py, vectorize.py, sites.py).
+
+Each test checks the structure of the plan (how many programs, how many
+steps) and that the results equal eager Gluon, outputs and every gradient.
+"""
+import mxnet as mx
+import pytest
+from mxnet import gluon, nd
+
+import gluon_dynbatch as gdb
+from dynbatch_testing import (BinaryTreeLSTM, TokenRNN, Tree, assert_same, make_model,
+                              random_binary_tree, rng, run_model)
+from examples.sick_model import OpByOpTreeLSTM
+from gluon_dynbatch.programs import Program
+
+MODES = [False, True, "step"]
+
+
+def _plan(model, samples, inputs, **kwargs):
+    with gdb.batching(keep_plan=True, **kwargs) as scope:
+        outs = [model(s, *inputs) for s in samples]
+    return scope.last_plan, outs
+
+
+def _programs(plan):
+    return {step.nodes[0].op.uid for step in plan.steps if isinstance(step.nodes[0].op, Program)}
+
+
+class Gates(gluon.HybridBlock):
+    """Row-wise runs around an operator whose weight is computed in the block."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(6, in_units=3)
+            self.raw = self.params.get("raw", shape=(2, 3))
+
+    def hybrid_forward(self, F, x, rows, raw):  # pylint: disable=arguments-differ
+        z = F.Activation(F.slice_axis(self.dense(x), axis=1, begin=0, end=3), act_type="tanh")
+        s = F.sum(rows, axis=0, keepdims=True)
+        a = F.Activation(F.broadcast_mul(z, s), act_type="sigmoid")
+        w = F.Activation(raw, act_type="tanh")                   # a weight made here...
+        v = F.FullyConnected(a, w, no_bias=True, num_hidden=2)   # ...used by this FC
+        return F.tanh(v) * 2, a
+
+
+class UsesGates(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.gates = Gates()
+
+    def hybrid_forward(self, F, k, x):
+        rows = x[k:k + 1 + k % 3]                          # 1, 2 or 3 rows
+        return self.gates(x[k:k + 1], rows)
+
+
+@pytest.mark.parametrize("compiled", MODES)
+def test_a_call_that_is_no_program_runs_its_row_wise_runs_as_programs(compiled):
+    model = make_model(UsesGates)
+    x = nd.random.uniform(-1, 1, shape=(9, 3))
+    samples = list(range(7))
+    eager = run_model(model, samples, [x], "eager")
+    assert_same(run_model(model, samples, [x], "depth", compiled), eager)
+    plan, _ = _plan(model, samples, [x], compiled=compiled)
+    kinds = [type(step.nodes[0].op).__name__ for step in plan.steps]
+    assert "Program" in kinds and "OpDef" in kinds
+    # The runs batch: every sample's run is in one step.
+    assert max(len(step.nodes) for step in plan.steps) == len(samples)
+
+
+class ChildLoop(gdb.DynBatchBlock):
+    """A Python loop over the children with a sum carried across it."""
+
+    def __init__(self, hidden=4, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = hidden
+        with self.name_scope():
+            self.down = gluon.nn.Dense(hidden, in_units=hidden)
+            self.leaf = gluon.nn.Dense(hidden, in_units=3)
+
+    def hybrid_forward(self, F, tree, emb):
+        states = [self(child, emb) for child in tree.children]
+        c = F.tanh(self.leaf(emb[tree.word:tree.word + 1]))
+        for h in states:
+            c = c + F.sigmoid(self.down(h)) * h
+        return c
+
+
+def _fan(r, depth=3):
+    """Trees whose nodes have 1 to 4 children (leaves at the bottom)."""
+    if depth == 0:
+        return Tree(r.randrange(10))
+    return Tree(r.randrange(10), [_fan(r, depth - 1) for _ in range(r.randint(1, 4))])
+
+
+@pytest.mark.parametrize("compiled", MODES)
+def test_calls_of_any_count_of_children_share_one_program(compiled):
+    r = rng(3)
+    trees = [_fan(r, 2) for _ in range(5)]
+    model = make_model(ChildLoop)
+    emb = nd.random.uniform(shape=(10, 3))
+    eager = run_model(model, trees, [emb], "eager")
+    assert_same(run_model(model, trees, [emb], "depth", compiled), eager)
+    plan, _ = _plan(model, trees, [emb], compiled=compiled)
+    # Leaves are one program; inner nodes with 1, 2, 3 or 4 children another.
+    assert len(_programs(plan)) == 2
+    assert len(plan.steps) == 3                 # one step per level
+
+
+def test_a_sum_over_one_child_is_recognised_as_one_over_several():
+    """A loop that ran once still carries its sum: the program of a node with
+    one child is the one of a node with three."""
+    model = make_model(ChildLoop)
+    emb = nd.random.uniform(shape=(10, 3))
+    one = Tree(0, [Tree(1)])
+    three = Tree(2, [Tree(3), Tree(4), Tree(5)])
+    plan, _ = _plan(model, [one, three], [emb])
+    top = plan.steps[-1]
+    assert len(top.nodes) == 2 and len(_programs(plan)) == 2
+
+
+@pytest.mark.parametrize("compiled", MODES)
+def test_a_recurrent_loop_runs_one_step_per_token_across_sentences(compiled):
+    r = rng(5)
+    sentences = [[r.randrange(10) for _ in range(n)] for n in (1, 3, 5, 7, 4)]
+    model = make_model(TokenRNN, hidden=5)
+    emb = nd.random.uniform(shape=(10, 3))
+    eager = run_model(model, sentences, [emb], "eager")
+    assert_same(run_model(model, sentences, [emb], "depth", compiled), eager)
+    plan, _ = _plan(model, sentences, [emb], compiled=compiled)
+    # Token t of every sentence still that long runs in one step (one program
+    # per iteration), whatever the sentences' lengths.
+    longest = max(len(s) for s in sentences)
+    assert len(plan.steps) <= longest + 2
+    assert max(len(step.nodes) for step in plan.steps) == len(sentences)
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+def test_op_by_op_models_plan_like_cell_models(strategy):
+    """The Child-Sum and binary Tree-LSTMs written op by op: one program per
+    node kind, one step per level (as the models written with cells)."""
+    r = rng(7)
+    model = OpByOpTreeLSTM(6, 3)
+    model.initialize(mx.init.Uniform(0.3))
+    trees = [_fan(r, 3) for _ in range(4)]
+    emb = nd.random.uniform(shape=(10, 3))
+    assert_same(run_model(model, trees, [emb], strategy), run_model(model, trees, [emb], "eager"))
+    plan, _ = _plan(model, trees, [emb], strategy=strategy)
+    assert len(_programs(plan)) == 2
+    binary = make_model(BinaryTreeLSTM, hidden=5)
+    bins = [random_binary_tree(r, 10, n) for n in (1, 2, 5, 8)]
+    assert_same(run_model(binary, bins, [emb], strategy), run_model(binary, bins, [emb], "eager"))
+    plan, _ = _plan(binary, bins, [emb], strategy=strategy)
+    assert len(_programs(plan)) == 2
