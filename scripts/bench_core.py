@@ -30,7 +30,7 @@ from examples.sick_model import ChildSumTreeLSTM  # noqa: E402
 def load_trees(pairs):
     data_dir = default_data_dir()
     if data_dir is None:
-        sys.exit("SICK not found: expected ../shared/data/sick (see examples/README)")
+        sys.exit("SICK not found: expected ../shared/data/sick (the preprocessed SICK of Tai et al. 2015; see the README, section The SICK example)")
     split = load_split(data_dir, "train")[:pairs]
     vocab = {}
     trees = []

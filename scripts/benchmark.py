@@ -271,29 +271,20 @@ def detect_features():
 
 
 def clear_engine_caches():
-    """Empty gluon_dynbatch's shared plan caches so systems do not share plans.
+    """Empty gluon_dynbatch's shared plan cache so systems do not share plans.
 
     Each system also gets a fresh encoder block (and so an empty per-block
-    cache); this clears what is shared besides: ``gdb.clear_caches()`` when
-    the library has it, else the scope module's ``DEFAULT_CACHE``.
+    cache); the scope module's ``DEFAULT_CACHE`` serves scopes without one.
 
     Returns
     -------
     list of str
         What was cleared.
     """
-    cleared = []
-    clear = getattr(gdb, "clear_caches", None)
-    if callable(clear):
-        clear()
-        cleared.append("gdb.clear_caches()")
-    scope_mod = getattr(gdb, "scope", None)
-    default = getattr(scope_mod, "DEFAULT_CACHE", None)
-    if default is not None and callable(getattr(default, "clear", None)):
-        default.clear()
-        cleared.append("gdb.scope.DEFAULT_CACHE")
-    LOG.debug("cleared plan caches: %s", ", ".join(cleared) or "none found")
-    return cleared
+    from gluon_dynbatch import scope
+    scope.DEFAULT_CACHE.clear()
+    LOG.debug("cleared the default plan cache")
+    return ["gdb.scope.DEFAULT_CACHE"]
 
 
 # --------------------------------------------------------------------------
