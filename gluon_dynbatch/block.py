@@ -71,6 +71,8 @@ class DynBatchBlock(gluon.HybridBlock):
 
     def _record_call(self, rec, args):
         top = rec.depth == 0
+        if top and rec.eager:
+            return self._eager_call(rec, args)
         if top:
             rec.sample = rec.num_samples
             rec.num_samples += 1
@@ -110,6 +112,19 @@ class DynBatchBlock(gluon.HybridBlock):
             rec.path = outer_path
             if top:
                 rec.sample = None
+
+
+    def _eager_call(self, rec, args):
+        """One sample run eagerly inside a scope that stopped recording (see
+        ``BatchingScope.read``)."""
+        stats = rec.scope.stats
+        stats.samples += 1
+        stats.eager_samples += 1
+        context.set_current(None)
+        try:
+            return _ORIGINAL_CALL(self, *args)
+        finally:
+            context.set_current(rec)
 
 
 def _context_of(args):

@@ -46,12 +46,12 @@ POOL_SIZE = 4096           # dead provisional LazyArrays kept for reuse, per rec
 class _FrameGraph:
     """What a provisional LazyArray's ``node.graph`` needs to offer."""
 
-    __slots__ = ("ctx", "error", "flush_fn")
+    __slots__ = ("ctx", "error", "read_fn")
 
-    def __init__(self, ctx, flush_fn):
+    def __init__(self, ctx, read_fn):
         self.ctx = ctx
         self.error = None
-        self.flush_fn = flush_fn
+        self.read_fn = read_fn
 
 
 def _refcount_baseline():
@@ -475,7 +475,7 @@ class Frame:
     def read(self):
         """A provisional value is read: cut, then run what is pending."""
         self.cut("a value is read")
-        self.rec.flush()
+        self.rec.read()
 
 
 def learn_call(rec, frame, op, args, kwargs, refs, kw):

@@ -169,10 +169,11 @@ def _released():
 class Graph:
     """Nodes recorded since the last flush of a scope."""
 
-    def __init__(self, ctx, flush_fn):
+    def __init__(self, ctx, flush_fn, read_fn=None):
         self.nodes = []
         self.ctx = ctx
         self.flush_fn = flush_fn
+        self.read_fn = read_fn or flush_fn   # a value is read: its graph runs
         self.error = None          # set when the scope failed
         self.leaf_by_id = {}       # id(NDArray or Parameter) -> (leaf Node, LazyArray, it)
         self.param_dicts = {}      # id(block) -> (block, {name: LazyArray}) of its params
@@ -198,7 +199,7 @@ class Graph:
         self.externals = {}
         self.constants = {}
         self.shared_items = {}
-        self.flush_fn = _released
+        self.flush_fn = self.read_fn = _released
 
     def live_and_needed(self):
         """(live, needed): every output a user still holds, as ``(node, idx,

@@ -57,7 +57,7 @@ class LazyArray(nd.NDArray):
             raise BatchingError(
                 "this value comes from a batching scope that failed (%s); "
                 "record it again in a new scope" % graph.error)
-        graph.flush_fn()
+        graph.read_fn()
         h = self._h
         if h is None:
             raise BatchingError("internal error: value not produced by its flush")

@@ -43,10 +43,11 @@ _ROW_SLICES = {}    # (begin, end, shape, dtype) -> (CallInfo, kwargs) of a row-
 class Recorder:
     """Records the calls of one batching scope on this thread."""
 
-    def __init__(self, flush, ctx=None):
+    def __init__(self, flush, ctx=None, read=None):
         self._flush = flush
+        self._read = read or flush
         self.ctx = ctx
-        self.graph = Graph(ctx, flush)
+        self.graph = Graph(ctx, flush, self._read)
         self.F = RecordingNamespace(self)
         self.scope = None
         self.sample = None          # index of the current top-level call
@@ -63,6 +64,7 @@ class Recorder:
         self.frame = None           # the Frame recording now, if any
         self.frames = None          # whether calls are recorded as frames (frames_on)
         self.lazy_pool = []         # dead provisional LazyArrays, reused by frames
+        self.eager = False          # reads flush every sample: run the rest eagerly
         self.mode = None            # autograd's (recording, training) of new calls
         self._mode_seen = None      # MODE_CHANGES[0] when self.mode was read
         self._versions = {}         # id(block) -> parameter identity, per scope
@@ -106,16 +108,20 @@ class Recorder:
         """Drop references back to the scope (closures of F refer to the recorder)."""
         self.graph.release()
         self.lazy_pool = []
-        self.F = self._flush = self.scope = None
+        self.F = self._flush = self._read = self.scope = None
 
     def flush(self):
         """Run everything pending now."""
         self._flush()
 
+    def read(self):
+        """Run everything pending now: a value is read (``scope.read``)."""
+        self._read()
+
     # -- values -----------------------------------------------------------------------
     def new_graph(self):
         """Start a fresh graph (after a flush or a failure)."""
-        self.graph = Graph(self.ctx, self._flush)
+        self.graph = Graph(self.ctx, self._flush, self._read)
 
     def _set_ctx(self, ctx):
         if self.ctx is None:

@@ -2,9 +2,12 @@
 import contextlib
 import gc
 import logging
+import os
+import sys
 import threading
 import time
 
+import mxnet as mx
 from mxnet import autograd
 
 from . import budget, context
@@ -48,6 +51,9 @@ class _GcPause:
 
 _GC_PAUSE = _GcPause()
 
+#: Reads in most samples of a scope, after which it runs its samples eagerly.
+READS_BEFORE_EAGER = 8
+
 #: What ``strategy=`` takes: the planners, and the reference executor.
 STRATEGIES = PLANNERS + ("reference",)
 
@@ -83,6 +89,8 @@ class BatchingScope:
         self.recorder = None
         self._outer = None
         self._mark = None
+        self._reads = self._reads_counted = 0     # flushes caused by reads (``read``)
+        self._where_read = None
 
     def __enter__(self):
         outer = context.current()
@@ -91,7 +99,7 @@ class BatchingScope:
             self._outer = outer
             self.recorder = outer
             return self
-        self.recorder = Recorder(self.flush)
+        self.recorder = Recorder(self.flush, read=self.read)
         self.recorder.scope = self
         if self.max_pending_nodes is not None:
             self.recorder.max_pending = self.max_pending_nodes
@@ -159,6 +167,29 @@ class BatchingScope:
         cache = getattr(self.recorder, "cache", None)
         return DEFAULT_CACHE if cache is None else cache   # an empty cache is falsy
 
+    def read(self):
+        """A value is read inside the scope: run what is pending (a flush).
+
+        A model that reads a value in every sample (branching on it) runs
+        samples one at a time: each read flushes a batch of about one
+        sample, which costs more than eager execution.  After
+        ``READS_BEFORE_EAGER`` such reads, in most of the samples started,
+        the scope says so once (naming the line that read) and records no
+        more: later samples run eagerly, as fast as plain Gluon.
+        """
+        self._reads += 1
+        if self._where_read is None:
+            self._where_read = _user_line()
+        self.flush()
+        rec = self.recorder
+        if not rec.eager and self._reads >= READS_BEFORE_EAGER \
+                and self._reads * 2 >= rec.num_samples:
+            rec.eager = True
+            log.warning(
+                "values are read while recording (%s): every read runs what is pending, "
+                "so samples do not batch; the rest of this scope runs eagerly, one sample "
+                "at a time. Read values after the scope to batch.", self._where_read)
+
     def flush(self):
         """Plan and run everything pending; fill in the live LazyArrays."""
         rec = self.recorder
@@ -167,9 +198,11 @@ class BatchingScope:
         # Sample numbers run on through the scope (errors name them), so a
         # flush counts the samples started since the previous one.
         stats = BatchStats(flushes=1, samples=rec.num_samples - rec.samples_flushed,
+                           reads=self._reads - self._reads_counted,
                            nodes=rec.num_recorded,
                            record_ms=1000.0 * (start - self._mark))
         rec.samples_flushed = rec.num_samples
+        self._reads_counted = self._reads
         rec.num_recorded = 0
         rec.new_graph()
         live, needed = graph.live_and_needed()
@@ -227,6 +260,18 @@ class BatchingScope:
 
 
 DEFAULT_CACHE = PlanCache(64)
+_LIBRARIES = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(mx.__file__))
+
+
+def _user_line():
+    """``file:line in function`` of the innermost frame of the user's code."""
+    frame = sys._getframe(1)  # pylint: disable=protected-access
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_LIBRARIES):
+            return "%s:%d in %s" % (path, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+    return "unknown place"
 
 
 @contextlib.contextmanager

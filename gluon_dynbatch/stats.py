@@ -12,6 +12,11 @@ class BatchStats:
         Times the pending graph was planned and run.
     samples : int
         Top-level calls of DynBatchBlocks.
+    reads : int
+        Flushes caused by reading a value inside the scope.
+    eager_samples : int
+        Of the samples, those run eagerly, not recorded, because reads kept
+        flushing samples one at a time (see ``BatchingScope.read``).
     nodes : int
         Operator calls recorded (including row views).
     steps : int
@@ -29,6 +34,8 @@ class BatchStats:
 
     flushes: int = 0
     samples: int = 0
+    reads: int = 0
+    eager_samples: int = 0
     nodes: int = 0
     steps: int = 0
     planned_nodes: int = 0

@@ -136,3 +136,45 @@ def test_value_kept_from_an_earlier_batch_after_backward():
     batched = _train_memoised(True)
     for got, want in zip(batched, eager):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class Branching(gdb.DynBatchBlock):
+    """Branches at every call on a value it computes (a read of a lazy value)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        y = F.tanh(self.dense(x))
+        if float(y.sum().asscalar()) > 0:
+            return y * 2
+        return y - 1
+
+
+def test_reads_in_every_sample_switch_the_scope_to_eager(caplog):
+    model = Branching()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [x * (1 if k % 2 else -1) for k, x in enumerate(_inputs(30, seed=5))]
+    with caplog.at_level("WARNING", logger="gluon_dynbatch.scope"):
+        with autograd.record():
+            with gdb.batching() as scope:
+                outs = [model(x) for x in xs]
+            loss = nd.add_n(*[o.sum() for o in outs])
+        loss.backward()
+    grad = model.dense.weight.grad().asnumpy().copy()
+    stats = scope.stats
+    assert stats.reads >= 8 and 0 < stats.eager_samples < len(xs)
+    warnings = [r.getMessage() for r in caplog.records if "read while recording" in r.getMessage()]
+    assert len(warnings) == 1 and "test_user_code.py" in warnings[0]
+    with autograd.record():
+        want = [model(x) for x in xs]
+        loss = nd.add_n(*[o.sum() for o in want])
+    loss.backward()
+    for got, ref in zip(outs, want):
+        np.testing.assert_allclose(got.asnumpy(), ref.asnumpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, model.dense.weight.grad().asnumpy(), rtol=1e-5, atol=1e-6)
+    with gdb.batching() as scope:             # a new scope records again
+        outs = [model(x) for x in xs[:2]]
+    assert scope.stats.eager_samples == 0 and scope.stats.reads == 2
