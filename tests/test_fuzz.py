@@ -5,8 +5,11 @@ subtrees shared between samples) whose every node runs a random straight-line
 program: a DAG over the node's values with shared subexpressions, chains,
 multiple outputs, operators with and without batching rules, nested child
 blocks (HybridBlocks inside HybridBlocks, a second DynBatchBlock that recurses
-on itself, opaque blocks run on concrete values) and values read in the middle
-of the scope (``asnumpy``) and then used further.  Each case runs eagerly, one
+on itself, opaque blocks run on concrete values), loops whose count depends on
+the sample (over a node's children, carrying a sum; an RNN over a value's
+rows) and values read in the middle of the scope (``asnumpy``) and then used
+further.  Each node's program is its own Python path through the model, so
+the templates of a scope's calls differ from node to node.  Each case runs eagerly, one
 sample at a time, and batched with one strategy and one compiled mode; the
 outputs, every value read mid-scope and all gradients (parameters and inputs)
 must agree.
@@ -116,6 +119,7 @@ class FuzzNet(gdb.DynBatchBlock):
         super().__init__(**kwargs)
         self.reads = []
         self.memo = None
+        self._kids = []
         with self.name_scope():
             self.dense = gluon.nn.Dense(W, in_units=W)
             self.mix = gluon.nn.Dense(W, in_units=2 * W)
@@ -139,6 +143,7 @@ class FuzzNet(gdb.DynBatchBlock):
         values = [table[node.offset:node.offset + node.rows]]
         if children:
             values.append(F.concat(*[c[0] for c in children], dim=0))
+        self._kids = children                   # read by "childloop" and "childsum"
         for ins in node.program:
             values.extend(self._step(F, ins, values, mat, embed))
         h = F.mean(values[node.result], axis=0, keepdims=True)
@@ -229,6 +234,14 @@ class FuzzNet(gdb.DynBatchBlock):
             for i in range(a.shape[0]):
                 h = self.cell(F.concat(a[i:i + 1], h, dim=1))
             return [h]
+        if op == "childloop":                  # a loop over the children, carrying a sum
+            acc = F.mean(a, axis=0, keepdims=True)
+            for child in self._kids:
+                acc = acc + F.sigmoid(self.dense(child[0])) * child[0]
+            return [acc]
+        if op == "childsum":                   # Python's sum over the children
+            kids = sum(F.tanh(child[0]) for child in self._kids) if self._kids else 0.0
+            return [F.mean(a, axis=0, keepdims=True) + kids]
         if op == "rows":
             return [a[args[1]:args[2]]]
         if op == "bcast":
@@ -284,7 +297,8 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "softmax1", "logsoftmax1", "reverse1", "clip", "split", "reshape", "opaque",
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
            "transpose")
-SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed")
+SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
+             "childsum")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")
 # Operators whose gradient is zero (BlockGrad, floor, comparisons); they once
 # crashed MXNet's backward after the imperative executor's concat + take gather
@@ -324,7 +338,7 @@ def programs(draw, rows, max_len=5):
         op = draw(st.sampled_from(ALL_OPS))
         a = draw(st.integers(0, len(shapes) - 1))
         ra = shapes[a]
-        if op in ("max0", "lse0", "sum0", "mean0", "chain"):
+        if op in ("max0", "lse0", "sum0", "mean0", "chain", "childloop", "childsum"):
             ins, out = (op, a), 1
         elif op == "rows":
             start = draw(st.integers(0, ra - 1))
