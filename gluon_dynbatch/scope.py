@@ -199,11 +199,11 @@ class BatchingScope:
         # flush counts the samples started since the previous one.
         stats = BatchStats(flushes=1, samples=rec.num_samples - rec.samples_flushed,
                            reads=self._reads - self._reads_counted,
-                           nodes=rec.num_recorded,
+                           nodes=rec.num_recorded, calls=rec.num_calls,
                            record_ms=1000.0 * (start - self._mark))
         rec.samples_flushed = rec.num_samples
         self._reads_counted = self._reads
-        rec.num_recorded = 0
+        rec.num_recorded = rec.num_calls = 0
         rec.new_graph()
         live, needed = graph.live_and_needed()
         try:

@@ -18,7 +18,11 @@ class BatchStats:
         Of the samples, those run eagerly, not recorded, because reads kept
         flushing samples one at a time (see ``BatchingScope.read``).
     nodes : int
-        Operator calls recorded (including row views).
+        Graph nodes recorded (a program node stands for many calls; views
+        and leaves included).
+    calls : int
+        Operator calls recorded (including row views and the calls inside
+        child blocks and programs).
     steps : int
         Batched calls launched (one per step of the plans).
     planned_nodes : int
@@ -37,6 +41,7 @@ class BatchStats:
     reads: int = 0
     eager_samples: int = 0
     nodes: int = 0
+    calls: int = 0
     steps: int = 0
     planned_nodes: int = 0
     record_ms: float = 0.0
@@ -54,8 +59,13 @@ class BatchStats:
 
     @property
     def us_per_node(self):
-        """Recording time per recorded call, in microseconds."""
+        """Recording time per graph node, in microseconds."""
         return 1000.0 * self.record_ms / self.nodes if self.nodes else 0.0
+
+    @property
+    def us_per_call(self):
+        """Recording time per operator call, in microseconds (the user's code included)."""
+        return 1000.0 * self.record_ms / self.calls if self.calls else 0.0
 
     @property
     def hit_rate(self):
@@ -73,14 +83,20 @@ class BatchStats:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["mean_batch_size"] = self.mean_batch_size
         out["us_per_node"] = self.us_per_node
+        out["us_per_call"] = self.us_per_call
         out["hit_rate"] = self.hit_rate
         return out
 
     def __str__(self):
-        text = ("%d samples, %d nodes recorded -> %d steps (mean batch %.1f) in %d "
-                "flush(es); record %.1f ms (%.2f us/node), plan %.1f ms, execute %.1f ms"
-                % (self.samples, self.nodes, self.steps, self.mean_batch_size, self.flushes,
-                   self.record_ms, self.us_per_node, self.plan_ms, self.execute_ms))
+        text = ("%d samples, %d calls in %d nodes -> %d steps (mean batch %.1f) in %d "
+                "flush(es); record %.1f ms (%.2f us/call), plan %.1f ms, execute %.1f ms"
+                % (self.samples, self.calls, self.nodes, self.steps, self.mean_batch_size,
+                   self.flushes, self.record_ms, self.us_per_call, self.plan_ms,
+                   self.execute_ms))
+        if self.reads:
+            text += "; %d read(s) flushed" % self.reads
+        if self.eager_samples:
+            text += ", %d sample(s) run eagerly" % self.eager_samples
         if self.cache_hits or self.cache_misses:
             text += "; plan cache %d hit(s), %d miss(es), compile %.1f ms" % (
                 self.cache_hits, self.cache_misses, self.compile_ms)

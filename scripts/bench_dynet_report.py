@@ -184,10 +184,11 @@ def profile_text(profiles):
             out.append("  %-56s %8.1f ms  %5.1f%%"
                        % (name, ms, 100.0 * ms / total if total else 0.0))
         out.append("  scope.stats: record %.1f ms, plan %.1f ms, execute "
-                   "%.1f ms (compile %.1f ms); %d nodes recorded (%.2f us "
-                   "each), %d steps, mean batch %.1f, cache %d hit / %d miss"
+                   "%.1f ms (compile %.1f ms); %d calls recorded (%.2f us "
+                   "each) in %d nodes, %d steps, mean batch %.1f, cache %d hit / %d miss"
                    % (stats["record_ms"], stats["plan_ms"], stats["execute_ms"],
-                      stats["compile_ms"], stats["nodes"], stats["us_per_node"],
+                      stats["compile_ms"], stats["calls"], stats["us_per_call"],
+                      stats["nodes"],
                       stats["steps"], stats["mean_batch_size"],
                       stats["cache_hits"], stats["cache_misses"]))
         for key, title in (("operators", "top operators"),

@@ -603,8 +603,6 @@ def profile_batch(runner, top=15):
     phases, stats = _timed_phases(runner, batch)
     operators, api = _mx_profile(runner, next(runner.stream), top)
     python = _python_profile(runner, next(runner.stream), top)
-    stats["us_per_node"] = (1000.0 * stats["record_ms"] / stats["nodes"]
-                            if stats["nodes"] else 0.0)
     stats["mean_batch_size"] = summarize_stats([stats])["mean_batch_size"]
     return {"label": runner.spec["label"], "trees": len(batch),
             "tree_nodes": sum(len(t.postorder()) for t in batch),

@@ -78,7 +78,7 @@ SPLIT_FIELDS = ("record_ms", "plan_ms", "compile_ms", "launch_ms", "gc_ms",
                 "other_ms")
 #: Counters summed over the timed batches.
 COUNT_FIELDS = ("cache_hits", "cache_misses", "evictions", "steps",
-                "planned_nodes", "nodes")
+                "planned_nodes", "nodes", "calls")
 EPOCH_SKIP = 5
 #: Systems with a plan cache, timed a second time on the same batches.
 CACHING_KINDS = ("compiled", "step", "handbatched")
@@ -193,7 +193,7 @@ def build_parser():
              "for the systems with a plan cache")
     add("--epoch-check", action="store_true",
         help="also train one whole epoch of SICK train (180 batches) with "
-             "the compiled default config of the cell model (and "
+             "the compiled configs of each model timed (and "
              "hand-batched) and report the cache hit rate and the "
              "analysis+compile share")
     add("--out-dir", default="results/benchmark",
@@ -843,6 +843,9 @@ def run_epoch_checks(bench, selected, batches):
         systems.append(System("step-compiled depth", "step", "depth", None))
     else:
         LOG.warning("epoch check of compiled execution skipped: unavailable")
+    models = [m for m in ("cell", "opbyop")
+              if any(s.model == m for s in selected)] or ["cell"]
+    systems = for_models(systems, models)
     if any(s.kind == "handbatched" for s in selected):
         systems.append(System("handbatched", "handbatched", None, None))
     rows, raw = [], {}

@@ -223,7 +223,8 @@ def test_stats_are_printable_and_consistent():
     assert stats.planned_nodes >= sum(len(list(t.nodes())) for t in trees)
     assert stats.mean_batch_size > 1
     text = str(stats)
-    assert "steps" in text and "mean batch" in text and "us/node" in text
+    assert "steps" in text and "mean batch" in text and "us/call" in text
+    assert stats.calls >= stats.planned_nodes > 0
 
 
 def test_unknown_strategy_is_refused():
