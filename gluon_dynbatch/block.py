@@ -56,6 +56,7 @@ class DynBatchBlock(gluon.HybridBlock):
             budget.resolve_budget(analysis_budget, None)       # validates
         self.analysis_budget = analysis_budget
         self.recent_execute_s = None        # smoothed, for analysis_budget="auto"
+        self.reads_inside = False           # its samples read values (``BatchingScope.read``)
         self.compiled = compiled
         self.plan_cache = PlanCache(max_cached_plans)
         if max_pending_nodes is not None and max_pending_nodes < 1:

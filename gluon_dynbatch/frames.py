@@ -92,7 +92,8 @@ class Frame:
     """
 
     __slots__ = ("rec", "state", "block", "path", "sample", "out_shapes", "out_dtypes",
-                 "vals", "ext", "lazies", "pool", "direct", "macro_ok", "caller")
+                 "vals", "ext", "lazies", "pool", "direct", "macro_ok", "caller",
+                 "call_start")
     kind = "frame"
     depth = 0
 
@@ -111,6 +112,7 @@ class Frame:
         self.pool = rec.lazy_pool   # dead ones, reused (see ``_scan``)
         self.direct = False         # fallen back: calls go to the graph directly
         self.macro_ok = True        # no cut since the current child-block trace began
+        self.call_start = None      # first position of the child-block call being traced
 
     @property
     def graph(self):
@@ -269,15 +271,24 @@ class Frame:
             return lazy
         return LazyArray(self, pos)
 
-    def _learn(self, op, args, kwargs, key, refs, kw):
-        """Analyse a call met for the first time here; the new state, or None."""
+    def _learn_step(self, op, args, kwargs, refs, kw):
+        """The :class:`Step` of a call, with its place in the user's code.
+
+        The operators of one child-block call share the place of that call
+        (``step.call`` tells them from those of the next call at that place).
+        """
         step = learn_call(self.rec, self, op, args, kwargs, refs, kw)
         step.site = sites.capture(self.caller)
+        step.call = self.call_start if self.call_start is not None else len(self.out_shapes)
+        return step
+
+    def _learn(self, op, args, kwargs, key, refs, kw):
+        """Analyse a call met for the first time here; the new state, or None."""
+        step = self._learn_step(op, args, kwargs, refs, kw)
         if not step.info.cacheable and not step.info.stateful:
             # The first call of a parameter with deferred initialisation gave
             # it its shape; analysed again, the call is like any other.
-            step = learn_call(self.rec, self, op, args, kwargs, refs, kw)
-            step.site = sites.capture(self.caller)
+            step = self._learn_step(op, args, kwargs, refs, kw)
         if step.info.stateful or not step.info.cacheable:
             return None
         counter = self.state.counter
@@ -367,12 +378,16 @@ class Frame:
         self.state = inner
         start = len(self.out_shapes)
         outer_ok, self.macro_ok = self.macro_ok, True
+        outer_call = self.call_start
+        if outer_call is None:
+            self.call_start = start
         ext_before = len(self.ext)
         try:
             out = rec.trace(block, args)
         finally:
             ok = self.macro_ok and not self.direct and self.state.start is before.start
             self.macro_ok = outer_ok and self.macro_ok
+            self.call_start = outer_call
         new_ext = len(self.ext) - ext_before
         if ok and new_ext == 0 and rec.replay:
             outputs = self._map_out(out, start)

@@ -249,9 +249,16 @@ _UIDS = itertools.count()
 MAX_PROGRAMS = 4096
 
 
+#: Zero-gradient operators a program may hold: their value depends on their
+#: input's shape only, and the program's graph gives them zero gradients.
+CONSTANT_LIKE = frozenset(("zeros_like", "ones_like"))
+
+
 def entry_kind(op, info):
     """How an entry batches inside a program, or None if it keeps a call out."""
-    if info.kind != "op" or info.sig is None or info.stateful or op.name in NO_GRADIENT:
+    if info.kind != "op" or info.sig is None or info.stateful:
+        return None
+    if op.name in NO_GRADIENT and op.name not in CONSTANT_LIKE:
         return None
     if any(len(shape) == 0 for shape in info.out_shapes):
         return None

@@ -52,7 +52,7 @@ class _GcPause:
 _GC_PAUSE = _GcPause()
 
 #: Reads in most samples of a scope, after which it runs its samples eagerly.
-READS_BEFORE_EAGER = 8
+READS_BEFORE_EAGER = 4
 
 #: What ``strategy=`` takes: the planners, and the reference executor.
 STRATEGIES = PLANNERS + ("reference",)
@@ -174,17 +174,24 @@ class BatchingScope:
         samples one at a time: each read flushes a batch of about one
         sample, which costs more than eager execution.  After
         ``READS_BEFORE_EAGER`` such reads, in most of the samples started,
-        the scope says so once (naming the line that read) and records no
-        more: later samples run eagerly, as fast as plain Gluon.
+        the scope says so (once per model, naming the line that read) and
+        records no more: later samples run eagerly, as fast as plain Gluon.
+        Later scopes of the same model give up at their first such read.
         """
         self._reads += 1
         if self._where_read is None:
             self._where_read = _user_line()
         self.flush()
         rec = self.recorder
-        if not rec.eager and self._reads >= READS_BEFORE_EAGER \
-                and self._reads * 2 >= rec.num_samples:
-            rec.eager = True
+        owner = getattr(rec, "owner", None)
+        known = getattr(owner, "reads_inside", False)
+        if rec.eager or self._reads * 2 < rec.num_samples \
+                or self._reads < (1 if known else READS_BEFORE_EAGER):
+            return
+        rec.eager = True
+        if owner is not None:
+            owner.reads_inside = True   # its next scopes give up at their first read
+        if not known:
             log.warning(
                 "values are read while recording (%s): every read runs what is pending, "
                 "so samples do not batch; the rest of this scope runs eagerly, one sample "

@@ -67,10 +67,12 @@ def loops(code):
     return found
 
 
-def _jumped_back(ranges, loop_range, previous, offset):
-    """Whether going from ``previous`` to ``offset`` starts a new iteration of
-    ``loop_range`` (not merely of a loop nested in it)."""
-    if offset > previous:
+def _jumped_back(ranges, loop_range, previous, offset, call):
+    """Whether going from ``previous`` (an offset and a call) to ``offset`` in
+    ``call`` starts a new iteration of ``loop_range`` (not merely of a loop
+    nested in it).  Operators of one child-block call share its offset."""
+    previous, previous_call = previous
+    if offset > previous or (offset == previous and call == previous_call):
         return False
     start, end = loop_range
     for inner in ranges:
@@ -80,17 +82,21 @@ def _jumped_back(ranges, loop_range, previous, offset):
     return True
 
 
-def iterations(sites):
+def iterations(sites, calls=None):
     """Per call, the loops it ran in, each as ``(loop, iteration)``, outermost first.
 
     ``loop`` names one run of a loop (its code, range, and the calls and
     iterations around it); ``iteration`` counts from 0.  A call of no known
-    site is in no loop.
+    site is in no loop.  ``calls`` numbers the calls: consecutive operators
+    of one number come from one child-block call, at one site in one
+    iteration (by default every call is a call of its own).
     """
     out = []
-    last = {}                 # loop -> offset of its previous call
+    last = {}                 # loop -> (offset, number) of its previous call
     count = {}                # loop -> current iteration
-    for site in sites:
+    if calls is None:
+        calls = range(len(sites))
+    for site, call in zip(sites, calls):
         if site is None:
             out.append(())
             continue
@@ -105,9 +111,9 @@ def iterations(sites):
                 previous = last.get(loop)
                 if previous is None:
                     count[loop] = 0
-                elif _jumped_back(ranges, (start, end), previous, offset):
+                elif _jumped_back(ranges, (start, end), previous, offset, call):
                     count[loop] += 1
-                last[loop] = offset
+                last[loop] = (offset, call)
                 where.append((loop, count[loop]))
                 outer = outer + ((loop, count[loop]),)
         out.append(tuple(where))
@@ -138,7 +144,7 @@ def structure(steps):
     iteration t of the others whatever the samples' lengths.  Steps outside
     recurrent loops stay together.
     """
-    its = iterations([step.site for step in steps])
+    its = iterations([step.site for step in steps], [step.call for step in steps])
     producer, home = {}, {}
     for j, step in enumerate(steps):
         for pos in step.outs:

@@ -37,14 +37,18 @@ class Step:
         Block names below the frame's block (for messages).
     site : tuple or None
         The call's place in the user's code (``sites.capture``).
+    call : int or None
+        The first position of the frame's call (an operator, or the child
+        block that made it) this step belongs to.
     """
 
-    __slots__ = ("op", "args", "kwargs", "refs", "info", "outs", "path", "site")
+    __slots__ = ("op", "args", "kwargs", "refs", "info", "outs", "path", "site", "call")
 
     def __init__(self, op, args, kwargs, refs, info, outs, path):
         self.op, self.args, self.kwargs = op, args, kwargs
         self.refs, self.info, self.outs, self.path = refs, info, outs, path
         self.site = None            # where the user's code made the call (sites.py)
+        self.call = None
 
 
 class Macro:

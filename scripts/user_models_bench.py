@@ -5,20 +5,16 @@ its samples) this times one training batch -- forward of every sample,
 the loss, backward -- eagerly, one sample at a time, and inside one
 ``gdb.batching()`` scope with the library's default settings, and prints the
 two times, their ratio and figures of ``scope.stats``: mean batch size
-(operator nodes per launched step), steps and flushes.  Each is timed after
-an untimed run of the same batch (so one-off tracing and compiling are not
-counted), waiting for MXNet before and after.  It is a benchmark, not a
+(operator nodes per launched step), steps, flushes and recording time per
+operator call.  Each is the median of ``--repeats`` runs after two untimed
+runs of the same batch (the first initialises deferred parameters, the
+second learns the templates), waiting for MXNet before and after.  It is a benchmark, not a
 test: the machine's load moves the figures; read the ratios of one run.
 
-What the figures show about how a model is written:
-
-* a model that reads a value inside a sample (``float(x.asscalar())``,
-  ``x.asnumpy()``, branching on a computed score) makes every read run all
-  that is pending: batches of about one node (``mid_sample_reads``);
-* ``gluon.rnn`` cells run each call on concrete values, which flushes what
-  is pending: one flush per call (``lstm_cell``, ``gru_cell``);
-* embedding lookups (``nn.Embedding``, ``F.Embedding``) run one lookup per
-  step (``embedding``).
+A model that reads a value inside most samples (``float(x.asscalar())``,
+branching on a computed score) cannot batch: its first scope runs a few
+samples batched, then the rest eagerly, and its later scopes give up at the
+first read (``mid_sample_reads``).
 
 Run from the repository root::
 
@@ -46,7 +42,7 @@ LOG = logging.getLogger("user_models_bench")
 
 COLUMNS = (("case", "%s"), ("samples", "%d"), ("eager_ms", "%.1f"), ("batched_ms", "%.1f"),
            ("x_eager", "%.2f"), ("mean_batch", "%.1f"), ("steps", "%d"), ("flushes", "%d"),
-           ("nodes", "%d"), ("notes", "%s"))
+           ("nodes", "%d"), ("us_per_call", "%.2f"), ("notes", "%s"))
 
 
 def build_parser():
@@ -60,6 +56,9 @@ def build_parser():
     parser.add_argument("--hidden", type=int, default=um.HIDDEN,
                         help="hidden size (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed runs per case and mode; the median is shown "
+                             "(default: %(default)s)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     return parser
 
@@ -73,18 +72,22 @@ def time_batch(case, batching):
     return 1000.0 * (time.perf_counter() - start), stats
 
 
-def bench_case(name, samples, hidden, seed):
-    """Figures of one case: eager and batched ms, ratio, stats."""
+def bench_case(name, samples, hidden, seed, repeats=3):
+    """Figures of one case: eager and batched ms (medians), ratio, stats."""
     case = um.CASES[name](seed=seed, n=samples, hidden=hidden)
     for array in case.inputs:
         array.attach_grad()
     row = {"case": name, "samples": len(case.samples), "notes": case.notes}
     for label, batching in (("eager", None), ("batched", {})):
-        time_batch(case, batching)                      # untimed: traces, shapes
-        row[label + "_ms"], stats = time_batch(case, batching)
+        for _ in range(2):                              # untimed: shapes, templates
+            time_batch(case, batching)
+        runs = sorted((time_batch(case, batching) for _ in range(max(1, repeats))),
+                      key=lambda run: run[0])
+        row[label + "_ms"], stats = runs[len(runs) // 2]
     row["x_eager"] = row["eager_ms"] / row["batched_ms"]
     row.update(mean_batch=stats.mean_batch_size, steps=stats.steps,
-               flushes=stats.flushes, nodes=stats.nodes)
+               flushes=stats.flushes, nodes=stats.nodes,
+               us_per_call=stats.us_per_call)
     return row
 
 
@@ -111,7 +114,7 @@ def main(argv=None):
                                                          ", ".join(um.CASES)))
     rows = []
     for name in tqdm(names, desc="cases", unit="case", leave=False, disable=None):
-        rows.append(bench_case(name, args.samples, args.hidden, args.seed))
+        rows.append(bench_case(name, args.samples, args.hidden, args.seed, args.repeats))
         LOG.info("%-18s eager %8.1f ms  batched %7.1f ms  x%.2f", name,
                  rows[-1]["eager_ms"], rows[-1]["batched_ms"], rows[-1]["x_eager"])
     print("\n".join(table(rows)))

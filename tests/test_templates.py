@@ -153,3 +153,38 @@ def test_op_by_op_models_plan_like_cell_models(strategy):
     assert_same(run_model(binary, bins, [emb], strategy), run_model(binary, bins, [emb], "eager"))
     plan, _ = _plan(binary, bins, [emb], strategy=strategy)
     assert len(_programs(plan)) == 2
+
+
+class CellLoop(gdb.DynBatchBlock):
+    """A gluon.rnn cell (several operators per call) called once per token."""
+
+    def __init__(self, cell, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = cell
+
+    def hybrid_forward(self, F, tokens, emb):
+        state = [F.zeros((1, 4)) for _ in self.cell.state_info()]
+        for t in tokens:
+            out, state = self.cell(emb[t:t + 1], state)
+        return out
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn"])
+def test_a_child_block_of_several_operators_in_a_loop_is_one_iteration(cell):
+    # The operators of one call share the call's place in the loop; they must
+    # not be taken for iterations of it.
+    make = {"lstm": gluon.rnn.LSTMCell, "gru": gluon.rnn.GRUCell, "rnn": gluon.rnn.RNNCell}
+    model = CellLoop(make[cell](4, input_size=3))
+    model.initialize(mx.init.Uniform(0.5))
+    r = rng(11)
+    sentences = [[r.randrange(10) for _ in range(n)] for n in (2, 6, 4, 6)]
+    emb = nd.random.uniform(shape=(10, 3))
+    eager = run_model(model, sentences, [emb], "eager")
+    for _ in range(2):                      # the first call defers initialisation
+        assert_same(run_model(model, sentences, [emb], "depth"), eager)
+    plan, _ = _plan(model, sentences, [emb])
+    tokens = sum(len(s) for s in sentences)
+    nodes = sum(len(step.nodes) for step in plan.steps)
+    assert nodes <= 2 * tokens + 2 * len(sentences), (nodes, tokens)
+    assert len(plan.steps) <= 2 * max(len(s) for s in sentences) + 2

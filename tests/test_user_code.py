@@ -6,6 +6,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
+from gluon_dynbatch.scope import READS_BEFORE_EAGER
 
 
 def _inputs(n, seed=0):
@@ -165,7 +166,7 @@ def test_reads_in_every_sample_switch_the_scope_to_eager(caplog):
         loss.backward()
     grad = model.dense.weight.grad().asnumpy().copy()
     stats = scope.stats
-    assert stats.reads >= 8 and 0 < stats.eager_samples < len(xs)
+    assert stats.reads >= READS_BEFORE_EAGER and 0 < stats.eager_samples < len(xs)
     warnings = [r.getMessage() for r in caplog.records if "read while recording" in r.getMessage()]
     assert len(warnings) == 1 and "test_user_code.py" in warnings[0]
     with autograd.record():
@@ -175,6 +176,16 @@ def test_reads_in_every_sample_switch_the_scope_to_eager(caplog):
     for got, ref in zip(outs, want):
         np.testing.assert_allclose(got.asnumpy(), ref.asnumpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grad, model.dense.weight.grad().asnumpy(), rtol=1e-5, atol=1e-6)
-    with gdb.batching() as scope:             # a new scope records again
-        outs = [model(x) for x in xs[:2]]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gluon_dynbatch.scope"):
+        with gdb.batching() as scope:         # the model's next scope gives up at once
+            outs = [model(x) for x in xs[:3]]
+    assert scope.stats.reads == 1 and scope.stats.eager_samples == 2
+    assert not [r for r in caplog.records if "read while recording" in r.getMessage()]
+    for got, x in zip(outs, xs[:3]):
+        np.testing.assert_allclose(got.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-6)
+    fresh = Branching()
+    fresh.initialize(mx.init.Uniform(0.5))
+    with gdb.batching() as scope:             # another model records as usual
+        outs = [fresh(x) for x in xs[:2]]
     assert scope.stats.eager_samples == 0 and scope.stats.reads == 2

@@ -485,14 +485,12 @@ def case_dag_memo(seed=0, n=6, hidden=HIDDEN):
 
 def case_lstm_cell(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(GluonCellTagger("lstm", hidden), seed), _sentences(seed, n),
-                [_table(seed)],
-                notes="gluon.rnn cells run on concrete values: a flush per call")
+                [_table(seed)])
 
 
 def case_gru_cell(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(GluonCellTagger("gru", hidden), seed), _sentences(seed, n),
-                [_table(seed)],
-                notes="gluon.rnn cells run on concrete values: a flush per call")
+                [_table(seed)])
 
 
 def _embedding_call(model, sentence, shared):
@@ -501,7 +499,7 @@ def _embedding_call(model, sentence, shared):
 
 def case_embedding(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(EmbeddingRNN(hidden), seed), _sentences(seed, n), [],
-                call=_embedding_call, notes="embedding lookups run one per step")
+                call=_embedding_call)
 
 
 def case_child_attention(seed=0, n=6, hidden=HIDDEN):
@@ -510,7 +508,7 @@ def case_child_attention(seed=0, n=6, hidden=HIDDEN):
 
 def case_mid_sample_reads(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(BranchingTreeRNN(hidden), seed), _trees(seed, n), [_table(seed)],
-                notes="every read runs all that is pending: batches of about one node")
+                notes="reads in most samples: the scope runs them eagerly")
 
 
 def case_mixed_children(seed=0, n=6, hidden=HIDDEN):
