@@ -57,6 +57,8 @@ class DynBatchBlock(gluon.HybridBlock):
         self.analysis_budget = analysis_budget
         self.recent_execute_s = None        # smoothed, for analysis_budget="auto"
         self.reads_inside = False           # its samples read values (``BatchingScope.read``)
+        self.whole_plans = 0                # compiled=True flushes counted, and those
+        self.whole_plan_misses = 0          # that met a new plan (``scope._whole_plans_repeat``)
         self.compiled = compiled
         self.plan_cache = PlanCache(max_cached_plans)
         if max_pending_nodes is not None and max_pending_nodes < 1:

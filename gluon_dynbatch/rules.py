@@ -279,7 +279,7 @@ class ReshapeRule(Rule):
 
 
 class SegmentRule(Rule):
-    """``sum``/``mean`` over axis 0 of each node's (ragged) rows."""
+    """``sum``/``mean``/``max``/``min`` over axis 0 of each node's (ragged) rows."""
 
     batching = "segment"
 
@@ -289,6 +289,9 @@ class SegmentRule(Rule):
             axis = axis[0] if len(axis) == 1 else None
         if axis != 0 or node.kwargs.get("exclude", False) or len(node.inputs) != 1:
             return None
+        if node.op.name in ("max", "min") \
+                and np.dtype(_in_dtype(node, 0)) not in (np.float32, np.float64):
+            return None         # padded with infinities
         shape = _in_shape(node, 0)
         return Signature((("segment", _trail(shape), _in_dtype(node, 0),
                            bool(node.kwargs.get("keepdims", False))),), self, (ROW,))
@@ -330,8 +333,17 @@ class SegmentRule(Rule):
         """
         data, index = inputs[0], inputs[1]
         pad = F.zeros_like(F.slice_axis(data, axis=0, begin=0, end=1))
+        name = node.op.name
+        if name in ("max", "min"):
+            # Padding that never wins: -inf for max, +inf for min.
+            pad = F.BlockGrad(F.log(pad))
+            if name == "min":
+                pad = F.negative(pad)
         rows = F.take(F.concat(data, pad, dim=0), index, axis=0)   # (nodes, longest, ...)
-        mean = node.op.name == "mean"
+        if name in ("max", "min"):
+            out = getattr(F, name)(rows, axis=1)
+            return [F.reshape(out, shape=(-1,) + tuple(node.out_shapes[0][1:]))]
+        mean = name == "mean"
         dtype = np.dtype(node.out_dtypes[0])
         if dtype in (np.float32, np.float64):
             ones = F.Cast(F.ones_like(F.expand_dims(index, axis=1)), dtype=dtype.name)
@@ -455,8 +467,9 @@ register_rule("take", RowRule(take_roles))
 register_rule("Dropout", RowRule(dropout_roles))
 register_rule(["softmax", "log_softmax", "softmin", "topk", "sort", "argsort"],
               RowRule(axis_roles("axis", -1)))
-register_rule(["max", "min", "prod", "nansum", "nanprod", "norm", "argmax", "argmin"],
+register_rule(["prod", "nansum", "nanprod", "norm", "argmax", "argmin"],
               RowRule(axis_roles("axis", None)))
+register_rule(["max", "min"], RowFallback(SegmentRule(), RowRule(axis_roles("axis", None))))
 register_rule(["sum", "mean"], RowFallback(SegmentRule(), RowRule(axis_roles("axis", None))))
 register_rule(["SliceChannel", "split"], RowRule(axis_roles("axis", 1)))
 register_rule("pick", RowRule(axis_roles("axis", -1)))

@@ -246,16 +246,19 @@ class BatchingScope:
             plan, _ = budget.plan_within_budget(needed, allowed)
         t1 = time.perf_counter()
         mode = self._compiled()
+        owner = getattr(self.recorder, "owner", None)
+        if mode and mode != "step" and not _whole_plans_repeat(owner):
+            mode = "step"
         if mode == "step":
             run_steps(plan, live, ctx, self._cache(), stats)
         elif mode:
             run_compiled(plan, live, ctx, self._cache(), stats)
+            _count_whole_plan(owner, stats)
         else:
             run_interpreted(plan, live, ctx)
         t2 = time.perf_counter()
         stats.plan_ms = 1000.0 * (t1 - t0)
         stats.execute_ms = 1000.0 * (t2 - t1)
-        owner = getattr(self.recorder, "owner", None)
         if owner is not None:       # for analysis_budget="auto"
             owner.recent_execute_s = (t2 - t1) if owner.recent_execute_s is None else \
                 0.8 * owner.recent_execute_s + 0.2 * (t2 - t1)
@@ -264,6 +267,36 @@ class BatchingScope:
         if self.keep_plan:
             # Holding the plan keeps every node alive: only when asked for.
             self.last_plan = plan
+
+
+#: ``compiled=True``: flushes of a model after which, if most of its whole
+#: plans were new (compiled, then never met again), it compiles step by step.
+WHOLE_PLAN_TRIAL = 12
+
+
+def _whole_plans_repeat(owner):
+    """Whether ``compiled=True`` should go on compiling whole plans for ``owner``.
+
+    A model whose plans never repeat (sentences of every length in a batch)
+    would compile a graph at every flush; after ``WHOLE_PLAN_TRIAL`` flushes
+    with misses in most of those after the first few, its scopes compile and
+    cache each step instead (``compiled="step"``), whose shapes do repeat.
+    """
+    if owner is None or owner.whole_plans < WHOLE_PLAN_TRIAL:
+        return True
+    return owner.whole_plan_misses * 2 <= owner.whole_plans - 4
+
+
+def _count_whole_plan(owner, stats):
+    if owner is None or owner.whole_plans >= WHOLE_PLAN_TRIAL:
+        return
+    owner.whole_plans += 1
+    if owner.whole_plans > 4 and stats.cache_misses:
+        owner.whole_plan_misses += 1
+    if owner.whole_plans == WHOLE_PLAN_TRIAL and not _whole_plans_repeat(owner):
+        log.info("%s: compiled=True met a new plan in %d of %d flushes; compiling "
+                 "step by step from now on", owner.name, owner.whole_plan_misses,
+                 WHOLE_PLAN_TRIAL - 4)
 
 
 DEFAULT_CACHE = PlanCache(64)
@@ -322,7 +355,9 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
         defaults to the strategy of the first DynBatchBlock called ("depth").
     compiled : bool or "step", optional
         ``True``: run each flush as one compiled MXNet graph (CachedOp), cached
-        by plan shape.  ``"step"``: compile and cache each step separately
+        by plan shape; a model whose plans rarely repeat (most of its flushes
+        after the first few meet a new plan) compiles step by step instead
+        after ``WHOLE_PLAN_TRIAL`` flushes.  ``"step"``: compile and cache each step separately
         (shapes of steps repeat across batches even when whole plans do not).
         ``False``: batched imperative calls.  Defaults to the setting of the
         first DynBatchBlock called.

@@ -182,3 +182,37 @@ def test_batches_of_different_trees_with_one_height_share_a_compiled_plan():
         expected = reference_run(model, trees, [emb])
         assert_same(run_model(model, trees, [emb], "depth", compiled=True), expected)
     assert stats.cache_misses <= 2 and stats.cache_hits >= 2
+
+
+def test_compiled_plans_that_never_repeat_switch_to_step_compiling():
+    from gluon_dynbatch.scope import WHOLE_PLAN_TRIAL
+    r = rng(7)
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(20, 3))
+    kinds = []
+    for k in range(WHOLE_PLAN_TRIAL + 2):
+        # A new shape of plan every time: a chain of k + 1 nodes beside a tree.
+        chain = Tree(r.randrange(20))
+        for _ in range(k):
+            chain = Tree(r.randrange(20), [chain])
+        trees = [chain, random_tree(r, 20, max_depth=2)]
+        _, stats = _compiled_run(model, trees, emb)
+        kinds.append(stats.cache_misses)
+    assert model.whole_plans == WHOLE_PLAN_TRIAL and model.whole_plan_misses > 4, kinds
+    expected = reference_run(model, trees, [emb])
+    assert_same(run_model(model, trees, [emb], "depth", compiled=True), expected)
+    _, stats = _compiled_run(model, trees, emb)
+    # Step by step: the last run's steps were met before, so no compiling at all.
+    assert stats.cache_hits >= stats.steps > 0 and stats.cache_misses == 0
+
+
+def test_compiled_plans_that_repeat_stay_whole():
+    from gluon_dynbatch.scope import WHOLE_PLAN_TRIAL
+    r = rng(8)
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(20, 3))
+    trees = [random_tree(r, 20, max_depth=3) for _ in range(4)]
+    for _ in range(WHOLE_PLAN_TRIAL + 2):
+        _, stats = _compiled_run(model, [_relabel(t, r, 20) for t in trees], emb)
+    assert (stats.cache_hits, stats.cache_misses) == (1, 0)
+    assert model.whole_plan_misses == 0

@@ -222,7 +222,7 @@ class FuzzNet(gdb.DynBatchBlock):
             return [F.transpose(F.tanh(F.transpose(a)))]
         if op == "lse0":                       # log-sum-exp of the rows
             return [F.log(F.sum(F.exp(a), axis=0, keepdims=True))]
-        if op == "max0":                       # rows reduced: alone
+        if op == "max0":                       # a ragged max over the rows
             return [F.BlockGrad(F.max(a, axis=0, keepdims=True))
                     + F.mean(a, axis=0, keepdims=True)]
         if op == "sum0":

@@ -33,6 +33,8 @@ CASES = {
     "sum_axis0_segment": lambda F, x: F.sum(x, axis=0),
     "mean_axis0_segment": lambda F, x: F.mean(x, axis=0, keepdims=True),
     "max_axis1": lambda F, x: F.max(x, axis=1),
+    "max_axis0_segment": lambda F, x: F.max(F.tanh(x), axis=0, keepdims=True),
+    "min_axis0_segment": lambda F, x: F.min(x * 3, axis=0),
     "slice_axis1": lambda F, x: F.slice_axis(x, axis=1, begin=1, end=3),
     "split_axis1": lambda F, x: F.split(x, num_outputs=2, axis=1)[1],
     "concat_dim1": lambda F, x: F.concat(x, F.tanh(x), dim=1),
@@ -65,6 +67,23 @@ def test_rule_matches_per_node(name):
     for strategy in ("depth", "agenda"):
         for compiled in (False, True, "step"):
             assert_same(run_model(model, samples, [table], strategy, compiled), expected)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_ragged_max_and_min_over_rows_batch_in_one_step_and_keep_infinities_apart(op):
+    model = OneOp(lambda F, x: getattr(F, op)(x, axis=0, keepdims=True) * 2)
+    rng = np.random.RandomState(1)
+    values = rng.uniform(-1, 1, size=(12, 4))
+    values[5, 2] = -np.inf if op == "max" else np.inf      # sample (5, 1) alone holds it
+    table = nd.array(values)
+    samples = [(0, 3), (5, 1), (6, 4), (1, 2)]
+    expected = reference_run(model, samples, [table])
+    for compiled in (False, True, "step"):
+        got = run_model(model, samples, [table], "depth", compiled)
+        assert_same(got, expected)
+        assert got[2].steps == 1
+    outs = [np.asarray(v) for v in got[0]]
+    assert np.isinf(outs[1][0, 2]) and all(np.isfinite(outs[k]).all() for k in (0, 2, 3))
 
 
 def test_reshape_family_batches_into_one_step():
