@@ -24,11 +24,16 @@ class LazyArray(nd.NDArray):
     # ``_epoch``: BACKWARD_EPOCH when the value was computed (see ``history_freed``).
     __slots__ = ("_h", "_node", "_idx", "_epoch", "__weakref__")
 
-    def __init__(self, node, index):  # pylint: disable=super-init-not-called
-        self._h = None
+    def __init__(self, node=None, index=0, handle=None, writable=True):
+        # pylint: disable=super-init-not-called
+        # ``handle``: NDArray methods that make a view of a computed value
+        # (``reshape``, basic indexing) call ``self.__class__(handle=...)``.
+        self._h = handle
         self._node = node
         self._idx = index
-        self.writable = True
+        self.writable = writable
+        if handle is not None:
+            self._epoch = BACKWARD_EPOCH[0]
 
     # -- the handle: materialise on first use --------------------------------
     @property

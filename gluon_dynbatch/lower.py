@@ -27,7 +27,7 @@ _CONCATS = ("concat", "Concat")
 
 
 class SegmentWalker:
-    """Segment bookkeeping of a walk over a plan (the base of ``compile.Compiler``).
+    """Segment bookkeeping of a walk over a plan (the base of ``Compiler``).
 
     Subclasses say what a leaf's source is (``leaf_source``); a source has a
     row count given by ``source_rows``.

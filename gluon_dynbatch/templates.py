@@ -44,14 +44,26 @@ def recipe_for(frame, positions):
     if segments[-1] == segments[0]:
         return _recipe(steps, positions, frame, accumulating)
     parts = []
+    before = (None, ())       # the previous part's operators and exports, relative
     for part in range(segments[0], segments[-1] + 1):
         mine = [step for step, seg in zip(steps, segments) if seg == part]
+        if not mine:
+            continue
         later = {ref for step, seg in zip(steps, segments) if seg > part
                  for ref in step.refs if type(ref) is int}
         made = {pos for step in mine for pos in step.outs}
-        wanted = sorted(made & (set(positions) | later))
-        if mine:
-            parts.append((_recipe(mine, wanted, frame, accumulating), tuple(wanted)))
+        wanted = made & (set(positions) | later)
+        # A last iteration exports what the one before it did (the state the
+        # next would read), so that iteration t of every sample, last or
+        # not, shares one program; the extra outputs are dead.
+        ops = tuple(step.op for step in mine)
+        if ops == before[0]:
+            wanted |= {mine[j].outs[k] for j, k in before[1]}
+        relative = {pos: (j, k) for j, step in enumerate(mine)
+                    for k, pos in enumerate(step.outs)}
+        before = (ops, [relative[pos] for pos in wanted])
+        wanted = sorted(wanted)
+        parts.append((_recipe(mine, wanted, frame, accumulating), tuple(wanted)))
     return PartsRecipe(parts)
 
 

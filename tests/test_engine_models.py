@@ -1,4 +1,4 @@
-"""Batched runs equal eager and reference runs on the models the issue names."""
+"""Batched runs equal eager and reference runs on Tree-LSTMs, RNNs and tree RNNs."""
 from collections import Counter
 
 import numpy as np
@@ -62,7 +62,7 @@ def _cell_batches(plan, weight):
 
 @pytest.mark.parametrize("strategy", ["depth", "agenda"])
 def test_sick_cell_batch_size_near_nodes_per_level(strategy):
-    """Variable arity must not split the cell's batches (issue: >= 80% of nodes/levels)."""
+    """Variable arity must not split the cell's batches."""
     trees = sick_trees(50)
     if trees is None:
         pytest.skip("SICK data not found at ../shared/data/sick")

@@ -564,7 +564,7 @@ def test_regression_static_alloc_gradient(second, strategy, compiled):
     ``cumsum``), inside a plan whose gathers read it too, ran as one CachedOp
     with ``static_alloc``: MXNet 1.9.1 then returned a gradient 6% off for
     the table, while the same symbol without ``static_alloc`` is exact.
-    gluon_dynbatch's CachedOps no longer use it (``compile.STATIC_ALLOC``).
+    gluon_dynbatch's CachedOps do not use it (``run.STATIC_ALLOC``).
     """
     def leaf():
         return Node(0, 1, [], [], 0, [])

@@ -189,3 +189,36 @@ def test_reads_in_every_sample_switch_the_scope_to_eager(caplog):
     with gdb.batching() as scope:             # another model records as usual
         outs = [fresh(x) for x in xs[:2]]
     assert scope.stats.eager_samples == 0 and scope.stats.reads == 2
+
+
+def test_values_after_the_scope_take_views_like_ndarrays():
+    # NDArray.reshape and basic indexing build ``self.__class__(handle=...)``.
+
+    class Plain(gdb.DynBatchBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.dense = gluon.nn.Dense(4, in_units=4)
+
+        def hybrid_forward(self, F, x):
+            return F.tanh(self.dense(x))
+
+    plain = Plain()
+    plain.initialize(mx.init.Uniform(0.5))
+    xs = _inputs(3, seed=2)
+
+    def loss_of(outs):
+        return nd.add_n(*[(o.reshape((-1,)) * 2).sum() + o[0].sum() + o[0:1].sum()
+                          for o in outs])
+
+    with autograd.record():
+        with gdb.batching():
+            outs = [plain(x) for x in xs]
+        loss = loss_of(outs)
+    loss.backward()
+    grad = plain.dense.weight.grad().asnumpy().copy()
+    with autograd.record():
+        loss_eager = loss_of([plain(x) for x in xs])
+    loss_eager.backward()
+    np.testing.assert_allclose(loss.asnumpy(), loss_eager.asnumpy(), rtol=1e-6)
+    np.testing.assert_allclose(grad, plain.dense.weight.grad().asnumpy(), rtol=1e-5, atol=1e-7)

@@ -579,7 +579,13 @@ def weighted_loss(outputs):
     return total
 
 
-def forward_backward(case, batching=None, train_mode=True):
+def concat_loss(outputs):
+    """A scalar of every output, as one loss over all of them concatenated."""
+    flat = nd.concat(*[out.reshape((-1,)) for out in flatten(outputs)], dim=0)
+    return (flat * flat).sum() + flat.sum()
+
+
+def forward_backward(case, batching=None, train_mode=True, loss_fn=weighted_loss):
     """Forward and backward of every sample of ``case``.
 
     Parameters
@@ -589,6 +595,8 @@ def forward_backward(case, batching=None, train_mode=True):
         Arguments of :func:`gluon_dynbatch.batching`; None runs eagerly.
     train_mode : bool, optional
         ``autograd.record(train_mode=...)``.
+    loss_fn : callable, optional
+        The scalar to differentiate, of the outputs.
 
     Returns
     -------
@@ -602,7 +610,7 @@ def forward_backward(case, batching=None, train_mode=True):
             with gdb.batching(**batching) as scope:
                 outputs = case.outputs()
             stats = scope.stats
-        loss = weighted_loss(outputs)
+        loss = loss_fn(outputs)
     loss.backward()
     return outputs, stats
 
