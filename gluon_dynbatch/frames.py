@@ -204,31 +204,39 @@ class Frame:
     def _op(self, op, args, kwargs):
         refs = []
         arrays = 0
+        ref = self.ref
         for a in args:
             if type(a) is LazyArray and a._node is self:
                 refs.append(a._idx)
                 arrays += 1
             elif isinstance(a, NDArray):
-                refs.append(self.ref(a))
+                refs.append(ref(a))
                 arrays += 1
             else:
                 refs.append((type(a), a))      # a constant (a type never names an array)
         kw = None
         if kwargs:
             kw = []
-            for name, value in kwargs.items():
-                if name == "name":
-                    continue
+            for item in kwargs.items():
+                value = item[1]
                 if isinstance(value, NDArray):
-                    kw.append((name, self.ref(value)))
+                    kw.append((item[0], ref(value)))
                     arrays += 1
-                else:
-                    kw.append((name, value))
+                elif item[0] != "name":
+                    kw.append(item)
             kw = tuple(kw)
         if not arrays:                         # zeros, random draws: graph leaves
             return self.rec.constant(op, args, kwargs)
         refs = tuple(refs)
         key = (op,) + refs if kw is None else (op, refs, kw)
+        try:
+            nxt = self.state.next.get(key)
+        except TypeError:                     # an unhashable constant argument
+            return self.fallback_op(op, args, kwargs, "an unhashable argument")
+        if nxt is not None:
+            if nxt.single:
+                return self.push(nxt)
+            return self._outputs(nxt)
         return self.call(op, args, kwargs, key, refs, kw)
 
     def call(self, op, args, kwargs, key, refs, kw):
