@@ -56,6 +56,7 @@ class DynBatchBlock(gluon.HybridBlock):
             budget.resolve_budget(analysis_budget, None)       # validates
         self.analysis_budget = analysis_budget
         self.recent_execute_s = None        # smoothed, for analysis_budget="auto"
+        self.plan_memory = budget.new_memory()  # plan structure -> winning planner
         self.reads_inside = False           # its samples read values (``BatchingScope.read``)
         self.whole_plans = 0                # compiled=True flushes counted, and those
         self.whole_plan_misses = 0          # that met a new plan (``scope._whole_plans_repeat``)

@@ -6,18 +6,32 @@ against batching gain: the planner starts with the cheapest strategy
 with the lowest estimated cost.  The cost model counts what a plan pays on
 this machine (a launch per step, a gather per gathered input, a price per
 row), with constants measured once per process, not guessed.
+
+Planning is anytime: the depth plan is always at hand, and the other
+candidates stop at the deadline, inside their search (``plan.OutOfTime``).
+The cost model is calibrated before the clock starts.  A model remembers
+which candidate won for each plan structure it has seen (the depth plan's
+signatures), so a structure seen before costs no search: the
+budget goes to new structures.
 """
 import time
+from collections import OrderedDict, namedtuple
 
 import mxnet as mx
 
-from .plan import make_plan
+from .plan import OutOfTime, make_plan
 from .rules import SHARED
 
 # Strategies in the order they are tried: cheapest analysis first.
 CANDIDATES = ("depth", "agenda")
 AUTO_FRACTION = 0.05        # "auto": analysis at most 5% of recent execution time
 AUTO_DEFAULT = 0.002        # seconds, before any execution time is known
+MEMORY_SIZE = 256           # plan structures whose winning candidate a model remembers
+
+Choice = namedtuple("Choice", ["strategy", "tried", "reused"])
+Choice.__doc__ = """What planning within a budget did: the ``strategy`` whose plan was kept,
+the candidates ``tried`` to the end, and whether the choice was ``reused`` from an earlier
+flush with the same plan structure."""
 
 
 class CostModel:
@@ -78,19 +92,54 @@ def resolve_budget(budget, recent_execute_s):
     return float(budget)
 
 
-def plan_within_budget(nodes, budget_s, model=None):
-    """The cheapest plan found within ``budget_s`` seconds; (plan, tried)."""
-    start = time.perf_counter()
-    model = model or calibrate()
+def new_memory():
+    """An empty memory of plan choices (one per model)."""
+    return OrderedDict()
+
+
+def structure_key(plan):
+    """What identifies a plan's structure: its steps' signatures, in order.
+
+    Step sizes are left out, as the plan cache leaves out row counts: batches
+    of one model mostly differ only in them.
+    """
+    return tuple(step.sig for step in plan.steps)
+
+
+def plan_within_budget(nodes, budget_s, model=None, memory=None):
+    """The cheapest plan found within ``budget_s`` seconds, and its :class:`Choice`.
+
+    ``memory`` (from :func:`new_memory`) remembers the winner per plan
+    structure, also when the budget cut the search short: a structure seen
+    before runs its winner alone, so the budget goes to new structures.
+    """
+    model = model or calibrate()        # before the clock: measured once per process
+    deadline = time.perf_counter() + budget_s
     best = make_plan(nodes, CANDIDATES[0])
-    best_cost = model.cost(best)
-    tried = [CANDIDATES[0]]
+    key = structure_key(best) if memory is not None else None
+    known = memory.get(key) if memory is not None else None
+    if known is not None:
+        memory.move_to_end(key)
+        if known == CANDIDATES[0]:
+            return best, Choice(known, (known,), True)
+        try:
+            return make_plan(nodes, known, deadline), Choice(known, (known,), True)
+        except OutOfTime:
+            return best, Choice(CANDIDATES[0], (CANDIDATES[0],), True)
+    best_cost, chosen, tried = model.cost(best), CANDIDATES[0], [CANDIDATES[0]]
     for strategy in CANDIDATES[1:]:
-        if time.perf_counter() - start >= budget_s:
+        try:
+            if time.perf_counter() >= deadline:
+                raise OutOfTime()
+            plan = make_plan(nodes, strategy, deadline)
+        except OutOfTime:
             break
-        plan = make_plan(nodes, strategy)
         tried.append(strategy)
         cost = model.cost(plan)
         if cost < best_cost:
-            best, best_cost = plan, cost
-    return best, tried
+            best, best_cost, chosen = plan, cost, strategy
+    if memory is not None:      # the best found, even if the budget cut the search short
+        memory[key] = chosen
+        if len(memory) > MEMORY_SIZE:
+            memory.popitem(last=False)
+    return best, Choice(chosen, tuple(tried), False)

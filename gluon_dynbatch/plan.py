@@ -12,13 +12,23 @@ takes ``"reference"``: no plan, every node run by itself):
     nodes can still become ready.
 ``"unbatched"``
     One node per step, in recording order: exercises the executor without batching.
+
+Planners other than ``"depth"`` take a ``deadline`` (a ``time.perf_counter``
+value): past it they raise :class:`OutOfTime`, so an analysis budget holds
+while a plan is being searched, not only between searches.
 """
+import time
 from dataclasses import dataclass, field
 from typing import Tuple
 
 from .graph import OP, op_deps
 
 PLANNERS = ("depth", "agenda", "unbatched")
+_CLOCK_EVERY = 64      # nodes or steps between looks at the clock
+
+
+class OutOfTime(Exception):
+    """A planner passed its deadline."""
 
 
 @dataclass(frozen=True)
@@ -40,16 +50,36 @@ class Plan:
         return sum(len(s.nodes) for s in self.steps)
 
 
-def make_plan(nodes, strategy="depth"):
-    """Plan the operator nodes among ``nodes`` (creation order) with ``strategy``."""
+def make_plan(nodes, strategy="depth", deadline=None):
+    """Plan the operator nodes among ``nodes`` (creation order) with ``strategy``.
+
+    ``deadline`` (a ``time.perf_counter()`` value) bounds the search of the
+    planners other than ``"depth"``: past it they raise :class:`OutOfTime`.
+    """
     ops = [n for n in nodes if n.kind == OP]
     if strategy == "depth":
         return _depth_plan(ops)
     if strategy == "agenda":
-        return _agenda_plan(ops)
+        return _agenda_plan(ops, _Clock(deadline))
     if strategy == "unbatched":
         return Plan([Step(n.sig, (n,)) for n in ops])
     raise ValueError("unknown strategy %r; choose one of %s" % (strategy, PLANNERS))
+
+
+class _Clock:
+    """Looks at the clock every ``_CLOCK_EVERY`` ticks; raises past the deadline."""
+
+    __slots__ = ("deadline", "ticks")
+
+    def __init__(self, deadline):
+        self.deadline = deadline
+        self.ticks = 0
+
+    def tick(self):
+        self.ticks += 1
+        if self.deadline is not None and self.ticks % _CLOCK_EVERY == 0 \
+                and time.perf_counter() > self.deadline:
+            raise OutOfTime()
 
 
 def _depth_plan(ops):
@@ -82,13 +112,14 @@ def canonical(node):
             repr([s[1:] for s in node.out_shapes]))
 
 
-def _agenda_plan(ops):
+def _agenda_plan(ops, clock):
     waiting = {}
     consumers = {}
     depth_sum, count = {}, {}
     ready = {}
     memo = {}
     for node in ops:
+        clock.tick()
         deps = op_deps(node, memo)
         waiting[node] = len(deps)
         for dep in deps:
@@ -102,6 +133,7 @@ def _agenda_plan(ops):
     while ready:
         sig = min(ready, key=mean_depth.__getitem__)
         batch = ready.pop(sig)
+        clock.tick()
         plan.steps.append(Step(sig, tuple(batch)))
         for node in batch:
             for consumer in consumers.get(node, ()):

@@ -240,13 +240,17 @@ class BatchingScope:
             return
         t0 = time.perf_counter()
         allowed = self._budget()
+        owner = getattr(self.recorder, "owner", None)
         if allowed is None or self.strategy is not None:
             plan = make_plan(needed, strategy)
+            stats.planners = {strategy: 1}
         else:
-            plan, _ = budget.plan_within_budget(needed, allowed)
+            memory = owner.plan_memory if owner is not None else None
+            plan, choice = budget.plan_within_budget(needed, allowed, memory=memory)
+            stats.planners = {choice.strategy: 1}
+            stats.reused_choices = int(choice.reused)
         t1 = time.perf_counter()
         mode = self._compiled()
-        owner = getattr(self.recorder, "owner", None)
         if mode and mode != "step" and not _whole_plans_repeat(owner):
             mode = "step"
         if mode == "step":

@@ -1,5 +1,5 @@
 """Statistics of batching scopes, printable by users."""
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -34,6 +34,11 @@ class BatchStats:
         Part of ``execute_ms`` spent building CachedOps for new plan shapes.
     cache_hits, cache_misses, evictions : int
         Plan-cache lookups of compiled flushes, and plans evicted by the LRU bound.
+    planners : dict
+        Flushes per planner whose plan ran (``"depth"``, ``"agenda"``, ...).
+    reused_choices : int
+        Flushes under an analysis budget whose planner was remembered from an
+        earlier flush with the same plan structure (no search).
     """
 
     flushes: int = 0
@@ -51,6 +56,8 @@ class BatchStats:
     cache_hits: int = 0
     cache_misses: int = 0
     evictions: int = 0
+    planners: dict = field(default_factory=dict)
+    reused_choices: int = 0
 
     @property
     def mean_batch_size(self):
@@ -76,11 +83,19 @@ class BatchStats:
     def add(self, other):
         """Add the counters of ``other`` into this object."""
         for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, dict):
+                merged = dict(mine)
+                for key, count in theirs.items():
+                    merged[key] = merged.get(key, 0) + count
+                setattr(self, f.name, merged)
+            else:
+                setattr(self, f.name, mine + theirs)
 
     def as_dict(self):
         """The counters and derived figures as a plain dict."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["planners"] = dict(self.planners)
         out["mean_batch_size"] = self.mean_batch_size
         out["us_per_node"] = self.us_per_node
         out["us_per_call"] = self.us_per_call

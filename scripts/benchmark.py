@@ -78,7 +78,7 @@ SPLIT_FIELDS = ("record_ms", "plan_ms", "compile_ms", "launch_ms", "gc_ms",
                 "other_ms")
 #: Counters summed over the timed batches.
 COUNT_FIELDS = ("cache_hits", "cache_misses", "evictions", "steps",
-                "planned_nodes", "nodes", "calls")
+                "planned_nodes", "nodes", "calls", "reused_choices")
 EPOCH_SKIP = 5
 #: Systems with a plan cache, timed a second time on the same batches.
 CACHING_KINDS = ("compiled", "step", "handbatched")
@@ -563,6 +563,7 @@ def _batch_record(total_ms, num_trees, figures):
     rec = {"total_ms": total_ms, "trees": num_trees}
     for name in STATS_FIELDS + COUNT_FIELDS + ("gc_ms",):
         rec[name] = figures.get(name, 0) or 0
+    rec["planners"] = dict(figures.get("planners") or {})
     rec["launch_ms"] = rec["execute_ms"] - rec["compile_ms"]
     rec["other_ms"] = total_ms - rec["record_ms"] - rec["plan_ms"] \
         - rec["execute_ms"] - rec["gc_ms"]
@@ -636,6 +637,7 @@ def summarize(system, records, again=None, back_to_back_ms=None):
     for name in COUNT_FIELDS:
         row[name] = sum(r[name] for r in records)
     row["steps_per_batch"] = row["steps"] / len(records)
+    row["planners"] = _planners(records)
     row["mean_batch_size"] = (row["planned_nodes"] / row["steps"]
                               if row["steps"] else None)
     trees = statistics.mean(r["trees"] for r in records)
@@ -651,6 +653,15 @@ def summarize(system, records, again=None, back_to_back_ms=None):
             sum(r["cache_hits"] for r in again),
             sum(r["cache_misses"] for r in again))
     return row
+
+
+def _planners(records):
+    """Which planners' plans ran, with counts of flushes: "agenda 7, depth 3"."""
+    counts = {}
+    for record in records:
+        for name, count in record.get("planners", {}).items():
+            counts[name] = counts.get(name, 0) + count
+    return ", ".join("%s %d" % item for item in sorted(counts.items())) or None
 
 
 def system_batches(system, args, batches):
@@ -882,6 +893,7 @@ TABLE_COLUMNS = (
     ("steps_per_batch", "steps", "%.1f"),
     ("mean_batch_size", "mean batch", "%.1f"),
     ("hit_rate", "hits", "%s"),
+    ("planners", "planner", "%s"),
     ("trees_per_s_again", "trees/s again", "%.1f"),
     ("trees_per_s_b2b", "trees/s b2b", "%.1f"),
     ("vs_eager_b2b", "x eager b2b", "%.1f"),

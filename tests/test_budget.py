@@ -1,10 +1,16 @@
 """Planning under an analysis budget, with the measured cost model."""
+import importlib.util
+import os
+import time
+
 import pytest
 from mxnet import nd
 
 import gluon_dynbatch as gdb
 from gluon_dynbatch import budget
+from gluon_dynbatch import plan as plan_module
 from gluon_dynbatch.plan import make_plan
+import user_models
 from dynbatch_testing import (ChildSumTreeLSTM, assert_same, make_model, random_tree,
                               reference_run, rng, run_model)
 
@@ -39,19 +45,97 @@ def test_any_budget_gives_a_correct_plan(value):
     assert_same(got, expected)
 
 
-def test_zero_budget_keeps_the_cheapest_strategy_and_a_large_one_tries_all():
-    trees = _trees(2)
+def _nodes(seed=2, count=6):
     net = make_model(ChildSumTreeLSTM, hidden=4)
     emb = nd.random.uniform(shape=(12, 3))
-    with gdb.batching(keep_plan=True) as scope:
-        [net(t, emb) for t in trees]
-        nodes = list(scope.recorder.graph.nodes)
-    _, tried = budget.plan_within_budget(nodes, 0.0)
-    assert tried == ["depth"]
-    plan, tried = budget.plan_within_budget(nodes, 10.0)
-    assert tried == list(budget.CANDIDATES)
+    with gdb.batching(keep_plan=True, granularity="op") as scope:
+        [net(t, emb) for t in _trees(seed, count)]
+        return list(scope.recorder.graph.nodes)
+
+
+def test_zero_budget_keeps_the_cheapest_strategy_and_a_large_one_tries_all():
+    nodes = _nodes()
+    _, choice = budget.plan_within_budget(nodes, 0.0)
+    assert choice.tried == ("depth",) and choice.strategy == "depth"
+    plan, choice = budget.plan_within_budget(nodes, 10.0)
+    assert choice.tried == budget.CANDIDATES and not choice.reused
     costs = {s: budget.calibrate().cost(make_plan(nodes, s)) for s in budget.CANDIDATES}
     assert budget.calibrate().cost(plan) == min(costs.values())
+    assert choice.strategy == min(costs, key=costs.get)
+
+
+def test_planners_stop_at_their_deadline_inside_the_search():
+    nodes = _nodes()
+    assert sum(1 for n in nodes if n.kind == "op") > 2 * plan_module._CLOCK_EVERY
+    with pytest.raises(plan_module.OutOfTime):
+        make_plan(nodes, "agenda", deadline=time.perf_counter() - 1.0)
+    make_plan(nodes, "depth", deadline=time.perf_counter() - 1.0)   # always at hand
+
+
+def _slow_planner(real):
+    """``make_plan`` with a candidate "slow" that searches for a second, looking
+    at the clock as the real planners do."""
+    def make(nodes, strategy="depth", deadline=None):
+        if strategy != "slow":
+            return real(nodes, strategy, deadline)
+        clock = plan_module._Clock(deadline)
+        end = time.perf_counter() + 1.0
+        while time.perf_counter() < end:
+            clock.tick()
+        return real(nodes, "unbatched")
+    return make
+
+
+@pytest.mark.parametrize("allowed", [0.0, 0.005, 0.02])
+def test_the_budget_holds_with_a_slow_candidate(monkeypatch, allowed):
+    nodes = _nodes()
+    budget.calibrate()
+    start = time.perf_counter()
+    make_plan(nodes, "depth")
+    cheapest = time.perf_counter() - start
+    monkeypatch.setattr(budget, "CANDIDATES", ("depth", "slow", "agenda"))
+    monkeypatch.setattr(budget, "make_plan", _slow_planner(make_plan))
+    start = time.perf_counter()
+    plan, choice = budget.plan_within_budget(nodes, allowed)
+    spent = time.perf_counter() - start
+    assert spent <= allowed + cheapest + 0.002, (spent, allowed, cheapest)
+    assert choice.strategy == "depth" and "slow" not in choice.tried
+    assert plan.num_nodes == sum(1 for n in nodes if n.kind == "op")
+
+
+def test_a_structure_seen_before_costs_no_search(monkeypatch):
+    nodes = _nodes()
+    memory = budget.new_memory()
+    plan, first = budget.plan_within_budget(nodes, 10.0, memory=memory)
+    assert not first.reused and len(memory) == 1
+    calls = []
+    real = budget.make_plan
+    monkeypatch.setattr(budget, "make_plan",
+                        lambda n, s="depth", d=None: calls.append(s) or real(n, s, d))
+    again, second = budget.plan_within_budget(nodes, 10.0, memory=memory)
+    assert second.reused and second.strategy == first.strategy
+    assert calls == ["depth"] + ([] if first.strategy == "depth" else [first.strategy])
+    assert [len(s.nodes) for s in again.steps] == [len(s.nodes) for s in plan.steps]
+    # A search the budget cut short is remembered too: its budget was spent once.
+    fresh = budget.new_memory()
+    _, cut = budget.plan_within_budget(nodes, 0.0, memory=fresh)
+    assert cut.tried == ("depth",) and list(fresh.values()) == ["depth"]
+
+
+def test_stats_say_which_planner_ran_and_when_a_choice_was_reused():
+    net = make_model(ChildSumTreeLSTM, hidden=4, analysis_budget=10.0)
+    emb = nd.random.uniform(shape=(12, 3))
+    trees = _trees(5)
+    for _ in range(2):
+        with gdb.batching() as scope:
+            outs = [net(t, emb) for t in trees]
+    assert sum(scope.stats.planners.values()) == scope.stats.flushes == 1
+    assert set(scope.stats.planners) <= set(budget.CANDIDATES)
+    assert scope.stats.reused_choices == 1 and len(net.plan_memory) == 1
+    assert scope.stats.as_dict()["planners"] == scope.stats.planners
+    with gdb.batching(strategy="agenda") as scope:
+        outs = [net(t, emb) for t in trees]
+    assert scope.stats.planners == {"agenda": 1} and outs
 
 
 def test_auto_budget_follows_recent_execution_time():
@@ -72,3 +156,26 @@ def test_bad_budgets_are_refused(bad):
     if bad is not None:
         with pytest.raises((ValueError, TypeError)):
             gdb.batching(analysis_budget=bad)
+
+
+def _plan_steps_script():
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "scripts", "plan_steps.py")
+    spec = importlib.util.spec_from_file_location("plan_steps", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["mixed_children", "node_losses", "opbyop_child_sum"])
+def test_no_planner_beats_the_lower_bound_and_agenda_pays_on_mixed_paths(name):
+    script = _plan_steps_script()
+    make = getattr(user_models, "case_" + name)
+    plans = {p: script.plan_of(make(n=8), p, "call") for p in ("depth", "agenda")}
+    bound = script.lower_bound(plans["depth"])
+    assert all(len(plan.steps) >= bound for plan in plans.values())
+    if name == "mixed_children":
+        assert len(plans["agenda"].steps) < len(plans["depth"].steps)
+        chosen, choice = budget.plan_within_budget(
+            [n for step in plans["depth"].steps for n in step.nodes], 10.0)
+        assert choice.strategy == "agenda" and len(chosen.steps) == len(plans["agenda"].steps)
