@@ -136,7 +136,7 @@ def vectorize(steps, exported, frame, accumulating=frozenset()):
     _levels(units, produced)
     # Which additions accumulate across iterations shows once the iterations'
     # calls are grouped: group first with every call as it is.
-    tentative = _form_groups(units, produced, set())
+    tentative = _form_groups(units, produced, set(), frame)
     member_of = {pos: group for group in tentative if len(group.members) > 1
                  for member in group.members for pos in member.step.outs}
     chosen = [total for total in _sums(steps, produced, set(exported))
@@ -147,7 +147,7 @@ def vectorize(steps, exported, frame, accumulating=frozenset()):
         _levels(units, produced)
     forbidden = set()
     while True:
-        groups = _form_groups(units, produced, forbidden)
+        groups = _form_groups(units, produced, forbidden, frame)
         bad = _misused(units, groups, produced, exported)
         if not bad:
             break
@@ -272,7 +272,7 @@ def _signature(op_unit):
     return (step.op.name, info.attrs, info.sig, shared, len(info.out_shapes))
 
 
-def _form_groups(units, produced, forbidden):
+def _form_groups(units, produced, forbidden, frame):
     """Groups of two or more calls (a list, by level); sets ``unit.group``."""
     owner = {}                                 # position -> (_Op unit, output idx)
     candidates = defaultdict(list)
@@ -290,7 +290,7 @@ def _form_groups(units, produced, forbidden):
         for members in _by_sources(found, owner, produced):
             if len(members) < 2 or frozenset(m.index for m in members) in forbidden:
                 continue
-            inputs = _group_inputs(members, owner, produced)
+            inputs = _group_inputs(members, owner, produced, frame)
             if inputs is None:
                 continue
             group = _Group(members, inputs)
@@ -324,7 +324,7 @@ def _by_sources(members, owner, produced):
     return list(parts.values())
 
 
-def _group_inputs(members, owner, produced):
+def _group_inputs(members, owner, produced, frame):
     """Per input of the calls, how the group reads it; None if it cannot."""
     info = members[0].step.info
     inputs = []
@@ -351,7 +351,8 @@ def _group_inputs(members, owner, produced):
             return None
         if any(internal):
             return None
-        if role == BROW and len(set(_spec_key(_outside(r)) for r in refs)) == 1:
+        if role == BROW and len(set(_spec_key(_outside(r)) for r in refs)) == 1 \
+                and _outside_rows(refs[0], frame) == 1:
             inputs.append(("repeat", refs[0]))      # one outside row for every member
             continue
         inputs.append(("stack", refs))
@@ -398,6 +399,16 @@ def _key(group):
 
 
 # -- emitting the program -----------------------------------------------------------------
+
+def _outside_rows(ref, frame):
+    """Rows of a value read from outside (a position of ``frame``, a parameter, a
+    constant); None when unknown."""
+    if type(ref) is int:
+        return frame.out_shapes[ref][0]
+    array = ref[1].data() if ref[0] == "p" else ref[1]
+    shape = getattr(array, "shape", None)
+    return shape[0] if shape else None
+
 
 def _outside(ref):
     """The input spec of a value read from outside (a position or a constant)."""

@@ -835,12 +835,14 @@ def epoch_check(bench, system, batches):
         "analysis_compile_share": overhead / total,
         "gc_share": sum(r["gc_ms"] for r in records) / total,
         "evictions": sum(r["evictions"] for r in records),
+        "planners": _planners(records),
     }
     return row, records
 
 
 def run_epoch_checks(bench, selected, batches):
-    """Epoch check of the compiled default config and of hand-batched.
+    """Epoch check of the compiled default config, hand-batched, and (with the
+    budget sweep) ``analysis_budget="auto"``.
 
     Returns
     -------
@@ -852,6 +854,8 @@ def run_epoch_checks(bench, selected, batches):
     if bench.features["compiled"]:
         systems.append(System("compiled (default)", "compiled", None, None))
         systems.append(System("step-compiled depth", "step", "depth", None))
+        if any(s.budget is not None for s in selected):
+            systems.append(System("compiled budget=auto", "compiled", None, "auto"))
     else:
         LOG.warning("epoch check of compiled execution skipped: unavailable")
     models = [m for m in ("cell", "opbyop")
@@ -1016,48 +1020,67 @@ def _epoch_markdown(epoch_rows):
             + [""])
 
 
+def _sweeps(rows):
+    """Budget-sweep rows per model: {model: [row, ...]} with two rows or more."""
+    found = {}
+    for row in rows:
+        if row["available"] and row["budget"] is not None:
+            found.setdefault(row.get("model", "cell"), []).append(row)
+    return {model: sweep for model, sweep in found.items() if len(sweep) >= 2}
+
+
+def _plot_sweep(ax, model, sweep):
+    """One model's panel: ms per batch by phase, and steps on a second axis."""
+    xs = range(len(sweep))
+    series = {
+        "total": [r["mean_total_ms"] for r in sweep],
+        "execution (launch + rest of the step)": [
+            r["launch_ms"] + r["other_ms"] for r in sweep],
+        "recording": [r["record_ms"] for r in sweep],
+        "compile": [r["compile_ms"] for r in sweep],
+        "analysis (plan)": [r["plan_ms"] for r in sweep],
+    }
+    for name, values in series.items():
+        ax.plot(xs, values, marker="o", label=name)
+    steps = ax.twinx()
+    steps.plot(xs, [r["steps_per_batch"] for r in sweep], "k--", marker="s",
+               label="steps per batch (right)")
+    steps.set_ylim(bottom=0)
+    steps.set_ylabel("steps per batch")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([str(r["budget"]) for r in sweep])
+    ax.set_xlabel("analysis_budget (s)")
+    ax.set_ylabel("ms per batch (mean)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("%s model" % model)
+    ax.grid(alpha=0.3)
+    return steps
+
+
 def plot_budget(path, rows):
-    """Plot analysis, compile, execution and total ms against the budget.
+    """Plot, per model, time per batch by phase and steps against the budget.
 
     Returns
     -------
     bool
-        False when fewer than two budget rows ran.
+        False when no model's sweep has two budgets or more.
     """
-    sweep = [r for r in rows if r["available"] and r["budget"] is not None]
-    models = [r.get("model", "cell") for r in sweep]
-    if models:
-        # One model's sweep: the cell model's when it ran.
-        model = "cell" if "cell" in models else models[0]
-        sweep = [r for r, m in zip(sweep, models) if m == model]
-    if len(sweep) < 2:
+    sweeps = _sweeps(rows)
+    if not sweeps:
         return False
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    labels = [str(r["budget"]) for r in sweep]
-    xs = range(len(sweep))
-    series = {
-        "analysis (plan)": [r["plan_ms"] for r in sweep],
-        "compile": [r["compile_ms"] for r in sweep],
-        "execution (launch + rest of the step)": [
-            r["launch_ms"] + r["other_ms"] for r in sweep],
-        "recording": [r["record_ms"] for r in sweep],
-        "garbage collection": [r["gc_ms"] for r in sweep],
-        "total": [r["mean_total_ms"] for r in sweep],
-    }
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for name, values in series.items():
-        ax.plot(xs, values, marker="o", label=name)
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(labels)
-    ax.set_xlabel("analysis_budget (s)")
-    ax.set_ylabel("ms per batch (mean over new batches)")
-    ax.set_title("Compiled gluon_dynbatch (%s model): analysis budget "
-                 "trade-off" % model)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps) + 2.6, 4.2),
+                             squeeze=False)
+    for ax, (model, sweep) in zip(axes[0], sorted(sweeps.items())):
+        steps = _plot_sweep(ax, model, sweep)
+    handles = ax.get_legend_handles_labels()
+    more = steps.get_legend_handles_labels()
+    fig.legend(handles[0] + more[0], handles[1] + more[1], loc="center right",
+               fontsize="small")
+    fig.suptitle("gluon_dynbatch, compiled=True: SICK training step against the analysis budget")
+    fig.tight_layout(rect=(0, 0, 1.0 - 2.6 / (5.2 * len(sweeps) + 2.6), 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True

@@ -576,3 +576,16 @@ def test_regression_static_alloc_gradient(second, strategy, compiled):
     expected = fuzz_run(model, samples, table, "eager")
     got = fuzz_run(model, samples, table, strategy, compiled)
     assert_runs_agree(got, expected)
+
+
+@pytest.mark.parametrize("strategy,compiled", MODES, ids=MODE_IDS)
+def test_regression_a_loop_reading_one_multi_row_value_in_every_iteration(strategy, compiled):
+    """Two iterations of the program loop add the same two-row value to others:
+    grouped, that value is stacked once per iteration, not passed once as if it
+    were one row broadcast to both (hypothesis found it)."""
+    samples = [Node(0, 2, [], [("sub", 0, 0), ("add", 0, 0), ("add", 0, 1)], 0, [2, 3])]
+    model = make_fuzz_net(0)
+    table = random_table(0)
+    expected = fuzz_run(model, samples, table, "eager")
+    got = fuzz_run(model, samples, table, strategy, compiled)
+    assert_runs_agree(got, expected)

@@ -197,3 +197,19 @@ def test_benchmark_smoke_op_by_op_model(tmp_path):
     assert opbyop["record_ms"] > 0 and opbyop["steps_per_batch"] > 0
     assert opbyop["mean_batch_size"] > 1
     assert "opbyop" in (tmp_path / "benchmark.md").read_text()
+
+
+def test_budget_plot_has_a_panel_per_model_and_needs_two_budgets(tmp_path):
+    import benchmark
+
+    def row(model, budget, steps):
+        return {"available": True, "model": model, "budget": budget, "mean_total_ms": 50.0,
+                "launch_ms": 5.0, "other_ms": 20.0, "record_ms": 15.0, "compile_ms": 1.0,
+                "plan_ms": 0.5, "steps_per_batch": steps}
+
+    rows = [row(m, b, 8.0) for m in ("cell", "opbyop") for b in (0.0, "auto")]
+    assert sorted(benchmark._sweeps(rows)) == ["cell", "opbyop"]
+    assert benchmark.plot_budget(str(tmp_path / "sweep.png"), rows)
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+    assert not benchmark.plot_budget(str(tmp_path / "one.png"), rows[:1])
+    assert not (tmp_path / "one.png").exists()
