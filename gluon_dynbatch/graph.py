@@ -180,6 +180,7 @@ class Graph:
         self.externals = {}        # id(recipe) -> (recipe, its parameters here, signature)
         self.constants = {}        # (F path, args) -> leaf of a deterministic F.zeros ...
         self.shared_items = {}     # id(array) -> frame key item of a parameter or constant
+        self.literals = {}         # (dtype, row shape) -> (leaf, numpy parts): literals.py
         self.mode = None           # autograd's (recording, training) of its calls
 
     def add(self, node):
@@ -199,7 +200,9 @@ class Graph:
         self.externals = {}
         self.constants = {}
         self.shared_items = {}
+        self.literals = {}
         self.flush_fn = self.read_fn = _released
+
 
     def live_and_needed(self):
         """(live, needed): every output a user still holds, as ``(node, idx,

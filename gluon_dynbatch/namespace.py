@@ -2,14 +2,16 @@
 
 It looks like ``mx.nd``: each operator records a call instead of running
 (into the frame recording now, else into the graph); row slices and row
-concatenations take the recorder's short paths; deterministic creation
+concatenations take the recorder's short paths (a stack along axis 0 is one
+of those and a reshape); deterministic creation
 functions (``F.zeros``) give constants, one per graph and arguments; other
 Python helpers of ``mx.nd`` run on concrete values.
 """
 import mxnet as mx
+import numpy as np
 from mxnet.ndarray import NDArray
 
-from . import context, lazy_ops
+from . import context, lazy_ops, literals
 from .lazy import LazyArray
 from .ops import opdef
 
@@ -41,6 +43,8 @@ class RecordingNamespace:
                 value = _slice_axis(rec, op)
             elif path in (("concat",), ("Concat",)):
                 value = _concat(rec, op)
+            elif path == ("stack",):
+                value = _stack(self, _operator(rec, op))
             else:
                 value = _operator(rec, op)
             value.__name__ = name
@@ -89,11 +93,45 @@ def _concat(rec, op):
     return concat
 
 
+def _stack(ns, operator):
+    """``F.stack(*xs, axis=0)``: the rows concatenated, then reshaped to ``(k,) + shape``.
+
+    The same values and gradients; a concatenation of rows is a view and a
+    reshape batches, where a stack along axis 0 mixes the rows of its inputs.
+    """
+    def stack(*args, **kwargs):
+        if args and kwargs.get("axis", 0) == 0 and kwargs.get("num_args", len(args)) == len(args) \
+                and set(kwargs) <= {"axis", "num_args"} \
+                and all(isinstance(a, NDArray) for a in args):
+            shape = args[0].shape
+            if shape and all(a.shape == shape for a in args[1:]):
+                return ns.reshape(ns.concat(*args, dim=0), shape=(len(args),) + shape)
+        return operator(*args, **kwargs)
+    return stack
+
+
+def _array(rec, fn):
+    """``F.array``: lists of Python numbers become rows of one pooled leaf (``literals.py``)."""
+    def array(source_array, ctx=None, dtype=None):
+        if isinstance(source_array, (list, tuple, np.ndarray)) and (ctx is None or ctx == rec.ctx):
+            try:
+                values = np.array(source_array, dtype=dtype or np.float32)
+            except (TypeError, ValueError):
+                values = None
+            if values is not None and values.ndim >= 1 and values.size \
+                    and values.dtype.kind in "fiu":
+                return literals.record(rec, values, ctx)
+        return rec.wrap_inputs(fn(source_array, ctx=ctx, dtype=dtype))
+    return array
+
+
 def _python_function(rec, fn, path):
     """``F.<f>`` for a Python-level helper of mx.nd (not an operator)."""
     special = lazy_ops.PYTHON_HELPERS.get(path[-1])
     if special is not None:
         return special
+    if path == ("array",):
+        return _array(rec, fn)
     if path[-1] in DETERMINISTIC:
         def create(*args, **kwargs):
             if kwargs or rec.ctx is None:

@@ -193,16 +193,19 @@ def _axis(node, name, default):
 
 
 def axis_roles(name, default, extra_shared=False):
-    """Unary along an axis: batchable when the axis is not 0."""
+    """Unary along an axis: batchable when the axis is not 0.
+
+    With ``exclude=True`` (a reduction over every axis but those given, as
+    Gluon's losses average per sample) it is batchable when axis 0 is given.
+    """
     def roles(node):
         axis = _axis(node, name, default)
         if axis is None:
             return None
         axes = axis if isinstance(axis, (tuple, list)) else (axis,)
         ndim = len(_in_shape(node, 0))
-        if any((a + ndim if a < 0 else a) == 0 for a in axes) or not axes:
-            return None
-        if node.kwargs.get("exclude", False):
+        has_rows = any((a + ndim if a < 0 else a) == 0 for a in axes)
+        if not axes or has_rows != bool(node.kwargs.get("exclude", False)):
             return None
         tail = SHARED if extra_shared else ROW
         return (ROW,) + (tail,) * (len(node.inputs) - 1)

@@ -10,7 +10,7 @@ import time
 import mxnet as mx
 from mxnet import autograd
 
-from . import budget, context
+from . import budget, context, literals
 from .errors import BatchingError
 from .cache import PlanCache
 from .plan import PLANNERS, make_plan
@@ -212,6 +212,7 @@ class BatchingScope:
         self._reads_counted = self._reads
         rec.num_recorded = rec.num_calls = 0
         rec.new_graph()
+        literals.fill(graph)
         live, needed = graph.live_and_needed()
         try:
             if live:

@@ -121,11 +121,16 @@ def iterations(sites, calls=None):
 
 
 def _add_like(step):
-    """A one-row addition of two values of its output's shape (an accumulation's step)."""
+    """A one-row addition of two values of its output's shape (an accumulation's step),
+    or ``0 + x``: the first step of ``total = 0`` followed by ``total = total + x``."""
     info = step.info
-    return (step.op.name in ("broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus")
-            and len(step.refs) == 2 and len(info.out_shapes) == 1
-            and info.out_shapes[0][:1] == (1,))
+    name = step.op.name
+    if name == "_plus_scalar":
+        adds = step.args[1] == 0 and len(step.refs) == 1 and type(step.refs[0]) is int
+    else:
+        adds = len(step.refs) == 2 and name in (
+            "broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus")
+    return adds and len(info.out_shapes) == 1 and info.out_shapes[0][:1] == (1,)
 
 
 def structure(steps):
@@ -190,8 +195,11 @@ def _accumulates(where, step, home, readers, its, producer):
     def new_here(ref):
         return here in home.get(ref, ())
 
-    a, b = step.refs
-    if not ((not made_here(a) and new_here(b)) or (not made_here(b) and new_here(a))):
+    if len(step.refs) == 1:                 # 0 + x: the zero is from before
+        if not new_here(step.refs[0]):
+            return False
+    elif not any(not made_here(a) and new_here(b)
+                 for a, b in (step.refs, step.refs[::-1])):
         return False
     return all(here not in its[j] for j in readers.get(step.outs[0], ()))
 

@@ -110,6 +110,64 @@ def test_hybridized_child_stays_hybridized():
     assert case.model.scorer._active      # pylint: disable=protected-access
 
 
+def _plan_ops(case):
+    """Operator names of the steps of one batched run of ``case`` (plan kept)."""
+    with autograd.record():
+        with gdb.batching(keep_plan=True) as scope:
+            outputs = case.outputs()
+    assert outputs
+    return [(step.nodes[0].op.name, len(step.nodes)) for step in scope.last_plan.steps]
+
+
+def test_stack_of_children_on_axis_0_batches_as_rows():
+    case = um.case_mean_pool_tree(n=12)
+    _check(case, ("depth", False))
+    ops = _plan_ops(case)
+    assert not any(name == "stack" for name, _ in ops)
+    assert len(ops) < sum(len(list(t.nodes())) for t in case.samples) / 4
+
+
+def test_gluon_loss_per_node_batches():
+    case = um.case_node_loss_tree(n=12)
+    ops = _plan_ops(case)
+    # Its per-sample mean (``mean(axis=0, exclude=True)``) batches row by row.
+    assert not any(name == "mean" for name, _ in ops)
+    # ``total = 0`` then ``total = total + loss`` over the children is a sum,
+    # not a chain of iterations: a tree node is one program, one step a level.
+    assert len(ops) <= 2 * max(t.height() for t in case.samples)
+
+
+def test_f_array_literals_are_one_array_per_dtype_and_flush(monkeypatch):
+    made = []
+    real = nd.array
+
+    def counting(*args, **kwargs):
+        made.append(1)
+        return real(*args, **kwargs)
+
+    class Literals(gdb.DynBatchBlock):
+        def hybrid_forward(self, F, k):
+            ints = F.array([k, k + 1], dtype="int32")
+            rows = F.array(np.full((2, 3), k, dtype=np.float64))
+            return F.array([k]) * 2, ints, rows, F.array([[k, -k]]) + rows[:1, :2]
+
+    model = Literals()
+    monkeypatch.setattr(nd, "array", counting)
+    with gdb.batching():
+        first = [model(k) for k in range(10)]
+        read = first[3][0].asnumpy()         # runs what is pending
+        second = [model(k) for k in range(10, 20)]
+    # Per flush, one array per dtype and row shape (4) and the gathers'
+    # indices; made one by one, the 20 samples' literals would be 80.
+    assert len(made) <= 2 * 6
+    assert read.tolist() == [6.0]
+    for k, (scaled, ints, rows, mixed) in enumerate(first + second):
+        assert scaled.dtype == np.float32 and scaled.asnumpy().tolist() == [2.0 * k]
+        assert ints.dtype == np.int32 and ints.asnumpy().tolist() == [k, k + 1]
+        assert rows.dtype == np.float32 and rows.asnumpy().tolist() == [[k] * 3] * 2
+        assert mixed.asnumpy().tolist() == [[2.0 * k, 0.0]]
+
+
 @pytest.mark.slow
 def test_lstm_cell_every_length_from_1_to_130():
     r = random.Random(0)

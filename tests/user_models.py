@@ -21,6 +21,7 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
+from idiom_models import MeanPoolTree, NodeLossTree, RecursiveNet, TaggerLoss
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
@@ -536,6 +537,26 @@ def case_raw_lstm(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(RawLSTM(hidden), seed), _sentences(seed, n), [_table(seed)])
 
 
+def case_recursive_net(seed=0, n=6, hidden=HIDDEN):
+    r = random.Random(seed)
+    trees = [random_binary_tree(r, VOCAB, r.randint(1, 9)) for _ in range(n)]
+    return Case(_init(RecursiveNet(VOCAB, hidden), seed), trees, [])
+
+
+def case_mean_pool_tree(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(MeanPoolTree(hidden, DIM), seed), _trees(seed, n), [_table(seed)])
+
+
+def case_tagger_loss(seed=0, n=6, hidden=HIDDEN):
+    r = random.Random(seed + 1)
+    samples = [(s, [r.randrange(CLASSES) for _ in s]) for s in _sentences(seed, n)]
+    return Case(_init(TaggerLoss(hidden, CLASSES), seed), samples, [_table(seed)])
+
+
+def case_node_loss_tree(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(NodeLossTree(hidden, CLASSES), seed), _trees(seed, n), [_table(seed)])
+
+
 #: Every case, by name.
 CASES = {
     "node_losses": case_node_losses,
@@ -551,6 +572,10 @@ CASES = {
     "opbyop_child_sum": case_opbyop_child_sum,
     "opbyop_binary": case_opbyop_binary,
     "raw_lstm": case_raw_lstm,
+    "recursive_net": case_recursive_net,
+    "mean_pool_tree": case_mean_pool_tree,
+    "tagger_loss": case_tagger_loss,
+    "node_loss_tree": case_node_loss_tree,
 }
 
 

@@ -1,0 +1,44 @@
+"""Literals: ``F.array`` of Python numbers, pooled per graph.
+
+Models make a small array at every tree node or token (a word id for an
+embedding, a label for a loss): ``F.array([word])``.  Creating an NDArray
+costs tens of microseconds, more than recording the calls that use it.
+Inside a scope, literals of one dtype and row shape are instead rows of one
+leaf of the graph, made as one array when the graph runs (:func:`fill`);
+each literal is a row view of it, so a batched step reads all of a step's
+literals with one gather.
+"""
+import mxnet as mx
+import numpy as np
+
+from .graph import LEAF, Node
+from .lazy import LazyArray
+
+
+def record(rec, values, ctx=None):
+    """The LazyArray of literal ``values`` (a numpy array, rows first) in ``rec``'s graph."""
+    rec._set_ctx(ctx or rec.ctx or mx.current_context())  # pylint: disable=protected-access
+    graph = rec.graph
+    if len(graph.nodes) + 2 >= rec.max_pending:
+        rec.flush()
+        graph = rec.graph
+    key = (values.dtype.str, values.shape[1:])
+    pool = graph.literals.get(key)
+    if pool is None:
+        node = graph.add(Node(graph, LEAF))
+        node.out_dtypes = (values.dtype.type,)
+        pool = graph.literals[key] = (node, [])
+    node, parts = pool
+    begin = node.out_shapes[0][0] if parts else 0
+    end = begin + len(values)
+    parts.append(values)
+    node.out_shapes = ((end,) + values.shape[1:],)
+    return rec.row_slice(LazyArray(node, 0), begin, end)
+
+
+def fill(graph):
+    """Give each pool of ``graph`` its value: one array per dtype and row shape."""
+    for node, parts in graph.literals.values():
+        if node.value is None:
+            values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            node.value = mx.nd.array(values, ctx=graph.ctx, dtype=values.dtype)

@@ -1,0 +1,96 @@
+"""User-style models built on common Gluon idioms inside ``hybrid_forward``.
+
+Word ids and labels made with ``F.array`` at every node or token, a Gluon
+loss block called per node, children pooled with ``F.stack(..., axis=0)``
+and a mean, ``nn.Embedding`` and ``nn.LayerNorm`` children.  Each batches
+as eager Gluon computes it; ``user_models.CASES`` holds their cases.
+"""
+from mxnet import gluon
+from mxnet.gluon import nn, rnn
+
+import gluon_dynbatch as gdb
+
+
+class RecursiveNet(gdb.DynBatchBlock):
+    """Socher-style recursive network over binary trees.
+
+    A leaf looks its word up with an ``nn.Embedding`` child on ``F.array([word])``;
+    an inner node composes its two children with one tanh layer.
+    """
+
+    def __init__(self, vocab, dim, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = nn.Embedding(vocab, dim)
+            self.compose = nn.Dense(dim, in_units=2 * dim, activation="tanh")
+
+    def hybrid_forward(self, F, tree):
+        if not tree.children:
+            return self.embed(F.array([tree.word]))
+        left, right = (self(child) for child in tree.children)
+        return self.compose(F.concat(left, right, dim=1))
+
+
+class MeanPoolTree(gdb.DynBatchBlock):
+    """Children stacked with ``F.stack(..., axis=0)``, averaged, scaled by Python numbers."""
+
+    def __init__(self, hidden, dim, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(hidden, in_units=dim)
+            self.rec = nn.Dense(hidden, in_units=hidden, use_bias=False)
+            self.norm = nn.LayerNorm(in_channels=hidden)
+
+    def hybrid_forward(self, F, tree, emb):
+        x = self.inp(emb[tree.word:tree.word + 1])
+        if tree.children:
+            kids = [self(child, emb) for child in tree.children]
+            pooled = F.stack(*kids, axis=0).mean(axis=0)
+            x = x + 0.5 * self.rec(pooled) / len(kids)
+        return F.relu(self.norm(x))
+
+
+class TaggerLoss(gdb.DynBatchBlock):
+    """An LSTMCell tagger returning its mean token loss: ``F.pick`` of each ``F.array([tag])``."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.lstm = rnn.LSTMCell(hidden)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, sample, emb):
+        words, tags = sample
+        state = self.lstm.begin_state(batch_size=1)
+        loss = 0
+        for word, tag in zip(words, tags):
+            out, state = self.lstm(emb[word:word + 1], state)
+            logp = F.log_softmax(self.out(out))
+            loss = loss - F.pick(logp, F.array([tag]), axis=1)
+        return loss / len(words)
+
+
+class NodeLossTree(gdb.DynBatchBlock):
+    """A tree model calling ``gluon.loss.SoftmaxCrossEntropyLoss`` at every node.
+
+    Returns ``(h, loss)``: the loss sums the node's and its subtrees'; the
+    label of a node is ``F.array([word % classes])``.
+    """
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.classes = classes
+        with self.name_scope():
+            self.inp = nn.Dense(hidden, activation="tanh")
+            self.cls = nn.Dense(classes)
+        self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def hybrid_forward(self, F, tree, emb):
+        h = self.inp(emb[tree.word:tree.word + 1])
+        total = 0
+        for child in tree.children:
+            h_child, loss_child = self(child, emb)
+            h = h + h_child
+            total = total + loss_child
+        label = F.array([tree.word % self.classes])
+        return h, total + self.loss(self.cls(h), label)
