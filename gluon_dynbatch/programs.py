@@ -121,9 +121,7 @@ class Program:
                     tail = tuple(entry.out_shapes[0][1:])
                     results.append([F.reshape(ins[0], shape=(-1,) + tail)])
                     continue
-                ins.append(next(extra))
-                if entry.op.name == "mean":
-                    ins.append(next(extra))
+                ins.extend(next(extra) for _ in range(entry.rule.extra_count(entry.op.name)))
             results.append(entry.rule.batched_call(F, entry, ins))
         return [results[j][idx] for j, idx in self.exports]
 
@@ -211,7 +209,7 @@ class ProgramRule(Rule):
                 col += 2
                 site += 1
             if entry.form == _SEGMENT:
-                summing = bool(sums[seg])
+                summing = bool(sums[seg]) or not entry.rule.passes_single
                 variant.append(summing)
                 seg += 1
                 if summing:
@@ -220,7 +218,7 @@ class ProgramRule(Rule):
                            entry.dtype)
                     found = padded.get(key)
                     if found is None:
-                        found = padded[key] = SegmentRule.arrays_for_counts(counts, *key[1:])
+                        found = padded[key] = entry.rule.arrays_for_counts(counts, *key[1:])
                     arrays += found
                 col += 1
         return tuple(variant), arrays

@@ -11,7 +11,8 @@ nodes, it may run as one batched call along axis 0:
 * ``ReshapeRule``: reshapes keep each sample's data contiguous, so the batch
   is one reshape of the concatenation.
 * ``SegmentRule``: sum or mean over axis 0 of each node's rows (ragged), by
-  padding to the longest and reducing a new axis.
+  padding to the longest and reducing a new axis; ``SegmentSoftmaxRule`` the
+  same for a softmax over axis 0 (attention over a node's rows).
 * ``ViewRule``: row slices, axis-0 concatenation and axis-0 broadcasting only
   move rows; they become index lists resolved by the consumer's gather, not steps.
 * ``ALONE``: everything else runs one node at a time, exactly as recorded.
@@ -285,6 +286,12 @@ class SegmentRule(Rule):
     """``sum``/``mean``/``max``/``min`` over axis 0 of each node's (ragged) rows."""
 
     batching = "segment"
+    passes_single = True    # over one row per node, the result is that row
+
+    @staticmethod
+    def extra_count(op_name):
+        """Index arrays a batch reads besides its rows (see ``arrays_for_counts``)."""
+        return 2 if op_name == "mean" else 1
 
     def signature(self, node):
         axis = node.kwargs.get("axis")
@@ -304,7 +311,7 @@ class SegmentRule(Rule):
         """Extra inputs of a batch of ``nodes`` (see ``arrays_for_counts``)."""
         counts = [n.inputs[0][0].out_shapes[n.inputs[0][1]][0] for n in nodes]
         tail = len(nodes[0].inputs[0][0].out_shapes[nodes[0].inputs[0][1]]) - 1
-        return SegmentRule.arrays_for_counts(counts, nodes[0].op.name, tail, dtype)
+        return nodes[0].rule.arrays_for_counts(counts, nodes[0].op.name, tail, dtype)
 
     @staticmethod
     def arrays_for_counts(counts, op_name, tail, dtype):
@@ -358,6 +365,46 @@ class SegmentRule(Rule):
             if mean:
                 out = F.broadcast_div(out, inputs[2])
         return [F.reshape(out, shape=(-1,) + tuple(node.out_shapes[0][1:]))]
+
+
+class SegmentSoftmaxRule(SegmentRule):
+    """``softmax``/``log_softmax`` over axis 0 of each node's (ragged) rows.
+
+    Attention weights over a sentence's tokens or a node's children: the
+    rows are padded to the longest with -inf (weight zero), normalised along
+    the padded axis, and the padding dropped.
+    """
+
+    passes_single = False
+
+    @staticmethod
+    def extra_count(op_name):
+        return 2
+
+    def signature(self, node):
+        if len(node.inputs) != 1 or set(node.kwargs) - {"axis"} or node.args[1:]:
+            return None
+        shape, dtype = _in_shape(node, 0), _in_dtype(node, 0)
+        if not shape or _axis(node, "axis", -1) != 0 \
+                or np.dtype(dtype) not in (np.float32, np.float64):
+            return None
+        return Signature((("segment-softmax", _trail(shape), dtype),), self, (ROW,))
+
+    @staticmethod
+    def arrays_for_counts(counts, op_name, tail, dtype):
+        """The padded index of ``SegmentRule`` and, per row, its place among the padded rows."""
+        counts = np.asarray(counts, dtype=np.int64)
+        index = SegmentRule.arrays_for_counts(counts, "sum", tail, dtype)[0]
+        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        places = np.repeat(np.arange(len(counts)) * index.shape[1], counts) + within
+        return [index, places.astype(np.int32)]
+
+    def batched_call(self, F, node, inputs):
+        data, index, places = inputs[:3]
+        pad = F.BlockGrad(F.log(F.zeros_like(F.slice_axis(data, axis=0, begin=0, end=1))))
+        rows = F.take(F.concat(data, pad, dim=0), index, axis=0)   # (nodes, longest, ...)
+        out = getattr(F, node.op.name)(rows, axis=1)
+        return [F.take(F.reshape(out, shape=(-3, -2)), places, axis=0)]
 
 
 class RowFallback(Rule):
@@ -468,8 +515,9 @@ register_rule("dot", RowRule(dot_roles))
 register_rule("batch_dot", RowRule(all_row_roles))
 register_rule("take", RowRule(take_roles))
 register_rule("Dropout", RowRule(dropout_roles))
-register_rule(["softmax", "log_softmax", "softmin", "topk", "sort", "argsort"],
-              RowRule(axis_roles("axis", -1)))
+register_rule(["softmax", "log_softmax"],
+              RowFallback(SegmentSoftmaxRule(), RowRule(axis_roles("axis", -1))))
+register_rule(["softmin", "topk", "sort", "argsort"], RowRule(axis_roles("axis", -1)))
 register_rule(["prod", "nansum", "nanprod", "norm", "argmax", "argmin"],
               RowRule(axis_roles("axis", None)))
 register_rule(["max", "min"], RowFallback(SegmentRule(), RowRule(axis_roles("axis", None))))

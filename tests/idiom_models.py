@@ -2,7 +2,8 @@
 
 Word ids and labels made with ``F.array`` at every node or token, a Gluon
 loss block called per node, children pooled with ``F.stack(..., axis=0)``
-and a mean, ``nn.Embedding`` and ``nn.LayerNorm`` children.  Each batches
+and a mean, attention weights soft-maxed over a sentence's tokens,
+``nn.Embedding`` and ``nn.LayerNorm`` children.  Each batches
 as eager Gluon computes it; ``user_models.CASES`` holds their cases.
 """
 from mxnet import gluon
@@ -94,3 +95,24 @@ class NodeLossTree(gdb.DynBatchBlock):
             total = total + loss_child
         label = F.array([tree.word % self.classes])
         return h, total + self.loss(self.cls(h), label)
+
+
+class AttentivePooling(gdb.DynBatchBlock):
+    """A ``rnn.GRUCell`` over a sentence, its states pooled by attention over the tokens."""
+
+    def __init__(self, hidden, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = rnn.GRUCell(hidden)
+            self.att = nn.Dense(1, flatten=False)
+            self.proj = nn.Dense(hidden, activation="relu")
+
+    def hybrid_forward(self, F, words, emb):
+        state = self.cell.begin_state(batch_size=1)
+        outputs = []
+        for word in words:
+            out, state = self.cell(emb[word:word + 1], state)
+            outputs.append(out)
+        states = F.concat(*outputs, dim=0)                  # (T, H)
+        weights = F.softmax(self.att(states), axis=0)       # (T, 1)
+        return self.proj(F.sum(F.broadcast_mul(weights, states), axis=0, keepdims=True))

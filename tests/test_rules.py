@@ -51,6 +51,13 @@ CASES = {
     "dot_shared": lambda F, x: F.dot(x, F.ones((4, 3))),
     "full_reduce_alone": lambda F, x: F.broadcast_mul(x, F.sum(x)),
     "stack_axis1": lambda F, x: F.stack(x, x * 2, axis=1),
+    "stack_axis0": lambda F, x: F.stack(x, F.tanh(x), x * 2, axis=0).mean(axis=0),
+    "softmax_axis0_segment": lambda F, x: F.softmax(x, axis=0) * x,
+    "log_softmax_axis0_segment": lambda F, x: F.log_softmax(F.tanh(x), axis=0),
+    "softmax_axis0_weights": lambda F, x: F.sum(
+        F.broadcast_mul(F.softmax(F.slice_axis(x, axis=1, begin=0, end=1), axis=0), x),
+        axis=0, keepdims=True),
+    "mean_exclude_rows": lambda F, x: F.mean(x, axis=0, exclude=True),
     "where": lambda F, x: F.where(x > 0.5, x, -x),
     "pick": lambda F, x: F.pick(x, F.zeros((x.shape[0],)), axis=1),
     "clip_square": lambda F, x: F.clip(x, 0.2, 0.8).square(),
@@ -84,6 +91,21 @@ def test_ragged_max_and_min_over_rows_batch_in_one_step_and_keep_infinities_apar
         assert got[2].steps == 1
     outs = [np.asarray(v) for v in got[0]]
     assert np.isinf(outs[1][0, 2]) and all(np.isfinite(outs[k]).all() for k in (0, 2, 3))
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_over_ragged_rows_is_one_step_and_a_sample_alone_keeps_its_own(op):
+    model = OneOp(lambda F, x: getattr(F, op)(x * 3, axis=0))
+    table = nd.array(np.random.RandomState(2).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 1), (6, 5), (1, 2), (3, 1)]
+    expected = reference_run(model, samples, [table])
+    for compiled in (False, True, "step"):
+        got = run_model(model, samples, [table], "depth", compiled)
+        assert_same(got, expected)
+        assert got[2].steps == 1
+    probs = [np.exp(v) if op == "log_softmax" else v for v in got[0]]
+    assert all(np.allclose(p.sum(axis=0), 1.0) for p in probs)
+    assert np.allclose(probs[1], 1.0)           # one row: all its weight
 
 
 def test_reshape_family_batches_into_one_step():

@@ -21,7 +21,8 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
-from idiom_models import MeanPoolTree, NodeLossTree, RecursiveNet, TaggerLoss
+from idiom_models import (AttentivePooling, MeanPoolTree, NodeLossTree, RecursiveNet,
+                          TaggerLoss)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
@@ -557,6 +558,10 @@ def case_node_loss_tree(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(NodeLossTree(hidden, CLASSES), seed), _trees(seed, n), [_table(seed)])
 
 
+def case_attentive_pooling(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(AttentivePooling(hidden), seed), _sentences(seed, n), [_table(seed)])
+
+
 #: Every case, by name.
 CASES = {
     "node_losses": case_node_losses,
@@ -576,6 +581,7 @@ CASES = {
     "mean_pool_tree": case_mean_pool_tree,
     "tagger_loss": case_tagger_loss,
     "node_loss_tree": case_node_loss_tree,
+    "attentive_pooling": case_attentive_pooling,
 }
 
 
