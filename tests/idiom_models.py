@@ -3,7 +3,8 @@
 Word ids and labels made with ``F.array`` at every node or token, a Gluon
 loss block called per node, children pooled with ``F.stack(..., axis=0)``
 and a mean, attention weights soft-maxed over a sentence's tokens,
-``nn.Embedding`` and ``nn.LayerNorm`` children.  Each batches
+messages summed over a graph's neighbours, ``nn.Embedding`` and
+``nn.LayerNorm`` children.  Each batches
 as eager Gluon computes it; ``user_models.CASES`` holds their cases.
 """
 from mxnet import gluon
@@ -116,3 +117,33 @@ class AttentivePooling(gdb.DynBatchBlock):
         states = F.concat(*outputs, dim=0)                  # (T, H)
         weights = F.softmax(self.att(states), axis=0)       # (T, 1)
         return self.proj(F.sum(F.broadcast_mul(weights, states), axis=0, keepdims=True))
+
+
+class Graph:
+    """A sample's graph: a word per vertex and each vertex's neighbours."""
+
+    def __init__(self, words, neighbours):
+        self.words, self.neighbours = words, neighbours
+
+
+class MessagePassing(gdb.DynBatchBlock):
+    """Two rounds of message passing over a sample's graph, then a max over the vertices.
+
+    A vertex without neighbours sums nothing: ``sum([])`` is the integer 0.
+    """
+
+    def __init__(self, hidden, rounds=2, **kwargs):
+        super().__init__(**kwargs)
+        self.rounds = rounds
+        with self.name_scope():
+            self.inp = nn.Dense(hidden)
+            self.msg = nn.Dense(hidden)
+            self.upd = nn.Dense(hidden)
+
+    def hybrid_forward(self, F, graph, emb):
+        h = [self.inp(emb[word:word + 1]) for word in graph.words]
+        for _ in range(self.rounds):
+            messages = [self.msg(v) for v in h]
+            h = [F.tanh(self.upd(h[i]) + sum(messages[j] for j in graph.neighbours[i]))
+                 for i in range(len(h))]
+        return F.concat(*h, dim=0).max(axis=0, keepdims=True)

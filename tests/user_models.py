@@ -21,8 +21,8 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
-from idiom_models import (AttentivePooling, MeanPoolTree, NodeLossTree, RecursiveNet,
-                          TaggerLoss)
+from idiom_models import (AttentivePooling, Graph, MeanPoolTree, MessagePassing, NodeLossTree,
+                          RecursiveNet, TaggerLoss)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
@@ -562,6 +562,16 @@ def case_attentive_pooling(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(AttentivePooling(hidden), seed), _sentences(seed, n), [_table(seed)])
 
 
+def case_message_passing(seed=0, n=6, hidden=HIDDEN):
+    r = random.Random(seed)
+    graphs = []
+    for _ in range(n):
+        size = r.randint(1, 7)
+        neighbours = [[j for j in range(size) if j != i and r.random() < 0.4] for i in range(size)]
+        graphs.append(Graph([r.randrange(VOCAB) for _ in range(size)], neighbours))
+    return Case(_init(MessagePassing(hidden), seed), graphs, [_table(seed)])
+
+
 #: Every case, by name.
 CASES = {
     "node_losses": case_node_losses,
@@ -582,6 +592,7 @@ CASES = {
     "tagger_loss": case_tagger_loss,
     "node_loss_tree": case_node_loss_tree,
     "attentive_pooling": case_attentive_pooling,
+    "message_passing": case_message_passing,
 }
 
 
