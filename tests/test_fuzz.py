@@ -143,7 +143,7 @@ class FuzzNet(gdb.DynBatchBlock):
         values = [table[node.offset:node.offset + node.rows]]
         if children:
             values.append(F.concat(*[c[0] for c in children], dim=0))
-        self._kids = children                   # read by "childloop" and "childsum"
+        self._kids = children                   # read by the "child..." instructions
         for ins in node.program:
             values.extend(self._step(F, ins, values, mat, embed))
         h = F.mean(values[node.result], axis=0, keepdims=True)
@@ -185,7 +185,10 @@ class FuzzNet(gdb.DynBatchBlock):
         if op == "max1":                       # (see TIE_OPS)
             return [F.broadcast_sub(a, F.BlockGrad(F.max(a, axis=1, keepdims=True)))]
         if op == "floor":
-            return [a + 0.1 * F.floor(a * 4)]
+            # Offset so that values a model makes exactly (a softmax's mean
+            # over k rows is 1/k) sit away from the jumps: batched sums may
+            # round them by one ulp.
+            return [a + 0.1 * F.floor(a * 4 + 0.37)]
         if op == "compare":
             return [a * (a > 0.1) + 0.5 * a]
         if op == "reverse1":
@@ -214,8 +217,12 @@ class FuzzNet(gdb.DynBatchBlock):
         if op == "norm_all":
             return [F.broadcast_div(a, 1.0 + F.sum(F.square(a)))
                     + 0.1 * F.broadcast_mul(a, F.BlockGrad(F.norm(a)))]
-        if op == "softmax0":                   # mixes rows: alone
+        if op == "softmax0":                   # a ragged softmax over the rows
             return [F.softmax(a, axis=0)]
+        if op == "stack0":                     # a stack on axis 0, averaged
+            return [F.stack(a, F.tanh(a), axis=0).mean(axis=0)]
+        if op == "literal":                    # F.array of Python numbers
+            return [F.broadcast_mul(a, F.array([[0.5 + 0.25 * k for k in range(W)]]))]
         if op == "flip0":                      # mixes rows: alone
             return [F.flip(a, axis=0)]
         if op == "transpose":                  # (r, W) -> (W, r) -> back: alone
@@ -239,6 +246,11 @@ class FuzzNet(gdb.DynBatchBlock):
             for child in self._kids:
                 acc = acc + F.sigmoid(self.dense(child[0])) * child[0]
             return [acc]
+        if op == "childtotal":                 # total = 0, then total = total + x per child
+            total = 0
+            for child in self._kids:
+                total = total + F.tanh(child[0])
+            return [F.mean(a, axis=0, keepdims=True) + total]
         if op == "childsum":                   # Python's sum over the children
             kids = sum(F.tanh(child[0]) for child in self._kids) if self._kids else 0.0
             return [F.mean(a, axis=0, keepdims=True) + kids]
@@ -296,9 +308,9 @@ def assert_runs_agree(got, want):
 ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "scale",
            "softmax1", "logsoftmax1", "reverse1", "clip", "split", "reshape", "opaque",
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
-           "transpose")
+           "transpose", "stack0", "literal")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
-             "childsum")
+             "childsum", "childtotal")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")
 # Operators whose gradient is zero (BlockGrad, floor, comparisons); they once
 # crashed MXNet's backward after the imperative executor's concat + take gather
@@ -338,7 +350,8 @@ def programs(draw, rows, max_len=5):
         op = draw(st.sampled_from(ALL_OPS))
         a = draw(st.integers(0, len(shapes) - 1))
         ra = shapes[a]
-        if op in ("max0", "lse0", "sum0", "mean0", "chain", "childloop", "childsum"):
+        if op in ("max0", "lse0", "sum0", "mean0", "chain", "childloop", "childsum",
+                  "childtotal"):
             ins, out = (op, a), 1
         elif op == "rows":
             start = draw(st.integers(0, ra - 1))
