@@ -11,11 +11,12 @@ import random
 
 import numpy as np
 import pytest
-from mxnet import autograd, nd
+from mxnet import autograd, gluon, nd
+from mxnet.gluon import nn
 
 import gluon_dynbatch as gdb
 import user_models as um
-from dynbatch_testing import assert_same
+from dynbatch_testing import assert_same, random_tree
 
 MODES = [(strategy, compiled) for strategy in ("depth", "agenda")
          for compiled in (False, True, "step")]
@@ -166,6 +167,40 @@ def test_f_array_literals_are_one_array_per_dtype_and_flush(monkeypatch):
         assert ints.dtype == np.int32 and ints.asnumpy().tolist() == [k, k + 1]
         assert rows.dtype == np.float32 and rows.asnumpy().tolist() == [[k] * 3] * 2
         assert mixed.asnumpy().tolist() == [[2.0 * k, 0.0]]
+
+
+class _LiteralChild(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        return self.dense(x) * F.array([[1.0, 2.0, 3.0, 4.0]]) + F.array([0.5])
+
+
+class _LiteralTree(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.child = _LiteralChild()
+            self.embed = nn.Embedding(10, 4)
+
+    def hybrid_forward(self, F, tree, table):
+        h = table[tree.word:tree.word + 1]
+        for child in tree.children:
+            h = h + self(child, table)
+        return F.tanh(self.child(h)) + self.embed(F.array([tree.word]))
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_literals_in_a_replayed_child_block_stay_right_across_scopes(mode):
+    r = random.Random(5)
+    model = um._init(_LiteralTree(), 5)
+    table = um._table(5, vocab=10, dim=4)
+    for _ in range(3):                      # later scopes replay the child's template
+        case = um.Case(model, [random_tree(r, 10) for _ in range(5)], [table])
+        _check(case, mode)
 
 
 @pytest.mark.slow
