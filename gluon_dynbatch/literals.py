@@ -11,7 +11,7 @@ literals with one gather.
 import mxnet as mx
 import numpy as np
 
-from .graph import LEAF, Node
+from .graph import LEAF, VIEW, Node
 from .lazy import LazyArray
 
 
@@ -42,3 +42,24 @@ def fill(graph):
         if node.value is None:
             values = parts[0] if len(parts) == 1 else np.concatenate(parts)
             node.value = mx.nd.array(values, ctx=graph.ctx, dtype=values.dtype)
+
+
+def hand_out(graph, live):
+    """Give held literals their rows of the pool directly; the other live outputs.
+
+    A literal is a constant, as ``nd.array`` makes one: handed out through a
+    batched gather it would carry autograd history, and an operator that
+    refuses gradients for its data (``Embedding``'s indices) would then fail
+    in a later scope.
+    """
+    if not graph.literals:
+        return live
+    pools = {node for node, _ in graph.literals.values()}
+    rest = []
+    for node, idx, lazy in live:
+        if node.kind == VIEW and node.inputs[0][0] in pools:
+            pool = node.inputs[0][0].value
+            lazy._set_result(pool[node.kwargs["begin"]:node.kwargs["end"]])  # pylint: disable=protected-access
+        else:
+            rest.append((node, idx, lazy))
+    return rest

@@ -214,6 +214,7 @@ class BatchingScope:
         rec.new_graph()
         literals.fill(graph)
         live, needed = graph.live_and_needed()
+        live = literals.hand_out(graph, live)
         try:
             if live:
                 with _autograd_modes(graph.mode):

@@ -592,6 +592,21 @@ def test_regression_static_alloc_gradient(second, strategy, compiled):
 
 
 @pytest.mark.parametrize("strategy,compiled", MODES, ids=MODE_IDS)
+def test_regression_a_literal_held_across_a_flush_is_a_constant(strategy, compiled):
+    """An ``F.array`` of ids is still held when an opaque block flushes the
+    scope; handed out through a gather it carried autograd history, and the
+    ``Embedding`` reading it in the next graph asked for its gradient
+    (hypothesis found it)."""
+    samples = [Node(0, 1, [Node(0, 1, [], [], 0, [])],
+                    [("tanh", 0), ("embed", [0]), ("opaque", 0)], 3, [])]
+    model = make_fuzz_net(0)
+    table = random_table(0)
+    expected = fuzz_run(model, samples, table, "eager")
+    got = fuzz_run(model, samples, table, strategy, compiled)
+    assert_runs_agree(got, expected)
+
+
+@pytest.mark.parametrize("strategy,compiled", MODES, ids=MODE_IDS)
 def test_regression_a_loop_reading_one_multi_row_value_in_every_iteration(strategy, compiled):
     """Two iterations of the program loop add the same two-row value to others:
     grouped, that value is stacked once per iteration, not passed once as if it
