@@ -1,4 +1,6 @@
 """DynBatchBlock and the interception of block calls inside a scope."""
+import logging
+
 import mxnet as mx
 from mxnet import gluon
 
@@ -8,6 +10,8 @@ from .errors import BatchingError, describe_call
 from .frames import NOT_RECORDED, Frame
 from .lazy import LazyArray
 from .scope import STRATEGIES, check_granularity
+
+log = logging.getLogger(__name__)
 
 
 class DynBatchBlock(gluon.HybridBlock):
@@ -93,8 +97,17 @@ class DynBatchBlock(gluon.HybridBlock):
         outer_path = rec.path
         rec.path = outer_path + (self._name,)
         outer_frame = rec.frame
-        frame = rec.frame = Frame(rec, rec.frame_root(self), self, rec.path) \
-            if rec.frames_on() else None
+        frame = None
+        if rec.frames_on():
+            root = rec.frame_root(self)
+            if not root.usage.irregular:
+                frame = Frame(rec, root, self, rec.path)
+            elif not root.usage.told:
+                root.usage.told = True
+                log.info("%s: calls take a new path through the code almost every time (a "
+                         "structure of each sample's own); recording them operator by operator",
+                         type(self).__name__)
+        rec.frame = frame
         try:
             if not self._reg_params:        # a recursive model's own block often has none
                 out = self.hybrid_forward(rec.F, *args)

@@ -71,6 +71,7 @@ class Program:
         self.entries = entries
         self.exports = exports
         self.num_inputs = num_inputs
+        self.usage = None    # the trie.Usage of the block that built it first
         self._compiled = threading.local()
         # Columns of a call's site_rows holding a BROW input's rows (the next
         # column holds its output's rows) and a segment's count; and what

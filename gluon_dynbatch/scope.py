@@ -270,9 +270,23 @@ class BatchingScope:
                 0.8 * owner.recent_execute_s + 0.2 * (t2 - t1)
         stats.steps = len(plan.steps)
         stats.planned_nodes = plan.num_nodes
+        _note_program_batches(plan, stats.samples)
         if self.keep_plan:
             # Holding the plan keeps every node alive: only when asked for.
             self.last_plan = plan
+
+
+def _note_program_batches(plan, samples):
+    """Tell each block how well its programs batched in ``plan`` (``trie.Usage``)."""
+    seen = {}
+    for step in plan.steps:
+        usage = getattr(step.nodes[0].op, "usage", None)
+        if usage is not None:
+            counts = seen.setdefault(id(usage), [usage, 0, 0])
+            counts[1] += len(step.nodes)
+            counts[2] += 1
+    for usage, nodes, steps in seen.values():
+        usage.note_flush(nodes, steps, samples)
 
 
 #: ``compiled=True``: flushes of a model after which, if most of its whole

@@ -82,6 +82,20 @@ def _jumped_back(ranges, loop_range, previous, offset, call):
     return True
 
 
+def _inside_one_call(site, before, level):
+    """Whether going from site ``before`` to ``site``, both at one instruction of
+    ``level``, happened inside one call made there (a helper function or a
+    comprehension going on, or going round a loop of its own), not by
+    running that instruction again."""
+    deeper = level + 1
+    if deeper >= len(site) or deeper >= len(before) or site[deeper][0] is not before[deeper][0]:
+        return False
+    code, offset = site[deeper]
+    offset_before = before[deeper][1]
+    return offset > offset_before or any(
+        start <= offset <= end and start <= offset_before <= end for start, end in loops(code))
+
+
 def iterations(sites, calls=None):
     """Per call, the loops it ran in, each as ``(loop, iteration)``, outermost first.
 
@@ -92,7 +106,7 @@ def iterations(sites, calls=None):
     iteration (by default every call is a call of its own).
     """
     out = []
-    last = {}                 # loop -> (offset, number) of its previous call
+    last = {}                 # loop -> (offset, number, site) of its previous call
     count = {}                # loop -> current iteration
     if calls is None:
         calls = range(len(sites))
@@ -111,9 +125,11 @@ def iterations(sites, calls=None):
                 previous = last.get(loop)
                 if previous is None:
                     count[loop] = 0
-                elif _jumped_back(ranges, (start, end), previous, offset, call):
+                elif _jumped_back(ranges, (start, end), previous[:2], offset, call) \
+                        and not (offset == previous[0]
+                                 and _inside_one_call(site, previous[2], level)):
                     count[loop] += 1
-                last[loop] = (offset, call)
+                last[loop] = (offset, call, site)
                 where.append((loop, count[loop]))
                 outer = outer + ((loop, count[loop]),)
         out.append(tuple(where))

@@ -88,7 +88,7 @@ class State:
     """
 
     __slots__ = ("next", "calls", "cuts", "step", "_parent", "_start", "recipes", "counter",
-                 "single", "shape", "dtype", "__weakref__")
+                 "single", "shape", "dtype", "usage", "__weakref__")
 
     def __init__(self, step=None, parent=None, start=None, counter=None):
         self.single = step is not None and len(step.info.out_shapes) == 1
@@ -106,6 +106,7 @@ class State:
         self.recipes = {}
         self.counter = counter if counter is not None else (parent.counter if parent else [0])
         self.counter[0] += 1
+        self.usage = None               # a root's Usage
 
     @property
     def parent(self):
@@ -116,6 +117,13 @@ class State:
     def start(self):
         """The state where this state's segment began (a root or a cut)."""
         return self if self._start is None else self._start()
+
+    def root(self):
+        """The root of this state's trie."""
+        state = self
+        while state.parent is not None:
+            state = state.parent
+        return state
 
     def steps(self):
         """The steps from the start of this state's segment to it, in order."""
@@ -190,12 +198,39 @@ def version(block):
     return tuple((id(p), p.shape, p.dtype) for p in block.collect_params().values())
 
 
+class Usage:
+    """Whether a block's programs batch: one per trie root.
+
+    Frames of a model whose structure is each sample's own (a graph's
+    adjacency) become programs of their own, which batch with nothing.
+    After two flushes in a row where the block's program steps held few
+    nodes for the samples of the flush (``note_flush``), its calls are
+    recorded operator by operator instead (``irregular``): operators batch
+    across samples by signature whatever the structure.
+    """
+
+    __slots__ = ("strikes", "irregular", "told")
+
+    def __init__(self):
+        self.strikes, self.irregular, self.told = 0, False, False
+
+    def note_flush(self, nodes, steps, samples):
+        """Count a flush where this block's programs ran as ``nodes`` nodes in ``steps`` steps."""
+        mean = nodes / steps
+        if nodes >= 32 and samples >= 8 and mean < min(4.0, samples / 8.0):
+            self.strikes += 1
+            self.irregular = self.strikes >= 2
+        else:
+            self.strikes = 0
+
+
 def root(key, block):
     """This thread's root State of ``key`` (block, parameters, modes...)."""
     roots = store().roots
     found = roots.get(key)
     if found is None or found.counter[0] >= MAX_STATES:
         found = roots[key] = State()
+        found.usage = Usage()
         # The trie holds the block's parameters: drop it with the block.
         weakref.finalize(block, roots.pop, key, None)
     return found

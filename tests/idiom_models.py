@@ -147,3 +147,26 @@ class MessagePassing(gdb.DynBatchBlock):
             h = [F.tanh(self.upd(h[i]) + sum(messages[j] for j in graph.neighbours[i]))
                  for i in range(len(h))]
         return F.concat(*h, dim=0).max(axis=0, keepdims=True)
+
+
+def elman_step(F, x, h, w_x, w_h, hidden):
+    """One step of an Elman RNN: a plain Python helper, as users factor a cell."""
+    return F.tanh(F.FullyConnected(x, w_x, no_bias=True, num_hidden=hidden)
+                  + F.FullyConnected(h, w_h, no_bias=True, num_hidden=hidden))
+
+
+class HelperRNN(gdb.DynBatchBlock):
+    """An RNN over a sentence whose step is a Python function called per token."""
+
+    def __init__(self, hidden, dim, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = hidden
+        with self.name_scope():
+            self.w_x = self.params.get("w_x", shape=(hidden, dim))
+            self.w_h = self.params.get("w_h", shape=(hidden, hidden))
+
+    def hybrid_forward(self, F, words, emb, w_x, w_h):
+        h = F.zeros((1, self.hidden))
+        for word in words:
+            h = elman_step(F, emb[word:word + 1], h, w_x, w_h, self.hidden)
+        return h

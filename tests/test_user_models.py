@@ -203,6 +203,38 @@ def test_literals_in_a_replayed_child_block_stay_right_across_scopes(mode):
         _check(case, mode)
 
 
+def test_a_step_function_called_per_token_is_one_part_per_token():
+    case = um.case_helper_rnn(n=8)
+    stats = _check(case, ("depth", False))[2]
+    # Operators inside one call of the helper are one iteration, not one each.
+    assert stats.steps <= max(len(s) for s in case.samples) + 1
+
+
+def _three_scopes(case):
+    """Stats of three batched runs of ``case``, each checked against eager."""
+    eager = um.run_case(case)
+    stats = []
+    for _ in range(3):
+        batched = um.run_case(case, {})
+        assert_same(batched, eager)
+        stats.append(batched[2])
+    return stats
+
+
+def test_a_model_whose_programs_batch_with_nothing_is_recorded_op_by_op(caplog):
+    case = um.case_message_passing(n=24)        # a graph of its own in every sample
+    with caplog.at_level("INFO", logger="gluon_dynbatch.block"):
+        first, _, third = _three_scopes(case)
+    assert third.mean_batch_size >= 3 * first.mean_batch_size
+    assert "MessagePassing: calls take a new path" in caplog.text
+
+
+def test_models_whose_programs_batch_keep_them():
+    for case in (um.case_lstm_cell(n=24), um.case_opbyop_child_sum(n=24)):
+        first, _, third = _three_scopes(case)
+        assert third.nodes == first.nodes and third.nodes < third.calls / 2
+
+
 @pytest.mark.slow
 def test_lstm_cell_every_length_from_1_to_130():
     r = random.Random(0)

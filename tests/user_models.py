@@ -21,8 +21,8 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
-from idiom_models import (AttentivePooling, Graph, MeanPoolTree, MessagePassing, NodeLossTree,
-                          RecursiveNet, TaggerLoss)
+from idiom_models import (AttentivePooling, Graph, HelperRNN, MeanPoolTree, MessagePassing,
+                          NodeLossTree, RecursiveNet, TaggerLoss)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
@@ -572,6 +572,10 @@ def case_message_passing(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(MessagePassing(hidden), seed), graphs, [_table(seed)])
 
 
+def case_helper_rnn(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(HelperRNN(hidden, DIM), seed), _sentences(seed, n), [_table(seed)])
+
+
 #: Every case, by name.
 CASES = {
     "node_losses": case_node_losses,
@@ -593,6 +597,7 @@ CASES = {
     "node_loss_tree": case_node_loss_tree,
     "attentive_pooling": case_attentive_pooling,
     "message_passing": case_message_passing,
+    "helper_rnn": case_helper_rnn,
 }
 
 
