@@ -341,7 +341,9 @@ def _group_inputs(members, owner, produced, frame):
             first, idx = owner[refs[0]]
             group = first.group
             if group is not None and len(group.members) == len(members) and all(
-                    owner[r] == (m, idx) for r, m in zip(refs, group.members)):
+                    owner[r] == (m, idx) for r, m in zip(refs, group.members)) and (
+                        role != BROW or _rows_kept(members, [
+                            owner[r][0].step.info.out_shapes[idx][0] for r in refs])):
                 inputs.append(("group", group, idx))
                 continue
             if role == BROW and len(set(refs)) == 1 and first.group is None \
@@ -355,10 +357,17 @@ def _group_inputs(members, owner, produced, frame):
                 and _outside_rows(refs[0], frame) == 1:
             inputs.append(("repeat", refs[0]))      # one outside row for every member
             continue
+        if role == BROW and not _rows_kept(members, [_outside_rows(r, frame) for r in refs]):
+            return None       # a row broadcast to several: stacked, it would not line up
         inputs.append(("stack", refs))
     if not any(how[0] in ("stack", "group") for how in inputs):
         return None       # every member reads the same rows: nothing to stack
     return inputs
+
+
+def _rows_kept(members, rows):
+    """Whether each member's input has the member's own rows (``rows``, per member)."""
+    return all(r == m.step.info.out_shapes[0][0] for r, m in zip(rows, members))
 
 
 def _misused(units, groups, produced, exported):

@@ -592,6 +592,19 @@ def test_regression_static_alloc_gradient(second, strategy, compiled):
 
 
 @pytest.mark.parametrize("strategy,compiled", MODES, ids=MODE_IDS)
+def test_regression_different_rows_broadcast_to_a_multi_row_value_are_not_stacked(strategy, compiled):
+    """Two calls multiply one two-row value by two different one-row values:
+    grouped, the one-row values were stacked as two rows against four
+    (hypothesis found it)."""
+    samples = [Node(0, 2, [], [("literal", 0), ("literal", 0)], 0, [])]
+    model = make_fuzz_net(0)
+    table = random_table(0)
+    expected = fuzz_run(model, samples, table, "eager")
+    got = fuzz_run(model, samples, table, strategy, compiled)
+    assert_runs_agree(got, expected)
+
+
+@pytest.mark.parametrize("strategy,compiled", MODES, ids=MODE_IDS)
 def test_regression_a_literal_held_across_a_flush_is_a_constant(strategy, compiled):
     """An ``F.array`` of ids is still held when an opaque block flushes the
     scope; handed out through a gather it carried autograd history, and the
