@@ -203,7 +203,6 @@ class Graph:
         self.literals = {}
         self.flush_fn = self.read_fn = _released
 
-
     def live_and_needed(self):
         """(live, needed): every output a user still holds, as ``(node, idx,
         LazyArray)``, and the nodes they depend on, in creation order.

@@ -292,6 +292,15 @@ def fuzz_run(model, samples, table, strategy, compiled=False, share=False):
     return result, model.reads
 
 
+def assert_sample_set_matches_eager(samples, strategy, compiled):
+    """A fixed set of samples (a regression): batched equals eager."""
+    model = make_fuzz_net(0)
+    table = random_table(0)
+    expected = fuzz_run(model, samples, table, "eager")
+    got = fuzz_run(model, samples, table, strategy, compiled)
+    assert_runs_agree(got, expected)
+
+
 def assert_runs_agree(got, want):
     """Outputs, gradients and the values read mid-scope agree."""
     (result, reads), (ref, ref_reads) = got, want
@@ -584,11 +593,7 @@ def test_regression_static_alloc_gradient(second, strategy, compiled):
     inner = Node(0, 1, [leaf()], [("tanh", 1), (second, 1)], 1, [2, 3])
     samples = [Node(0, 1, [Node(0, 1, [inner, leaf()], [], 1, []), leaf()], [], 1, []),
                Node(0, 1, [Node(0, 1, [leaf(), leaf()], [], 1, []), leaf()], [], 1, [])]
-    model = make_fuzz_net(0)
-    table = random_table(0)
-    expected = fuzz_run(model, samples, table, "eager")
-    got = fuzz_run(model, samples, table, strategy, compiled)
-    assert_runs_agree(got, expected)
+    assert_sample_set_matches_eager(samples, strategy, compiled)
 
 
 @pytest.mark.parametrize("strategy,compiled", MODES, ids=MODE_IDS)
@@ -597,11 +602,7 @@ def test_regression_different_rows_broadcast_to_a_multi_row_value_are_not_stacke
     grouped, the one-row values were stacked as two rows against four
     (hypothesis found it)."""
     samples = [Node(0, 2, [], [("literal", 0), ("literal", 0)], 0, [])]
-    model = make_fuzz_net(0)
-    table = random_table(0)
-    expected = fuzz_run(model, samples, table, "eager")
-    got = fuzz_run(model, samples, table, strategy, compiled)
-    assert_runs_agree(got, expected)
+    assert_sample_set_matches_eager(samples, strategy, compiled)
 
 
 @pytest.mark.parametrize("strategy,compiled", MODES, ids=MODE_IDS)
@@ -612,11 +613,7 @@ def test_regression_a_literal_held_across_a_flush_is_a_constant(strategy, compil
     (hypothesis found it)."""
     samples = [Node(0, 1, [Node(0, 1, [], [], 0, [])],
                     [("tanh", 0), ("embed", [0]), ("opaque", 0)], 3, [])]
-    model = make_fuzz_net(0)
-    table = random_table(0)
-    expected = fuzz_run(model, samples, table, "eager")
-    got = fuzz_run(model, samples, table, strategy, compiled)
-    assert_runs_agree(got, expected)
+    assert_sample_set_matches_eager(samples, strategy, compiled)
 
 
 @pytest.mark.parametrize("strategy,compiled", MODES, ids=MODE_IDS)
@@ -625,8 +622,4 @@ def test_regression_a_loop_reading_one_multi_row_value_in_every_iteration(strate
     grouped, that value is stacked once per iteration, not passed once as if it
     were one row broadcast to both (hypothesis found it)."""
     samples = [Node(0, 2, [], [("sub", 0, 0), ("add", 0, 0), ("add", 0, 1)], 0, [2, 3])]
-    model = make_fuzz_net(0)
-    table = random_table(0)
-    expected = fuzz_run(model, samples, table, "eager")
-    got = fuzz_run(model, samples, table, strategy, compiled)
-    assert_runs_agree(got, expected)
+    assert_sample_set_matches_eager(samples, strategy, compiled)
