@@ -32,12 +32,11 @@ import sys
 
 from mxnet.ndarray import NDArray
 
-from . import sites
-from .graph import LEAF, slot
+from . import sites, weight_calls
+from .graph import LEAF
 from .lazy import LazyArray
-from .ops import Stand
 from .templates import recipe_for
-from .trie import MAX_STATES, Macro, State, Step, flatten_args, is_constant
+from .trie import MAX_STATES, Macro, State, flatten_args, learn_call
 
 NOT_RECORDED = object()    # ``Frame.block_call``: the call is left to the caller
 POOL_SIZE = 4096           # dead provisional LazyArrays kept for reuse, per recorder
@@ -173,17 +172,57 @@ class Frame:
     def op(self, op, args, kwargs):
         """Record ``op(*args, **kwargs)``; return its LazyArray output(s).
 
-        This runs for every operator call of every frame: a call of one
-        value of this frame takes a short path.  Keys are ``(op, *refs)``
-        without keyword arguments, else ``(op, refs, kwargs)``.
+        This runs for every operator call of every frame.  A known call
+        whose arrays are values of this frame, arrays read before,
+        parameters or constants, and whose keywords are plain constants,
+        takes the short path written out here: it builds the key ``_op``
+        would build, ``(op, *refs)`` without keywords, else ``(op, refs,
+        kwargs)``, and follows the trie edge.  Anything else goes to ``_op``.
         """
-        if not kwargs and len(args) == 1:
-            a = args[0]
+        refs = []
+        ext = self.ext
+        for a in args:
             if type(a) is LazyArray and a._node is self:
-                nxt = self.state.next.get((op, a._idx))
-                if nxt is not None and nxt.single:
-                    return self.push(nxt)
-        return self._op(op, args, kwargs)
+                refs.append(a._idx)
+                continue
+            # As ``ref`` (the id of a live int never names a live array).
+            found = ext.get(id(a))
+            if found is None:
+                found = self.rec.graph.shared_items.get(id(a))
+                if found is None:
+                    return self._op(op, args, kwargs)
+            refs.append(found)
+        if kwargs:
+            for value in kwargs.values():
+                if isinstance(value, NDArray):  # its ``==`` records: keep it out of keys
+                    return self._op(op, args, kwargs)
+            if "name" in kwargs:
+                return self._op(op, args, kwargs)
+            try:
+                nxt = self.state.next.get((op, tuple(refs), tuple(kwargs.items())))
+            except TypeError:                   # an unhashable constant
+                return self._op(op, args, kwargs)
+        elif refs:
+            nxt = self.state.next.get((op, *refs))
+        else:
+            return self._op(op, args, kwargs)
+        if nxt is None:
+            return self._op(op, args, kwargs)
+        if not nxt.single:
+            return self._outputs(nxt)
+        self.state = nxt                        # ``push``, written out
+        pos = len(self.out_shapes)
+        self.out_shapes.append(nxt.shape)
+        self.out_dtypes.append(nxt.dtype)
+        pool = self.pool
+        if pool:
+            lazy = pool.pop()
+            lazy._node = self
+            lazy._idx = pos
+        else:
+            lazy = LazyArray(self, pos)
+        self.lazies.append(lazy)
+        return lazy
 
     def push(self, nxt):
         """Move to state ``nxt`` (a one-output call); its provisional output."""
@@ -202,6 +241,9 @@ class Frame:
         return lazy
 
     def _op(self, op, args, kwargs):
+        if self._on_weights(op, args, kwargs):
+            # Weights only: one node per graph, outside templates (weight_calls.py).
+            return self.rec.graph_op(op, args, kwargs)
         refs = []
         arrays = 0
         ref = self.ref
@@ -238,6 +280,17 @@ class Frame:
                 return self.push(nxt)
             return self._outputs(nxt)
         return self.call(op, args, kwargs, key, refs, kw)
+
+    def _on_weights(self, op, args, kwargs):
+        """Whether every array of a call is a weight (``weight_calls.is_weight``);
+        asked before ``ref`` gives any of them a position."""
+        arrays = [a for a in args if isinstance(a, NDArray)]
+        if kwargs:
+            arrays += [v for v in kwargs.values() if isinstance(v, NDArray)]
+        if not arrays or not weight_calls.deterministic(op):
+            return False
+        rec = self.rec
+        return all(weight_calls.is_weight(rec, a) for a in arrays)
 
     def call(self, op, args, kwargs, key, refs, kw):
         """Follow (or learn) the edge of ``key``; the call's outputs.
@@ -499,61 +552,6 @@ class Frame:
         """A provisional value is read: cut, then run what is pending."""
         self.cut("a value is read")
         self.rec.read()
-
-
-def learn_call(rec, frame, op, args, kwargs, refs, kw):
-    """The :class:`trie.Step` of a call a frame meets for the first time.
-
-    ``refs`` and ``kw`` are the call's key items (see ``Frame.op``).
-    Inputs that are values of the frame stand in as :class:`ops.Stand`
-    objects with their shapes; the analysis is the one of ``add_node``.
-    """
-    inputs, targs, step_refs = [], [], []
-    for a, ref in zip(args, refs):
-        if is_constant(ref):
-            targs.append(a)
-            continue
-        if type(ref) is tuple and ref[0] == "x":      # read for the first time
-            ref = frame.ext[id(a)]
-        targs.append(slot(len(inputs)))
-        inputs.append(_source(rec, frame, a, ref))
-        step_refs.append(_step_ref(rec, ref))
-    tkw = {}
-    for name, ref in kw or ():
-        value = kwargs[name]
-        if isinstance(value, NDArray):
-            if type(ref) is tuple and ref[0] == "x":
-                ref = frame.ext[id(value)]
-            tkw[name] = slot(len(inputs))
-            inputs.append(_source(rec, frame, value, ref))
-            step_refs.append(_step_ref(rec, ref))
-        else:
-            tkw[name] = value
-    info = rec.analyse_stub(op, tuple(targs), tkw, inputs)
-    start = len(frame.out_shapes)
-    outs = tuple(range(start, start + len(info.out_shapes)))
-    return Step(op, tuple(targs), tkw, tuple(step_refs), info, outs,
-                rec.path[len(frame.path):])
-
-
-def _source(rec, frame, array, ref):
-    """``(node, idx)`` standing for an input of a frame's call during analysis."""
-    if type(ref) is int:
-        outside = frame.vals.get(ref)
-        if outside is not None:
-            return rec.value_of(outside)
-        return (Stand(frame.out_shapes[ref], frame.out_dtypes[ref], ref), 0)
-    return rec.value_of(array)
-
-def _step_ref(rec, ref):
-    """A key item as a step keeps it: positions, parameters, constant arrays."""
-    if type(ref) is int:
-        return ref
-    if ref[0] == "c":
-        return ("c", rec.constant_ids[ref[1]])
-    if ref[0] == "p":
-        return ref
-    raise AssertionError("unexpected key item %r" % (ref,))
 
 
 def _position(lazy):

@@ -181,6 +181,8 @@ class Graph:
         self.constants = {}        # (F path, args) -> leaf of a deterministic F.zeros ...
         self.shared_items = {}     # id(array) -> frame key item of a parameter or constant
         self.literals = {}         # (dtype, row shape) -> (leaf, numpy parts): literals.py
+        self.weight_calls = {}     # call on weights only -> its node (weight_calls.py)
+        self.weight_nodes = set()  # ids of those nodes
         self.mode = None           # autograd's (recording, training) of its calls
 
     def add(self, node):
@@ -201,6 +203,8 @@ class Graph:
         self.constants = {}
         self.shared_items = {}
         self.literals = {}
+        self.weight_calls = {}
+        self.weight_nodes = set()
         self.flush_fn = self.read_fn = _released
 
     def live_and_needed(self):

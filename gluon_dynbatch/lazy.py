@@ -3,9 +3,10 @@
 A LazyArray is an ``mx.nd.NDArray`` whose handle is filled in when the
 recorded graph that produces it has run.  Until then it knows its shape,
 dtype and context, and the recorder intercepts arithmetic, indexing and
-fluent methods on it.  Anything else that needs its data (``asnumpy``, a
-plain ``mx.nd`` operator, ``backward``) reaches for ``handle``, which first
-runs what is pending.
+fluent methods on it (and ``mx.nd`` operators called on it directly, see
+``namespace.py``).  Anything else that needs its data (``asnumpy``, an
+operator writing to ``out=``, ``backward``) reaches for ``handle``, which
+first runs what is pending.
 """
 from mxnet import nd
 from mxnet.base import _LIB, check_call

@@ -433,7 +433,7 @@ class Compiler(SegmentWalker):
         tails = (tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
                  tuple(shape[1:] for shape in node0.out_shapes),
                  tuple(np.dtype(d).name for d in node0.out_dtypes))
-        key = key + (tails,)
+        key = key + (tails, node0.rule.step_key(node0))
         family = (kind, node0.op.name, node0.attrs if node0.rule.keyed_attrs else None,
                   node0.meta, tails)
         if kind == "program":

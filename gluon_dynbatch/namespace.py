@@ -5,11 +5,18 @@ It looks like ``mx.nd``: each operator records a call instead of running
 concatenations take the recorder's short paths (a stack along axis 0 is one
 of those and a reshape); deterministic creation
 functions (``F.zeros``) give constants, one per graph and arguments; other
-Python helpers of ``mx.nd`` run on concrete values.
+Python helpers of ``mx.nd`` run on concrete values.  Operators of ``mx.nd``
+called directly on pending values (as Gluon's ``unroll`` does) are recorded
+too.
 """
+import ctypes
+import inspect
+
 import mxnet as mx
 import numpy as np
+from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
 from mxnet.ndarray import NDArray
+from mxnet.ndarray import register as _register
 
 from . import context, lazy_ops, literals
 from .lazy import LazyArray
@@ -68,8 +75,15 @@ def _operator(rec, op):
 
 def _slice_axis(rec, op):
     """``F.slice_axis``: rows of one array take the recorder's row-slice path."""
+    modes = context.MODE_CHANGES
+
     def slice_axis(*args, **kwargs):
-        if len(args) == 1 and len(kwargs) == 3 and kwargs.get("axis") == 0 \
+        axis = kwargs.get("axis")
+        if type(axis) is int and axis != 0:     # columns: an operator like any other
+            frame = rec.frame
+            if frame is not None and rec._mode_seen == modes[0]:  # pylint: disable=W0212
+                return frame.op(op, args, kwargs)
+        elif len(args) == 1 and len(kwargs) == 3 and axis == 0 \
                 and "begin" in kwargs and "end" in kwargs and isinstance(args[0], NDArray):
             return rec.row_slice(args[0], kwargs["begin"], kwargs["end"])
         return rec.call_op(op, args, kwargs)
@@ -154,3 +168,81 @@ def _python_function(rec, fn, path):
         # Not an operator: run it on concrete values (correct, not batched).
         return rec.wrap_inputs(fn(*args, **kwargs))
     return fallback
+
+
+# -- direct calls of ``mx.nd`` operators ---------------------------------------
+# Gluon's own helpers call ``mx.nd`` on what they are given instead of going
+# through ``F``: ``RecurrentCell.unroll`` splits its input with ``ndarray.split``
+# and stacks the outputs with ``ndarray.stack``.  Every generated ``mx.nd``
+# operator function ends in ``register._imperative_invoke`` (a global of that
+# module), so a call whose arrays are still pending is recorded there instead
+# of reading them (which would run everything pending and stop batching).
+
+_INVOKE = _register._imperative_invoke
+_BY_HANDLE = {}         # operator handle -> (OpDef, arrays it takes) or None
+
+
+def _operator_names():
+    """Every operator handle (as the int the generated functions pass) -> its name."""
+    size, names = ctypes.c_uint(), ctypes.POINTER(ctypes.c_char_p)()
+    check_call(_LIB.MXListAllOpNames(ctypes.byref(size), ctypes.byref(names)))
+    found = {}
+    for i in range(size.value):
+        name = py_str(names[i])
+        handle = OpHandle()
+        check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+        found[handle.value] = name
+    return found
+
+
+def _direct_op(handle):
+    """(OpDef, number of array arguments or None if variadic) of an operator
+    handle, or None when the operator is not reachable as ``mx.nd.<name>`` or
+    ``mx.nd._internal.<name>`` (and ``mx.sym``'s)."""
+    found = _BY_HANDLE.get(handle, _UNKNOWN)
+    if found is _UNKNOWN:
+        if not _NAMES:
+            _NAMES.update(_operator_names())
+        name = _NAMES.get(handle)
+        found = _BY_HANDLE[handle] = _resolve_direct(name) if name else None
+    return found
+
+
+_NAMES = {}             # operator handle -> name, read once
+_UNKNOWN = object()
+
+
+def _resolve_direct(name):
+    for path in ((name,), ("_internal", name)):
+        try:
+            op = opdef(*path)
+        except AttributeError:
+            continue
+        code = getattr(op.nd_fn, "__code__", None)
+        if code is None or code.co_filename != "<string>":
+            continue                    # a Python helper of that name, not the operator
+        params = inspect.signature(op.nd_fn).parameters.values()
+        if any(p.kind is p.VAR_POSITIONAL for p in params):
+            return op, None
+        return op, sum(1 for p in params if p.default is None and p.name not in ("out", "name"))
+    return None
+
+
+def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list):
+    """``_imperative_invoke`` that records calls on pending LazyArrays in a scope."""
+    rec = context.TLS.recorder
+    if rec is not None and out is None and not is_np_op and not rec.eager \
+            and any(type(a) is LazyArray and a._h is None for a in ndargs):
+        found = _direct_op(handle)
+        # Arrays go by position: a non-variadic call that left an optional
+        # array out (``bias=None``) cannot be replayed positionally.
+        if found is not None and (found[1] is None or found[1] == len(ndargs)):
+            kwargs = dict(zip(keys, vals))
+            result = rec.call_op(found[0], tuple(ndargs), kwargs)
+            if output_is_list and not isinstance(result, list):
+                result = [result]
+            return result
+    return _INVOKE(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
+
+
+_register._imperative_invoke = _recording_invoke

@@ -21,7 +21,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.ndarray import NDArray
 
-from . import calls, context, trie
+from . import calls, context, trie, weight_calls
 from .errors import BatchingError, describe_call
 from .frames import NOT_RECORDED, Frame
 from .graph import LEAF, OP, VIEW, Graph, Node, known_node, slot, slots_of
@@ -298,6 +298,8 @@ class Recorder:
                     tkw[k] = v
         if not inputs:
             return self.constant(op, args, kwargs)
+        if weight_calls.on_weights(self, op, inputs):
+            return weight_calls.shared_call(self, op, inputs, tuple(targs), tkw)
         return self.add_node(op, inputs, tuple(targs), tkw)
 
     def row_slice(self, x, begin, end):

@@ -58,6 +58,11 @@ class Rule:
     def signature(self, node):
         raise NotImplementedError
 
+    def step_key(self, node):
+        """What a compiled step of ``node``'s batch depends on beyond its operator,
+        constant arguments and the trailing shapes of its inputs and outputs."""
+        return ()
+
     def batched_call(self, F, node, inputs):
         """Run the batch of ``node``'s signature on gathered ``inputs``.
 
@@ -276,7 +281,10 @@ class ReshapeRule(Rule):
         shape_in, shape_out = _in_shape(node, 0), node.out_shapes[0]
         if not shape_in or not shape_out:
             return None
-        return Signature((("reshape", _trail(shape_out), _in_dtype(node, 0)),), self, (ROW,))
+        # Inputs are concatenated, so their rows must agree too (a reshape of a
+        # (4H, E) weight and one of a (4H, H) weight both give (-1,)).
+        return Signature((("reshape", _trail(shape_in), _trail(shape_out), _in_dtype(node, 0)),),
+                         self, (ROW,))
 
     def batched_call(self, F, node, inputs):
         return [F.reshape(inputs[0], shape=(-1,) + tuple(_trail(node.out_shapes[0])))]

@@ -190,7 +190,7 @@ def _run_step(node0, shape, variant, arrays, ctx, cache, stats):
            type(node0.rule).__name__, shape, variant,
            tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
            tuple(np.dtype(src.out_dtypes[i]).name for src, i in node0.inputs),
-           tuple(s[1:] for s in node0.out_shapes), str(ctx))
+           tuple(s[1:] for s in node0.out_shapes), node0.rule.step_key(node0), str(ctx))
     entry = cache.get(key)
     start = time.perf_counter()
     if entry is None:

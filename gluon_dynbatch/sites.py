@@ -17,9 +17,13 @@ import os
 import sys
 
 import mxnet
+from mxnet.gluon.rnn import rnn_cell
 
 _LIBRARIES = (os.path.dirname(os.path.abspath(__file__)),
               os.path.dirname(os.path.abspath(mxnet.__file__)))
+# Gluon's ``unroll`` methods loop over tokens for the user: their loops count.
+_UNROLLS = frozenset(cls.unroll.__code__ for cls in vars(rnn_cell).values()
+                     if isinstance(cls, type) and hasattr(cls, "unroll"))
 _USER_CODE = {}      # code object -> whether it is the user's (not a library's)
 _LOOPS = {}          # code object -> ((start, end), ...) of its loops
 
@@ -28,7 +32,7 @@ def _is_users(code):
     found = _USER_CODE.get(code)
     if found is None:
         path = os.path.abspath(code.co_filename)
-        found = _USER_CODE[code] = not path.startswith(_LIBRARIES)
+        found = _USER_CODE[code] = code in _UNROLLS or not path.startswith(_LIBRARIES)
     return found
 
 

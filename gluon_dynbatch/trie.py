@@ -15,6 +15,9 @@ import weakref
 
 from mxnet.ndarray import NDArray
 
+from .graph import slot
+from .ops import Stand
+
 MAX_STATES = 200000        # states of one trie before it is dropped and learned anew
 
 
@@ -244,3 +247,58 @@ def token(key, block):
         found = tokens[key] = next(store().counter)
         weakref.finalize(block, tokens.pop, key, None)
     return found
+
+
+def learn_call(rec, frame, op, args, kwargs, refs, kw):
+    """The :class:`trie.Step` of a call a frame meets for the first time.
+
+    ``refs`` and ``kw`` are the call's key items (see ``Frame.op``).
+    Inputs that are values of the frame stand in as :class:`ops.Stand`
+    objects with their shapes; the analysis is the one of ``add_node``.
+    """
+    inputs, targs, step_refs = [], [], []
+    for a, ref in zip(args, refs):
+        if is_constant(ref):
+            targs.append(a)
+            continue
+        if type(ref) is tuple and ref[0] == "x":      # read for the first time
+            ref = frame.ext[id(a)]
+        targs.append(slot(len(inputs)))
+        inputs.append(_source(rec, frame, a, ref))
+        step_refs.append(_step_ref(rec, ref))
+    tkw = {}
+    for name, ref in kw or ():
+        value = kwargs[name]
+        if isinstance(value, NDArray):
+            if type(ref) is tuple and ref[0] == "x":
+                ref = frame.ext[id(value)]
+            tkw[name] = slot(len(inputs))
+            inputs.append(_source(rec, frame, value, ref))
+            step_refs.append(_step_ref(rec, ref))
+        else:
+            tkw[name] = value
+    info = rec.analyse_stub(op, tuple(targs), tkw, inputs)
+    start = len(frame.out_shapes)
+    outs = tuple(range(start, start + len(info.out_shapes)))
+    return Step(op, tuple(targs), tkw, tuple(step_refs), info, outs,
+                rec.path[len(frame.path):])
+
+
+def _source(rec, frame, array, ref):
+    """``(node, idx)`` standing for an input of a frame's call during analysis."""
+    if type(ref) is int:
+        outside = frame.vals.get(ref)
+        if outside is not None:
+            return rec.value_of(outside)
+        return (Stand(frame.out_shapes[ref], frame.out_dtypes[ref], ref), 0)
+    return rec.value_of(array)
+
+def _step_ref(rec, ref):
+    """A key item as a step keeps it: positions, parameters, constant arrays."""
+    if type(ref) is int:
+        return ref
+    if ref[0] == "c":
+        return ("c", rec.constant_ids[ref[1]])
+    if ref[0] == "p":
+        return ref
+    raise AssertionError("unexpected key item %r" % (ref,))

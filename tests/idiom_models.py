@@ -170,3 +170,101 @@ class HelperRNN(gdb.DynBatchBlock):
         for word in words:
             h = elman_step(F, emb[word:word + 1], h, w_x, w_h, self.hidden)
         return h
+
+
+class UnrollEncoder(gdb.DynBatchBlock):
+    """``rnn.LSTMCell.unroll`` over a sentence's embedded words, then a classifier.
+
+    ``unroll`` splits its input and stacks its outputs with ``mx.nd``
+    operators called directly, not through ``F``.
+    """
+
+    def __init__(self, hidden, classes, merge=False, **kwargs):
+        super().__init__(**kwargs)
+        self.merge = merge
+        with self.name_scope():
+            self.cell = rnn.LSTMCell(hidden)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, words, emb):
+        x = F.concat(*[emb[w:w + 1] for w in words], dim=0).expand_dims(0)   # (1, T, E)
+        outs, _ = self.cell.unroll(len(words), x, layout="NTC", merge_outputs=self.merge)
+        last = outs[:, -1] if self.merge else outs[-1]
+        return self.out(last)
+
+
+class FusedLSTMEncoder(gdb.DynBatchBlock):
+    """A fused ``rnn.LSTM`` layer run over a sentence laid out (T, 1, E).
+
+    With ``bigru``, a two-layer bidirectional ``rnn.GRU`` over (1, T, E) instead.
+    """
+
+    def __init__(self, hidden, dim, classes, bigru=False, **kwargs):
+        super().__init__(**kwargs)
+        self.bigru = bigru
+        with self.name_scope():
+            if bigru:
+                self.rnn = rnn.GRU(hidden, num_layers=2, bidirectional=True, layout="NTC",
+                                   input_size=dim)
+            else:
+                self.rnn = rnn.LSTM(hidden, input_size=dim)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, words, emb):
+        x = F.concat(*[emb[w:w + 1] for w in words], dim=0)
+        if self.bigru:
+            return self.out(self.rnn(x.expand_dims(0))[:, -1])          # (1, T, E)
+        return self.out(self.rnn(x.expand_dims(1))[-1])                 # (T, 1, E)
+
+
+class DotAttention(gdb.DynBatchBlock):
+    """GRU states of a sentence; the last state attends over them through ``F.dot``."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = rnn.GRUCell(hidden)
+            self.query = nn.Dense(hidden)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, words, emb):
+        state = self.cell.begin_state(batch_size=1)
+        states = []
+        for word in words:
+            h, state = self.cell(emb[word:word + 1], state)
+            states.append(h)
+        keys = F.concat(*states, dim=0)                                     # (T, H)
+        scores = F.dot(self.query(states[-1]), keys, transpose_b=True)     # (1, T)
+        context = F.dot(F.softmax(scores, axis=1), keys)                   # (1, H)
+        return self.out(F.concat(context, states[-1], dim=1))
+
+
+class BiGRUTagger(gdb.DynBatchBlock):
+    """Forward and backward ``rnn.GRUCell`` over the tokens, a tag loss per token."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.classes = classes
+        with self.name_scope():
+            self.forward_cell = rnn.GRUCell(hidden)
+            self.backward_cell = rnn.GRUCell(hidden)
+            self.tag = nn.Dense(classes)
+        self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def _run(self, cell, inputs):
+        state = cell.begin_state(batch_size=1)
+        outputs = []
+        for x in inputs:
+            out, state = cell(x, state)
+            outputs.append(out)
+        return outputs
+
+    def hybrid_forward(self, F, words, emb):
+        inputs = [emb[w:w + 1] for w in words]
+        forward = self._run(self.forward_cell, inputs)
+        backward = self._run(self.backward_cell, inputs[::-1])[::-1]
+        total = 0
+        for word, f, b in zip(words, forward, backward):
+            label = F.array([word % self.classes])
+            total = total + self.loss(self.tag(F.concat(f, b, dim=1)), label)
+        return total

@@ -117,15 +117,20 @@ class WithRowView(gluon.HybridBlock):
 
 
 class WithMadeWeight(gluon.HybridBlock):
-    """Computes the weight of its FullyConnected: it would differ per call."""
+    """Computes the weight of its FullyConnected from its input (``per_call``: it
+    differs per call) or from its parameter alone (the same for every call)."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, per_call=True, **kwargs):
         super().__init__(**kwargs)
+        self.per_call = per_call
         with self.name_scope():
             self.raw = self.params.get("raw", shape=(3, 5))
 
     def hybrid_forward(self, F, x, raw):  # pylint: disable=arguments-differ
-        return F.FullyConnected(x, F.tanh(raw), no_bias=True, num_hidden=3)
+        weight = F.tanh(raw)
+        if self.per_call:
+            weight = F.broadcast_mul(weight, F.sum(x))
+        return F.FullyConnected(x, weight, no_bias=True, num_hidden=3)
 
 
 class Uses(gdb.DynBatchBlock):
@@ -147,6 +152,20 @@ def test_blocks_that_do_not_batch_row_by_row_stay_per_operator():
     assert not _call_steps(scope.last_plan)
     eager = run_model(model, samples, [x], "eager")
     assert_same(run_model(model, samples, [x], "depth"), eager)
+
+
+def test_a_weight_made_from_parameters_alone_is_made_once_and_calls_batch():
+    model = Uses(WithMadeWeight(per_call=False))
+    model.initialize()
+    x = nd.random.uniform(-1, 1, shape=(9, 5))
+    samples = list(range(6))
+    scope, _ = _plan(model, samples, [x])
+    steps = scope.last_plan.steps
+    assert [len(s.nodes) for s in steps] == [1, len(samples)]
+    assert steps[0].nodes[0].op.name == "tanh"
+    eager = run_model(model, samples, [x], "eager")
+    for mode in MODES:
+        assert_same(run_model(model, samples, [x], "depth", mode), eager)
 
 
 def test_rows_of_an_argument_are_a_view_and_the_rest_one_program():

@@ -44,6 +44,9 @@ CASES = {
     "expand_dims": lambda F, x: F.expand_dims(x, axis=1),
     "flatten": lambda F, x: F.Flatten(F.expand_dims(x, axis=2)),
     "transpose_rows": lambda F, x: F.transpose(F.reshape(x, shape=(-1, 2, 2)), axes=(0, 2, 1)),
+    "swapaxes_unit_axis": lambda F, x: F.swapaxes(F.expand_dims(x, axis=0), dim1=0, dim2=1),
+    "transpose_unit_axis": lambda F, x: F.transpose(F.expand_dims(x, axis=1), axes=(1, 0, 2)),
+    "transpose_mixing": lambda F, x: F.transpose(F.expand_dims(x, axis=0), axes=(2, 1, 0)),
     "broadcast_row": lambda F, x: F.broadcast_mul(x, x[0:1]),
     "broadcast_to_rows": lambda F, x: F.broadcast_to(x[0:1], shape=(3, 4)) + 1,
     "int_index": lambda F, x: x[0] * 2,
@@ -106,6 +109,20 @@ def test_softmax_over_ragged_rows_is_one_step_and_a_sample_alone_keeps_its_own(o
     probs = [np.exp(v) if op == "log_softmax" else v for v in got[0]]
     assert all(np.allclose(p.sum(axis=0), 1.0) for p in probs)
     assert np.allclose(probs[1], 1.0)           # one row: all its weight
+
+
+@pytest.mark.parametrize("granularity", ["call", "op"])
+def test_reshapes_of_inputs_of_other_widths_to_one_shape_do_not_batch_together(granularity):
+    # Both give (-1,): a (rows, 4) input and a (rows, 3) one cannot be concatenated
+    # (a fused rnn.LSTM flattens its (4H, E) and (4H, H) weights so).
+    model = OneOp(lambda F, x: F.reshape(x * 2, shape=(-1,)) if x.shape[0] == 3
+                  else F.reshape(F.slice_axis(x, axis=1, begin=0, end=3), shape=(-1,)))
+    table = nd.array(np.random.RandomState(3).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (2, 1), (5, 3), (1, 2)]
+    expected = reference_run(model, samples, [table])
+    for compiled in (False, True, "step"):
+        assert_same(run_model(model, samples, [table], "depth", compiled,
+                              granularity=granularity), expected)
 
 
 def test_reshape_family_batches_into_one_step():

@@ -365,3 +365,27 @@ def test_embedding_lookups_batch():
     # follow the longest sentence, not the number of lookups.
     assert len(sizes) <= longest + 2, sizes
     assert max(sizes) >= len(case.samples), sizes
+
+
+@pytest.mark.parametrize("name", ["unroll", "unroll_merged"])
+def test_unroll_batches_without_reading_values(name):
+    stats = _check(um.CASES[name](), ("depth", False))[2]
+    assert stats.reads == 0 and stats.eager_samples == 0 and stats.flushes == 1
+    assert stats.mean_batch_size > 1
+
+
+@pytest.mark.parametrize("name", ["fused_lstm", "fused_bigru"])
+def test_fused_rnn_layer_runs_once_per_sentence_length(name):
+    case = um.CASES[name](n=8)
+    case.outputs()                                  # deferred shapes
+    with gdb.batching(keep_plan=True) as scope:
+        outs = case.outputs()
+    steps = [s for s in scope.last_plan.steps if s.nodes[0].op.name == "RNN"]
+    lengths = {len(words) for words in case.samples}
+    assert len(steps) == len(lengths)
+    assert sum(len(s.nodes) for s in steps) == len(case.samples)
+    # The weights are flattened and concatenated once for every sample.
+    concats = [n for s in scope.last_plan.steps for n in s.nodes
+               if n.op.name == "_rnn_param_concat"]
+    assert len(concats) == 1
+    assert all(o.shape == (1, um.CLASSES) for o in outs)

@@ -21,8 +21,9 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
-from idiom_models import (AttentivePooling, Graph, HelperRNN, MeanPoolTree, MessagePassing,
-                          NodeLossTree, RecursiveNet, TaggerLoss)
+from idiom_models import (AttentivePooling, BiGRUTagger, DotAttention, FusedLSTMEncoder, Graph,
+                          HelperRNN, MeanPoolTree, MessagePassing, NodeLossTree, RecursiveNet,
+                          TaggerLoss, UnrollEncoder)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
@@ -576,6 +577,35 @@ def case_helper_rnn(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(HelperRNN(hidden, DIM), seed), _sentences(seed, n), [_table(seed)])
 
 
+def case_unroll(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(UnrollEncoder(hidden, CLASSES), seed), _sentences(seed, n),
+                [_table(seed)], notes="LSTMCell.unroll: mx.nd.split on its input")
+
+
+def case_unroll_merged(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(UnrollEncoder(hidden, CLASSES, merge=True), seed), _sentences(seed, n),
+                [_table(seed)], notes="LSTMCell.unroll(merge_outputs=True): mx.nd.stack")
+
+
+def case_fused_lstm(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(FusedLSTMEncoder(hidden, DIM, CLASSES), seed), _sentences(seed, n),
+                [_table(seed)], notes="fused rnn.LSTM: one call per sample")
+
+
+def case_fused_bigru(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(FusedLSTMEncoder(hidden, DIM, CLASSES, bigru=True), seed),
+                _sentences(seed, n), [_table(seed)],
+                notes="fused two-layer bidirectional rnn.GRU, batch axis first")
+
+
+def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
+
+
+def case_bigru_tagger(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(BiGRUTagger(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
+
+
 #: Every case, by name.
 CASES = {
     "node_losses": case_node_losses,
@@ -598,6 +628,12 @@ CASES = {
     "attentive_pooling": case_attentive_pooling,
     "message_passing": case_message_passing,
     "helper_rnn": case_helper_rnn,
+    "unroll": case_unroll,
+    "unroll_merged": case_unroll_merged,
+    "fused_lstm": case_fused_lstm,
+    "fused_bigru": case_fused_bigru,
+    "dot_attention": case_dot_attention,
+    "bigru_tagger": case_bigru_tagger,
 }
 
 

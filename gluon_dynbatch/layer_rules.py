@@ -1,0 +1,92 @@
+"""Batching rules for layers whose calls do not batch along axis 0 as they are.
+
+* ``RNNRule``: a fused RNN (``F.RNN``: Gluon's ``rnn.LSTM``, ``GRU`` and
+  ``RNN`` layers) over one sample laid out ``(T, 1, C)``.  Samples of one
+  length run as one call with the batch on axis 1; the rows go back in
+  sample order.
+* ``OrderKeepingRule``: a transpose or ``swapaxes`` that only moves axes of
+  size 1 (batch-first RNN layers turn ``(1, T, C)`` into ``(T, 1, C)``)
+  keeps the data in order, so it batches as a reshape.
+
+Importing the package registers them (see ``rules.register_rule``).
+"""
+from .rules import (ROW, SHARED, ReshapeRule, RowFallback, RowRule, Signature, _in_shape,
+                    call_as_recorded, register_rule, swapaxes_roles, transpose_roles)
+
+
+def _rnn_roles(node):
+    """A fused RNN over one sample laid out (T, 1, C) with (L, 1, H) states, no
+    dropout (a random draw per call) and no sequence lengths."""
+    kwargs = node.kwargs
+    if kwargs.get("p", 0) or kwargs.get("use_sequence_length", False) \
+            or len(node.inputs) not in (3, 4):
+        return None
+    data, states = _in_shape(node, 0), [_in_shape(node, k) for k in range(2, len(node.inputs))]
+    if len(data) != 3 or data[1] != 1 or any(len(s) != 3 or s[1] != 1 for s in states):
+        return None
+    return (ROW, SHARED) + (ROW,) * len(states)
+
+
+class RNNRule(RowRule):
+    """``RNN`` (Gluon's fused ``rnn.LSTM``, ``GRU`` and ``RNN`` layers) over one
+    sample each: samples of one length run as one call, batched along axis 1.
+
+    Inputs arrive as the samples' rows concatenated ((k T, 1, C) and (k L, 1, H));
+    they are laid out (T, k, C) and (L, k, H) for the call, and its outputs
+    back as each sample's rows in order.
+    """
+
+    def __init__(self):
+        super().__init__(_rnn_roles)
+
+    def signature(self, node):
+        sig = super().signature(node)
+        if sig is None:
+            return None
+        return Signature(sig.key + (("steps", _in_shape(node, 0)[0]),), self, sig.roles)
+
+    def step_key(self, node):
+        return (_in_shape(node, 0)[0],)
+
+    def batched_call(self, F, node, inputs):
+        laid = [_batch_on_axis1(F, x, _in_shape(node, k)) if k != 1 else x
+                for k, x in enumerate(inputs)]
+        outs = call_as_recorded(F, node, laid)
+        return [F.reshape(F.swapaxes(out, dim1=0, dim2=1), shape=(-1, 1) + shape[2:])
+                for out, shape in zip(outs, node.out_shapes)]
+
+
+def _batch_on_axis1(F, rows, shape):
+    """(k n, 1, C) rows of k samples of ``shape`` (n, 1, C) as (n, k, C)."""
+    return F.swapaxes(F.reshape(rows, shape=(-1, shape[0]) + tuple(shape[2:])), dim1=0, dim2=1)
+
+
+def _permutation(node):
+    """Output axis i = input axis perm[i] of a ``transpose`` or ``swapaxes`` node."""
+    ndim = len(_in_shape(node, 0))
+    if node.op.name == "transpose":
+        axes = node.kwargs.get("axes") or tuple(reversed(range(ndim)))
+        return [a % ndim for a in axes]
+    perm = list(range(ndim))
+    d1, d2 = (node.kwargs.get(k, 0) % ndim for k in ("dim1", "dim2"))
+    perm[d1], perm[d2] = perm[d2], perm[d1]
+    return perm
+
+
+class OrderKeepingRule(ReshapeRule):
+    """A transpose that only moves axes of size 1 (``(1, T, C)`` to ``(T, 1, C)``,
+    as Gluon's batch-first RNN layers do) keeps the data in order: a reshape."""
+
+    def signature(self, node):
+        shape = _in_shape(node, 0)
+        if not shape:
+            return None
+        moved = [a for a in _permutation(node) if shape[a] != 1]
+        if moved != sorted(moved):
+            return None
+        return super().signature(node)
+
+
+register_rule("RNN", RNNRule())
+register_rule(["transpose"], RowFallback(OrderKeepingRule(), RowRule(transpose_roles)))
+register_rule(["SwapAxis", "swapaxes"], RowFallback(OrderKeepingRule(), RowRule(swapaxes_roles)))
