@@ -7,11 +7,15 @@
 * ``OrderKeepingRule``: a transpose or ``swapaxes`` that only moves axes of
   size 1 (batch-first RNN layers turn ``(1, T, C)`` into ``(T, 1, C)``)
   keeps the data in order, so it batches as a reshape.
+* ``OneRowReduceRule``: a reduction over every axis (``F.sum(h * h)``,
+  ``F.norm(h)``, ``loss.mean()``) of a one-row value, the usual per-sample
+  shape, is a reduction of that row: batched over every axis but the rows.
 
 Importing the package registers them (see ``rules.register_rule``).
 """
 from .rules import (ROW, SHARED, ReshapeRule, RowFallback, RowRule, Signature, _in_shape,
-                    call_as_recorded, register_rule, swapaxes_roles, transpose_roles)
+                    call_as_recorded, register_rule, rule_for, swapaxes_roles,
+                    transpose_roles)
 
 
 def _rnn_roles(node):
@@ -86,6 +90,36 @@ class OrderKeepingRule(ReshapeRule):
             return None
         return super().signature(node)
 
+
+def _one_row_total(node):
+    """A reduction over every axis of a one-row input of at most 3 axes."""
+    kwargs = node.kwargs
+    shape = _in_shape(node, 0)
+    if kwargs.get("axis") is not None or kwargs.get("exclude", False) \
+            or not shape or shape[0] != 1 or len(shape) > 3 or len(node.inputs) != 1:
+        return None
+    if node.op.name == "norm" and kwargs.get("ord", 2) not in (1, 2):
+        return None
+    return (ROW,)
+
+
+class OneRowReduceRule(RowRule):
+    """A reduction over every axis of a one-row value: over all axes but the rows."""
+
+    def __init__(self):
+        super().__init__(_one_row_total)
+
+    def batched_call(self, F, node, inputs):
+        ndim = len(_in_shape(node, 0))
+        if ndim == 1:                   # (1,) values: each is its own total
+            return [F.abs(inputs[0]) if node.op.name == "norm" else F.identity(inputs[0])]
+        axis = 1 if ndim == 2 else (1, 2)
+        return call_as_recorded(F, node, inputs, extra_kwargs={"axis": axis})
+
+
+_REDUCTIONS = ("sum", "mean", "max", "min", "prod", "nansum", "nanprod", "norm")
+for _name in _REDUCTIONS:
+    register_rule(_name, RowFallback(OneRowReduceRule(), rule_for(_name)))
 
 register_rule("RNN", RNNRule())
 register_rule(["transpose"], RowFallback(OrderKeepingRule(), RowRule(transpose_roles)))

@@ -7,8 +7,9 @@ multiple outputs, operators with and without batching rules, nested child
 blocks (HybridBlocks inside HybridBlocks, a second DynBatchBlock that recurses
 on itself, opaque blocks run on concrete values), loops whose count depends on
 the sample (over a node's children, carrying a sum; an RNN over a value's
-rows) and values read in the middle of the scope (``asnumpy``) and then used
-further.  Each node's program is its own Python path through the model, so
+rows), weights made from parameters alone, ``mx.nd`` operators called
+directly, and values read in the middle of the scope (``asnumpy``) and then
+used further.  Each node's program is its own Python path through the model, so
 the templates of a scope's calls differ from node to node.  Each case runs eagerly, one
 sample at a time, and batched with one strategy and one compiled mode; the
 outputs, every value read mid-scope and all gradients (parameters and inputs)
@@ -170,6 +171,10 @@ class FuzzNet(gdb.DynBatchBlock):
             return [self.dense(a)]
         if op == "dot":
             return [F.tanh(F.dot(a, mat))]
+        if op == "madeweight":                 # a weight made from a parameter alone
+            return [F.tanh(F.dot(a, F.transpose(mat) * 0.5))]
+        if op == "direct":                     # mx.nd called directly (Gluon's unroll)
+            return [mx.nd.tanh(a) * 2]
         if op == "layernorm":
             return [self.norm(a)]
         if op == "nested":
@@ -317,7 +322,7 @@ def assert_runs_agree(got, want):
 ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "scale",
            "softmax1", "logsoftmax1", "reverse1", "clip", "split", "reshape", "opaque",
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
-           "transpose", "stack0", "literal")
+           "transpose", "stack0", "literal", "madeweight", "direct")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
              "childsum", "childtotal")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")

@@ -53,6 +53,12 @@ CASES = {
     "tuple_index": lambda F, x: x[0:1, 1:3] + 1,
     "dot_shared": lambda F, x: F.dot(x, F.ones((4, 3))),
     "full_reduce_alone": lambda F, x: F.broadcast_mul(x, F.sum(x)),
+    "sum_all_one_row": lambda F, x: F.broadcast_mul(x, F.sum(x[0:1] * 2)),
+    "norm_all_one_row": lambda F, x: F.norm(F.tanh(x[0:1])) + x[0:1],
+    "mean_all_keepdims": lambda F, x: F.mean(F.reshape(x[0:1], shape=(1, 2, 2)),
+                                             keepdims=True) + 1,
+    "max_all_one_value": lambda F, x: F.max(F.sum(x[0:1], axis=1)) * x,
+    "norm1_all_one_row": lambda F, x: F.norm(x[0:1] - 0.5, ord=1) * x,
     "stack_axis1": lambda F, x: F.stack(x, x * 2, axis=1),
     "stack_axis0": lambda F, x: F.stack(x, F.tanh(x), x * 2, axis=0).mean(axis=0),
     "softmax_axis0_segment": lambda F, x: F.softmax(x, axis=0) * x,
@@ -143,3 +149,17 @@ def test_rule_registry_lookup_and_registration():
     assert rule_for("FullyConnected").batching == "rows"
     gdb.register_rule("my_custom_op_for_test", RowRule(first_row_roles))
     assert isinstance(rule_for("my_custom_op_for_test"), RowRule)
+
+
+def test_reductions_over_every_axis_of_one_row_batch_across_samples():
+    model = OneOp(lambda F, x: F.norm(x[0:1]) * F.sum(x[0:1] * x[0:1]))
+    table = nd.array(np.random.RandomState(4).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 1), (6, 4), (1, 2)]
+    expected = reference_run(model, samples, [table])
+    with gdb.batching(strategy="depth", keep_plan=True, granularity="op") as scope:
+        outs = [model(s, table) for s in samples]
+    assert all(o.shape == (1,) for o in outs)
+    reductions = [s for s in scope.last_plan.steps if s.nodes[0].op.name in ("norm", "sum")]
+    assert sorted(len(s.nodes) for s in reductions) == [len(samples)] * 2
+    for compiled in (False, True, "step"):
+        assert_same(run_model(model, samples, [table], "depth", compiled), expected)

@@ -336,3 +336,44 @@ def test_random_calls_on_weights_draw_for_each_sample():
     # As in eager code, each call draws its own mask (equal masks: odds 2**-16).
     values = [o.asnumpy() for o in outs]
     assert any(not np.array_equal(values[0], v) for v in values[1:])
+
+
+class SparseLookup(gdb.DynBatchBlock):
+    """Word vectors from an ``nn.Embedding(sparse_grad=True)``, summed over a sentence."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = gluon.nn.Embedding(50, 4, sparse_grad=True)
+            self.out = gluon.nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, words):
+        total = 0
+        for word in words:
+            total = total + F.tanh(self.embed(F.array([word])))
+        return self.out(total)
+
+
+@pytest.mark.parametrize("compiled", [False, True, "step"])
+def test_sparse_embedding_gradients_stay_row_sparse_and_match_eager(compiled):
+    model = SparseLookup()
+    model.initialize(mx.init.Uniform(0.5))
+    sentences = [[1, 2, 3], [4, 5], [1, 7, 9, 11]]
+
+    def gradient(batching):
+        with autograd.record():
+            if batching is None:
+                outs = [model(s) for s in sentences]
+            else:
+                with gdb.batching(**batching):
+                    outs = [model(s) for s in sentences]
+            nd.add_n(*[o.sum() for o in outs]).backward()
+        grad = model.embed.weight.grad()
+        return grad.stype, grad.tostype("default").asnumpy().copy()
+
+    stype, expected = gradient(None)
+    got_stype, got = gradient({"compiled": compiled})
+    assert stype == got_stype == "row_sparse"
+    assert np.allclose(got, expected, rtol=1e-5, atol=1e-6)
+    used = sorted({w for s in sentences for w in s})
+    assert np.flatnonzero(np.abs(got).sum(axis=1)).tolist() == used
