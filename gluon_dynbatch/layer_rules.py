@@ -7,14 +7,18 @@
 * ``OrderKeepingRule``: a transpose or ``swapaxes`` that only moves axes of
   size 1 (batch-first RNN layers turn ``(1, T, C)`` into ``(T, 1, C)``)
   keeps the data in order, so it batches as a reshape.
+* ``EachDotRule``: ``F.dot(a, b)`` where ``b`` is a value of each sample's
+  own (attention: ``F.dot(q, keys, transpose_b=True)``, then ``F.dot(weights,
+  keys)``): calls of the same shapes run as one ``batch_dot``.
 * ``OneRowReduceRule``: a reduction over every axis (``F.sum(h * h)``,
   ``F.norm(h)``, ``loss.mean()``) of a one-row value, the usual per-sample
   shape, is a reduction of that row: batched over every axis but the rows.
 
 Importing the package registers them (see ``rules.register_rule``).
 """
-from .rules import (ROW, SHARED, ReshapeRule, RowFallback, RowRule, Signature, _in_shape,
-                    call_as_recorded, register_rule, rule_for, swapaxes_roles,
+from .graph import LEAF
+from .rules import (ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, Signature, _in_dtype,
+                    _in_shape, call_as_recorded, register_rule, rule_for, swapaxes_roles,
                     transpose_roles)
 
 
@@ -117,10 +121,42 @@ class OneRowReduceRule(RowRule):
         return call_as_recorded(F, node, inputs, extra_kwargs={"axis": axis})
 
 
+def _computed_per_sample(src):
+    """Whether a source is a value computed in a sample's call: not a leaf (a
+    parameter, a constant, an input) and not a value made from weights alone."""
+    if src.kind == LEAF:
+        return False
+    graph = getattr(src, "graph", None)         # analysis stand-ins have none
+    return graph is None or src.id not in graph.weight_nodes
+
+
+class EachDotRule(Rule):
+    """``dot(a, b)`` of 2-d values with ``b`` computed per sample: nodes of the same
+    shapes run as one ``batch_dot``, each node's ``a`` against its own ``b``."""
+
+    def signature(self, node):
+        if len(node.inputs) != 2 or node.kwargs.get("transpose_a", False):
+            return None
+        a, b = _in_shape(node, 0), _in_shape(node, 1)
+        if len(a) != 2 or len(b) != 2 or not _computed_per_sample(node.inputs[1][0]):
+            return None
+        key = ("dot_each", a, b, bool(node.kwargs.get("transpose_b", False)), _in_dtype(node, 0),
+               _in_dtype(node, 1))
+        return Signature((key,), self, (ROW, ROW))
+
+    def batched_call(self, F, node, inputs):
+        a, b = _in_shape(node, 0), _in_shape(node, 1)
+        out = F.batch_dot(F.reshape(inputs[0], shape=(-1,) + a),
+                          F.reshape(inputs[1], shape=(-1,) + b),
+                          transpose_b=bool(node.kwargs.get("transpose_b", False)))
+        return [F.reshape(out, shape=(-1, node.out_shapes[0][1]))]
+
+
 _REDUCTIONS = ("sum", "mean", "max", "min", "prod", "nansum", "nanprod", "norm")
 for _name in _REDUCTIONS:
     register_rule(_name, RowFallback(OneRowReduceRule(), rule_for(_name)))
 
 register_rule("RNN", RNNRule())
+register_rule("dot", RowFallback(EachDotRule(), rule_for("dot")))
 register_rule(["transpose"], RowFallback(OrderKeepingRule(), RowRule(transpose_roles)))
 register_rule(["SwapAxis", "swapaxes"], RowFallback(OrderKeepingRule(), RowRule(swapaxes_roles)))

@@ -7,8 +7,8 @@ multiple outputs, operators with and without batching rules, nested child
 blocks (HybridBlocks inside HybridBlocks, a second DynBatchBlock that recurses
 on itself, opaque blocks run on concrete values), loops whose count depends on
 the sample (over a node's children, carrying a sum; an RNN over a value's
-rows), weights made from parameters alone, ``mx.nd`` operators called
-directly, and values read in the middle of the scope (``asnumpy``) and then
+rows), attention of a row over a value's rows, weights made from parameters
+alone, ``mx.nd`` operators called directly, and values read in the middle of the scope (``asnumpy``) and then
 used further.  Each node's program is its own Python path through the model, so
 the templates of a scope's calls differ from node to node.  Each case runs eagerly, one
 sample at a time, and batched with one strategy and one compiled mode; the
@@ -171,6 +171,9 @@ class FuzzNet(gdb.DynBatchBlock):
             return [self.dense(a)]
         if op == "dot":
             return [F.tanh(F.dot(a, mat))]
+        if op == "attend":                     # the first row attends over the rows
+            scores = F.dot(a[0:1], F.tanh(a), transpose_b=True)
+            return [F.dot(F.softmax(scores, axis=1), a)]
         if op == "madeweight":                 # a weight made from a parameter alone
             return [F.tanh(F.dot(a, F.transpose(mat) * 0.5))]
         if op == "direct":                     # mx.nd called directly (Gluon's unroll)
@@ -324,7 +327,7 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
            "transpose", "stack0", "literal", "madeweight", "direct")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
-             "childsum", "childtotal")
+             "childsum", "childtotal", "attend")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")
 # Operators whose gradient is zero (BlockGrad, floor, comparisons); they once
 # crashed MXNet's backward after the imperative executor's concat + take gather
@@ -365,7 +368,7 @@ def programs(draw, rows, max_len=5):
         a = draw(st.integers(0, len(shapes) - 1))
         ra = shapes[a]
         if op in ("max0", "lse0", "sum0", "mean0", "chain", "childloop", "childsum",
-                  "childtotal"):
+                  "childtotal", "attend"):
             ins, out = (op, a), 1
         elif op == "rows":
             start = draw(st.integers(0, ra - 1))

@@ -52,6 +52,9 @@ CASES = {
     "int_index": lambda F, x: x[0] * 2,
     "tuple_index": lambda F, x: x[0:1, 1:3] + 1,
     "dot_shared": lambda F, x: F.dot(x, F.ones((4, 3))),
+    "dot_each_scores": lambda F, x: F.dot(x[0:1], F.tanh(x), transpose_b=True),
+    "dot_each_attention": lambda F, x: F.dot(
+        F.softmax(F.dot(x[0:1] * 3, F.tanh(x), transpose_b=True), axis=1), x * 2),
     "full_reduce_alone": lambda F, x: F.broadcast_mul(x, F.sum(x)),
     "sum_all_one_row": lambda F, x: F.broadcast_mul(x, F.sum(x[0:1] * 2)),
     "norm_all_one_row": lambda F, x: F.norm(F.tanh(x[0:1])) + x[0:1],
@@ -163,3 +166,20 @@ def test_reductions_over_every_axis_of_one_row_batch_across_samples():
     assert sorted(len(s.nodes) for s in reductions) == [len(samples)] * 2
     for compiled in (False, True, "step"):
         assert_same(run_model(model, samples, [table], "depth", compiled), expected)
+
+
+def test_dots_against_each_samples_own_values_batch_by_shape():
+    model = OneOp(lambda F, x: F.dot(F.softmax(F.dot(x[0:1], F.tanh(x), transpose_b=True),
+                                               axis=1), x))
+    table = nd.array(np.random.RandomState(5).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 3), (6, 2), (1, 3), (2, 2)]
+    expected = reference_run(model, samples, [table])
+    with gdb.batching(strategy="depth", keep_plan=True, granularity="op") as scope:
+        outs = [model(s, table) for s in samples]
+    assert all(o.shape == (1, 4) for o in outs)
+    dots = sorted(len(s.nodes) for s in scope.last_plan.steps if s.nodes[0].op.name == "dot")
+    assert dots == [2, 2, 3, 3]             # per shape: 3 rows and 2 rows, two dots each
+    for compiled in (False, True, "step"):
+        for granularity in ("call", "op"):
+            assert_same(run_model(model, samples, [table], "depth", compiled,
+                                  granularity=granularity), expected)
