@@ -6,7 +6,9 @@
   sample order.
 * ``OrderKeepingRule``: a transpose or ``swapaxes`` that only moves axes of
   size 1 (batch-first RNN layers turn ``(1, T, C)`` into ``(T, 1, C)``)
-  keeps the data in order, so it batches as a reshape.
+  keeps the data in order, so it batches as a reshape; ``EachTransposeRule``
+  batches one that moves the rows (``F.transpose`` of a (T, C) value) over
+  values of one shape stacked on a new axis.
 * ``EachDotRule``: ``F.dot(a, b)`` where ``b`` is a value of each sample's
   own (attention: ``F.dot(q, keys, transpose_b=True)``, then ``F.dot(weights,
   keys)``): calls of the same shapes run as one ``batch_dot``.
@@ -95,6 +97,25 @@ class OrderKeepingRule(ReshapeRule):
         return super().signature(node)
 
 
+class EachTransposeRule(Rule):
+    """A transpose that moves the rows (``F.transpose(x)`` of a (T, C) value):
+    nodes of one input shape run as one transpose of their values stacked on a
+    new leading axis."""
+
+    def signature(self, node):
+        shape = _in_shape(node, 0)
+        if not shape or len(node.inputs) != 1:
+            return None
+        key = ("transpose_each", shape, tuple(_permutation(node)), _in_dtype(node, 0))
+        return Signature((key,), self, (ROW,))
+
+    def batched_call(self, F, node, inputs):
+        shape = _in_shape(node, 0)
+        axes = (0,) + tuple(a + 1 for a in _permutation(node))
+        out = F.transpose(F.reshape(inputs[0], shape=(-1,) + shape), axes=axes)
+        return [F.reshape(out, shape=(-1,) + tuple(node.out_shapes[0][1:]))]
+
+
 def _one_row_total(node):
     """A reduction over every axis of a one-row input of at most 3 axes."""
     kwargs = node.kwargs
@@ -158,5 +179,7 @@ for _name in _REDUCTIONS:
 
 register_rule("RNN", RNNRule())
 register_rule("dot", RowFallback(EachDotRule(), rule_for("dot")))
-register_rule(["transpose"], RowFallback(OrderKeepingRule(), RowRule(transpose_roles)))
-register_rule(["SwapAxis", "swapaxes"], RowFallback(OrderKeepingRule(), RowRule(swapaxes_roles)))
+for _names, _roles in ((["transpose"], transpose_roles),
+                       (["SwapAxis", "swapaxes"], swapaxes_roles)):
+    register_rule(_names, RowFallback(OrderKeepingRule(), RowFallback(RowRule(_roles),
+                                                                      EachTransposeRule())))

@@ -521,6 +521,8 @@ register_rule("LayerNorm", RowRule(axis_roles("axis", -1, extra_shared=True)))
 register_rule("BatchNorm", RowRule(batchnorm_roles))
 register_rule("dot", RowRule(dot_roles))
 register_rule("batch_dot", RowRule(all_row_roles))
+# Gluon's losses (L2, L1, Huber, sigmoid cross-entropy) reshape the label like the prediction.
+register_rule("reshape_like", RowRule(all_row_roles))
 register_rule("take", RowRule(take_roles))
 register_rule("Dropout", RowRule(dropout_roles))
 register_rule(["softmax", "log_softmax"],

@@ -47,6 +47,8 @@ CASES = {
     "swapaxes_unit_axis": lambda F, x: F.swapaxes(F.expand_dims(x, axis=0), dim1=0, dim2=1),
     "transpose_unit_axis": lambda F, x: F.transpose(F.expand_dims(x, axis=1), axes=(1, 0, 2)),
     "transpose_mixing": lambda F, x: F.transpose(F.expand_dims(x, axis=0), axes=(2, 1, 0)),
+    "transpose_each": lambda F, x: F.dot(F.transpose(F.tanh(x)), x),
+    "swapaxes_each": lambda F, x: F.swapaxes(F.reshape(x, shape=(-1, 2, 2)), dim1=0, dim2=2) * 2,
     "broadcast_row": lambda F, x: F.broadcast_mul(x, x[0:1]),
     "broadcast_to_rows": lambda F, x: F.broadcast_to(x[0:1], shape=(3, 4)) + 1,
     "int_index": lambda F, x: x[0] * 2,
@@ -73,6 +75,7 @@ CASES = {
     "where": lambda F, x: F.where(x > 0.5, x, -x),
     "pick": lambda F, x: F.pick(x, F.zeros((x.shape[0],)), axis=1),
     "clip_square": lambda F, x: F.clip(x, 0.2, 0.8).square(),
+    "reshape_like": lambda F, x: F.reshape_like(F.tanh(x), x * 2) * x,
 }
 
 
@@ -183,3 +186,18 @@ def test_dots_against_each_samples_own_values_batch_by_shape():
         for granularity in ("call", "op"):
             assert_same(run_model(model, samples, [table], "depth", compiled,
                                   granularity=granularity), expected)
+
+
+def test_transposes_that_move_the_rows_batch_by_shape():
+    model = OneOp(lambda F, x: F.transpose(F.tanh(x)) * 2)
+    table = nd.array(np.random.RandomState(6).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 3), (6, 2), (1, 3)]
+    expected = reference_run(model, samples, [table])
+    with gdb.batching(strategy="depth", keep_plan=True, granularity="op") as scope:
+        outs = [model(s, table) for s in samples]
+    assert [o.shape for o in outs] == [(4, 3), (4, 3), (4, 2), (4, 3)]
+    steps = sorted(len(s.nodes) for s in scope.last_plan.steps
+                   if s.nodes[0].op.name == "transpose")
+    assert steps == [1, 3]
+    for compiled in (False, True, "step"):
+        assert_same(run_model(model, samples, [table], "depth", compiled), expected)

@@ -389,3 +389,15 @@ def test_fused_rnn_layer_runs_once_per_sentence_length(name):
                if n.op.name == "_rnn_param_concat"]
     assert len(concats) == 1
     assert all(o.shape == (1, um.CLASSES) for o in outs)
+
+
+def test_gluon_loss_blocks_batch_across_sentences():
+    case = um.CASES["gluon_losses"](n=8)
+    case.outputs()
+    with gdb.batching(keep_plan=True) as scope:
+        outs = case.outputs()
+    assert all(o.shape == (1,) for o in outs)
+    # No operator of the losses runs once per sentence.
+    alone = [s for s in scope.last_plan.steps if len(s.nodes) == 1
+             and s.nodes[0].op.name in ("reshape_like", "abs", "square")]
+    assert not alone

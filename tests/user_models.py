@@ -21,8 +21,8 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
-from idiom_models import (AttentivePooling, BiGRUTagger, DotAttention, FusedLSTMEncoder, Graph,
-                          HelperRNN, MeanPoolTree, MessagePassing, NodeLossTree, RecursiveNet,
+from idiom_models import (AttentivePooling, BiGRUTagger, DotAttention, FusedLSTMEncoder,
+                          GluonLosses, Graph, HelperRNN, MeanPoolTree, MessagePassing, NodeLossTree, RecursiveNet,
                           TaggerLoss, UnrollEncoder)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
@@ -598,6 +598,11 @@ def case_fused_bigru(seed=0, n=6, hidden=HIDDEN):
                 notes="fused two-layer bidirectional rnn.GRU, batch axis first")
 
 
+def case_gluon_losses(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(GluonLosses(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)],
+                notes="L2, L1, Huber and sigmoid cross-entropy losses per sentence")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -633,6 +638,7 @@ CASES = {
     "fused_lstm": case_fused_lstm,
     "fused_bigru": case_fused_bigru,
     "dot_attention": case_dot_attention,
+    "gluon_losses": case_gluon_losses,
     "bigru_tagger": case_bigru_tagger,
 }
 
