@@ -199,7 +199,10 @@ def structure(steps):
                 for other, before in its[k]:
                     if other == loop and before < iteration:
                         recurrent.add(loop)
-    return accumulating, _segments(its, recurrent)
+    # Loops whose iterations call a child block of several operators (a cell).
+    cells = {loop for j, step in enumerate(steps) if step.call != step.outs[0]
+             for loop, _ in its[j]}
+    return accumulating, _segments(its, recurrent, cells)
 
 
 def _accumulates(where, step, home, readers, its, producer):
@@ -224,15 +227,20 @@ def _accumulates(where, step, home, readers, its, producer):
     return all(here not in its[j] for j in readers.get(step.outs[0], ()))
 
 
-def _segments(its, recurrent):
-    """Segment ids: a new one wherever the iteration of a recurrent loop changes."""
+def _segments(its, recurrent, cells):
+    """Segment ids: a new one wherever the iteration of a recurrent loop changes.
+
+    The outermost recurrent loop cuts; a recurrent loop inside it cuts too
+    when its iterations call a cell (the characters of each word of a
+    sentence: character c of every word of every sentence is one segment).
+    """
     out, current, key = [], -1, object()
     for where in its:
-        mine = None
+        mine = []
         for loop, iteration in where:
-            if loop in recurrent:
-                mine = (loop, iteration)        # the outermost recurrent loop
-                break
+            if loop in recurrent and (not mine or loop in cells):
+                mine.append((loop, iteration))
+        mine = tuple(mine)
         if mine != key:
             current += 1
             key = mine

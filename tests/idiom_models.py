@@ -291,3 +291,28 @@ class GluonLosses(gdb.DynBatchBlock):
         y = self.out(h)
         label = F.array([[float(w % 2) for w in words[:1]] * y.shape[1]])
         return F.add_n(*[loss(y, label) for loss in (self.l2, self.l1, self.huber, self.bce)])
+
+
+class CharWordTagger(gdb.DynBatchBlock):
+    """A character ``rnn.GRUCell`` over each word feeding a word ``rnn.LSTMCell``,
+    a tag loss per word: a recurrent loop inside a recurrent loop."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.classes = classes
+        with self.name_scope():
+            self.char_cell = rnn.GRUCell(hidden)
+            self.word_cell = rnn.LSTMCell(hidden)
+            self.tag = nn.Dense(classes)
+        self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def hybrid_forward(self, F, sentence, emb):
+        state = self.word_cell.begin_state(batch_size=1)
+        total = 0
+        for word in sentence:
+            chars = self.char_cell.begin_state(batch_size=1)
+            for char in word:
+                spelled, chars = self.char_cell(emb[char:char + 1], chars)
+            out, state = self.word_cell(spelled, state)
+            total = total + self.loss(self.tag(out), F.array([len(word) % self.classes]))
+        return total

@@ -401,3 +401,17 @@ def test_gluon_loss_blocks_batch_across_sentences():
     alone = [s for s in scope.last_plan.steps if len(s.nodes) == 1
              and s.nodes[0].op.name in ("reshape_like", "abs", "square")]
     assert not alone
+
+
+def test_character_steps_of_every_word_batch_together():
+    case = um.CASES["char_word"](n=12)
+    case.outputs()
+    with gdb.batching(keep_plan=True) as scope:
+        outs = case.outputs()
+    assert all(o.shape == (1,) for o in outs)
+    # Character c of every word of every sentence is one program call (cut
+    # at the word only, each word's characters would be one program per
+    # spelling: 1.7 calls a step in this case instead of 7.4).
+    longest = max(sum(len(word) + 1 for word in sentence) for sentence in case.samples)
+    assert len(scope.last_plan.steps) <= longest + 2
+    assert scope.stats.mean_batch_size >= 5

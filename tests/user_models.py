@@ -21,8 +21,8 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
-from idiom_models import (AttentivePooling, BiGRUTagger, DotAttention, FusedLSTMEncoder,
-                          GluonLosses, Graph, HelperRNN, MeanPoolTree, MessagePassing, NodeLossTree, RecursiveNet,
+from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, DotAttention,
+                          FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree, MessagePassing, NodeLossTree, RecursiveNet,
                           TaggerLoss, UnrollEncoder)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
@@ -603,6 +603,17 @@ def case_gluon_losses(seed=0, n=6, hidden=HIDDEN):
                 notes="L2, L1, Huber and sigmoid cross-entropy losses per sentence")
 
 
+def _spelled_sentences(seed, n):
+    r = random.Random(seed)
+    return [[[r.randrange(VOCAB) for _ in range(r.randint(1, 5))]
+             for _ in range(r.randint(1, 6))] for _ in range(n)]
+
+
+def case_char_word(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(CharWordTagger(hidden, CLASSES), seed), _spelled_sentences(seed, n),
+                [_table(seed)], notes="a character GRU per word inside a word LSTM")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -639,6 +650,7 @@ CASES = {
     "fused_bigru": case_fused_bigru,
     "dot_attention": case_dot_attention,
     "gluon_losses": case_gluon_losses,
+    "char_word": case_char_word,
     "bigru_tagger": case_bigru_tagger,
 }
 
