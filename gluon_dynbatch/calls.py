@@ -93,8 +93,14 @@ def analyse(node, in_shapes, in_dtypes):
 
 
 def remember(key, info):
-    """Memoise ``info`` for call shape ``key`` (when cacheable)."""
-    if key is not None and info.cacheable:
+    """Memoise ``info`` for call shape ``key`` (when cacheable).
+
+    A rule that looks at where the inputs come from, not only at their
+    shapes (``source_dependent``: ``dot``, per-sample or shared), decides
+    per call, so its answer is not kept for the call shape.
+    """
+    if key is not None and info.cacheable \
+            and not getattr(rule_for(key[0].name), "source_dependent", False):
         with _INFOS_LOCK:
             INFOS[key] = info
 

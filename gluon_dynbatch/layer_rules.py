@@ -109,6 +109,9 @@ class EachTransposeRule(Rule):
         key = ("transpose_each", shape, tuple(_permutation(node)), _in_dtype(node, 0))
         return Signature((key,), self, (ROW,))
 
+    def step_key(self, node):
+        return (_in_shape(node, 0),)
+
     def batched_call(self, F, node, inputs):
         shape = _in_shape(node, 0)
         axes = (0,) + tuple(a + 1 for a in _permutation(node))
@@ -165,6 +168,9 @@ class EachDotRule(Rule):
                _in_dtype(node, 1))
         return Signature((key,), self, (ROW, ROW))
 
+    def step_key(self, node):
+        return (_in_shape(node, 0), _in_shape(node, 1))     # the batched call reshapes to them
+
     def batched_call(self, F, node, inputs):
         a, b = _in_shape(node, 0), _in_shape(node, 1)
         out = F.batch_dot(F.reshape(inputs[0], shape=(-1,) + a),
@@ -178,7 +184,9 @@ for _name in _REDUCTIONS:
     register_rule(_name, RowFallback(OneRowReduceRule(), rule_for(_name)))
 
 register_rule("RNN", RNNRule())
-register_rule("dot", RowFallback(EachDotRule(), rule_for("dot")))
+_DOT = RowFallback(EachDotRule(), rule_for("dot"))
+_DOT.source_dependent = True        # whether b is computed per sample (see calls.analyse)
+register_rule("dot", _DOT)
 for _names, _roles in ((["transpose"], transpose_roles),
                        (["SwapAxis", "swapaxes"], swapaxes_roles)):
     register_rule(_names, RowFallback(OrderKeepingRule(), RowFallback(RowRule(_roles),

@@ -201,3 +201,21 @@ def test_transposes_that_move_the_rows_batch_by_shape():
     assert steps == [1, 3]
     for compiled in (False, True, "step"):
         assert_same(run_model(model, samples, [table], "depth", compiled), expected)
+
+
+def test_compiled_steps_of_per_sample_dots_and_transposes_keep_their_shapes():
+    # Found by the fuzzer: calls of (1, 4) and (2, 4) rows have the same trailing
+    # shapes, but their batched calls reshape to the whole shapes, so the compiled
+    # step of one cannot serve the other.
+    def fn(F, x):
+        b = F.broadcast_mul(F.ones((4, 4)), F.tanh(x[0:1]))
+        return F.dot(x, b) + F.transpose(F.transpose(x * 2))
+
+    model = OneOp(fn)
+    table = nd.array(np.random.RandomState(7).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 1), (2, 2), (5, 1), (6, 2), (8, 2)]
+    expected = reference_run(model, samples, [table])
+    for compiled in (True, "step"):
+        for granularity in ("call", "op"):
+            assert_same(run_model(model, samples, [table], "depth", compiled,
+                                  granularity=granularity), expected)
