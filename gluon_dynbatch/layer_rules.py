@@ -16,7 +16,11 @@
   ``F.norm(h)``, ``loss.mean()``) of a one-row value, the usual per-sample
   shape, is a reduction of that row: batched over every axis but the rows.
 
-Importing the package registers them (see ``rules.register_rule``).
+Their batched calls are their own, not the operator on stacked rows, so
+they say ``batching = "calls"``: templates never stack two of their calls
+into one (``vectorize.py`` groups "rows" calls only) and programs do not
+hold them.  Importing the package registers them (see
+``rules.register_rule``).
 """
 from .graph import LEAF
 from .rules import (ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, Signature, _in_dtype,
@@ -45,6 +49,8 @@ class RNNRule(RowRule):
     they are laid out (T, k, C) and (L, k, H) for the call, and its outputs
     back as each sample's rows in order.
     """
+
+    batching = "calls"
 
     def __init__(self):
         super().__init__(_rnn_roles)
@@ -102,6 +108,8 @@ class EachTransposeRule(Rule):
     nodes of one input shape run as one transpose of their values stacked on a
     new leading axis."""
 
+    batching = "calls"
+
     def signature(self, node):
         shape = _in_shape(node, 0)
         if not shape or len(node.inputs) != 1:
@@ -134,6 +142,8 @@ def _one_row_total(node):
 class OneRowReduceRule(RowRule):
     """A reduction over every axis of a one-row value: over all axes but the rows."""
 
+    batching = "calls"
+
     def __init__(self):
         super().__init__(_one_row_total)
 
@@ -157,6 +167,8 @@ def _computed_per_sample(src):
 class EachDotRule(Rule):
     """``dot(a, b)`` of 2-d values with ``b`` computed per sample: nodes of the same
     shapes run as one ``batch_dot``, each node's ``a`` against its own ``b``."""
+
+    batching = "calls"
 
     def signature(self, node):
         if len(node.inputs) != 2 or node.kwargs.get("transpose_a", False):

@@ -4,6 +4,7 @@ Each case records the same operator for several samples with different row
 counts and checks every strategy, imperative and compiled, against the
 reference executor, outputs and gradients.
 """
+import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import nd
@@ -219,3 +220,31 @@ def test_compiled_steps_of_per_sample_dots_and_transposes_keep_their_shapes():
         for granularity in ("call", "op"):
             assert_same(run_model(model, samples, [table], "depth", compiled,
                                   granularity=granularity), expected)
+
+
+class MadeWeightTwice(gdb.DynBatchBlock):
+    """Two copies of a loop body, each a dot against a weight made in the call."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.mat = self.params.get("mat", shape=(4, 4))
+
+    def hybrid_forward(self, F, sample, table, mat):
+        start, rows = sample
+        values = [table[start:start + rows]]
+        for _ in range(2):
+            values.append(F.tanh(F.dot(values[0], F.transpose(mat) * 0.5)))
+        return values[1] + values[2]
+
+
+def test_two_dots_against_values_made_in_the_call_are_not_stacked():
+    # Found by the fuzzer: the loop body's two dots were stacked as rows, which
+    # gave dot((2, 4), (8, 4)); a per-sample dot's batched call is its own.
+    model = MadeWeightTwice()
+    model.initialize(mx.init.Uniform(0.5))
+    table = nd.array(np.random.RandomState(8).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 1), (2, 2), (5, 1)]
+    expected = reference_run(model, samples, [table])
+    for compiled in (False, True, "step"):
+        assert_same(run_model(model, samples, [table], "depth", compiled), expected)
