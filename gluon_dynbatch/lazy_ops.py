@@ -11,7 +11,7 @@ import numpy as np
 from mxnet import autograd, nd
 from mxnet.base import MXNetError
 
-from . import context
+from . import context, weight_calls
 from .context import current
 from .errors import describe_call
 from .lazy import LazyArray
@@ -83,7 +83,8 @@ def _dunder(name, reflected=False):
         rec = tls.recorder
         if rec is not None:
             frame = rec.frame
-            if frame is not None and rec._mode_seen == modes[0]:
+            if frame is not None and rec._mode_seen == modes[0] \
+                    and not _on_weights(rec, frame, self, other):
                 kind = type(other)
                 if kind is float or kind is int:
                     mine = self._idx if self._node is frame else frame.ref(self)
@@ -103,6 +104,15 @@ def _dunder(name, reflected=False):
                     return frame.call(aop, (self, other), {}, key, (mine, theirs), None)
         return fn(other, self) if reflected else fn(self, other)
     return dunder
+
+
+def _on_weights(rec, frame, a, b):
+    """Whether ``a op b`` reads weights only (``weight_calls.py``): then it takes
+    the helper, whose ``F`` call records it once per graph."""
+    if a._node is frame or not weight_calls.is_weight(rec, a):
+        return False
+    return not isinstance(b, nd.NDArray) or (
+        getattr(b, "_node", None) is not frame and weight_calls.is_weight(rec, b))
 
 
 def _in_place(name):

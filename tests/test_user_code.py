@@ -322,6 +322,7 @@ def test_calls_on_weights_only_are_one_node_and_gradients_match(granularity):
             outs = [model(x) for x in xs]
         nd.add_n(*[o.sum() for o in outs]).backward()
     assert len(_plan_nodes(scope, "transpose")) == 1
+    assert len(_plan_nodes(scope, "_mul_scalar")) == 1      # ``* 2`` on the weight too
     assert np.allclose(model.weight.grad().asnumpy(), expected, rtol=1e-5, atol=1e-6)
 
 
