@@ -175,7 +175,7 @@ class Frame:
         This runs for every operator call of every frame.  A known call
         whose arrays are values of this frame, arrays read before,
         parameters or constants, and whose keywords are plain constants,
-        takes the short path written out here: it builds the key ``_op``
+        takes the short path here: it builds the key ``_op``
         would build, ``(op, *refs)`` without keywords, else ``(op, refs,
         kwargs)``, and follows the trie edge.  Anything else goes to ``_op``.
         """
@@ -208,21 +208,7 @@ class Frame:
             return self._op(op, args, kwargs)
         if nxt is None:
             return self._op(op, args, kwargs)
-        if not nxt.single:
-            return self._outputs(nxt)
-        self.state = nxt                        # ``push``, written out
-        pos = len(self.out_shapes)
-        self.out_shapes.append(nxt.shape)
-        self.out_dtypes.append(nxt.dtype)
-        pool = self.pool
-        if pool:
-            lazy = pool.pop()
-            lazy._node = self
-            lazy._idx = pos
-        else:
-            lazy = LazyArray(self, pos)
-        self.lazies.append(lazy)
-        return lazy
+        return self.push(nxt) if nxt.single else self._outputs(nxt)
 
     def push(self, nxt):
         """Move to state ``nxt`` (a one-output call); its provisional output."""
@@ -287,10 +273,10 @@ class Frame:
         arrays = [a for a in args if isinstance(a, NDArray)]
         if kwargs:
             arrays += [v for v in kwargs.values() if isinstance(v, NDArray)]
-        if not arrays or not weight_calls.deterministic(op):
-            return False
         rec = self.rec
-        return all(weight_calls.is_weight(rec, a) for a in arrays)
+        # Most calls read a value of the frame first: ``is_weight`` says no at once.
+        return bool(arrays) and all(weight_calls.is_weight(rec, a) for a in arrays) \
+            and weight_calls.deterministic(op)
 
     def call(self, op, args, kwargs, key, refs, kw):
         """Follow (or learn) the edge of ``key``; the call's outputs.

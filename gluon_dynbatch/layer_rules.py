@@ -26,6 +26,7 @@ from .graph import LEAF
 from .rules import (ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, Signature, _in_dtype,
                     _in_shape, call_as_recorded, register_rule, rule_for, swapaxes_roles,
                     transpose_roles)
+from .weight_calls import weight_node
 
 
 def _rnn_roles(node):
@@ -158,10 +159,7 @@ class OneRowReduceRule(RowRule):
 def _computed_per_sample(src):
     """Whether a source is a value computed in a sample's call: not a leaf (a
     parameter, a constant, an input) and not a value made from weights alone."""
-    if src.kind == LEAF:
-        return False
-    graph = getattr(src, "graph", None)         # analysis stand-ins have none
-    return graph is None or src.id not in graph.weight_nodes
+    return src.kind != LEAF and not weight_node(src)
 
 
 class EachDotRule(Rule):
@@ -197,7 +195,7 @@ for _name in _REDUCTIONS:
 
 register_rule("RNN", RNNRule())
 _DOT = RowFallback(EachDotRule(), rule_for("dot"))
-_DOT.source_dependent = True        # whether b is computed per sample (see calls.analyse)
+_DOT.source_dependent = True        # whether b is computed per sample (see calls.remember)
 register_rule("dot", _DOT)
 for _names, _roles in ((["transpose"], transpose_roles),
                        (["SwapAxis", "swapaxes"], swapaxes_roles)):

@@ -10,44 +10,49 @@ execution's separate copies do.  Random operators draw anew at each call and
 stay one node per call.
 """
 from .calls import STATEFUL
-from .graph import LEAF
+from .graph import LEAF, OP
+from .lazy import LazyArray
 
 # Words in the names of operators whose result is not a function of their arguments.
 _RANDOM_WORDS = ("random", "sample", "shuffle", "Dropout", "uniform", "normal")
+_DETERMINISTIC = {}     # OpDef -> deterministic(op)
 
 
 def deterministic(op):
     """Whether ``op`` gives the same result each time it is called on the same arrays."""
-    return op.name not in STATEFUL and "random" not in op.path \
-        and not any(word in op.name for word in _RANDOM_WORDS)
+    found = _DETERMINISTIC.get(op)
+    if found is None:
+        found = _DETERMINISTIC[op] = op.name not in STATEFUL and "random" not in op.path \
+            and not any(word in op.name for word in _RANDOM_WORDS)
+    return found
+
+
+def weight_node(src):
+    """Whether node ``src`` is a parameter or a value its graph computed from
+    weights alone (False for frames and analysis stand-ins)."""
+    if src.kind == LEAF:
+        return src.param is not None
+    return src.kind == OP and getattr(src, "graph", None) is not None \
+        and src.id in src.graph.weight_nodes
 
 
 def on_weights(rec, op, inputs):
-    """Whether every input (``(node, idx)``) is a parameter or the output of a
-    call on weights only, and ``op`` deterministic."""
+    """Whether every input (``(node, idx)``) of the current graph is a weight
+    (``weight_node``) and ``op`` deterministic."""
     graph = rec.graph
-    for src, _ in inputs:
-        if src.kind == LEAF:
-            if src.param is None:
-                return False
-        elif src.graph is not graph or src.id not in graph.weight_nodes:
-            return False
-    return deterministic(op)
+    return all(src.graph is graph and weight_node(src) for src, _ in inputs) \
+        and deterministic(op)
 
 
 def is_weight(rec, array):
     """Whether ``array`` is known, without recording anything, as a parameter or
-    a value computed from weights only in the current graph."""
-    node = getattr(array, "_node", None)
+    a value computed from weights alone in the current graph."""
     graph = rec.graph
-    if node is None or type(array).__name__ != "LazyArray":
+    if type(array) is not LazyArray or array._node is None:
         found = graph.shared_items.get(id(array))
         return found is not None and found[0] == "p"
-    if node.graph is not graph:
-        return False
-    if node.kind == LEAF:
-        return node.param is not None
-    return node.id in graph.weight_nodes
+    node = array._node
+    return weight_node(node) and node.graph is graph
 
 
 def shared_call(rec, op, inputs, targs, tkw):

@@ -374,12 +374,19 @@ def test_unroll_batches_without_reading_values(name):
     assert stats.mean_batch_size > 1
 
 
+def _second_scope(case):
+    """Outputs and scope (plan kept) of a second batched run of ``case`` (the first
+    gives deferred parameters their shapes)."""
+    case.outputs()
+    with gdb.batching(keep_plan=True) as scope:
+        outs = case.outputs()
+    return outs, scope
+
+
 @pytest.mark.parametrize("name", ["fused_lstm", "fused_bigru"])
 def test_fused_rnn_layer_runs_once_per_sentence_length(name):
     case = um.CASES[name](n=8)
-    case.outputs()                                  # deferred shapes
-    with gdb.batching(keep_plan=True) as scope:
-        outs = case.outputs()
+    outs, scope = _second_scope(case)
     steps = [s for s in scope.last_plan.steps if s.nodes[0].op.name == "RNN"]
     lengths = {len(words) for words in case.samples}
     assert len(steps) == len(lengths)
@@ -393,9 +400,7 @@ def test_fused_rnn_layer_runs_once_per_sentence_length(name):
 
 def test_gluon_loss_blocks_batch_across_sentences():
     case = um.CASES["gluon_losses"](n=8)
-    case.outputs()
-    with gdb.batching(keep_plan=True) as scope:
-        outs = case.outputs()
+    outs, scope = _second_scope(case)
     assert all(o.shape == (1,) for o in outs)
     # No operator of the losses runs once per sentence.
     alone = [s for s in scope.last_plan.steps if len(s.nodes) == 1
@@ -405,9 +410,7 @@ def test_gluon_loss_blocks_batch_across_sentences():
 
 def test_character_steps_of_every_word_batch_together():
     case = um.CASES["char_word"](n=12)
-    case.outputs()
-    with gdb.batching(keep_plan=True) as scope:
-        outs = case.outputs()
+    outs, scope = _second_scope(case)
     assert all(o.shape == (1,) for o in outs)
     # Character c of every word of every sentence is one program call (cut
     # at the word only, each word's characters would be one program per
