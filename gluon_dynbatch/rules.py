@@ -508,15 +508,15 @@ _equal _not_equal _greater _greater_equal _lesser _lesser_equal""".split())
 
 register_rule(_UNARY + _NARY, RowRule(elementwise_roles))
 def lookup_roles(node):
-    """Embedding: one output row per index; the table is shared."""
+    """Embedding and one_hot: one output row per index; a table is shared."""
     if len(_in_shape(node, 0)) < 1:
         return None
     return (ROW,) + (SHARED,) * (len(node.inputs) - 1)
 
 
 register_rule(["FullyConnected", "Convolution", "Deconvolution", "Pooling",
-               "one_hot", "L2Normalization"], RowRule(first_row_roles))
-register_rule("Embedding", RowRule(lookup_roles))
+               "L2Normalization"], RowRule(first_row_roles))
+register_rule(["Embedding", "one_hot"], RowRule(lookup_roles))
 register_rule("LayerNorm", RowRule(axis_roles("axis", -1, extra_shared=True)))
 register_rule("BatchNorm", RowRule(batchnorm_roles))
 register_rule("dot", RowRule(dot_roles))

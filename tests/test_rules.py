@@ -77,6 +77,7 @@ CASES = {
     "pick": lambda F, x: F.pick(x, F.zeros((x.shape[0],)), axis=1),
     "clip_square": lambda F, x: F.clip(x, 0.2, 0.8).square(),
     "reshape_like": lambda F, x: F.reshape_like(F.tanh(x), x * 2) * x,
+    "one_hot": lambda F, x: F.one_hot(F.array([x.shape[0] % 3]), 3) * x[0:1, 0:3],
 }
 
 
@@ -170,6 +171,18 @@ def test_reductions_over_every_axis_of_one_row_batch_across_samples():
     assert sorted(len(s.nodes) for s in reductions) == [len(samples)] * 2
     for compiled in (False, True, "step"):
         assert_same(run_model(model, samples, [table], "depth", compiled), expected)
+
+
+def test_one_hot_of_each_samples_label_is_one_step():
+    model = OneOp(lambda F, x: F.one_hot(F.array([x.shape[0]]), 5) * x[0:1, 0:1])
+    table = nd.array(np.random.RandomState(3).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 1), (6, 4), (1, 2)]
+    with gdb.batching(strategy="depth", keep_plan=True, granularity="op") as scope:
+        outs = [model(s, table) for s in samples]
+    steps = [s for s in scope.last_plan.steps if s.nodes[0].op.name == "one_hot"]
+    assert [len(s.nodes) for s in steps] == [len(samples)]
+    for (_, rows), out in zip(samples, outs):
+        assert out.asnumpy()[0].nonzero()[0].tolist() == [rows]
 
 
 def test_dots_against_each_samples_own_values_batch_by_shape():
