@@ -316,3 +316,59 @@ class CharWordTagger(gdb.DynBatchBlock):
             out, state = self.word_cell(spelled, state)
             total = total + self.loss(self.tag(out), F.array([len(word) % self.classes]))
         return total
+
+
+class Seq2SeqAttention(gdb.DynBatchBlock):
+    """A GRU encoder, a GRU decoder attending over the encoder states with
+    ``F.dot``, and a loss per target word: the decoder waits for the whole
+    source, so its steps start at a depth that depends on the source length."""
+
+    def __init__(self, hidden, vocab, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.encoder = rnn.GRUCell(hidden)
+            self.decoder = rnn.GRUCell(hidden)
+            self.combine = nn.Dense(hidden, activation="tanh")
+            self.out = nn.Dense(vocab)
+        self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def hybrid_forward(self, F, pair, emb):
+        source, target = pair
+        state = self.encoder.begin_state(batch_size=1)
+        keys = []
+        for word in source:
+            h, state = self.encoder(emb[word:word + 1], state)
+            keys.append(h)
+        keys = F.concat(*keys, dim=0)
+        total, previous = 0, 0
+        for word in target:
+            h, state = self.decoder(emb[previous:previous + 1], state)
+            weights = F.softmax(F.dot(h, keys, transpose_b=True), axis=1)
+            context = F.dot(weights, keys)
+            logits = self.out(self.combine(F.concat(h, context, dim=1)))
+            total = total + self.loss(logits, F.array([word]))
+            previous = word
+        return total
+
+
+class ScalarMath(gdb.DynBatchBlock):
+    """Python numbers in the arithmetic (``1 - x``, ``x ** 2``, ``0.5 * h``),
+    ``F.where`` on a comparison, ``F.maximum``, and after the loop over the
+    tokens a classifier with a ``F.one_hot`` target."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.classes = classes
+        with self.name_scope():
+            self.proj = nn.Dense(hidden)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, words, emb):
+        h = None
+        for word in words:
+            x = self.proj(emb[word:word + 1])
+            y = 1 - F.exp(-x * 0.5) + x ** 2 / 3
+            y = F.maximum(F.where(x > 0, y, -y), 0.1 * x)
+            h = y if h is None else 0.5 * (h + y)
+        target = F.one_hot(F.array([len(words) % self.classes]), self.classes)
+        return -F.sum(target * F.log_softmax(self.out(h))) + 0.01 * F.sum(F.abs(h))

@@ -22,8 +22,9 @@ import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
 from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, DotAttention,
-                          FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree, MessagePassing, NodeLossTree, RecursiveNet,
-                          TaggerLoss, UnrollEncoder)
+                          FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
+                          MessagePassing, NodeLossTree, RecursiveNet, ScalarMath,
+                          Seq2SeqAttention, TaggerLoss, UnrollEncoder)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
@@ -614,6 +615,22 @@ def case_char_word(seed=0, n=6, hidden=HIDDEN):
                 [_table(seed)], notes="a character GRU per word inside a word LSTM")
 
 
+def _pairs(seed, n, max_len=8):
+    r = random.Random(seed)
+    return [([r.randrange(VOCAB) for _ in range(r.randint(1, max_len))],
+             [r.randrange(VOCAB) for _ in range(r.randint(1, max_len))]) for _ in range(n)]
+
+
+def case_seq2seq(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(Seq2SeqAttention(hidden, VOCAB), seed), _pairs(seed, n), [_table(seed)],
+                notes="encoder-decoder with attention, a loss per target word")
+
+
+def case_scalar_math(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(ScalarMath(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)],
+                notes="Python-number arithmetic, where, one_hot target after the loop")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -652,6 +669,8 @@ CASES = {
     "gluon_losses": case_gluon_losses,
     "char_word": case_char_word,
     "bigru_tagger": case_bigru_tagger,
+    "seq2seq": case_seq2seq,
+    "scalar_math": case_scalar_math,
 }
 
 
