@@ -31,7 +31,9 @@ class DynBatchBlock(gluon.HybridBlock):
         ``"reference"``.
     analysis_budget : float or "auto", optional
         Seconds of planning per flush spent trying strategies besides the
-        configured one (see :func:`batching`); None plans with ``strategy`` only.
+        depth plan (see :func:`batching`); ``"auto"`` searches only where the
+        depth plan is above its lower bound.  None (the default) is ``"auto"``
+        with ``strategy="depth"`` and no search with the others; 0 never searches.
     compiled : bool or "step", default False
         Run flushes as compiled MXNet graphs (CachedOp) kept in a plan cache:
         one graph per plan (``True``) or one per step (``"step"``).

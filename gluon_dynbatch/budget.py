@@ -24,9 +24,11 @@ from .rules import SHARED
 
 # Strategies in the order they are tried: cheapest analysis first.
 CANDIDATES = ("depth", "agenda")
-AUTO_FRACTION = 0.05        # "auto": analysis at most 5% of recent execution time
+AUTO_FRACTION = 0.05        # "auto": this share of recent execution time at least, where a search can pay
 AUTO_DEFAULT = 0.002        # seconds, before any execution time is known
 MEMORY_SIZE = 256           # plan structures whose winning candidate a model remembers
+LOSSES_TO_STOP = 3          # "auto": searches in a row the depth plan won before it stops
+RETRY_EVERY = 10            # ... except once in this many flushes
 
 Choice = namedtuple("Choice", ["strategy", "tried", "reused"])
 Choice.__doc__ = """What planning within a budget did: the ``strategy`` whose plan was kept,
@@ -92,9 +94,23 @@ def resolve_budget(budget, recent_execute_s):
     return float(budget)
 
 
+class PlanMemory(OrderedDict):
+    """Plan structure -> winning candidate, and how recent searches went.
+
+    ``losses`` counts the searches in a row that kept the depth plan, and
+    ``asked`` the flushes a search could have helped: :func:`auto_budget`
+    stops paying for searches that keep losing, but tries again now and then.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.losses = 0
+        self.asked = 0
+
+
 def new_memory():
     """An empty memory of plan choices (one per model)."""
-    return OrderedDict()
+    return PlanMemory()
 
 
 def structure_key(plan):
@@ -106,18 +122,56 @@ def structure_key(plan):
     return tuple(step.sig for step in plan.steps)
 
 
-def plan_within_budget(nodes, budget_s, model=None, memory=None):
+def lower_bound(plan):
+    """No plan of these nodes has fewer steps: max(longest chain, distinct signatures)."""
+    chain, sigs = 0, set()
+    for step in plan.steps:
+        sigs.add(step.sig)
+        for node in step.nodes:
+            if node.depth > chain:
+                chain = node.depth
+    return max(chain, len(sigs))
+
+
+def auto_budget(plan, model, recent_execute_s, memory=None):
+    """Seconds ``"auto"`` allows a search that starts from ``plan`` (the depth plan).
+
+    Nothing when the plan is at :func:`lower_bound` (no search can do better);
+    otherwise :data:`AUTO_FRACTION` of the execution time, or, if larger,
+    half the largest gain the bound leaves (the estimated cost of the steps
+    above it), at most half the execution time.  A model whose last
+    :data:`LOSSES_TO_STOP` searches all kept the depth plan gets nothing,
+    except once in :data:`RETRY_EVERY` flushes.
+    """
+    steps = len(plan.steps)
+    bound = lower_bound(plan)
+    if steps <= bound:
+        return 0.0
+    execute = recent_execute_s if recent_execute_s is not None else model.cost(plan)
+    if memory is not None:
+        memory.asked += 1
+        if memory.losses >= LOSSES_TO_STOP and memory.asked % RETRY_EVERY:
+            return 0.0
+    gain = model.cost(plan) * (steps - bound) / steps
+    return min(max(AUTO_FRACTION * execute, 0.5 * gain), 0.5 * execute)
+
+
+def plan_within_budget(nodes, budget_s, model=None, memory=None, auto_execute_s=False):
     """The cheapest plan found within ``budget_s`` seconds, and its :class:`Choice`.
 
     ``memory`` (from :func:`new_memory`) remembers the winner per plan
     structure, also when the budget cut the search short: a structure seen
     before runs its winner alone, so the budget goes to new structures.
+    With ``auto_execute_s`` (the recent execution seconds, or None before
+    any) the budget is :func:`auto_budget`'s instead of ``budget_s``.
     """
     model = model or calibrate()        # before the clock: measured once per process
-    deadline = time.perf_counter() + budget_s
-    best = make_plan(nodes, CANDIDATES[0])
+    best = make_plan(nodes, CANDIDATES[0])      # always at hand: not on the clock
     key = structure_key(best) if memory is not None else None
     known = memory.get(key) if memory is not None else None
+    if auto_execute_s is not False:
+        budget_s = auto_budget(best, model, auto_execute_s, memory)
+    deadline = time.perf_counter() + budget_s
     if known is not None:
         memory.move_to_end(key)
         if known == CANDIDATES[0]:
@@ -139,6 +193,8 @@ def plan_within_budget(nodes, budget_s, model=None, memory=None):
         if cost < best_cost:
             best, best_cost, chosen = plan, cost, strategy
     if memory is not None:      # the best found, even if the budget cut the search short
+        if len(tried) > 1:
+            memory.losses = memory.losses + 1 if chosen == CANDIDATES[0] else 0
         memory[key] = chosen
         if len(memory) > MEMORY_SIZE:
             memory.popitem(last=False)

@@ -153,15 +153,18 @@ class BatchingScope:
         return getattr(self.recorder, "compiled", False)
 
     def _budget(self):
-        """Seconds of analysis allowed for this flush, or None (no search)."""
+        """(seconds of analysis allowed for this flush or None for no search,
+        the recent execution seconds for ``"auto"``, else False)."""
         value = self.analysis_budget
         owner = getattr(self.recorder, "owner", None)
         if value is None and owner is not None:
             value = owner.analysis_budget
+            if value is None and owner.strategy == "depth":
+                value = "auto"      # the default: search only where it can pay
         if value is None:
-            return None
+            return None, False
         recent = owner.recent_execute_s if owner is not None else None
-        return budget.resolve_budget(value, recent)
+        return budget.resolve_budget(value, recent), (recent if value == "auto" else False)
 
     def _cache(self):
         cache = getattr(self.recorder, "cache", None)
@@ -241,14 +244,15 @@ class BatchingScope:
             stats.steps = stats.planned_nodes = ops
             return
         t0 = time.perf_counter()
-        allowed = self._budget()
+        allowed, auto = self._budget()
         owner = getattr(self.recorder, "owner", None)
         if allowed is None or self.strategy is not None:
             plan = make_plan(needed, strategy)
             stats.planners = {strategy: 1}
         else:
             memory = owner.plan_memory if owner is not None else None
-            plan, choice = budget.plan_within_budget(needed, allowed, memory=memory)
+            plan, choice = budget.plan_within_budget(needed, allowed, memory=memory,
+                                                     auto_execute_s=auto)
             stats.planners = {choice.strategy: 1}
             stats.reused_choices = int(choice.reused)
         t1 = time.perf_counter()
@@ -399,8 +403,9 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
         Seconds of planning per flush: starting from "depth", other strategies
         are tried while the budget lasts and the plan with the lowest cost
         (measured on this machine: launches, gathers, rows) is kept.  "auto"
-        allows 5% of the block's recent execution time.  Ignored when
-        ``strategy`` is given here.  Defaults to the first DynBatchBlock's.
+        searches only when the depth plan has more steps than its lower bound,
+        for at most half the estimated gain (``budget.auto_budget``).  Ignored
+        when ``strategy`` is given here.  Defaults to the first DynBatchBlock's.
     granularity : {"call", "op"}, optional
         ``"call"`` (the default): each DynBatchBlock call, and each child-block
         call outside one, is recorded as a template (``frames.py``) and runs

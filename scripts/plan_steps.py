@@ -35,8 +35,7 @@ def plan_of(case, strategy, granularity):
 
 def lower_bound(plan):
     """max(longest dependency chain, distinct signatures) of a plan's nodes."""
-    nodes = [n for step in plan.steps for n in step.nodes]
-    return max(max(n.depth for n in nodes), len({n.sig for n in nodes}))
+    return budget.lower_bound(plan)
 
 
 def main(argv=None):

@@ -179,3 +179,55 @@ def test_no_planner_beats_the_lower_bound_and_agenda_pays_on_mixed_paths(name):
         chosen, choice = budget.plan_within_budget(
             [n for step in plans["depth"].steps for n in step.nodes], 10.0)
         assert choice.strategy == "agenda" and len(chosen.steps) == len(plans["agenda"].steps)
+
+
+def _recorded_nodes(case):
+    with gdb.batching() as scope:
+        outs = case.outputs()
+        nodes = list(scope.recorder.graph.nodes)
+    assert outs
+    return nodes
+
+
+def test_auto_searches_only_where_the_depth_plan_is_above_the_bound(monkeypatch):
+    model = budget.calibrate()
+    trees = _recorded_nodes(user_models.case_opbyop_child_sum(n=8))
+    depth = make_plan(trees, "depth")
+    assert len(depth.steps) == budget.lower_bound(depth)
+    assert budget.auto_budget(depth, model, 0.05) == 0.0
+    calls = []
+    real = budget.make_plan
+    monkeypatch.setattr(budget, "make_plan",
+                        lambda n, s="depth", d=None: calls.append(s) or real(n, s, d))
+    _, choice = budget.plan_within_budget(trees, 1.0, memory=budget.new_memory(),
+                                          auto_execute_s=0.05)
+    assert calls == ["depth"] and choice.tried == ("depth",)
+    pairs = _recorded_nodes(user_models.case_seq2seq(n=12))
+    depth = make_plan(pairs, "depth")
+    assert len(depth.steps) > budget.lower_bound(depth)
+    assert budget.auto_budget(depth, model, 0.05) > 0.0
+
+
+def test_auto_stops_paying_for_searches_that_keep_losing():
+    model = budget.calibrate()
+    depth = make_plan(_recorded_nodes(user_models.case_seq2seq(n=12)), "depth")
+    memory = budget.new_memory()
+    memory.losses = budget.LOSSES_TO_STOP
+    allowed = [budget.auto_budget(depth, model, 0.05, memory)
+               for _ in range(2 * budget.RETRY_EVERY)]
+    assert sum(1 for a in allowed if a > 0) == 2       # once in RETRY_EVERY flushes
+    memory.losses = 0
+    assert budget.auto_budget(depth, model, 0.05, memory) > 0
+
+
+def test_by_default_an_encoder_decoder_is_planned_by_the_agenda_and_stays_exact():
+    case = user_models.case_seq2seq(n=16)
+    with gdb.batching(keep_plan=True) as scope:
+        outs = case.outputs()
+    assert scope.stats.planners == {"agenda": 1}
+    nodes = sorted((n for s in scope.last_plan.steps for n in s.nodes), key=lambda n: n.id)
+    depth = make_plan(nodes, "depth")
+    assert len(scope.last_plan.steps) < len(depth.steps)
+    del outs
+    expected = user_models.run_case(case)
+    assert_same(user_models.run_case(case, {}), expected)
