@@ -170,20 +170,48 @@ class Frame:
         return ("x", shape, dtype)
 
     def op(self, op, args, kwargs):
-        """Record ``op(*args, **kwargs)``; return its LazyArray output(s).
+        """Record ``op(*args, **kwargs)`` in this frame; its provisional output(s).
 
-        This runs for every operator call of every frame.  A known call
-        whose arrays are values of this frame, arrays read before,
-        parameters or constants, and whose keywords are plain constants,
-        takes the short path here: it builds the key ``_op``
-        would build, ``(op, *refs)`` without keywords, else ``(op, refs,
-        kwargs)``, and follows the trie edge.  Anything else goes to ``_op``.
+        This runs for every operator call of every frame.  A call whose
+        arrays are values of this frame, arrays read before, parameters,
+        constants, or outputs of other calls of the graph (read here for the
+        first time), whose other arguments are numbers and whose keywords are
+        plain constants, takes the short path here: it builds the key
+        ``_op`` would build, ``(op, *refs)`` without keywords, else ``(op,
+        refs, kwargs)``, and follows the trie edge.  Anything else goes to
+        ``_op``.
         """
+        if kwargs:
+            for value in kwargs.values():
+                if isinstance(value, NDArray):  # its ``==`` records: keep it out of keys
+                    return self._op(op, args, kwargs)
+            if "name" in kwargs:
+                return self._op(op, args, kwargs)
         refs = []
         ext = self.ext
+        first_reads = None
+        arrays = False
         for a in args:
-            if type(a) is LazyArray and a._node is self:
-                refs.append(a._idx)
+            kind = type(a)
+            if kind is LazyArray:
+                arrays = True
+                node = a._node
+                if node is self:
+                    refs.append(a._idx)
+                    continue
+                found = ext.get(id(a))
+                if found is None:
+                    found = self.rec.graph.shared_items.get(id(a))
+                    if found is None:
+                        if not self._plain_output(node):
+                            return self._op(op, args, kwargs)
+                        # A call reading it is no call on weights: read it below,
+                        # once nothing can send the call to ``_op`` any more.
+                        first_reads = (first_reads or []) + [len(refs)]
+                refs.append(found)
+                continue
+            if kind is float or kind is int:
+                refs.append((kind, a))      # a constant (a type never names an array)
                 continue
             # As ``ref`` (the id of a live int never names a live array).
             found = ext.get(id(a))
@@ -191,24 +219,35 @@ class Frame:
                 found = self.rec.graph.shared_items.get(id(a))
                 if found is None:
                     return self._op(op, args, kwargs)
+            arrays = True
             refs.append(found)
+        if not arrays:
+            return self._op(op, args, kwargs)
+        if first_reads is not None:
+            for k in first_reads:
+                refs[k] = self.ref(args[k])
         if kwargs:
-            for value in kwargs.values():
-                if isinstance(value, NDArray):  # its ``==`` records: keep it out of keys
-                    return self._op(op, args, kwargs)
-            if "name" in kwargs:
-                return self._op(op, args, kwargs)
-            try:
-                nxt = self.state.next.get((op, tuple(refs), tuple(kwargs.items())))
-            except TypeError:                   # an unhashable constant
-                return self._op(op, args, kwargs)
-        elif refs:
-            nxt = self.state.next.get((op, *refs))
+            kw = tuple(kwargs.items())
+            key = (op, tuple(refs), kw)
         else:
-            return self._op(op, args, kwargs)
+            kw = None
+            key = (op, *refs)
+        try:
+            nxt = self.state.next.get(key)
+        except TypeError:                   # an unhashable constant
+            return self.fallback_op(op, args, kwargs, "an unhashable argument")
         if nxt is None:
-            return self._op(op, args, kwargs)
+            if first_reads is None:         # ``_op`` tells calls on weights apart
+                return self._op(op, args, kwargs)
+            return self.call(op, args, kwargs, key, tuple(refs), kw)
         return self.push(nxt) if nxt.single else self._outputs(nxt)
+
+    def _plain_output(self, node):
+        """Whether ``node`` is an operator node of this graph computed from more
+        than weights: ``ref`` gives its output the next position."""
+        graph = self.rec.graph
+        return node is not None and type(node) is not Frame and node.graph is graph \
+            and node.kind is not LEAF and node.id not in graph.weight_nodes
 
     def push(self, nxt):
         """Move to state ``nxt`` (a one-output call); its provisional output."""

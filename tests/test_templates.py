@@ -189,3 +189,39 @@ def test_a_child_block_of_several_operators_in_a_loop_is_one_iteration(cell):
     assert nodes <= 2 * tokens + 2 * len(sentences), (nodes, tokens)
     # Token t of every sentence, last or not, runs in one step.
     assert len(plan.steps) <= max(len(s) for s in sentences) + 1, len(plan.steps)
+
+
+class DirectOps(gdb.DynBatchBlock):
+    """``F`` operators reading the children's outputs, and ``-x``, in ``hybrid_forward``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.weight = self.params.get("weight", shape=(3, 3))
+
+    def hybrid_forward(self, F, tree, emb, weight):
+        x = emb[tree.word:tree.word + 1]
+        for child in tree.children:
+            x = F.broadcast_add(x, F.tanh(self(child, emb)))
+        return -F.FullyConnected(x, weight, no_bias=True, num_hidden=3)
+
+
+def test_known_calls_reading_child_outputs_and_numbers_take_the_short_path(monkeypatch):
+    """Once learned, a frame's ``F`` calls that read its children's outputs for the
+    first time, or take a number (``-x`` is ``_mul_scalar(x, -1.0)``), follow the
+    trie from ``Frame.op`` without the general path."""
+    from gluon_dynbatch.frames import Frame
+    model = make_model(DirectOps)
+    r = rng(3)
+    trees = [_fan(r, 3) for _ in range(6)]
+    emb = nd.random.uniform(shape=(10, 3))
+    for _ in range(2):                  # learns the templates
+        run_model(model, trees, [emb], "depth")
+    general = []
+    real = Frame._op
+    monkeypatch.setattr(Frame, "_op",
+                        lambda self, op, args, kwargs: general.append(op.name)
+                        or real(self, op, args, kwargs))
+    got = run_model(model, trees, [emb], "depth")
+    # Only the graph's first use of the weight goes the general way (``ref`` names it).
+    assert general == ["FullyConnected"]
+    assert_same(got, run_model(model, trees, [emb], "eager"))
