@@ -43,7 +43,7 @@ LOG = logging.getLogger("user_models_bench")
 
 COLUMNS = (("case", "%s"), ("samples", "%d"), ("eager_ms", "%.1f"), ("batched_ms", "%.1f"),
            ("x_eager", "%.2f"), ("mean_batch", "%.1f"), ("steps", "%d"), ("flushes", "%d"),
-           ("nodes", "%d"), ("us_per_call", "%.2f"), ("notes", "%s"))
+           ("nodes", "%d"), ("us_per_call", "%.2f"), ("planner", "%s"), ("notes", "%s"))
 
 
 def build_parser():
@@ -60,8 +60,19 @@ def build_parser():
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed runs per case and mode; the median is shown "
                              "(default: %(default)s)")
+    parser.add_argument("--analysis-budget", default=None,
+                        help="the scopes' analysis_budget: seconds, or 'auto' (default: each "
+                             "model's own, \"auto\" with the depth strategy); 0 never "
+                             "searches past the depth plan")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     return parser
+
+
+def parse_budget(text):
+    """``--analysis-budget``: None, ``"auto"`` or seconds."""
+    if text is None or text == "auto":
+        return text
+    return float(text)
 
 
 def time_batch(case, batching):
@@ -73,13 +84,14 @@ def time_batch(case, batching):
     return 1000.0 * (time.perf_counter() - start), stats
 
 
-def bench_case(name, samples, hidden, seed, repeats=3):
+def bench_case(name, samples, hidden, seed, repeats=3, analysis_budget=None):
     """Figures of one case: eager and batched ms (medians), ratio, stats."""
     case = um.CASES[name](seed=seed, n=samples, hidden=hidden)
     for array in case.inputs:
         array.attach_grad()
     row = {"case": name, "samples": len(case.samples), "notes": case.notes}
-    for label, batching in (("eager", None), ("batched", {})):
+    scoped = {} if analysis_budget is None else {"analysis_budget": analysis_budget}
+    for label, batching in (("eager", None), ("batched", scoped)):
         for _ in range(2):                              # untimed: shapes, templates
             time_batch(case, batching)
         runs = sorted((time_batch(case, batching) for _ in range(max(1, repeats))),
@@ -88,7 +100,8 @@ def bench_case(name, samples, hidden, seed, repeats=3):
     row["x_eager"] = row["eager_ms"] / row["batched_ms"]
     row.update(mean_batch=stats.mean_batch_size, steps=stats.steps,
                flushes=stats.flushes, nodes=stats.nodes,
-               us_per_call=stats.us_per_call)
+               us_per_call=stats.us_per_call,
+               planner=",".join(sorted(stats.planners)) or "-")
     return row
 
 
@@ -115,7 +128,8 @@ def main(argv=None):
                                                          ", ".join(um.CASES)))
     rows = []
     for name in tqdm(names, desc="cases", unit="case", leave=False, disable=None):
-        rows.append(bench_case(name, args.samples, args.hidden, args.seed, args.repeats))
+        rows.append(bench_case(name, args.samples, args.hidden, args.seed, args.repeats,
+                               parse_budget(args.analysis_budget)))
         LOG.info("%-18s eager %8.1f ms  batched %7.1f ms  x%.2f", name,
                  rows[-1]["eager_ms"], rows[-1]["batched_ms"], rows[-1]["x_eager"])
     print("\n".join(table(rows)))
