@@ -29,6 +29,7 @@ AUTO_DEFAULT = 0.002        # seconds, before any execution time is known
 MEMORY_SIZE = 256           # plan structures whose winning candidate a model remembers
 LOSSES_TO_STOP = 3          # "auto": searches in a row the depth plan won before it stops
 RETRY_EVERY = 10            # ... except once in this many flushes
+SEARCH_RATE = 2e-6          # seconds of search per operator node, before one is timed
 
 Choice = namedtuple("Choice", ["strategy", "tried", "reused"])
 Choice.__doc__ = """What planning within a budget did: the ``strategy`` whose plan was kept,
@@ -97,15 +98,18 @@ def resolve_budget(budget, recent_execute_s):
 class PlanMemory(OrderedDict):
     """Plan structure -> winning candidate, and how recent searches went.
 
-    ``losses`` counts the searches in a row that kept the depth plan, and
-    ``asked`` the flushes a search could have helped: :func:`auto_budget`
-    stops paying for searches that keep losing, but tries again now and then.
+    ``losses`` counts the searches in a row that kept the depth plan,
+    ``asked`` the flushes a search could have helped, and ``rate`` the
+    seconds a search took per operator node (None before the first):
+    :func:`auto_budget` pays for searches that are expected to pay, stops
+    paying for searches that keep losing, but tries again now and then.
     """
 
     def __init__(self):
         super().__init__()
         self.losses = 0
         self.asked = 0
+        self.rate = None
 
 
 def new_memory():
@@ -136,24 +140,30 @@ def lower_bound(plan):
 def auto_budget(plan, model, recent_execute_s, memory=None):
     """Seconds ``"auto"`` allows a search that starts from ``plan`` (the depth plan).
 
-    Nothing when the plan is at :func:`lower_bound` (no search can do better);
-    otherwise :data:`AUTO_FRACTION` of the execution time, or, if larger,
-    half the largest gain the bound leaves (the estimated cost of the steps
-    above it), at most half the execution time.  A model whose last
-    :data:`LOSSES_TO_STOP` searches all kept the depth plan gets nothing,
-    except once in :data:`RETRY_EVERY` flushes.
+    Nothing when the plan is at :func:`lower_bound` (no search can do better),
+    or when half the largest gain the bound leaves (the estimated cost of the
+    steps above it) is less than the search is expected to take (``rate``
+    seconds per operator node, :data:`SEARCH_RATE` before any search).
+    Otherwise twice the expected time, at most half the execution time.  A
+    model whose last :data:`LOSSES_TO_STOP` searches all kept the depth plan
+    gets nothing, except once in :data:`RETRY_EVERY` flushes.
     """
     steps = len(plan.steps)
     bound = lower_bound(plan)
     if steps <= bound:
         return 0.0
-    execute = recent_execute_s if recent_execute_s is not None else model.cost(plan)
     if memory is not None:
         memory.asked += 1
         if memory.losses >= LOSSES_TO_STOP and memory.asked % RETRY_EVERY:
             return 0.0
-    gain = model.cost(plan) * (steps - bound) / steps
-    return min(max(AUTO_FRACTION * execute, 0.5 * gain), 0.5 * execute)
+    rate = memory.rate if memory is not None and memory.rate is not None else SEARCH_RATE
+    expected = rate * plan.num_nodes
+    cost = model.cost(plan)
+    execute = recent_execute_s if recent_execute_s is not None else cost
+    allowed = min(2.0 * expected, 0.5 * execute)
+    if 0.5 * cost * (steps - bound) / steps < expected or allowed < expected:
+        return 0.0
+    return allowed
 
 
 def plan_within_budget(nodes, budget_s, model=None, memory=None, auto_execute_s=False):
@@ -169,17 +179,21 @@ def plan_within_budget(nodes, budget_s, model=None, memory=None, auto_execute_s=
     best = make_plan(nodes, CANDIDATES[0])      # always at hand: not on the clock
     key = structure_key(best) if memory is not None else None
     known = memory.get(key) if memory is not None else None
-    if auto_execute_s is not False:
-        budget_s = auto_budget(best, model, auto_execute_s, memory)
-    deadline = time.perf_counter() + budget_s
+    auto = auto_execute_s is not False
     if known is not None:
         memory.move_to_end(key)
         if known == CANDIDATES[0]:
             return best, Choice(known, (known,), True)
+        # "auto" replans with a known winner whatever it takes: it paid before.
+        deadline = None if auto else time.perf_counter() + budget_s
         try:
             return make_plan(nodes, known, deadline), Choice(known, (known,), True)
         except OutOfTime:
             return best, Choice(CANDIDATES[0], (CANDIDATES[0],), True)
+    if auto:
+        budget_s = auto_budget(best, model, auto_execute_s, memory)
+    start = time.perf_counter()
+    deadline = start + budget_s
     best_cost, chosen, tried = model.cost(best), CANDIDATES[0], [CANDIDATES[0]]
     for strategy in CANDIDATES[1:]:
         try:
@@ -192,10 +206,27 @@ def plan_within_budget(nodes, budget_s, model=None, memory=None, auto_execute_s=
         cost = model.cost(plan)
         if cost < best_cost:
             best, best_cost, chosen = plan, cost, strategy
-    if memory is not None:      # the best found, even if the budget cut the search short
-        if len(tried) > 1:
-            memory.losses = memory.losses + 1 if chosen == CANDIDATES[0] else 0
-        memory[key] = chosen
-        if len(memory) > MEMORY_SIZE:
-            memory.popitem(last=False)
+    if memory is not None:
+        _remember(memory, key, chosen, tried, auto, budget_s and
+                  (time.perf_counter() - start) / max(best.num_nodes, 1))
     return best, Choice(chosen, tuple(tried), False)
+
+
+def _remember(memory, key, chosen, tried, auto, rate):
+    """Note the outcome of a search in ``memory``.
+
+    A fixed budget's choice is remembered even if the budget cut the search
+    short (its budget was spent once); under ``"auto"`` a cut search is not,
+    and the time it took raises the expected rate, so the next one gets more.
+    """
+    if len(tried) > 1:
+        memory.losses = memory.losses + 1 if chosen == CANDIDATES[0] else 0
+        if rate:
+            memory.rate = rate if memory.rate is None else 0.5 * (memory.rate + rate)
+    elif auto:
+        if rate:
+            memory.rate = max(memory.rate or SEARCH_RATE, rate)
+        return
+    memory[key] = chosen
+    if len(memory) > MEMORY_SIZE:
+        memory.popitem(last=False)

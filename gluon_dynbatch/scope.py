@@ -403,8 +403,8 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
         Seconds of planning per flush: starting from "depth", other strategies
         are tried while the budget lasts and the plan with the lowest cost
         (measured on this machine: launches, gathers, rows) is kept.  "auto"
-        searches only when the depth plan has more steps than its lower bound,
-        for at most half the estimated gain (``budget.auto_budget``).  Ignored
+        searches only when the depth plan has more steps than its lower bound
+        and the estimated gain pays for the search (``budget.auto_budget``).  Ignored
         when ``strategy`` is given here.  Defaults to the first DynBatchBlock's.
     granularity : {"call", "op"}, optional
         ``"call"`` (the default): each DynBatchBlock call, and each child-block

@@ -231,3 +231,19 @@ def test_by_default_an_encoder_decoder_is_planned_by_the_agenda_and_stays_exact(
     del outs
     expected = user_models.run_case(case)
     assert_same(user_models.run_case(case, {}), expected)
+
+
+def test_auto_forgets_searches_it_cut_short_and_replans_known_winners(monkeypatch):
+    nodes = _recorded_nodes(user_models.case_seq2seq(n=12))
+    memory = budget.new_memory()
+    monkeypatch.setattr(budget, "auto_budget", lambda *args: 1e-9)
+    _, cut = budget.plan_within_budget(nodes, 0.0, memory=memory, auto_execute_s=0.05)
+    assert cut.tried == ("depth",) and len(memory) == 0    # tried again next time
+    monkeypatch.setattr(budget, "auto_budget", lambda *args: 10.0)
+    plan, first = budget.plan_within_budget(nodes, 0.0, memory=memory, auto_execute_s=0.05)
+    assert first.strategy == "agenda" and list(memory.values()) == ["agenda"]
+    assert memory.rate > 0 and memory.losses == 0
+    monkeypatch.setattr(budget, "auto_budget", lambda *args: 0.0)
+    again, second = budget.plan_within_budget(nodes, 0.0, memory=memory, auto_execute_s=0.05)
+    assert second.reused and second.strategy == "agenda"
+    assert [len(s.nodes) for s in again.steps] == [len(s.nodes) for s in plan.steps]
