@@ -1,4 +1,7 @@
-"""Errors raised by gluon_dynbatch."""
+"""Errors raised by gluon_dynbatch, and warnings given once."""
+import logging
+
+_WARNED = set()
 
 
 class BatchingError(RuntimeError):
@@ -17,3 +20,10 @@ def describe_call(sample, path, op=None):
     if sample is None:
         return "outside any sample, in %s" % where
     return "sample %d, in %s" % (sample, where)
+
+
+def warn_once(key, message, *args):
+    """Log ``message`` (a warning of the recorder) the first time ``key`` comes up."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        logging.getLogger("gluon_dynbatch.recorder").warning(message, *args)

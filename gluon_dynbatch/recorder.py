@@ -14,7 +14,6 @@ the graph when it ends.  Everything else is recorded here, a node per call:
 A child block called outside any frame is recorded as a frame of its own
 (``block_frame``), so it too becomes one program node.
 """
-import logging
 import weakref
 
 import mxnet as mx
@@ -22,14 +21,12 @@ import numpy as np
 from mxnet.ndarray import NDArray
 
 from . import calls, context, trie, weight_calls
-from .errors import BatchingError, describe_call
+from .errors import BatchingError, describe_call, warn_once
 from .frames import NOT_RECORDED, Frame
 from .graph import LEAF, OP, VIEW, Graph, Node, known_node, slot, slots_of
 from .lazy import LazyArray
 from .namespace import DETERMINISTIC, RecordingNamespace
 from .ops import opdef
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MAX_PENDING = 500000    # pending nodes after which a scope flushes by itself
 MAX_ROW_CONCAT = 4096           # longer row concatenations take the generic path
@@ -136,12 +133,15 @@ class Recorder:
         found = graph.leaf_by_id.get(id(array))
         if found is not None and found[2] is array:
             return found[1]
+        parameter = graph.parameter_of(array, self.owner)
+        if parameter is not None:           # ``p.data()`` read in the model: ``p`` itself
+            return self.param(parameter)
         self._set_ctx(array.context)
         node = graph.add(Node(graph, LEAF))
         node.value = array
         if type(array) is LazyArray and array.history_freed():
             node.value = array.detach()      # as eager uses it: a constant
-            _warn_once("freed", "%s: a value computed in an earlier batch is used after a "
+            warn_once("freed", "%s: a value computed in an earlier batch is used after a "
                        "backward pass freed the graph that computed it; it is used as a "
                        "constant (no gradient flows into that earlier batch), as eager MXNet "
                        "does with such arrays", describe_call(self.sample, self.path))
@@ -482,7 +482,7 @@ class Recorder:
                 node.deps = (previous,)
                 if previous.depth > depth:
                     depth = previous.depth
-                _warn_once(node.op.name, "%s in training mode runs one sample at a time (its "
+                warn_once(node.op.name, "%s in training mode runs one sample at a time (its "
                            "statistics are per sample), so outputs and gradients are exact; "
                            "but MXNet updates its running mean and variance during backward, "
                            "in the order backward visits the calls, which batching can "
@@ -588,12 +588,3 @@ class Recorder:
         in_shapes = tuple([src.out_shapes[i] for src, i in sources])
         in_dtypes = tuple([src.out_dtypes[i] for src, i in sources])
         return calls.analyse(node, in_shapes, in_dtypes)
-
-_WARNED = set()
-
-
-def _warn_once(key, message, *args):
-    """Log ``message`` the first time ``key`` comes up in this process."""
-    if key not in _WARNED:
-        _WARNED.add(key)
-        log.warning(message, *args)

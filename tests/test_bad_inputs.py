@@ -560,8 +560,8 @@ def test_batchnorm_in_training_matches_eager(strategy, compiled):
 
 
 def test_batchnorm_in_training_warns_once_about_running_statistics(caplog, monkeypatch):
-    from gluon_dynbatch import recorder
-    monkeypatch.setattr(recorder, "_WARNED", set())
+    from gluon_dynbatch import errors
+    monkeypatch.setattr(errors, "_WARNED", set())
     samples = [(0, 2), (1, 3), (2, 2)]
     x = table(4)
     model = _normed()
