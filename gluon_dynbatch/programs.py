@@ -275,7 +275,7 @@ def _roles(kind, info):
     return tuple(info.meta) if kind == _ROWS else (ROW,)
 
 
-def build(entries, exports, arg_shapes, name):
+def build(entries, exports, arg_shapes, name, param_rows=()):
     """The ``(Program, ProgramInfo)`` of a template's calls, or None if they must
     stay per operator.
 
@@ -291,6 +291,9 @@ def build(entries, exports, arg_shapes, name):
         Shapes of the arguments.
     name : str
         Class name of the block, for ``Program.name``.
+    param_rows : sequence of int or None, optional
+        Rows of parameter k: a one-row parameter broadcast over a call's rows
+        (``x * v`` with ``v`` of shape (1, H)) is shared by the batched call.
     """
     arg_role, kinds, rows_of = {}, [], {}
     for j, (op, _args, _kwargs, refs, info, _path) in enumerate(entries):
@@ -299,6 +302,8 @@ def build(entries, exports, arg_shapes, name):
             return None
         kinds.append(kind)
         for ref, role in zip(refs, _roles(kind, info)):
+            if ref[0] == "x" and role == BROW and _shared_row(op, ref, param_rows):
+                continue
             if not _use_ok(ref, role, arg_role, arg_shapes):
                 return None
         for idx, shape in enumerate(info.out_shapes):
@@ -318,7 +323,8 @@ def build(entries, exports, arg_shapes, name):
             return None
         sources = tuple(("in", position[r]) if r[0] != "n" else ("e", r[1], r[2])
                         for r in refs)
-        brow = tuple(p for p, role in enumerate(entry_roles) if role == BROW)
+        brow = tuple(p for p, role in enumerate(entry_roles)
+                     if role == BROW and refs[p][0] != "x")
         for p in brow:
             site_rows += [rows_of[refs[p]], info.out_shapes[0][0]]
         if kind == _SEGMENT:
@@ -345,10 +351,20 @@ def _use_ok(ref, role, arg_role, arg_shapes):
     return arg_role.setdefault(ref[1], want) == want
 
 
+def _shared_row(op, ref, param_rows):
+    """Whether parameter ``ref``, a broadcast row of ``op``, is one row that a
+    ``broadcast_*`` operator spreads over any number of rows."""
+    k = ref[1]
+    return op.name.startswith("broadcast_") and k < len(param_rows) and param_rows[k] == 1
+
+
 def _rows_match(refs, roles, rows_of, info):
-    """ROW inputs have the output's rows; BROW ones too, or a single row."""
+    """ROW inputs have the output's rows; BROW ones too, or a single row
+    (parameters in a BROW role are one shared row: ``_shared_row``)."""
     out_rows = info.out_shapes[0][0]
     for ref, role in zip(refs, roles):
+        if ref[0] == "x":
+            continue
         if role == ROW and rows_of[ref] != out_rows:
             return False
         if role == BROW and rows_of[ref] not in (out_rows, 1):
