@@ -372,3 +372,21 @@ class ScalarMath(gdb.DynBatchBlock):
             h = y if h is None else 0.5 * (h + y)
         target = F.one_hot(F.array([len(words) % self.classes]), self.classes)
         return -F.sum(target * F.log_softmax(self.out(h))) + 0.01 * F.sum(F.abs(h))
+
+
+class WeightData(gdb.DynBatchBlock):
+    """A child's weight read with ``.data()`` in ``hybrid_forward`` (``F.dot`` against
+    it), and a (1, H) Parameter scaling every node's state: ``F.tanh(x) * v``."""
+
+    def __init__(self, hidden, dim, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = nn.Dense(hidden, in_units=dim)
+            self.scale = self.params.get("scale", shape=(1, hidden))
+
+    def hybrid_forward(self, F, tree, emb, scale):
+        x = F.dot(emb[tree.word:tree.word + 1], self.proj.weight.data(), transpose_b=True)
+        x = x + self.proj.bias.data()
+        for child in tree.children:
+            x = x + F.tanh(self(child, emb))
+        return F.tanh(x) * scale

@@ -134,8 +134,9 @@ class FuzzNet(gdb.DynBatchBlock):
             self.opaque_hybrid = OpaqueHybrid()
             self.mat = self.params.get("mat", shape=(W, W))
             self.embed = self.params.get("embed", shape=(VOCAB, W))
+            self.row = self.params.get("row", shape=(1, W))
 
-    def hybrid_forward(self, F, node, table, mat, embed):
+    def hybrid_forward(self, F, node, table, mat, embed, row):
         # pylint: disable=arguments-differ
         memo = self.memo
         if memo is not None and id(node) in memo:
@@ -146,7 +147,7 @@ class FuzzNet(gdb.DynBatchBlock):
             values.append(F.concat(*[c[0] for c in children], dim=0))
         self._kids = children                   # read by the "child..." instructions
         for ins in node.program:
-            values.extend(self._step(F, ins, values, mat, embed))
+            values.extend(self._step(F, ins, values, mat, embed, row))
         h = F.mean(values[node.result], axis=0, keepdims=True)
         out = [h] + [values[i] for i in node.outputs]
         for child in children:
@@ -155,7 +156,7 @@ class FuzzNet(gdb.DynBatchBlock):
             memo[id(node)] = out
         return out
 
-    def _step(self, F, ins, values, mat, embed):
+    def _step(self, F, ins, values, mat, embed, row):
         """Run one instruction; return the list of values it adds."""
         # pylint: disable=too-many-return-statements,too-many-branches
         op, args = ins[0], ins[1:]
@@ -176,6 +177,9 @@ class FuzzNet(gdb.DynBatchBlock):
             return [F.dot(F.softmax(scores, axis=1), a)]
         if op == "madeweight":                 # a weight made from a parameter alone
             return [F.tanh(F.dot(a, F.transpose(mat) * 0.5))]
+        if op == "rowparam":                   # a (1, W) Parameter; a weight's .data()
+            weight = self.dense.weight.data(a.context)
+            return [a * row + 0.5 * F.dot(a, weight, transpose_b=True)]
         if op == "direct":                     # mx.nd called directly (Gluon's unroll)
             return [mx.nd.tanh(a) * 2]
         if op == "layernorm":
@@ -325,7 +329,7 @@ def assert_runs_agree(got, want):
 ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "scale",
            "softmax1", "logsoftmax1", "reverse1", "clip", "split", "reshape", "opaque",
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
-           "transpose", "stack0", "literal", "madeweight", "direct")
+           "transpose", "stack0", "literal", "madeweight", "direct", "rowparam")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
              "childsum", "childtotal", "attend")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")

@@ -418,3 +418,16 @@ def test_character_steps_of_every_word_batch_together():
     longest = max(sum(len(word) + 1 for word in sentence) for sentence in case.samples)
     assert len(scope.last_plan.steps) <= longest + 2
     assert scope.stats.mean_batch_size >= 5
+
+
+def test_weights_read_with_data_and_one_row_parameters_stay_in_programs():
+    case = um.CASES["weight_data"](n=12)
+    outs, scope = _second_scope(case)
+    assert outs
+    # One program per node kind and level: the trees are at most 4 levels deep.
+    assert all(s.nodes[0].op.name.startswith("call:") for s in scope.last_plan.steps)
+    assert len(scope.last_plan.steps) <= 4
+    params = {src.param.name for s in scope.last_plan.steps for n in s.nodes
+              for src, _ in n.inputs if src.param is not None}
+    assert any(name.endswith("dense0_weight") for name in params)
+    assert any(name.endswith("scale") for name in params)

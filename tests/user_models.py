@@ -24,7 +24,7 @@ from examples.sick_model import OpByOpTreeLSTM
 from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, DotAttention,
                           FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
                           MessagePassing, NodeLossTree, RecursiveNet, ScalarMath,
-                          Seq2SeqAttention, TaggerLoss, UnrollEncoder)
+                          Seq2SeqAttention, TaggerLoss, UnrollEncoder, WeightData)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
@@ -631,6 +631,11 @@ def case_scalar_math(seed=0, n=6, hidden=HIDDEN):
                 notes="Python-number arithmetic, where, one_hot target after the loop")
 
 
+def case_weight_data(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(WeightData(hidden, DIM), seed), _trees(seed, n), [_table(seed)],
+                notes="a weight read with .data(), a (1, H) Parameter scaling the state")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -671,6 +676,7 @@ CASES = {
     "bigru_tagger": case_bigru_tagger,
     "seq2seq": case_seq2seq,
     "scalar_math": case_scalar_math,
+    "weight_data": case_weight_data,
 }
 
 
