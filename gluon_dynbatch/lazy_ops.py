@@ -13,7 +13,7 @@ from mxnet.base import MXNetError
 
 from . import context, weight_calls
 from .context import current
-from .errors import describe_call
+from .errors import BatchingError, describe_call
 from .lazy import LazyArray
 from .ops import opdef
 
@@ -166,8 +166,25 @@ def _abs(self):
     return self.abs()
 
 
+def _setitem(self, key, value):
+    """``x[key] = value``: eager MXNet's on a computed value; refused on a recorded one.
+
+    A recorded value may be shared (``F.zeros`` gives every call of a graph
+    the same constant) or not computed yet, so writing into it would change
+    other samples' values or be lost; the error says what to write instead.
+    """
+    rec = current()
+    if rec is None or self._node is None:
+        return nd.NDArray.__setitem__(self, key, value)
+    raise BatchingError(
+        "%s: item assignment (x[...] = v) on a value recorded in a batching scope; "
+        "build the value without assigning into it (F.one_hot, F.where, F.concat, or "
+        "numpy and F.array)" % describe_call(rec.sample, rec.path))
+
+
 LazyArray.__neg__ = _neg
 LazyArray.__abs__ = _abs
+LazyArray.__setitem__ = _setitem
 
 
 def _fluent(name, op_name=None):

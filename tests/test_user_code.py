@@ -89,6 +89,38 @@ def test_in_place_update_under_record_raises_as_eager():
     np.testing.assert_allclose(out.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-7)
 
 
+class AssignIntoZeros(gdb.DynBatchBlock):
+    """``t = F.zeros(...); t[0, k] = 1``: F.zeros is one constant per graph."""
+
+    def hybrid_forward(self, F, k, x):
+        target = F.zeros((1, 4))
+        target[0, k] = 1
+        return x * target
+
+
+class ZerosTimes(gdb.DynBatchBlock):
+    def hybrid_forward(self, F, k, x):
+        return x * F.zeros((1, 4)) + k
+
+
+def test_item_assignment_into_a_recorded_value_is_refused_and_nothing_is_corrupted():
+    x = nd.ones((1, 4))
+    want = [AssignIntoZeros()(k, x).asnumpy() for k in (1, 2)]      # eager works
+    assert want[0][0, 1] == 1 and want[1][0, 1] == 0
+    model = AssignIntoZeros()
+    with pytest.raises(gdb.BatchingError, match="sample 1, in .*item assignment"):
+        with gdb.batching():
+            ZerosTimes()(0, x)
+            model(1, x)
+    with gdb.batching():                 # the shared zeros are still zeros
+        outs = [ZerosTimes()(k, x) for k in (1, 2)]
+    for k, out in zip((1, 2), outs):
+        np.testing.assert_array_equal(out.asnumpy(), np.full((1, 4), k, dtype=np.float32))
+    computed = outs[0]
+    computed[0, 0] = 7                   # a computed value is an ordinary array
+    assert computed.asnumpy()[0, 0] == 7
+
+
 def test_in_place_update_outside_record_updates_aliases():
     x = _inputs(1)[0]
     want = InPlace()(x).asnumpy()        # eager: the alias sees the update
