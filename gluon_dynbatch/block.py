@@ -237,3 +237,23 @@ def _dispatching_call(self, *args):
 
 
 gluon.Block.__call__ = _dispatching_call
+
+_ORIGINAL_BEGIN_STATE = gluon.rnn.RecurrentCell.begin_state
+
+
+def _begin_state(self, batch_size=0, func=None, **kwargs):
+    """``RecurrentCell.begin_state`` whose zeros, inside a DynBatchBlock call, are
+    recorded ``F.zeros``: one constant per graph that every sample shares.
+
+    Gluon's default, ``mx.nd.zeros``, makes new arrays at every call (tens of
+    microseconds each, once per sentence or tree node).  Outside a model's
+    call, or with ``func`` given, it is Gluon's own.
+    """
+    if func is None:
+        rec = context.TLS.recorder
+        recording = rec is not None and not rec.eager and rec.depth > 0
+        func = rec.F.zeros if recording else mx.nd.zeros
+    return _ORIGINAL_BEGIN_STATE(self, batch_size, func=func, **kwargs)
+
+
+gluon.rnn.RecurrentCell.begin_state = _begin_state

@@ -410,3 +410,37 @@ def test_sparse_embedding_gradients_stay_row_sparse_and_match_eager(compiled):
     assert np.allclose(got, expected, rtol=1e-5, atol=1e-6)
     used = sorted({w for s in sentences for w in s})
     assert np.flatnonzero(np.abs(got).sum(axis=1)).tolist() == used
+
+
+class StatesSeen(gdb.DynBatchBlock):
+    """Keeps the begin_state arrays of every call."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seen = []
+        with self.name_scope():
+            self.cell = gluon.rnn.LSTMCell(4, input_size=4)
+
+    def hybrid_forward(self, F, x):
+        states = self.cell.begin_state(batch_size=1)
+        self.seen.append(states)
+        out, _ = self.cell(x, states)
+        return out
+
+
+def test_begin_state_in_a_model_is_one_shared_constant_per_graph():
+    x = _inputs(1)[0]
+    model = StatesSeen()
+    model.initialize()
+    want = model(x).asnumpy()
+    assert all(type(s) is nd.NDArray for s in model.seen[-1])    # eager: Gluon's zeros
+    model.seen.clear()
+    with gdb.batching():
+        outs = [model(x) for _ in range(3)]
+        outside = model.cell.begin_state(batch_size=1)     # not in a model: Gluon's own
+        nodes = [s._node for states in model.seen for s in states]
+        assert len(nodes) == 6 and len({id(n) for n in nodes}) == 1
+        assert nodes[0] is not None and nodes[0].kind == "leaf"
+    assert all(type(s) is nd.NDArray for s in outside)
+    for out in outs:
+        np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
