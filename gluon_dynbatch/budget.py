@@ -141,7 +141,7 @@ def auto_budget(plan, model, recent_execute_s, memory=None):
     """Seconds ``"auto"`` allows a search that starts from ``plan`` (the depth plan).
 
     Nothing when the plan is at :func:`lower_bound` (no search can do better),
-    or when half the largest gain the bound leaves (the estimated cost of the
+    or when the largest gain the bound leaves (the estimated cost of the
     steps above it) is less than the search is expected to take (``rate``
     seconds per operator node, :data:`SEARCH_RATE` before any search).
     Otherwise twice the expected time, at most half the execution time.  A
@@ -161,7 +161,7 @@ def auto_budget(plan, model, recent_execute_s, memory=None):
     cost = model.cost(plan)
     execute = recent_execute_s if recent_execute_s is not None else cost
     allowed = min(2.0 * expected, 0.5 * execute)
-    if 0.5 * cost * (steps - bound) / steps < expected or allowed < expected:
+    if cost * (steps - bound) / steps < expected or allowed < expected:
         return 0.0
     return allowed
 
