@@ -59,7 +59,7 @@ class DynBatchBlock(gluon.HybridBlock):
             raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
         self.strategy = strategy
         if analysis_budget is not None:
-            budget.resolve_budget(analysis_budget, None)       # validates
+            budget.resolve_budget(analysis_budget)       # validates
         self.analysis_budget = analysis_budget
         self.recent_execute_s = None        # smoothed, for analysis_budget="auto"
         self.plan_memory = budget.new_memory()  # plan structure -> winning planner

@@ -24,8 +24,6 @@ from .rules import SHARED
 
 # Strategies in the order they are tried: cheapest analysis first.
 CANDIDATES = ("depth", "agenda")
-AUTO_FRACTION = 0.05        # "auto": this share of recent execution time at least, where a search can pay
-AUTO_DEFAULT = 0.002        # seconds, before any execution time is known
 MEMORY_SIZE = 256           # plan structures whose winning candidate a model remembers
 LOSSES_TO_STOP = 3          # "auto": searches in a row the depth plan won before it stops
 RETRY_EVERY = 10            # ... except once in this many flushes
@@ -84,12 +82,11 @@ def calibrate(width=128):
     return _MODEL
 
 
-def resolve_budget(budget, recent_execute_s):
-    """Seconds of analysis allowed: ``budget`` itself, or the "auto" rule."""
+def resolve_budget(budget):
+    """Seconds of analysis allowed: ``budget`` itself; ``"auto"`` has no fixed
+    part (:func:`auto_budget` sizes each search)."""
     if budget == "auto":
-        if recent_execute_s is None:
-            return AUTO_DEFAULT
-        return AUTO_FRACTION * recent_execute_s
+        return 0.0
     if budget is None or budget < 0:
         raise ValueError("analysis_budget must be seconds >= 0 or 'auto', got %r" % (budget,))
     return float(budget)

@@ -207,7 +207,9 @@ class Frame:
                             return self._op(op, args, kwargs)
                         # A call reading it is no call on weights: read it below,
                         # once nothing can send the call to ``_op`` any more.
-                        first_reads = (first_reads or []) + [len(refs)]
+                        if first_reads is None:
+                            first_reads = []
+                        first_reads.append(len(refs))
                 refs.append(found)
                 continue
             if kind is float or kind is int:

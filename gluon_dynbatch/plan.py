@@ -129,10 +129,7 @@ def _sunk_levels(nodes, ops, plan):
     # Tails run once per sample: only signatures spread over several depths
     # with at most one node per sample are candidates (this keeps the search
     # off trees, whose cells run many times per sample at every depth).
-    candidates = set()
-    for sig, count in spread.items():
-        if count > 1:
-            candidates.add(sig)
+    candidates = {sig for sig, count in spread.items() if count > 1}
     if not candidates:
         return {}
     samples = {}

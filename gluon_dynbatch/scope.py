@@ -83,7 +83,7 @@ class BatchingScope:
         self.replay = replay
         self.analysis_budget = analysis_budget
         if analysis_budget is not None:
-            budget.resolve_budget(analysis_budget, None)   # validates
+            budget.resolve_budget(analysis_budget)   # validates
         self.last_plan = None
         self.stats = BatchStats()
         self.recorder = None
@@ -164,7 +164,7 @@ class BatchingScope:
         if value is None:
             return None, False
         recent = owner.recent_execute_s if owner is not None else None
-        return budget.resolve_budget(value, recent), (recent if value == "auto" else False)
+        return budget.resolve_budget(value), (recent if value == "auto" else False)
 
     def _cache(self):
         cache = getattr(self.recorder, "cache", None)

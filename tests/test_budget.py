@@ -139,8 +139,11 @@ def test_stats_say_which_planner_ran_and_when_a_choice_was_reused():
 
 
 def test_auto_budget_follows_recent_execution_time():
-    assert budget.resolve_budget("auto", None) == budget.AUTO_DEFAULT
-    assert budget.resolve_budget("auto", 0.2) == pytest.approx(0.2 * budget.AUTO_FRACTION)
+    depth = make_plan(_recorded_nodes(user_models.case_seq2seq(n=12)), "depth")
+    model = budget.calibrate()
+    assert budget.auto_budget(depth, model, 1e-6) == 0.0     # no time for a search
+    assert 0.0 < budget.auto_budget(depth, model, 10.0) <= 5.0
+    assert budget.resolve_budget("auto") == 0.0              # no fixed part
     net = make_model(ChildSumTreeLSTM, hidden=4, analysis_budget="auto")
     emb = nd.random.uniform(shape=(12, 3))
     with gdb.batching():
@@ -152,7 +155,7 @@ def test_auto_budget_follows_recent_execution_time():
 @pytest.mark.parametrize("bad", [-1, "fast", None])
 def test_bad_budgets_are_refused(bad):
     with pytest.raises((ValueError, TypeError)):
-        budget.resolve_budget(bad, None)
+        budget.resolve_budget(bad)
     if bad is not None:
         with pytest.raises((ValueError, TypeError)):
             gdb.batching(analysis_budget=bad)

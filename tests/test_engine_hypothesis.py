@@ -110,9 +110,8 @@ class Interpreter(gdb.DynBatchBlock):
         return [values[i] for i in outputs]
 
 
-@given(st.lists(programs(), min_size=1, max_size=5), st.sampled_from(BATCHED),
-       st.booleans(), st.sampled_from([False, True, "step"]))
-def test_random_dag_programs(progs, strategy, same_program, compiled):
+def interpreter_case(progs, same_program):
+    """``(model, samples, table)``: one drawn program per sample, or the first for all."""
     if same_program:
         progs = [progs[0]] * len(progs)
     samples = [(k, p) for k, p in enumerate(progs)]
@@ -120,6 +119,13 @@ def test_random_dag_programs(progs, strategy, same_program, compiled):
     model = Interpreter()
     model.initialize(mx.init.Uniform(0.5))
     table = nd.array(mx.nd.random.uniform(-1, 1, shape=(len(progs) + 4, WIDTH)).asnumpy())
+    return model, samples, table
+
+
+@given(st.lists(programs(), min_size=1, max_size=5), st.sampled_from(BATCHED),
+       st.booleans(), st.sampled_from([False, True, "step"]))
+def test_random_dag_programs(progs, strategy, same_program, compiled):
+    model, samples, table = interpreter_case(progs, same_program)
     expected = run_model(model, samples, [table], "eager")
     assert_same(reference_run(model, samples, [table]), expected)
     assert_same(run_model(model, samples, [table], strategy, compiled), expected,

@@ -15,7 +15,7 @@ from mxnet.gluon import nn
 import gluon_dynbatch as gdb
 from dynbatch_testing import assert_same, reference_run, run_model
 from gluon_dynbatch.graph import OP, op_deps
-from test_engine_hypothesis import Interpreter, programs
+from test_engine_hypothesis import interpreter_case, programs
 
 
 class LoopThenClassify(gdb.DynBatchBlock):
@@ -85,13 +85,7 @@ def _check_order(plan):
 @settings(deadline=None, max_examples=25)
 @given(st.lists(programs(), min_size=1, max_size=5), st.booleans())
 def test_depth_plans_run_every_node_after_its_inputs(progs, same_program):
-    if same_program:
-        progs = [progs[0]] * len(progs)
-    samples = [(k, p) for k, p in enumerate(progs)]
-    mx.random.seed(0)
-    model = Interpreter()
-    model.initialize(mx.init.Uniform(0.5))
-    table = nd.array(np.random.RandomState(1).uniform(-1, 1, size=(len(progs) + 4, 4)))
+    model, samples, table = interpreter_case(progs, same_program)
     with gdb.batching(strategy="depth", keep_plan=True, granularity="op") as scope:
         outs = [model(s, table) for s in samples]
     del outs
