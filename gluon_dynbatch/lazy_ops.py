@@ -204,11 +204,28 @@ _FLUENT = """sum mean max min prod nansum nanprod norm argmax argmin transpose t
 relu exp expm1 log log1p log2 log10 sqrt rsqrt square abs sign clip softmax log_softmax
 softmin slice_axis slice take pick one_hot broadcast_to broadcast_like zeros_like
 ones_like tile repeat flip topk sort argsort swapaxes sin cos tan floor ceil round rint
-fix trunc reciprocal expand_dims flatten squeeze split reshape_like diag
+fix trunc reciprocal expand_dims flatten squeeze reshape_like diag
 arcsin arccos arctan sinh cosh degrees radians""".split()
 for _name in _FLUENT:
     if hasattr(nd.NDArray, _name):
         setattr(LazyArray, _name, _fluent(_name))
+
+
+def _through_f(name):
+    """``x.<name>(...)`` as ``F.<name>(x, ...)``, where the recording ``F``
+    rewrites the call (``split`` along rows)."""
+    base = getattr(nd.NDArray, name)
+
+    def method(self, *args, **kwargs):
+        rec = current()
+        if rec is None:
+            return base(self, *args, **kwargs)
+        return getattr(rec.F, name)(self, *args, **kwargs)
+    method.__name__ = name
+    return method
+
+
+LazyArray.split = _through_f("split")
 
 
 def _reshape(self, *shape, **kwargs):

@@ -52,6 +52,10 @@ class RecordingNamespace:
                 value = _concat(rec, op)
             elif path == ("stack",):
                 value = _stack(self, _operator(rec, op))
+            elif path == ("dot",):
+                value = _one_call(rec, _dot(self, _operator(rec, op)))
+            elif path in (("split",), ("SliceChannel",)):
+                value = _one_call(rec, _split(self, _operator(rec, op)))
             else:
                 value = _operator(rec, op)
             value.__name__ = name
@@ -122,6 +126,108 @@ def _stack(ns, operator):
                 return ns.reshape(ns.concat(*args, dim=0), shape=(len(args),) + shape)
         return operator(*args, **kwargs)
     return stack
+
+
+def _one_call(rec, function):
+    """``function``, whose operators are recorded as parts of one call of the
+    frame: ``sites.py`` then sees one call at the user's line, not a loop
+    going round (several calls at one offset)."""
+    def call(*args, **kwargs):
+        frame = rec.frame
+        if frame is None or frame.call_start is not None:
+            return function(*args, **kwargs)
+        frame.call_start = len(frame.out_shapes)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            frame.call_start = None
+    return call
+
+
+def _split(ns, operator):
+    """``F.split`` of a pending value along axis 0: row slices, which are views.
+
+    ``F.split(gates, num_outputs=4, axis=0)`` of a 1-d vector, or a sentence's
+    (T, E) matrix split into tokens, would otherwise run once per sample: its
+    outputs are not the rows of its input.
+    """
+    def split(*args, **kwargs):
+        parts = _row_parts(args, kwargs)
+        if parts is None:
+            return operator(*args, **kwargs)
+        data, num, squeeze = parts
+        step = data.shape[0] // num
+        if squeeze and len(data.shape) == 2:
+            # Row k of (T, E) as an (E,) vector: rows k*E:(k+1)*E of the flat data.
+            data, step = ns.reshape(data, shape=(-1,)), data.shape[1]
+        outs = [ns.slice_axis(data, axis=0, begin=k * step, end=(k + 1) * step)
+                for k in range(num)]
+        if squeeze and len(data.shape) > 2:
+            outs = [ns.reshape(out, shape=data.shape[1:]) for out in outs]
+        return outs if num > 1 else outs[0]
+    return split
+
+
+def _row_parts(args, kwargs):
+    """(data, num_outputs, squeeze_axis) of a split of a pending value into
+    equal parts along axis 0, or None for any other split."""
+    if len(args) != 1 or type(args[0]) is not LazyArray \
+            or not set(kwargs) <= {"num_outputs", "axis", "squeeze_axis"}:
+        return None
+    data, num = args[0], kwargs.get("num_outputs")
+    shape, axis = data.shape, kwargs.get("axis", 1)
+    if type(num) is not int or num < 1 or type(axis) is not int or not shape \
+            or axis not in (0, -len(shape)) or shape[0] % num:
+        return None
+    squeeze = bool(kwargs.get("squeeze_axis", False))
+    if squeeze and (shape[0] != num or len(shape) < 2):
+        return None
+    return data, num, squeeze
+
+
+def _dot(ns, operator):
+    """``F.dot`` of a matrix and a pending 1-d vector (DyNet's ``W * x``).
+
+    A vector's rows are its elements, so the product cannot batch along axis
+    0 as it is.  It is recorded as the same product of the vector as one row,
+    between two reshapes: ``dot(x, W)`` as ``dot(x.reshape((1, -1)), W)``,
+    ``dot(W, x)`` as ``dot(x.reshape((1, -1)), W, transpose_b=True)``; each
+    of the three batches row by row.
+    """
+    def dot(*args, **kwargs):
+        if len(args) == 2 and set(kwargs) <= {"transpose_a", "transpose_b"}:
+            a, b = args
+            ta, tb = bool(kwargs.get("transpose_a")), bool(kwargs.get("transpose_b"))
+            if _vector(a) and _matrix(b) and not ta:
+                return _as_row_product(ns, operator, a, b, tb)
+            if _vector(b) and _matrix(a) and not tb:
+                return _as_row_product(ns, operator, b, a, not ta)
+        return operator(*args, **kwargs)
+    return dot
+
+
+def _vector(x):
+    return type(x) is LazyArray and len(x.shape) == 1
+
+
+def _matrix(x):
+    return isinstance(x, NDArray) and len(x.shape) == 2
+
+
+def _as_row_product(ns, operator, vector, matrix, transpose):
+    row = ns.reshape(vector, shape=(1, -1))
+    if transpose and _is_parameter(matrix):
+        # A layer's product: its CallInfo is memoised, where a dot's depends
+        # on where its second input comes from.
+        out = ns.FullyConnected(row, matrix, no_bias=True, num_hidden=matrix.shape[0])
+    else:
+        out = operator(row, matrix, transpose_b=transpose)
+    return ns.reshape(out, shape=(-1,))
+
+
+def _is_parameter(x):
+    node = x._node if type(x) is LazyArray else None
+    return node is not None and getattr(node, "param", None) is not None
 
 
 def _array(rec, fn):

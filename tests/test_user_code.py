@@ -444,3 +444,34 @@ def test_begin_state_in_a_model_is_one_shared_constant_per_graph():
     assert all(type(s) is nd.NDArray for s in outside)
     for out in outs:
         np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
+
+
+class SplitTokens(gdb.DynBatchBlock):
+    """A sentence's (T, 4) matrix split into tokens along axis 0, squeezed to 1-d
+    vectors, each multiplied by a weight as ``F.dot(W, x)``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.weight = self.params.get("weight", shape=(3, 4))
+
+    def hybrid_forward(self, F, x, weight):
+        tokens = F.split(F.tanh(x), num_outputs=x.shape[0], axis=0, squeeze_axis=True)
+        tokens = tokens if isinstance(tokens, list) else [tokens.reshape((-1,))]
+        h = F.zeros((3,))
+        for token in tokens:
+            h = F.tanh(F.dot(weight, token) + h)
+        halves = F.concat(h, h * 2, dim=0).split(num_outputs=2, axis=0)
+        return halves[0] * halves[1]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_split_along_rows_and_vector_products_batch(compiled):
+    model = SplitTokens()
+    model.initialize()
+    mx.random.seed(1)
+    xs = [nd.random.uniform(shape=(t, 4)) for t in (1, 3, 2, 3)]
+    stats = _eager_and_batched(model, xs, compiled)
+    # Token t of every sentence is one step: no split or product runs per sentence
+    # (the one-token sentence is one program, the product of the halves two steps).
+    assert stats.steps <= 7
