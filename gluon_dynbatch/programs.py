@@ -6,7 +6,8 @@ therefore one node whose operator is a :class:`Program` when every call in
 it batches row by row: each has a ``RowRule`` (inputs ``ROW``, ``BROW`` or
 ``SHARED``), a ``SegmentRule`` (ragged sum or mean over axis 0) or a
 ``ReshapeRule``; no views, no stateful and no zero-gradient operators;
-parameters only ever shared.
+parameters only ever shared (a one-row parameter or a 1-d vector parameter
+that a ``broadcast_*`` operator spreads over each call's rows is shared too).
 
 Programs that differ only in row counts (a node with 1, 2 or 5 children)
 are one program (interned by ``build``), so they batch together.  A batch of
@@ -36,9 +37,9 @@ class _Entry:
     """One operator of a program: what ``call_as_recorded`` and the rules read."""
 
     __slots__ = ("op", "args", "kwargs", "out_shapes", "out_dtypes", "dtype", "rule", "form",
-                 "sources", "brow")
+                 "sources", "brow", "vector")
 
-    def __init__(self, op, args, kwargs, info, form, sources, brow):
+    def __init__(self, op, args, kwargs, info, form, sources, brow, vector):
         self.op, self.args, self.kwargs = op, args, kwargs
         self.out_shapes = info.out_shapes    # of the first concrete call: tails are read
         self.out_dtypes = info.out_dtypes
@@ -47,6 +48,7 @@ class _Entry:
         self.form = form                # "rows", "segment" or "reshape" (entry_kind)
         self.sources = sources          # ("in", position) or ("e", entry, output)
         self.brow = brow                # input positions with the BROW role
+        self.vector = vector            # positions of 1-d vector parameters (_shared_vector)
 
 
 class Program:
@@ -123,6 +125,9 @@ class Program:
                     results.append([F.reshape(ins[0], shape=(-1,) + tail)])
                     continue
                 ins.extend(next(extra) for _ in range(entry.rule.extra_count(entry.op.name)))
+            if entry.vector:
+                results.append(_vector_call(F, entry, ins))
+                continue
             results.append(entry.rule.batched_call(F, entry, ins))
         return [results[j][idx] for j, idx in self.exports]
 
@@ -231,6 +236,15 @@ class ProgramRule(Rule):
 PROGRAM_RULE = ProgramRule()
 
 
+def _vector_call(F, entry, ins):
+    """A ``broadcast_*`` entry with 1-d vector parameters over N calls' rows:
+    the rows laid out (N, length), each parameter as one (1, length) row."""
+    length = entry.out_shapes[0][0]
+    ins = [F.reshape(x, shape=(1, -1)) if p in entry.vector else F.reshape(x, shape=(-1, length))
+           for p, x in enumerate(ins)]
+    return [F.reshape(out, shape=(-1,)) for out in call_as_recorded(F, entry, ins)]
+
+
 def _repeat_index(have, want):
     """Rows of a BROW input: its own where ``have == want``, else its one row repeated."""
     starts = np.cumsum(have) - have
@@ -275,7 +289,7 @@ def _roles(kind, info):
     return tuple(info.meta) if kind == _ROWS else (ROW,)
 
 
-def build(entries, exports, arg_shapes, name, param_rows=()):
+def build(entries, exports, arg_shapes, name, param_shapes=()):
     """The ``(Program, ProgramInfo)`` of a template's calls, or None if they must
     stay per operator.
 
@@ -291,9 +305,10 @@ def build(entries, exports, arg_shapes, name, param_rows=()):
         Shapes of the arguments.
     name : str
         Class name of the block, for ``Program.name``.
-    param_rows : sequence of int or None, optional
-        Rows of parameter k: a one-row parameter broadcast over a call's rows
-        (``x * v`` with ``v`` of shape (1, H)) is shared by the batched call.
+    param_shapes : sequence of tuple, optional
+        Shape of parameter k: a one-row parameter broadcast over a call's rows
+        (``x * v`` with ``v`` of shape (1, H)), or a 1-d parameter added to
+        1-d values of its length (``W . x + b``), is shared by the batched call.
     """
     arg_role, kinds, rows_of = {}, [], {}
     for j, (op, _args, _kwargs, refs, info, _path) in enumerate(entries):
@@ -302,7 +317,7 @@ def build(entries, exports, arg_shapes, name, param_rows=()):
             return None
         kinds.append(kind)
         for ref, role in zip(refs, _roles(kind, info)):
-            if ref[0] == "x" and role == BROW and _shared_row(op, ref, param_rows):
+            if ref[0] == "x" and _shared_param(op, refs, ref, role, info, param_shapes):
                 continue
             if not _use_ok(ref, role, arg_role, arg_shapes):
                 return None
@@ -325,11 +340,13 @@ def build(entries, exports, arg_shapes, name, param_rows=()):
                         for r in refs)
         brow = tuple(p for p, role in enumerate(entry_roles)
                      if role == BROW and refs[p][0] != "x")
+        vector = tuple(p for p, role in enumerate(entry_roles) if refs[p][0] == "x"
+                       and _shared_vector(op, refs, refs[p], role, info, param_shapes))
         for p in brow:
             site_rows += [rows_of[refs[p]], info.out_shapes[0][0]]
         if kind == _SEGMENT:
             site_rows.append(rows_of[refs[0]])
-        program.append((op, args, kwargs, info, kind, sources, brow))
+        program.append((op, args, kwargs, info, kind, sources, brow, vector))
     exports = tuple(exports)
     if not exports:
         return None
@@ -351,11 +368,31 @@ def _use_ok(ref, role, arg_role, arg_shapes):
     return arg_role.setdefault(ref[1], want) == want
 
 
-def _shared_row(op, ref, param_rows):
+def _shared_param(op, refs, ref, role, info, param_shapes):
+    """Whether parameter ``ref`` is passed once to a batch of an entry although
+    its role is not SHARED: a one-row BROW (``_shared_row``) or a 1-d vector
+    (``_shared_vector``)."""
+    return (role == BROW and _shared_row(op, ref, param_shapes)) \
+        or _shared_vector(op, refs, ref, role, info, param_shapes)
+
+
+def _shared_row(op, ref, param_shapes):
     """Whether parameter ``ref``, a broadcast row of ``op``, is one row that a
     ``broadcast_*`` operator spreads over any number of rows."""
     k = ref[1]
-    return op.name.startswith("broadcast_") and k < len(param_rows) and param_rows[k] == 1
+    return op.name.startswith("broadcast_") and k < len(param_shapes) \
+        and len(param_shapes[k]) > 0 and param_shapes[k][0] == 1
+
+
+def _shared_vector(op, refs, ref, role, info, param_shapes):
+    """Whether parameter ``ref`` is a 1-d vector that a binary ``broadcast_*``
+    operator combines element by element with a 1-d value of each call
+    (``W . x + b`` on vectors): batched as (N, length) against one row."""
+    k = ref[1]
+    shape = info.out_shapes[0]
+    return role != SHARED and op.name.startswith("broadcast_") and len(refs) == 2 \
+        and any(r[0] != "x" for r in refs) and len(shape) == 1 and shape[0] > 1 \
+        and k < len(param_shapes) and param_shapes[k] == shape
 
 
 def _rows_match(refs, roles, rows_of, info):
@@ -376,15 +413,14 @@ def _intern(program, exports, roles, name):
     """The Program of a program, shared by every template with the same abstract form."""
     # Constant arguments are part of the key even where signatures leave them
     # out (a reshape's target shape), so ``Program.run`` is exact for every call.
-    key = (tuple((op.path, info.attrs, info.sig, kind, sources)
-                 for op, _a, _k, info, kind, sources, _b in program), exports, roles)
+    key = (tuple((op.path, info.attrs, info.sig, kind, sources, vector)
+                 for op, _a, _k, info, kind, sources, _b, vector in program), exports, roles)
     with _PROGRAMS_LOCK:
         found = _PROGRAMS.get(key)
         if found is None:
             if len(_PROGRAMS) >= MAX_PROGRAMS:
                 _PROGRAMS.clear()       # rare; live templates keep their programs
-            entries = tuple(_Entry(op, args, kwargs, info, kind, sources, brow)
-                            for op, args, kwargs, info, kind, sources, brow in program)
+            entries = tuple(_Entry(*spec) for spec in program)
             found = _PROGRAMS[key] = Program(next(_UIDS), "call:" + name, entries,
                                             exports, len(roles))
     return found

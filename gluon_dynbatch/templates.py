@@ -163,21 +163,19 @@ def _program(plan, frame, name, num_calls):
         if (j, idx) not in wanted:
             wanted.append((j, idx))
     shapes = [_input_shape(spec, frame) for spec in plan.inputs]
-    param_rows = [_rows_of_param(ref, frame) for ref in plan.params]
-    built = programs.build(tuple(plan.entries), wanted, shapes, name, param_rows)
+    param_shapes = [_shape_of_param(ref, frame) for ref in plan.params]
+    built = programs.build(tuple(plan.entries), wanted, shapes, name, param_shapes)
     if built is None:
         return None
     return ProgramRecipe(built[0], built[1], plan, wanted, frame, num_calls)
 
 
-def _rows_of_param(ref, frame):
-    """Rows of a template's parameter (``("p", Parameter)``) or constant, or None."""
+def _shape_of_param(ref, frame):
+    """Shape of a template's parameter (``("p", Parameter)``) or constant, or ()."""
     if ref[0] == "p":
-        shape = ref[1].shape
-    else:
-        array = frame.rec.constant_ids.get(ref[1])
-        shape = array.shape if array is not None else ()
-    return shape[0] if shape else None
+        return tuple(ref[1].shape)
+    array = frame.rec.constant_ids.get(ref[1])
+    return tuple(array.shape) if array is not None else ()
 
 
 def _input_shape(spec, frame):

@@ -390,3 +390,51 @@ class WeightData(gdb.DynBatchBlock):
         for child in tree.children:
             x = x + F.tanh(self(child, emb))
         return F.tanh(x) * scale
+
+
+class VectorTreeLSTM(gdb.DynBatchBlock):
+    """A binary Tree-LSTM ported from DyNet line by line: 1-d vectors (``emb[w]``),
+    ``W * x`` as ``F.dot(W, x)``, a (4H,) bias Parameter, gates by ``F.split``
+    along axis 0 and by slicing; returns ``(h, c)``."""
+
+    def __init__(self, hidden, dim, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = hidden
+        with self.name_scope():
+            self.w_leaf = self.params.get("w_leaf", shape=(3 * hidden, dim))
+            self.u_node = self.params.get("u_node", shape=(4 * hidden, 2 * hidden))
+            self.b_node = self.params.get("b_node", shape=(4 * hidden,))
+
+    def hybrid_forward(self, F, tree, emb, w_leaf, u_node, b_node):
+        hid = self.hidden
+        if not tree.children:
+            gates = F.dot(w_leaf, emb[tree.word])
+            i, o, u = gates[:hid], gates[hid:2 * hid], gates[2 * hid:]
+            c = F.sigmoid(i) * F.tanh(u)
+        else:
+            kids = [self(child, emb) for child in tree.children[:2]]
+            kids += [(F.zeros((hid,)), F.zeros((hid,)))] * (2 - len(kids))
+            gates = F.dot(u_node, F.concat(kids[0][0], kids[1][0], dim=0)) + b_node
+            i, f, o, u = F.split(gates, num_outputs=4, axis=0)
+            c = F.sigmoid(i) * F.tanh(u) + F.sigmoid(f) * (kids[0][1] + kids[1][1])
+        return F.sigmoid(o) * F.tanh(c), c
+
+
+class VectorRNN(gdb.DynBatchBlock):
+    """An Elman RNN on 1-d vectors as DyNet code writes it: ``tanh(W x + U h + b)``
+    per token, scores ``F.dot(h, V)`` with the vector on the left."""
+
+    def __init__(self, hidden, dim, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = hidden
+        with self.name_scope():
+            self.w = self.params.get("w", shape=(hidden, dim))
+            self.u = self.params.get("u", shape=(hidden, hidden))
+            self.b = self.params.get("b", shape=(hidden,))
+            self.v = self.params.get("v", shape=(hidden, classes))
+
+    def hybrid_forward(self, F, words, emb, w, u, b, v):
+        h = F.zeros((self.hidden,))
+        for word in words:
+            h = F.tanh(F.dot(w, emb[word]) + F.dot(u, h) + b)
+        return F.log_softmax(F.dot(h, v))

@@ -431,3 +431,19 @@ def test_weights_read_with_data_and_one_row_parameters_stay_in_programs():
               for src, _ in n.inputs if src.param is not None}
     assert any(name.endswith("dense0_weight") for name in params)
     assert any(name.endswith("scale") for name in params)
+
+
+def test_vector_code_batches_like_row_code():
+    # F.dot(W, x) of 1-d vectors, a (4H,) bias and F.split along axis 0:
+    # programs of every node at each level, never a call per node.
+    case = um.CASES["vector_tree"](n=12)
+    outs, scope = _second_scope(case)
+    assert all(h.shape == c.shape == (um.HIDDEN,) for h, c in outs)
+    steps = scope.last_plan.steps
+    assert all(s.nodes[0].op.name.startswith("call:") for s in steps)
+    levels = max(tree.height() for tree in case.samples) + 1
+    assert len(steps) <= 2 * levels
+    vector = um.CASES["vector_rnn"](n=12)
+    outs, scope = _second_scope(vector)
+    # One program per token (the bias, x and h products inside it), one for the scores.
+    assert len(scope.last_plan.steps) <= max(map(len, vector.samples)) + 2

@@ -24,7 +24,8 @@ from examples.sick_model import OpByOpTreeLSTM
 from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, DotAttention,
                           FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
                           MessagePassing, NodeLossTree, RecursiveNet, ScalarMath,
-                          Seq2SeqAttention, TaggerLoss, UnrollEncoder, WeightData)
+                          Seq2SeqAttention, TaggerLoss, UnrollEncoder, VectorRNN,
+                          VectorTreeLSTM, WeightData)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
@@ -636,6 +637,16 @@ def case_weight_data(seed=0, n=6, hidden=HIDDEN):
                 notes="a weight read with .data(), a (1, H) Parameter scaling the state")
 
 
+def case_vector_tree(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(VectorTreeLSTM(hidden, DIM), seed), _trees(seed, n), [_table(seed)],
+                notes="DyNet-style 1-d vectors: F.dot(W, x), split gates, (4H,) bias")
+
+
+def case_vector_rnn(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(VectorRNN(hidden, DIM, CLASSES), seed), _sentences(seed, n),
+                [_table(seed)], notes="DyNet-style 1-d vectors over tokens")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -677,6 +688,8 @@ CASES = {
     "seq2seq": case_seq2seq,
     "scalar_math": case_scalar_math,
     "weight_data": case_weight_data,
+    "vector_tree": case_vector_tree,
+    "vector_rnn": case_vector_rnn,
 }
 
 
