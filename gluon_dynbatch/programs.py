@@ -89,6 +89,7 @@ class Program:
         self.count_cols = np.array(counts, dtype=np.int64)
         self.sticky = np.zeros(len(cols), dtype=bool)
         self.sticky_sums = np.zeros(len(counts), dtype=bool)
+        self.shape_only = _shape_only_inputs(entries)
 
     def __repr__(self):
         return "Program(%s, %d entries)" % (self.name, len(self.entries))
@@ -147,6 +148,17 @@ class Program:
         cached, order = op
         out = cached(*[inputs[k] for k in order])
         return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _shape_only_inputs(entries):
+    """Positions of the program's inputs that only ``zeros_like``-style entries
+    read (their shape, never their values)."""
+    readers = {}
+    for entry in entries:
+        for source in entry.sources:
+            if source[0] == "in":
+                readers.setdefault(source[1], set()).add(entry.op.name in CONSTANT_LIKE)
+    return frozenset(p for p, kinds in readers.items() if kinds == {True})
 
 
 class ProgramInfo:

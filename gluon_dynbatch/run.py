@@ -82,7 +82,9 @@ def run_interpreted(plan, live, ctx):
     values = {}
     for kind, node0, ins, outs, count, variant in walker.steps:
         with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
-            inputs = [_gather(d, values, feeds) for d in ins]
+            detach = node0.op.shape_only if kind == "program" else ()
+            inputs = [_gather_detached(d, values, feeds) if k in detach
+                      else _gather(d, values, feeds) for k, d in enumerate(ins)]
             if kind == "program":
                 results = node0.op.run_cached(inputs, variant, walker.ctx)
             elif kind == "alone" or count == 1:
@@ -92,6 +94,18 @@ def run_interpreted(plan, live, ctx):
         for sid, array in zip(outs, results):
             values[sid] = array
     walker.deliver([_gather(desc, values, feeds) for desc, _ in walker.outputs])
+
+
+def _gather_detached(desc, values, feeds):
+    """``_gather`` outside autograd: for a program input read only for its shape
+    (``zeros_like``).
+
+    Its gradient is zero.  MXNet 1.9's imperative backward crashes (segfault)
+    when the only gradient reaching a ``take`` of a ``concat`` is such a zero,
+    so the gathered copy carries no history.
+    """
+    with autograd.pause():
+        return _gather(desc, values, feeds)
 
 
 def _gather(desc, values, feeds):
