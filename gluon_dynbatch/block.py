@@ -1,5 +1,7 @@
 """DynBatchBlock and the interception of block calls inside a scope."""
+import functools
 import logging
+import types
 
 import mxnet as mx
 from mxnet import gluon
@@ -73,6 +75,12 @@ class DynBatchBlock(gluon.HybridBlock):
                              % (max_pending_nodes,))
         self.max_pending_nodes = max_pending_nodes
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name, value in list(vars(cls).items()):
+            if recursive_helper(name, value):
+                setattr(cls, name, _helper_frames(value))
+
     def forward(self, *args):
         """Eager, one-sample call (outside a batching scope)."""
         ctx = _context_of(args)
@@ -133,6 +141,23 @@ class DynBatchBlock(gluon.HybridBlock):
                 rec.sample = None
 
 
+    def _record_helper(self, rec, function, args, kwargs):
+        """One call of a recursive helper method inside a frame: a frame of its own,
+        as ``self(...)`` would be (see :func:`recursive_helper`)."""
+        root = rec.frame_root(self, function.__code__)
+        outer_path, outer_frame = rec.path, rec.frame
+        rec.path = outer_path + (function.__name__,)
+        frame = None if root.usage.irregular else Frame(rec, root, self, rec.path)
+        rec.frame = frame
+        try:
+            out = function(self, *args, **kwargs)
+            if frame is not None:
+                frame.finish()              # ``out`` holds what the call returns
+            return out
+        finally:
+            rec.frame = outer_frame
+            rec.path = outer_path
+
     def _eager_call(self, rec, args):
         """One sample run eagerly inside a scope that stopped recording (see
         ``BatchingScope.read``)."""
@@ -144,6 +169,43 @@ class DynBatchBlock(gluon.HybridBlock):
             return _ORIGINAL_CALL(self, *args)
         finally:
             context.set_current(rec)
+
+
+def recursive_helper(name, value):
+    """Whether method ``name`` of a DynBatchBlock subclass is a recursive helper:
+    a plain function taking ``(self, F, ...)`` that calls itself by name.
+
+    ``def encode(self, F, node)`` recursing over a tree from ``hybrid_forward``
+    records each node as ``self(child)`` would: as a frame of its own, so that
+    the nodes of every tree share templates.  Without it the whole tree is one
+    frame, a template of each tree's own shape.
+    """
+    if not isinstance(value, types.FunctionType) or name.startswith("__") \
+            or name in ("hybrid_forward", "forward"):
+        return False
+    code = value.__code__
+    if code.co_argcount < 2 or code.co_varnames[1] != "F":
+        return False
+    return _names_in(code, name)
+
+
+def _names_in(code, name):
+    """Whether ``code`` or a code object nested in it (a comprehension) names ``name``."""
+    if name in code.co_names:
+        return True
+    return any(isinstance(const, types.CodeType) and _names_in(const, name)
+               for const in code.co_consts)
+
+
+def _helper_frames(function):
+    """``function`` (a recursive helper) recording each call as a frame inside a scope."""
+    @functools.wraps(function)
+    def helper(self, *args, **kwargs):
+        rec = context.TLS.recorder
+        if rec is None or rec.depth == 0 or rec.eager or not rec.frames_on():
+            return function(self, *args, **kwargs)
+        return self._record_helper(rec, function, args, kwargs)  # pylint: disable=W0212
+    return helper
 
 
 def _context_of(args):

@@ -521,15 +521,16 @@ class Recorder:
         """Whether the scope runs the reference strategy (every operator as called)."""
         return self.scope is not None and self.scope.reference_now()
 
-    def frame_root(self, block):
-        """The root of ``block``'s template trie for calls recorded now."""
+    def frame_root(self, block, helper=None):
+        """The root of ``block``'s template trie for calls recorded now (of its
+        recursive helper method of code ``helper``, if given)."""
         if self._mode_seen != context.MODE_CHANGES[0]:
             self.sync_mode()
-        key = (id(block), self.mode)
+        key = (id(block), self.mode, helper)
         found = self._roots.get(key)      # this scope's, while the modes hold
         if found is None or found.counter[0] >= trie.MAX_STATES:
             found = self._roots[key] = trie.root(
-                (id(block), self.block_version(block), self.mode, self.replay), block)
+                (id(block), self.block_version(block), self.mode, self.replay, helper), block)
         return found
 
     def block_token(self, block):

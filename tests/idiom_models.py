@@ -438,3 +438,38 @@ class VectorRNN(gdb.DynBatchBlock):
         for word in words:
             h = F.tanh(F.dot(w, emb[word]) + F.dot(u, h) + b)
         return F.log_softmax(F.dot(h, v))
+
+
+class TopDownTree(gdb.DynBatchBlock):
+    """Recursive helper methods, not ``self(...)``: ``encode`` runs a GRU cell up
+    the tree, keeping each node's state in a dict; ``decode`` runs down it from
+    the root, appending a loss per node to a list.  Returns the mean loss."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden, self.classes = hidden, classes
+        with self.name_scope():
+            self.up = rnn.GRUCell(hidden)
+            self.down = nn.Dense(hidden, activation="tanh")
+            self.out = nn.Dense(classes)
+
+    def encode(self, F, tree, emb, states):
+        h = F.zeros((1, self.hidden))
+        for child in tree.children:
+            h = h + self.encode(F, child, emb, states)
+        h, _ = self.up(emb[tree.word:tree.word + 1], [h])
+        states[id(tree)] = h
+        return h
+
+    def decode(self, F, tree, parent, states, losses):
+        d = self.down(F.concat(states[id(tree)], parent, dim=1))
+        scores = F.log_softmax(self.out(d))
+        losses.append(F.pick(scores, F.array([tree.word % self.classes]), axis=1))
+        for child in tree.children:
+            self.decode(F, child, d, states, losses)
+
+    def hybrid_forward(self, F, tree, emb):
+        states, losses = {}, []
+        root = self.encode(F, tree, emb, states)
+        self.decode(F, tree, F.zeros_like(root), states, losses)
+        return -F.add_n(*losses) / len(losses)

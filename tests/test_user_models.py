@@ -447,3 +447,33 @@ def test_vector_code_batches_like_row_code():
     outs, scope = _second_scope(vector)
     # One program per token (the bias, x and h products inside it), one for the scores.
     assert len(scope.last_plan.steps) <= max(map(len, vector.samples)) + 2
+
+
+def test_recursive_helper_methods_record_a_frame_per_call():
+    # encode() and decode() recurse by name, not through self(...): each call is
+    # still one program node, so trees of every shape batch node by node.
+    case = um.CASES["top_down"](n=12)
+    outs, scope = _second_scope(case)
+    assert all(o.shape == (1,) for o in outs)
+    tree_nodes = sum(len(list(tree.nodes())) for tree in case.samples)
+    assert scope.stats.planned_nodes <= 3 * tree_nodes
+    assert scope.stats.mean_batch_size >= 8      # 2 with the whole tree one frame
+
+
+def test_which_methods_are_recursive_helpers():
+    from gluon_dynbatch.block import recursive_helper
+
+    def walk(self, F, node):
+        return [walk(self, F, c) for c in node.children] and self.walk(F, node)
+
+    def leaf(self, F, x):
+        return F.tanh(x)
+
+    def no_f(self, node):
+        return self.no_f(node)
+
+    assert recursive_helper("walk", walk)           # by name, inside a comprehension
+    assert not recursive_helper("leaf", leaf)
+    assert not recursive_helper("no_f", no_f)
+    assert not recursive_helper("hybrid_forward", walk)
+    assert um.TopDownTree.encode.__wrapped__ is not um.TopDownTree.encode

@@ -24,7 +24,7 @@ from examples.sick_model import OpByOpTreeLSTM
 from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, DotAttention,
                           FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
                           MessagePassing, NodeLossTree, RecursiveNet, ScalarMath,
-                          Seq2SeqAttention, TaggerLoss, UnrollEncoder, VectorRNN,
+                          Seq2SeqAttention, TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN,
                           VectorTreeLSTM, WeightData)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
@@ -647,6 +647,11 @@ def case_vector_rnn(seed=0, n=6, hidden=HIDDEN):
                 [_table(seed)], notes="DyNet-style 1-d vectors over tokens")
 
 
+def case_top_down(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(TopDownTree(hidden, CLASSES), seed), _trees(seed, n), [_table(seed)],
+                notes="recursive helper methods up and down the tree, a dict of states")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -690,6 +695,7 @@ CASES = {
     "weight_data": case_weight_data,
     "vector_tree": case_vector_tree,
     "vector_rnn": case_vector_rnn,
+    "top_down": case_top_down,
 }
 
 
