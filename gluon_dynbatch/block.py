@@ -77,9 +77,8 @@ class DynBatchBlock(gluon.HybridBlock):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        for name, value in list(vars(cls).items()):
-            if recursive_helper(name, value):
-                setattr(cls, name, _helper_frames(value))
+        for name in recursive_helpers(vars(cls)):
+            setattr(cls, name, _helper_frames(vars(cls)[name]))
 
     def forward(self, *args):
         """Eager, one-sample call (outside a batching scope)."""
@@ -171,22 +170,34 @@ class DynBatchBlock(gluon.HybridBlock):
             context.set_current(rec)
 
 
-def recursive_helper(name, value):
-    """Whether method ``name`` of a DynBatchBlock subclass is a recursive helper:
-    a plain function taking ``(self, F, ...)`` that calls itself by name.
+def recursive_helpers(methods):
+    """Names of the recursive helpers among ``methods`` (a class's namespace):
+    plain functions taking ``(self, F, ...)`` that call themselves by name,
+    directly or through other such helpers.
 
     ``def encode(self, F, node)`` recursing over a tree from ``hybrid_forward``
     records each node as ``self(child)`` would: as a frame of its own, so that
     the nodes of every tree share templates.  Without it the whole tree is one
     frame, a template of each tree's own shape.
     """
-    if not isinstance(value, types.FunctionType) or name.startswith("__") \
-            or name in ("hybrid_forward", "forward"):
-        return False
-    code = value.__code__
-    if code.co_argcount < 2 or code.co_varnames[1] != "F":
-        return False
-    return _names_in(code, name)
+    helpers = {name: value.__code__ for name, value in methods.items()
+               if isinstance(value, types.FunctionType) and not name.startswith("__")
+               and name not in ("hybrid_forward", "forward")
+               and value.__code__.co_argcount >= 2 and value.__code__.co_varnames[1] == "F"}
+    calls = {name: {other for other in helpers if _names_in(code, other)}
+             for name, code in helpers.items()}
+    return {name for name in helpers if name in _reachable(calls, name)}
+
+
+def _reachable(calls, start):
+    """Names reachable from ``start`` in one or more calls."""
+    seen, todo = set(), list(calls[start])
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(calls[name])
+    return seen
 
 
 def _names_in(code, name):

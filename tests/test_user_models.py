@@ -461,7 +461,7 @@ def test_recursive_helper_methods_record_a_frame_per_call():
 
 
 def test_which_methods_are_recursive_helpers():
-    from gluon_dynbatch.block import recursive_helper
+    from gluon_dynbatch.block import recursive_helpers
 
     def walk(self, F, node):
         return [walk(self, F, c) for c in node.children] and self.walk(F, node)
@@ -472,8 +472,13 @@ def test_which_methods_are_recursive_helpers():
     def no_f(self, node):
         return self.no_f(node)
 
-    assert recursive_helper("walk", walk)           # by name, inside a comprehension
-    assert not recursive_helper("leaf", leaf)
-    assert not recursive_helper("no_f", no_f)
-    assert not recursive_helper("hybrid_forward", walk)
+    def node(self, F, tree):            # node -> kids -> node
+        return self.kids(F, tree) and self.leaf(F, tree)
+
+    def kids(self, F, tree):
+        return [self.node(F, c) for c in tree.children]
+
+    found = recursive_helpers({"walk": walk, "leaf": leaf, "no_f": no_f, "hybrid_forward": walk,
+                               "node": node, "kids": kids})
+    assert found == {"walk", "node", "kids"}     # by name, also inside comprehensions
     assert um.TopDownTree.encode.__wrapped__ is not um.TopDownTree.encode
