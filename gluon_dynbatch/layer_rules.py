@@ -16,6 +16,10 @@
   ``F.norm(h)``, ``loss.mean()``) of a one-row value, the usual per-sample
   shape, is a reduction of that row: batched over every axis but the rows.
 
+* ``RowCrossEntropyRule``: ``F.softmax_cross_entropy`` of one row of scores
+  and its label (a sum over the rows, so over one row that row's loss): the
+  batch computes every row's loss at once, ``-log(pick(softmax(x), label))``.
+
 Their batched calls are their own, not the operator on stacked rows, so
 they say ``batching = "calls"``: templates never stack two of their calls
 into one (``vectorize.py`` groups "rows" calls only) and programs do not
@@ -189,11 +193,31 @@ class EachDotRule(Rule):
         return [F.reshape(out, shape=(-1, node.out_shapes[0][1]))]
 
 
+class RowCrossEntropyRule(Rule):
+    """``softmax_cross_entropy(x, label)`` of a (1, C) row and a (1,) label: per
+    row, ``-log(softmax(x)[label])``; equal to MXNet's to float32 rounding."""
+
+    batching = "calls"
+
+    def signature(self, node):
+        data, label = _in_shape(node, 0), _in_shape(node, 1)
+        if len(node.inputs) != 2 or len(data) != 2 or data[0] != 1 or label != (1,):
+            return None
+        key = ("row_cross_entropy", data[1], _in_dtype(node, 0), _in_dtype(node, 1))
+        return Signature((key,), self, (ROW, ROW))
+
+    def batched_call(self, F, node, inputs):
+        # log of the picked softmax, as MXNet's kernel computes it (a log_softmax
+        # would round its gradient differently).
+        return [-F.log(F.pick(F.softmax(inputs[0], axis=-1), inputs[1], axis=-1))]
+
+
 _REDUCTIONS = ("sum", "mean", "max", "min", "prod", "nansum", "nanprod", "norm")
 for _name in _REDUCTIONS:
     register_rule(_name, RowFallback(OneRowReduceRule(), rule_for(_name)))
 
 register_rule("RNN", RNNRule())
+register_rule("softmax_cross_entropy", RowCrossEntropyRule())
 _DOT = RowFallback(EachDotRule(), rule_for("dot"))
 _DOT.source_dependent = True        # whether b is computed per sample (see calls.remember)
 register_rule("dot", _DOT)

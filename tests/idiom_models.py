@@ -473,3 +473,22 @@ class TopDownTree(gdb.DynBatchBlock):
         root = self.encode(F, tree, emb, states)
         self.decode(F, tree, F.zeros_like(root), states, losses)
         return -F.add_n(*losses) / len(losses)
+
+
+class CrossEntropyTagger(gdb.DynBatchBlock):
+    """A GRU tagger summing ``F.softmax_cross_entropy`` of each token's scores,
+    starting from the Python number 0."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.classes = classes
+        with self.name_scope():
+            self.cell = rnn.GRUCell(hidden)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, words, emb):
+        state, loss = self.cell.begin_state(batch_size=1), 0
+        for word in words:
+            h, state = self.cell(emb[word:word + 1], state)
+            loss = loss + F.softmax_cross_entropy(self.out(h), F.array([word % self.classes]))
+        return loss

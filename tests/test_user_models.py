@@ -482,3 +482,15 @@ def test_which_methods_are_recursive_helpers():
                                "node": node, "kids": kids})
     assert found == {"walk", "node", "kids"}     # by name, also inside comprehensions
     assert um.TopDownTree.encode.__wrapped__ is not um.TopDownTree.encode
+
+
+def test_softmax_cross_entropy_of_each_token_batches():
+    case = um.CASES["cross_entropy"](n=12)
+    outs, scope = _second_scope(case)
+    assert all(o.shape == (1,) for o in outs)
+    alone = [s for s in scope.last_plan.steps if s.nodes[0].op.name == "softmax_cross_entropy"
+             and len(s.nodes) == 1]
+    # Alone only at token positions that one sentence reaches.
+    lengths = [len(sentence) for sentence in case.samples]
+    lonely = sum(1 for t in range(max(lengths)) if sum(n > t for n in lengths) == 1)
+    assert len(alone) <= lonely

@@ -21,7 +21,8 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
-from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, DotAttention,
+from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, CrossEntropyTagger,
+                          DotAttention,
                           FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
                           MessagePassing, NodeLossTree, RecursiveNet, ScalarMath,
                           Seq2SeqAttention, TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN,
@@ -652,6 +653,11 @@ def case_top_down(seed=0, n=6, hidden=HIDDEN):
                 notes="recursive helper methods up and down the tree, a dict of states")
 
 
+def case_cross_entropy(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(CrossEntropyTagger(hidden, CLASSES), seed), _sentences(seed, n),
+                [_table(seed)], notes="F.softmax_cross_entropy per token")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -696,6 +702,7 @@ CASES = {
     "vector_tree": case_vector_tree,
     "vector_rnn": case_vector_rnn,
     "top_down": case_top_down,
+    "cross_entropy": case_cross_entropy,
 }
 
 
