@@ -9,14 +9,16 @@ it batches row by row: each has a ``RowRule`` (inputs ``ROW``, ``BROW`` or
 parameters only ever shared (a one-row parameter or a 1-d vector parameter
 that a ``broadcast_*`` operator spreads over each call's rows is shared too).
 
-Programs that differ only in row counts (a node with 1, 2 or 5 children)
-are one program (interned by ``build``), so they batch together.  A batch of
+Programs that differ only in row counts (a node with 1, 2 or 5 children), or
+in the Python numbers of their scalar arithmetic (``h / len(children)``), are
+one program (interned by ``build``), so they batch together.  A batch of
 N calls runs the program once on the calls' inputs concatenated along axis
 0, each entry through its operator's batching rule.  What depends on the
 calls' row counts enters as index arrays computed with numpy
 (``ProgramRule.batch_arrays``): the repeats of one-row ``BROW`` inputs and the
-padded indices of ragged sums.  Which of those a batch needs is its
-*variant*; a program is compiled once per variant, as a CachedOp in
+padded indices of ragged sums, a column of per-call numbers where the calls
+of a batch differ.  Which of those a batch needs is its *variant* (with the
+numbers that all its calls share); a program is compiled once per variant, as a CachedOp in
 imperative scopes (``Program.run_cached``) or inlined in the plan's symbol
 in compiled ones.
 """
@@ -37,9 +39,9 @@ class _Entry:
     """One operator of a program: what ``call_as_recorded`` and the rules read."""
 
     __slots__ = ("op", "args", "kwargs", "out_shapes", "out_dtypes", "dtype", "rule", "form",
-                 "sources", "brow", "vector")
+                 "sources", "brow", "vector", "scalar")
 
-    def __init__(self, op, args, kwargs, info, form, sources, brow, vector):
+    def __init__(self, op, args, kwargs, info, form, sources, brow, vector, scalar):
         self.op, self.args, self.kwargs = op, args, kwargs
         self.out_shapes = info.out_shapes    # of the first concrete call: tails are read
         self.out_dtypes = info.out_dtypes
@@ -49,6 +51,7 @@ class _Entry:
         self.sources = sources          # ("in", position) or ("e", entry, output)
         self.brow = brow                # input positions with the BROW role
         self.vector = vector            # positions of 1-d vector parameters (_shared_vector)
+        self.scalar = scalar            # its number is per call (_scalar_form), not constant
 
 
 class Program:
@@ -90,26 +93,35 @@ class Program:
         self.sticky = np.zeros(len(cols), dtype=bool)
         self.sticky_sums = np.zeros(len(counts), dtype=bool)
         self.shape_only = _shape_only_inputs(entries)
+        self.sticky_columns = np.zeros(sum(e.scalar for e in entries), dtype=bool)
 
     def __repr__(self):
         return "Program(%s, %d entries)" % (self.name, len(self.entries))
 
-    def run(self, F, inputs):
-        """One call, unbatched: every entry called as recorded (the reference)."""
+    def run(self, F, inputs, info):
+        """One call, unbatched: every entry called as recorded (the reference);
+        ``info`` (the call's ``ProgramInfo``) gives its scalar numbers."""
         results = []
+        numbers = iter(info.scalars)
         for entry in self.entries:
             ins = [inputs[s[1]] if s[0] == "in" else results[s[1]][s[2]]
                    for s in entry.sources]
-            results.append(call_as_recorded(F, entry, ins))
+            if entry.scalar:
+                results.append([_scalar_call(F, entry, ins[0], next(numbers))])
+            elif entry.form == _RESHAPE:    # the call's own rows: (-1,) + tail
+                results.append(entry.rule.batched_call(F, entry, ins))
+            else:
+                results.append(call_as_recorded(F, entry, ins))
         return [results[j][idx] for j, idx in self.exports]
 
     def batched(self, F, inputs, variant):
         """N calls at once: ``inputs`` batched along axis 0, then the index arrays.
 
         ``variant`` says, per BROW input of the program in order, whether it
-        is repeated through an index array, and per segment entry whether it
+        is repeated through an index array, per segment entry whether it
         sums (reading a padded index, and ``mean`` its counts too) or, every
-        call's count being 1, passes its input on.
+        call's count being 1, passes its input on, and per scalar entry the
+        number every call shares, or None to read a column of them.
         """
         extra = iter(inputs[self.num_inputs:])
         flags = iter(variant)
@@ -126,6 +138,11 @@ class Program:
                     results.append([F.reshape(ins[0], shape=(-1,) + tail)])
                     continue
                 ins.extend(next(extra) for _ in range(entry.rule.extra_count(entry.op.name)))
+            if entry.scalar:
+                number = next(flags)
+                column = next(extra) if number is None else None
+                results.append([_scalar_call(F, entry, ins[0], number, column)])
+                continue
             if entry.vector:
                 results.append(_vector_call(F, entry, ins))
                 continue
@@ -166,14 +183,18 @@ class ProgramInfo:
 
     Besides what every call's analysis holds, ``site_rows`` are the row
     counts ``ProgramRule.batch_arrays`` reads (each BROW input's and its
-    output's, each segment's count) and ``inputs`` the refs of the node's
-    inputs in order: ``("a", k)`` argument k, ``("x", k)`` parameter k.
+    output's, each segment's count), ``scalars`` and ``scalar_rows`` the
+    call's numbers of its scalar entries and their rows, and ``inputs`` the
+    refs of the node's inputs in order: ``("a", k)`` argument k, ``("x", k)``
+    parameter k.
     """
 
     __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
-                 "shared_pos", "cacheable", "stateful", "site_rows", "inputs")
+                 "shared_pos", "cacheable", "stateful", "site_rows", "inputs", "scalars",
+                 "scalar_rows")
 
-    def __init__(self, op, roles, out_shapes, out_dtypes, site_rows, inputs):
+    def __init__(self, op, roles, out_shapes, out_dtypes, site_rows, inputs, scalars=(),
+                 scalar_rows=()):
         self.out_shapes, self.out_dtypes = out_shapes, out_dtypes
         self.attrs = ("call", op.uid)
         self.rule = PROGRAM_RULE
@@ -185,6 +206,8 @@ class ProgramInfo:
         self.stateful = False
         self.site_rows = site_rows
         self.inputs = inputs
+        self.scalars = scalars              # this call's number per scalar entry
+        self.scalar_rows = scalar_rows      # and the rows it applies to
 
 
 class ProgramRule(Rule):
@@ -216,7 +239,8 @@ class ProgramRule(Rule):
             op.sticky = need
             sums |= op.sticky_sums
             op.sticky_sums = sums
-        variant, arrays, col, site, seg = [], [], 0, 0, 0
+        numbers, columns = _scalar_columns(op, list(distinct), codes, sticky)
+        variant, arrays, col, site, seg, scalar = [], [], 0, 0, 0, 0
         padded = {}     # ragged sums over the same rows (a cell's two) share their arrays
         for entry in op.entries:
             for _ in entry.brow:
@@ -226,6 +250,12 @@ class ProgramRule(Rule):
                     arrays.append(_repeat_index(rows[:, col], rows[:, col + 1]))
                 col += 2
                 site += 1
+            if entry.scalar:
+                variant.append(numbers[scalar])
+                if numbers[scalar] is None:
+                    arrays.append(columns[scalar])
+                scalar += 1
+                continue
             if entry.form == _SEGMENT:
                 summing = bool(sums[seg]) or not entry.rule.passes_single
                 variant.append(summing)
@@ -246,6 +276,59 @@ class ProgramRule(Rule):
 
 
 PROGRAM_RULE = ProgramRule()
+
+#: Scalar arithmetic a program may hold with a number of each call's own, and
+#: the broadcast operator (and operand order) that applies a column of them.
+SCALAR_FORMS = {"_plus_scalar": ("broadcast_add", False), "_minus_scalar": ("broadcast_sub", False),
+                "_rminus_scalar": ("broadcast_sub", True), "_mul_scalar": ("broadcast_mul", False),
+                "_div_scalar": ("broadcast_div", False)}
+
+
+def _scalar_columns(op, infos, codes, sticky):
+    """Per scalar entry of ``op``: the number all calls share (else None), and
+    the column of each call's number repeated over its rows (else None)."""
+    count = len(op.sticky_columns)
+    if not count:
+        return (), ()
+    values = np.array([info.scalars for info in infos], dtype=np.float64)[codes]
+    rows = np.array([info.scalar_rows for info in infos], dtype=np.int64)[codes]
+    differ = (values != values[:1]).any(axis=0)
+    if sticky:
+        differ |= op.sticky_columns
+        op.sticky_columns = differ
+    numbers, columns = [], []
+    for k, entry in enumerate(e for e in op.entries if e.scalar):
+        if not differ[k]:
+            numbers.append(float(values[0, k]))
+            columns.append(None)
+            continue
+        shape = (-1,) + (1,) * (len(entry.out_shapes[0]) - 1)
+        numbers.append(None)
+        columns.append(np.repeat(values[:, k], rows[:, k]).astype(entry.dtype).reshape(shape))
+    return numbers, columns
+
+
+def _scalar_call(F, entry, x, number, column=None):
+    """Scalar entry ``entry`` on ``x``: with ``number`` (its own or all calls'),
+    or with ``column`` (per row) through the broadcast operator."""
+    if column is None:
+        return getattr(F._internal, entry.op.name)(x, scalar=number)
+    name, reflected = SCALAR_FORMS[entry.op.name]
+    args = (column, x) if reflected else (x, column)
+    return getattr(F, name)(*args)
+
+
+def _scalar_form(op, args, kwargs, kind, info):
+    """The number of a scalar entry that may differ per call, or None: one of
+    ``SCALAR_FORMS`` on one float array, the number its only constant."""
+    if kind != _ROWS or op.name not in SCALAR_FORMS \
+            or np.dtype(info.out_dtypes[0]) not in (np.float32, np.float64):
+        return None
+    consts = [a for a in args if type(a).__name__ != "Slot"]
+    if set(kwargs) - {"scalar"} or len(consts) + len(kwargs) != 1:
+        return None
+    number = consts[0] if consts else kwargs["scalar"]
+    return float(number) if isinstance(number, (int, float)) else None
 
 
 def _vector_call(F, entry, ins):
@@ -343,7 +426,7 @@ def build(entries, exports, arg_shapes, name, param_shapes=()):
               + sorted({ref for e in entries for ref in e[3] if ref[0] == "x"}))
     position = {ref: p for p, ref in enumerate(inputs)}
     roles = tuple(ROW if ref in rows_of else SHARED for ref in inputs)
-    program, site_rows = [], []
+    program, site_rows, scalars, scalar_rows = [], [], [], []
     for (op, args, kwargs, refs, info, _path), kind in zip(entries, kinds):
         entry_roles = _roles(kind, info)
         if kind == _ROWS and not _rows_match(refs, entry_roles, rows_of, info):
@@ -358,14 +441,19 @@ def build(entries, exports, arg_shapes, name, param_shapes=()):
             site_rows += [rows_of[refs[p]], info.out_shapes[0][0]]
         if kind == _SEGMENT:
             site_rows.append(rows_of[refs[0]])
-        program.append((op, args, kwargs, info, kind, sources, brow, vector))
+        number = _scalar_form(op, args, kwargs, kind, info)
+        if number is not None:
+            scalars.append(number)
+            scalar_rows.append(info.out_shapes[0][0])
+        program.append((op, args, kwargs, info, kind, sources, brow, vector, number is not None))
     exports = tuple(exports)
     if not exports:
         return None
     op = _intern(program, exports, roles, name)
     out_shapes = tuple(entries[j][4].out_shapes[idx] for j, idx in exports)
     out_dtypes = tuple(entries[j][4].out_dtypes[idx] for j, idx in exports)
-    return op, ProgramInfo(op, roles, out_shapes, out_dtypes, tuple(site_rows), tuple(inputs))
+    return op, ProgramInfo(op, roles, out_shapes, out_dtypes, tuple(site_rows), tuple(inputs),
+                           tuple(scalars), tuple(scalar_rows))
 
 
 def _use_ok(ref, role, arg_role, arg_shapes):
@@ -425,8 +513,14 @@ def _intern(program, exports, roles, name):
     """The Program of a program, shared by every template with the same abstract form."""
     # Constant arguments are part of the key even where signatures leave them
     # out (a reshape's target shape), so ``Program.run`` is exact for every call.
-    key = (tuple((op.path, info.attrs, info.sig, kind, sources, vector)
-                 for op, _a, _k, info, kind, sources, _b, vector in program), exports, roles)
+    # A scalar entry's number is the call's own (``ProgramInfo.scalars``), and a
+    # reshape keeps each call's rows (its target's first axis is theirs): their
+    # keys hold the trailing shapes and dtypes their signatures would.
+    key = (tuple((op.path, kind, sources, vector)
+                 + (("rows", tuple(s[1:] for s in info.out_shapes), info.out_dtypes)
+                    if scalar or kind == _RESHAPE else (info.attrs, info.sig))
+                 for op, _a, _k, info, kind, sources, _b, vector, scalar in program),
+           exports, roles)
     with _PROGRAMS_LOCK:
         found = _PROGRAMS.get(key)
         if found is None:

@@ -75,7 +75,7 @@ class Rule:
 def call_as_recorded(F, node, inputs, extra_kwargs=None):
     """Call ``node``'s operator through ``F`` with ``inputs`` in its array slots."""
     if node.op.path is None:            # a program (see programs.py)
-        return node.op.run(F, inputs)
+        return node.op.run(F, inputs, node.info)
     fn = F
     for part in node.op.path:
         fn = getattr(fn, part)

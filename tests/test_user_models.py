@@ -494,3 +494,16 @@ def test_softmax_cross_entropy_of_each_token_batches():
     lengths = [len(sentence) for sentence in case.samples]
     lonely = sum(1 for t in range(max(lengths)) if sum(n > t for n in lengths) == 1)
     assert len(alone) <= lonely
+
+
+def test_per_call_numbers_and_stack_reshapes_share_one_program():
+    # x / len(kids) and F.stack(*kids) (a reshape to (len(kids), 1, H)) differ per
+    # node, yet nodes of one level are one program step whatever their arity.
+    case = um.CASES["mean_pool_tree"](n=16)
+    outs, scope = _second_scope(case)
+    assert outs
+    steps = scope.last_plan.steps
+    levels = max(tree.height() for tree in case.samples) + 1
+    assert len(steps) <= levels + 1
+    uids = {s.nodes[0].op.uid for s in steps}
+    assert len(uids) <= 2           # the leaves' program and the inner nodes'
