@@ -190,6 +190,9 @@ class FuzzNet(gdb.DynBatchBlock):
             return [self.chain(args[1], a)]
         if op == "scale":
             return [0.5 * a - 0.25]
+        if op == "perscale":                   # Python numbers of each node's own
+            n = len(self._kids)
+            return [(a / (n + 1)) * (n + 0.5) - (n - a)]
         if op == "softmax1":
             return [F.softmax(a, axis=-1)]
         if op == "logsoftmax1":
@@ -329,7 +332,7 @@ def assert_runs_agree(got, want):
 ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "scale",
            "softmax1", "logsoftmax1", "reverse1", "clip", "split", "reshape", "opaque",
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
-           "transpose", "stack0", "literal", "madeweight", "direct", "rowparam")
+           "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
              "childsum", "childtotal", "attend")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")
