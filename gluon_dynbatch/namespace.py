@@ -53,9 +53,9 @@ class RecordingNamespace:
             elif path == ("stack",):
                 value = _stack(self, _operator(rec, op))
             elif path == ("dot",):
-                value = _one_call(rec, _dot(self, _operator(rec, op)))
+                value = _dot(self, _operator(rec, op))
             elif path in (("split",), ("SliceChannel",)):
-                value = _one_call(rec, _split(self, _operator(rec, op)))
+                value = _split(self, _operator(rec, op))
             else:
                 value = _operator(rec, op)
             value.__name__ = name
@@ -128,20 +128,18 @@ def _stack(ns, operator):
     return stack
 
 
-def _one_call(rec, function):
-    """``function``, whose operators are recorded as parts of one call of the
-    frame: ``sites.py`` then sees one call at the user's line, not a loop
+def _one_call(ns, function, *args):
+    """``function(ns, *args)``, its operators recorded as parts of one call of
+    the frame: ``sites.py`` then sees one call at the user's line, not a loop
     going round (several calls at one offset)."""
-    def call(*args, **kwargs):
-        frame = rec.frame
-        if frame is None or frame.call_start is not None:
-            return function(*args, **kwargs)
-        frame.call_start = len(frame.out_shapes)
-        try:
-            return function(*args, **kwargs)
-        finally:
-            frame.call_start = None
-    return call
+    frame = ns._recorder.frame  # pylint: disable=protected-access
+    if frame is None or frame.call_start is not None:
+        return function(ns, *args)
+    frame.call_start = len(frame.out_shapes)
+    try:
+        return function(ns, *args)
+    finally:
+        frame.call_start = None
 
 
 def _split(ns, operator):
@@ -155,28 +153,32 @@ def _split(ns, operator):
         parts = _row_parts(args, kwargs)
         if parts is None:
             return operator(*args, **kwargs)
-        data, num, squeeze = parts
-        step = data.shape[0] // num
-        if squeeze and len(data.shape) == 2:
-            # Row k of (T, E) as an (E,) vector: rows k*E:(k+1)*E of the flat data.
-            data, step = ns.reshape(data, shape=(-1,)), data.shape[1]
-        outs = [ns.slice_axis(data, axis=0, begin=k * step, end=(k + 1) * step)
-                for k in range(num)]
-        if squeeze and len(data.shape) > 2:
-            outs = [ns.reshape(out, shape=data.shape[1:]) for out in outs]
-        return outs if num > 1 else outs[0]
+        return _one_call(ns, _split_rows, *parts)
     return split
+
+
+def _split_rows(ns, data, num, squeeze):
+    step = data.shape[0] // num
+    if squeeze and len(data.shape) == 2:
+        # Row k of (T, E) as an (E,) vector: rows k*E:(k+1)*E of the flat data.
+        data, step = ns.reshape(data, shape=(-1,)), data.shape[1]
+    outs = [ns.slice_axis(data, axis=0, begin=k * step, end=(k + 1) * step)
+            for k in range(num)]
+    if squeeze and len(data.shape) > 2:
+        outs = [ns.reshape(out, shape=data.shape[1:]) for out in outs]
+    return outs if num > 1 else outs[0]
 
 
 def _row_parts(args, kwargs):
     """(data, num_outputs, squeeze_axis) of a split of a pending value into
     equal parts along axis 0, or None for any other split."""
-    if len(args) != 1 or type(args[0]) is not LazyArray \
+    axis = kwargs.get("axis", 1)
+    if type(axis) is not int or axis > 0 or len(args) != 1 or type(args[0]) is not LazyArray \
             or not set(kwargs) <= {"num_outputs", "axis", "squeeze_axis"}:
         return None
     data, num = args[0], kwargs.get("num_outputs")
-    shape, axis = data.shape, kwargs.get("axis", 1)
-    if type(num) is not int or num < 1 or type(axis) is not int or not shape \
+    shape = data.shape
+    if type(num) is not int or num < 1 or not shape \
             or axis not in (0, -len(shape)) or shape[0] % num:
         return None
     squeeze = bool(kwargs.get("squeeze_axis", False))
@@ -199,9 +201,9 @@ def _dot(ns, operator):
             a, b = args
             ta, tb = bool(kwargs.get("transpose_a")), bool(kwargs.get("transpose_b"))
             if _vector(a) and _matrix(b) and not ta:
-                return _as_row_product(ns, operator, a, b, tb)
+                return _one_call(ns, _as_row_product, operator, a, b, tb)
             if _vector(b) and _matrix(a) and not tb:
-                return _as_row_product(ns, operator, b, a, not ta)
+                return _one_call(ns, _as_row_product, operator, b, a, not ta)
         return operator(*args, **kwargs)
     return dot
 
