@@ -135,8 +135,9 @@ class FuzzNet(gdb.DynBatchBlock):
             self.mat = self.params.get("mat", shape=(W, W))
             self.embed = self.params.get("embed", shape=(VOCAB, W))
             self.row = self.params.get("row", shape=(1, W))
+            self.vec = self.params.get("vec", shape=(W,))
 
-    def hybrid_forward(self, F, node, table, mat, embed, row):
+    def hybrid_forward(self, F, node, table, mat, embed, row, vec):
         # pylint: disable=arguments-differ
         memo = self.memo
         if memo is not None and id(node) in memo:
@@ -147,7 +148,7 @@ class FuzzNet(gdb.DynBatchBlock):
             values.append(F.concat(*[c[0] for c in children], dim=0))
         self._kids = children                   # read by the "child..." instructions
         for ins in node.program:
-            values.extend(self._step(F, ins, values, mat, embed, row))
+            values.extend(self._step(F, ins, values, mat, embed, row, vec))
         h = F.mean(values[node.result], axis=0, keepdims=True)
         out = [h] + [values[i] for i in node.outputs]
         for child in children:
@@ -156,7 +157,7 @@ class FuzzNet(gdb.DynBatchBlock):
             memo[id(node)] = out
         return out
 
-    def _step(self, F, ins, values, mat, embed, row):
+    def _step(self, F, ins, values, mat, embed, row, vec):
         """Run one instruction; return the list of values it adds."""
         # pylint: disable=too-many-return-statements,too-many-branches
         op, args = ins[0], ins[1:]
@@ -180,6 +181,10 @@ class FuzzNet(gdb.DynBatchBlock):
         if op == "rowparam":                   # a (1, W) Parameter; a weight's .data()
             weight = self.dense.weight.data(a.context)
             return [a * row + 0.5 * F.dot(a, weight, transpose_b=True)]
+        if op == "vector":                     # DyNet-style 1-d vectors: W x + b, split
+            v = F.tanh(F.dot(mat, a[0]) + 0.5 * F.dot(a[0], mat) + vec)
+            low, high = F.split(F.concat(v, v * 2, dim=0), num_outputs=2, axis=0)
+            return [a + (low * high).reshape((1, -1))]
         if op == "direct":                     # mx.nd called directly (Gluon's unroll)
             return [mx.nd.tanh(a) * 2]
         if op == "layernorm":
@@ -332,7 +337,7 @@ def assert_runs_agree(got, want):
 ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "scale",
            "softmax1", "logsoftmax1", "reverse1", "clip", "split", "reshape", "opaque",
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
-           "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale")
+           "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale", "vector")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
              "childsum", "childtotal", "attend")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")
