@@ -1,5 +1,6 @@
 """DynBatchBlock and the interception of block calls inside a scope."""
 import functools
+import inspect
 import logging
 import types
 
@@ -183,10 +184,15 @@ def recursive_helpers(methods):
     helpers = {name: value.__code__ for name, value in methods.items()
                if isinstance(value, types.FunctionType) and not name.startswith("__")
                and name not in ("hybrid_forward", "forward")
+               and not value.__code__.co_flags & _LAZY_BODIES
                and value.__code__.co_argcount >= 2 and value.__code__.co_varnames[1] == "F"}
     calls = {name: {other for other in helpers if _names_in(code, other)}
              for name, code in helpers.items()}
     return {name for name in helpers if name in _reachable(calls, name)}
+
+
+# Generators and coroutines run their bodies after the call returns.
+_LAZY_BODIES = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 def _reachable(calls, start):

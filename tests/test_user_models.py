@@ -478,8 +478,13 @@ def test_which_methods_are_recursive_helpers():
     def kids(self, F, tree):
         return [self.node(F, c) for c in tree.children]
 
+    def visit(self, F, tree):            # a generator: its body runs after the call
+        yield tree
+        for child in tree.children:
+            yield from self.visit(F, child)
+
     found = recursive_helpers({"walk": walk, "leaf": leaf, "no_f": no_f, "hybrid_forward": walk,
-                               "node": node, "kids": kids})
+                               "node": node, "kids": kids, "visit": visit})
     assert found == {"walk", "node", "kids"}     # by name, also inside comprehensions
     assert um.TopDownTree.encode.__wrapped__ is not um.TopDownTree.encode
 
