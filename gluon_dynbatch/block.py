@@ -140,10 +140,9 @@ class DynBatchBlock(gluon.HybridBlock):
             if top:
                 rec.sample = None
 
-
     def _record_helper(self, rec, function, args, kwargs):
         """One call of a recursive helper method inside a frame: a frame of its own,
-        as ``self(...)`` would be (see :func:`recursive_helper`)."""
+        as ``self(...)`` would be (see :func:`recursive_helpers`)."""
         root = rec.frame_root(self, function.__code__)
         outer_path, outer_frame = rec.path, rec.frame
         rec.path = outer_path + (function.__name__,)

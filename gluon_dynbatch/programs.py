@@ -18,9 +18,9 @@ calls' row counts enters as index arrays computed with numpy
 (``ProgramRule.batch_arrays``): the repeats of one-row ``BROW`` inputs and the
 padded indices of ragged sums, a column of per-call numbers where the calls
 of a batch differ.  Which of those a batch needs is its *variant* (with the
-numbers that all its calls share); a program is compiled once per variant, as a CachedOp in
-imperative scopes (``Program.run_cached``) or inlined in the plan's symbol
-in compiled ones.
+numbers that all its calls share); a program is compiled once per variant,
+as a CachedOp in imperative scopes (``Program.run_cached``) or inlined in
+the plan's symbol in compiled ones.
 """
 import itertools
 import threading
@@ -279,8 +279,10 @@ PROGRAM_RULE = ProgramRule()
 
 #: Scalar arithmetic a program may hold with a number of each call's own, and
 #: the broadcast operator (and operand order) that applies a column of them.
-SCALAR_FORMS = {"_plus_scalar": ("broadcast_add", False), "_minus_scalar": ("broadcast_sub", False),
-                "_rminus_scalar": ("broadcast_sub", True), "_mul_scalar": ("broadcast_mul", False),
+SCALAR_FORMS = {"_plus_scalar": ("broadcast_add", False),
+                "_minus_scalar": ("broadcast_sub", False),
+                "_rminus_scalar": ("broadcast_sub", True),
+                "_mul_scalar": ("broadcast_mul", False),
                 "_div_scalar": ("broadcast_div", False)}
 
 

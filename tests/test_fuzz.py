@@ -337,7 +337,8 @@ def assert_runs_agree(got, want):
 ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "scale",
            "softmax1", "logsoftmax1", "reverse1", "clip", "split", "reshape", "opaque",
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
-           "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale", "vector")
+           "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale",
+           "vector")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
              "childsum", "childtotal", "attend")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")
