@@ -292,6 +292,9 @@ def _scalar_columns(op, infos, codes, sticky):
     count = len(op.sticky_columns)
     if not count:
         return (), ()
+    first = infos[0].scalars
+    if not op.sticky_columns.any() and all(info.scalars == first for info in infos[1:]):
+        return first, (None,) * count          # the usual case: one number each
     values = np.array([info.scalars for info in infos], dtype=np.float64)[codes]
     rows = np.array([info.scalar_rows for info in infos], dtype=np.int64)[codes]
     differ = (values != values[:1]).any(axis=0)
