@@ -28,8 +28,8 @@ hold them.  Importing the package registers them (see
 """
 from .graph import LEAF
 from .rules import (ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, Signature, _in_dtype,
-                    _in_shape, call_as_recorded, register_rule, rule_for, swapaxes_roles,
-                    transpose_roles)
+                    _in_shape, call_as_recorded, plain_layout, register_rule, rule_for,
+                    swapaxes_roles, transpose_roles)
 from .weight_calls import weight_node
 
 
@@ -209,7 +209,8 @@ class RowCrossEntropyRule(Rule):
     def batched_call(self, F, node, inputs):
         # log of the picked softmax, as MXNet's kernel computes it (a log_softmax
         # would round its gradient differently).
-        return [-F.log(F.pick(F.softmax(inputs[0], axis=-1), inputs[1], axis=-1))]
+        scores = plain_layout(F, inputs[0], 2)
+        return [-F.log(F.pick(F.softmax(scores, axis=-1), inputs[1], axis=-1))]
 
 
 _REDUCTIONS = ("sum", "mean", "max", "min", "prod", "nansum", "nanprod", "norm")

@@ -415,6 +415,26 @@ class SegmentSoftmaxRule(SegmentRule):
         return [F.take(F.reshape(out, shape=(-3, -2)), places, axis=0)]
 
 
+def plain_layout(F, x, ndim):
+    """``x`` through a reshape to its own shape, for MKLDNN's softmax.
+
+    MXNet 1.9.1's MKLDNN softmax crashes (segfault) on the output of a
+    ``concat`` along axis 1 of 2-D pieces, some one column wide, once there are
+    two or more rows: what batching per-sample attention scores gives.  A
+    reshape operator lays the input out plainly; copies (``identity``,
+    ``* 1``) do not, inside a CachedOp.
+    """
+    return F.reshape(x, shape=(0,) * ndim)
+
+
+class SoftmaxRowRule(RowRule):
+    """``softmax`` and ``log_softmax`` on rows, reading ``plain_layout`` input."""
+
+    def batched_call(self, F, node, inputs):
+        plain = plain_layout(F, inputs[0], len(node.out_shapes[0]))
+        return call_as_recorded(F, node, [plain] + list(inputs[1:]))
+
+
 class RowFallback(Rule):
     """Try ``first`` (usually a segment rule), else ``second``."""
 
@@ -526,7 +546,7 @@ register_rule("reshape_like", RowRule(all_row_roles))
 register_rule("take", RowRule(take_roles))
 register_rule("Dropout", RowRule(dropout_roles))
 register_rule(["softmax", "log_softmax"],
-              RowFallback(SegmentSoftmaxRule(), RowRule(axis_roles("axis", -1))))
+              RowFallback(SegmentSoftmaxRule(), SoftmaxRowRule(axis_roles("axis", -1))))
 register_rule(["softmin", "topk", "sort", "argsort"], RowRule(axis_roles("axis", -1)))
 register_rule(["prod", "nansum", "nanprod", "norm", "argmax", "argmin"],
               RowRule(axis_roles("axis", None)))

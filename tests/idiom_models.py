@@ -492,3 +492,25 @@ class CrossEntropyTagger(gdb.DynBatchBlock):
             h, state = self.cell(emb[word:word + 1], state)
             loss = loss + F.softmax_cross_entropy(self.out(h), F.array([word % self.classes]))
         return loss
+
+
+class ScoredChildren(gdb.DynBatchBlock):
+    """Attention over the children written child by child: one (1, 1) score per
+    child, the scores concatenated into a row, soft-maxed, and ``F.dot`` of the
+    weights with the children's states."""
+
+    def __init__(self, hidden, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(hidden)
+            self.att = nn.Dense(1, use_bias=False)
+            self.mix = nn.Dense(hidden, use_bias=False)
+
+    def hybrid_forward(self, F, tree, emb):
+        x = self.inp(emb[tree.word:tree.word + 1])
+        kids = [self(child, emb) for child in tree.children]
+        if not kids:
+            return F.tanh(x)
+        scores = F.concat(*[self.att(F.tanh(h + x)) for h in kids], dim=1)     # (1, k)
+        context = F.dot(F.softmax(scores, axis=1), F.concat(*kids, dim=0))   # (1, H)
+        return F.tanh(x + self.mix(context))

@@ -125,6 +125,34 @@ def test_softmax_over_ragged_rows_is_one_step_and_a_sample_alone_keeps_its_own(o
     assert np.allclose(probs[1], 1.0)           # one row: all its weight
 
 
+def _score_columns(F, x):
+    """A (1, 3) row of scores made of one-column pieces, as per-child attention makes."""
+    row = x[0:1]
+    return F.concat(row[:, 0:1], F.tanh(row[:, 1:2]), row[:, 2:3] * 2, dim=1)
+
+
+SCORE_HEADS = {
+    "softmax": lambda F, s: F.softmax(s, axis=1),
+    "log_softmax": lambda F, s: F.log_softmax(s),
+    "cross_entropy": lambda F, s: F.softmax_cross_entropy(s, F.array([1])),
+}
+
+
+@pytest.mark.parametrize("head", sorted(SCORE_HEADS))
+@pytest.mark.parametrize("count", [2, 3])
+def test_softmax_of_scores_concatenated_from_single_columns(head, count):
+    # MKLDNN's softmax segfaults on such a concat's output with 2 or 3 rows.
+    model = OneOp(lambda F, x: SCORE_HEADS[head](F, _score_columns(F, x)))
+    table = nd.array(np.random.RandomState(3).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 2), (5, 1), (6, 3)][:count]
+    expected = reference_run(model, samples, [table])
+    for strategy in ("depth", "agenda"):
+        for compiled in (False, True, "step"):
+            got = run_model(model, samples, [table], strategy, compiled)
+            assert_same(got, expected)
+            assert got[2].mean_batch_size > 1
+
+
 @pytest.mark.parametrize("granularity", ["call", "op"])
 def test_reshapes_of_inputs_of_other_widths_to_one_shape_do_not_batch_together(granularity):
     # Both give (-1,): a (rows, 4) input and a (rows, 3) one cannot be concatenated

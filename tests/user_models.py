@@ -25,7 +25,7 @@ from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, CrossEn
                           DotAttention,
                           FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
                           MessagePassing, NodeLossTree, RecursiveNet, ScalarMath,
-                          Seq2SeqAttention, TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN,
+                          ScoredChildren, Seq2SeqAttention, TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN,
                           VectorTreeLSTM, WeightData)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
@@ -658,6 +658,11 @@ def case_cross_entropy(seed=0, n=6, hidden=HIDDEN):
                 [_table(seed)], notes="F.softmax_cross_entropy per token")
 
 
+def case_scored_children(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(ScoredChildren(hidden), seed), _trees(seed, n), [_table(seed)],
+                notes="a (1, 1) score per child, concatenated and soft-maxed on axis 1")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -703,6 +708,7 @@ CASES = {
     "vector_rnn": case_vector_rnn,
     "top_down": case_top_down,
     "cross_entropy": case_cross_entropy,
+    "scored_children": case_scored_children,
 }
 
 
