@@ -30,7 +30,7 @@ import numpy as np
 
 from .run import cached_op
 from .rules import (BROW, NO_GRADIENT, ROW, SHARED, ReshapeRule, RowRule, Rule, SegmentRule,
-                    call_as_recorded, intern)
+                    SoftmaxRowRule, call_as_recorded, intern)
 
 _SEGMENT, _RESHAPE, _ROWS = "segment", "reshape", "rows"
 
@@ -376,7 +376,7 @@ def entry_kind(op, info):
     if any(len(shape) == 0 for shape in info.out_shapes):
         return None
     rule = info.rule
-    if type(rule) is RowRule:
+    if type(rule) in (RowRule, SoftmaxRowRule):    # not the subclasses of layer_rules
         return _ROWS
     if isinstance(rule, SegmentRule):
         return _SEGMENT
