@@ -1,8 +1,5 @@
 """DynBatchBlock and the interception of block calls inside a scope."""
-import functools
-import inspect
 import logging
-import types
 
 import mxnet as mx
 from mxnet import gluon
@@ -12,6 +9,8 @@ from .cache import PlanCache
 from .errors import BatchingError, describe_call
 from .frames import NOT_RECORDED, Frame
 from .lazy import LazyArray
+from .recursion import (helper_frames, recursive_closures, recursive_helpers, stop_watching,
+                        watch_closures)
 from .scope import STRATEGIES, check_granularity
 
 log = logging.getLogger(__name__)
@@ -79,7 +78,11 @@ class DynBatchBlock(gluon.HybridBlock):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         for name in recursive_helpers(vars(cls)):
-            setattr(cls, name, _helper_frames(vars(cls)[name]))
+            setattr(cls, name, helper_frames(vars(cls)[name]))
+        if "hybrid_forward" in vars(cls):
+            cls._closure_codes = recursive_closures(cls.hybrid_forward)
+
+    _closure_codes = frozenset()     # recursive closures of ``hybrid_forward``
 
     def forward(self, *args):
         """Eager, one-sample call (outside a batching scope)."""
@@ -118,6 +121,8 @@ class DynBatchBlock(gluon.HybridBlock):
                          "structure of each sample's own); recording them operator by operator",
                          type(self).__name__)
         rec.frame = frame
+        tracer = watch_closures(self, self._closure_codes) \
+            if self._closure_codes and rec.frames_on() else None
         try:
             if not self._reg_params:        # a recursive model's own block often has none
                 out = self.hybrid_forward(rec.F, *args)
@@ -134,6 +139,7 @@ class DynBatchBlock(gluon.HybridBlock):
                              % describe_call(rec.sample, rec.path))
             raise
         finally:
+            stop_watching(tracer)
             rec.frame = outer_frame
             rec.depth -= 1
             rec.path = outer_path
@@ -141,15 +147,15 @@ class DynBatchBlock(gluon.HybridBlock):
                 rec.sample = None
 
     def _record_helper(self, rec, function, args, kwargs):
-        """One call of a recursive helper method inside a frame: a frame of its own,
-        as ``self(...)`` would be (see :func:`recursive_helpers`)."""
+        """One call of a recursive helper method or closure inside a frame: a frame
+        of its own, as ``self(...)`` would be (see ``recursion.py``)."""
         root = rec.frame_root(self, function.__code__)
         outer_path, outer_frame = rec.path, rec.frame
         rec.path = outer_path + (function.__name__,)
         frame = None if root.usage.irregular else Frame(rec, root, self, rec.path)
         rec.frame = frame
         try:
-            out = function(self, *args, **kwargs)
+            out = function(*args, **kwargs)
             if frame is not None:
                 frame.finish()              # ``out`` holds what the call returns
             return out
@@ -168,60 +174,6 @@ class DynBatchBlock(gluon.HybridBlock):
             return _ORIGINAL_CALL(self, *args)
         finally:
             context.set_current(rec)
-
-
-def recursive_helpers(methods):
-    """Names of the recursive helpers among ``methods`` (a class's namespace):
-    plain functions taking ``(self, F, ...)`` that call themselves by name,
-    directly or through other such helpers.
-
-    ``def encode(self, F, node)`` recursing over a tree from ``hybrid_forward``
-    records each node as ``self(child)`` would: as a frame of its own, so that
-    the nodes of every tree share templates.  Without it the whole tree is one
-    frame, a template of each tree's own shape.
-    """
-    helpers = {name: value.__code__ for name, value in methods.items()
-               if isinstance(value, types.FunctionType) and not name.startswith("__")
-               and name not in ("hybrid_forward", "forward")
-               and not value.__code__.co_flags & _LAZY_BODIES
-               and value.__code__.co_argcount >= 2 and value.__code__.co_varnames[1] == "F"}
-    calls = {name: {other for other in helpers if _names_in(code, other)}
-             for name, code in helpers.items()}
-    return {name for name in helpers if name in _reachable(calls, name)}
-
-
-# Generators and coroutines run their bodies after the call returns.
-_LAZY_BODIES = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-
-
-def _reachable(calls, start):
-    """Names reachable from ``start`` in one or more calls."""
-    seen, todo = set(), list(calls[start])
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo.extend(calls[name])
-    return seen
-
-
-def _names_in(code, name):
-    """Whether ``code`` or a code object nested in it (a comprehension) names ``name``."""
-    if name in code.co_names:
-        return True
-    return any(isinstance(const, types.CodeType) and _names_in(const, name)
-               for const in code.co_consts)
-
-
-def _helper_frames(function):
-    """``function`` (a recursive helper) recording each call as a frame inside a scope."""
-    @functools.wraps(function)
-    def helper(self, *args, **kwargs):
-        rec = context.TLS.recorder
-        if rec is None or rec.depth == 0 or rec.eager or not rec.frames_on():
-            return function(self, *args, **kwargs)
-        return self._record_helper(rec, function, args, kwargs)  # pylint: disable=W0212
-    return helper
 
 
 def _context_of(args):

@@ -514,3 +514,22 @@ class ScoredChildren(gdb.DynBatchBlock):
         scores = F.concat(*[self.att(F.tanh(h + x)) for h in kids], dim=1)     # (1, k)
         context = F.dot(F.softmax(scores, axis=1), F.concat(*kids, dim=0))   # (1, H)
         return F.tanh(x + self.mix(context))
+
+
+class ClosureTree(gdb.DynBatchBlock):
+    """A tree RNN recursing through a function nested in ``hybrid_forward``."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(hidden)
+            self.u = nn.Dense(hidden, use_bias=False)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, tree, emb):
+        def encode(node):
+            x = self.inp(emb[node.word:node.word + 1])
+            for child in node.children:
+                x = x + self.u(encode(child))
+            return F.tanh(x)
+        return F.log_softmax(self.out(encode(tree)))

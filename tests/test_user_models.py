@@ -8,6 +8,7 @@ lists the model appends to, values kept across batches, Gluon's recurrent
 cells and embedding lookups batched.
 """
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -461,7 +462,7 @@ def test_recursive_helper_methods_record_a_frame_per_call():
 
 
 def test_which_methods_are_recursive_helpers():
-    from gluon_dynbatch.block import recursive_helpers
+    from gluon_dynbatch.recursion import recursive_helpers
 
     def walk(self, F, node):
         return [walk(self, F, c) for c in node.children] and self.walk(F, node)
@@ -487,6 +488,54 @@ def test_which_methods_are_recursive_helpers():
                                "node": node, "kids": kids, "visit": visit})
     assert found == {"walk", "node", "kids"}     # by name, also inside comprehensions
     assert um.TopDownTree.encode.__wrapped__ is not um.TopDownTree.encode
+
+
+def test_recursion_through_a_nested_function_records_a_frame_per_call():
+    # encode() is a closure made anew by each hybrid_forward call; its recursive
+    # calls are still frames, so trees of every shape batch node by node.
+    case = um.CASES["closure_tree"](n=12)
+    outs, scope = _second_scope(case)
+    assert all(o.shape == (1, um.CLASSES) for o in outs)
+    tree_nodes = sum(len(list(tree.nodes())) for tree in case.samples)
+    assert scope.stats.planned_nodes <= 2 * tree_nodes
+    assert scope.stats.mean_batch_size >= 8      # 3 with the whole tree one frame
+    assert sys.gettrace() is None
+
+
+def test_nested_functions_are_left_alone_under_another_tracer():
+    def tracer(frame, event, arg):
+        return None
+
+    case = um.CASES["closure_tree"]()
+    eager = um.run_case(case)
+    sys.settrace(tracer)
+    try:
+        batched = um.run_case(case, {})
+        assert sys.gettrace() is tracer
+    finally:
+        sys.settrace(None)
+    assert_same(batched, eager)
+    assert batched[2].samples == len(case.samples)
+
+
+def test_which_nested_functions_are_recursive_closures():
+    from gluon_dynbatch.recursion import recursive_closures
+
+    def hybrid_forward(self, F, tree):
+        def encode(node):                   # by its own name, in a comprehension
+            return [encode(c) for c in node.children]
+
+        def once(node):
+            return node
+
+        def visit(node):                    # a generator: its body runs after the call
+            yield node
+            for child in node.children:
+                yield from visit(child)
+        return encode(tree), once(tree), list(visit(tree))
+
+    found = recursive_closures(hybrid_forward)
+    assert {code.co_name for code in found} == {"encode"}
 
 
 def test_softmax_cross_entropy_of_each_token_batches():

@@ -21,8 +21,8 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
-from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, CrossEntropyTagger,
-                          DotAttention,
+from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, ClosureTree,
+                          CrossEntropyTagger, DotAttention,
                           FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
                           MessagePassing, NodeLossTree, RecursiveNet, ScalarMath,
                           ScoredChildren, Seq2SeqAttention, TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN,
@@ -663,6 +663,11 @@ def case_scored_children(seed=0, n=6, hidden=HIDDEN):
                 notes="a (1, 1) score per child, concatenated and soft-maxed on axis 1")
 
 
+def case_closure_tree(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(ClosureTree(hidden, CLASSES), seed), _trees(seed, n), [_table(seed)],
+                notes="recursion through a function nested in hybrid_forward")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -709,6 +714,7 @@ CASES = {
     "top_down": case_top_down,
     "cross_entropy": case_cross_entropy,
     "scored_children": case_scored_children,
+    "closure_tree": case_closure_tree,
 }
 
 
