@@ -224,6 +224,18 @@ def concat_roles(node):
     return all_row_roles(node)
 
 
+def broadcast_like_roles(node):
+    """``broadcast_like(x, like)`` over the trailing axes: ``like`` has the
+    output's rows, ``x`` those rows or one row (repeated, as broadcasting would)."""
+    if node.kwargs.get("lhs_axes") is not None or node.kwargs.get("rhs_axes") is not None:
+        return None
+    rows = node.out_shapes[0][0]
+    lhs, rhs = _in_shape(node, 0), _in_shape(node, 1)
+    if len(lhs) != len(rhs) or rhs[0] != rows or lhs[0] not in (rows, 1):
+        return None
+    return (BROW, ROW)
+
+
 def transpose_roles(node):
     axes = node.kwargs.get("axes")
     if not axes or axes[0] != 0:
@@ -543,6 +555,7 @@ register_rule("dot", RowRule(dot_roles))
 register_rule("batch_dot", RowRule(all_row_roles))
 # Gluon's losses (L2, L1, Huber, sigmoid cross-entropy) reshape the label like the prediction.
 register_rule("reshape_like", RowRule(all_row_roles))
+register_rule("broadcast_like", RowRule(broadcast_like_roles))
 register_rule("take", RowRule(take_roles))
 register_rule("Dropout", RowRule(dropout_roles))
 register_rule(["softmax", "log_softmax"],

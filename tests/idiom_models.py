@@ -533,3 +533,26 @@ class ClosureTree(gdb.DynBatchBlock):
                 x = x + self.u(encode(child))
             return F.tanh(x)
         return F.log_softmax(self.out(encode(tree)))
+
+
+class MemorySlots(gdb.DynBatchBlock):
+    """A few memory slots, one row each, gated and updated at every token (a small
+    recurrent entity network): each sample's own (slots, H) state."""
+
+    def __init__(self, hidden, classes, slots=3, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.keys = self.params.get("keys", shape=(slots, hidden))
+            self.u = nn.Dense(hidden, use_bias=False)
+            self.v = nn.Dense(hidden, use_bias=False)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, words, emb, keys):
+        memory = keys
+        for word in words:
+            s = emb[word:word + 1]                                           # (1, H)
+            gate = F.sigmoid(F.dot(memory, s, transpose_b=True)
+                             + F.dot(keys, s, transpose_b=True))              # (slots, 1)
+            new = F.relu(self.u(memory) + self.v(keys) + F.broadcast_like(s, memory))
+            memory = F.L2Normalization(memory + F.broadcast_mul(gate, new))
+        return F.log_softmax(self.out(F.sum(memory, axis=0, keepdims=True)))

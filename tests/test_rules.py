@@ -77,6 +77,8 @@ CASES = {
     "pick": lambda F, x: F.pick(x, F.zeros((x.shape[0],)), axis=1),
     "clip_square": lambda F, x: F.clip(x, 0.2, 0.8).square(),
     "reshape_like": lambda F, x: F.reshape_like(F.tanh(x), x * 2) * x,
+    "broadcast_like_column": lambda F, x: F.broadcast_like(x[:, 0:1] * 3, x) * x,
+    "broadcast_like_one_row": lambda F, x: F.broadcast_like(x[0:1], F.tanh(x)) + x,
     "one_hot": lambda F, x: F.one_hot(F.array([x.shape[0] % 3]), 3) * x[0:1, 0:3],
 }
 
@@ -151,6 +153,17 @@ def test_softmax_of_scores_concatenated_from_single_columns(head, count):
             got = run_model(model, samples, [table], strategy, compiled)
             assert_same(got, expected)
             assert got[2].mean_batch_size > 1
+
+
+@pytest.mark.parametrize("granularity", ["call", "op"])
+def test_broadcast_like_of_a_row_or_a_column_batches_across_samples(granularity):
+    model = OneOp(lambda F, x: F.broadcast_like(x[0:1], x) + F.broadcast_like(x[:, 1:2], x))
+    table = nd.array(np.random.RandomState(4).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 1), (6, 4), (1, 2)]
+    expected = reference_run(model, samples, [table])
+    got = run_model(model, samples, [table], "depth", granularity=granularity)
+    assert_same(got, expected)
+    assert got[2].steps <= 4          # 10 with each broadcast_like alone
 
 
 @pytest.mark.parametrize("granularity", ["call", "op"])

@@ -24,7 +24,7 @@ from examples.sick_model import OpByOpTreeLSTM
 from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, ClosureTree,
                           CrossEntropyTagger, DotAttention,
                           FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
-                          MessagePassing, NodeLossTree, RecursiveNet, ScalarMath,
+                          MemorySlots, MessagePassing, NodeLossTree, RecursiveNet, ScalarMath,
                           ScoredChildren, Seq2SeqAttention, TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN,
                           VectorTreeLSTM, WeightData)
 
@@ -668,6 +668,11 @@ def case_closure_tree(seed=0, n=6, hidden=HIDDEN):
                 notes="recursion through a function nested in hybrid_forward")
 
 
+def case_memory_slots(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(MemorySlots(hidden, CLASSES), seed), _sentences(seed, n),
+                [_table(seed, dim=hidden)], notes="each sample's own (slots, H) state per token")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -715,6 +720,7 @@ CASES = {
     "cross_entropy": case_cross_entropy,
     "scored_children": case_scored_children,
     "closure_tree": case_closure_tree,
+    "memory_slots": case_memory_slots,
 }
 
 
