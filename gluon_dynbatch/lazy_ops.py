@@ -226,6 +226,7 @@ def _through_f(name):
 
 
 LazyArray.split = _through_f("split")
+LazyArray.transpose = _through_f("transpose")
 
 
 def _reshape(self, *shape, **kwargs):
@@ -259,7 +260,7 @@ def _T(self):  # pylint: disable=invalid-name
     rec = current()
     if rec is None:
         return nd.NDArray.T.fget(self)
-    return rec.call_op(opdef("transpose"), (self,), {})
+    return rec.F.transpose(self)
 
 
 LazyArray.reshape = _reshape

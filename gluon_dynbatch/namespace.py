@@ -56,6 +56,8 @@ class RecordingNamespace:
                 value = _dot(self, _operator(rec, op))
             elif path in (("split",), ("SliceChannel",)):
                 value = _split(self, _operator(rec, op))
+            elif path == ("transpose",):
+                value = _transpose(self, _operator(rec, op))
             else:
                 value = _operator(rec, op)
             value.__name__ = name
@@ -185,6 +187,24 @@ def _row_parts(args, kwargs):
     if squeeze and (shape[0] != num or len(shape) < 2):
         return None
     return data, num, squeeze
+
+
+def _transpose(ns, operator):
+    """``F.transpose`` of a pending row or column, ``(1, C)`` or ``(C, 1)``,
+    recorded as a reshape: the same elements in the same order.
+
+    A reshape batches row by row; a transpose moves each sample's rows, so it
+    runs per sample and keeps the calls around it out of programs (a CRF's
+    ``F.broadcast_add(F.transpose(alpha), transitions)``).
+    """
+    def transpose(*args, **kwargs):
+        if len(args) == 1 and type(args[0]) is LazyArray and set(kwargs) <= {"axes"} \
+                and kwargs.get("axes") in (None, (), [], (1, 0), [1, 0]):
+            shape = args[0].shape
+            if len(shape) == 2 and 1 in shape:
+                return ns.reshape(args[0], shape=(shape[1], shape[0]))
+        return operator(*args, **kwargs)
+    return transpose
 
 
 def _dot(ns, operator):

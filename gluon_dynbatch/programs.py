@@ -6,8 +6,9 @@ therefore one node whose operator is a :class:`Program` when every call in
 it batches row by row: each has a ``RowRule`` (inputs ``ROW``, ``BROW`` or
 ``SHARED``), a ``SegmentRule`` (ragged sum or mean over axis 0) or a
 ``ReshapeRule``; no views, no stateful and no zero-gradient operators;
-parameters only ever shared (a one-row parameter or a 1-d vector parameter
-that a ``broadcast_*`` operator spreads over each call's rows is shared too).
+parameters only ever shared (a one-row parameter that a ``broadcast_*``
+operator spreads over each call's rows, or one of each call's whole shape
+that it combines with each call's value, is shared too).
 
 Programs that differ only in row counts (a node with 1, 2 or 5 children), or
 in the Python numbers of their scalar arithmetic (``h / len(children)``), are
@@ -337,12 +338,13 @@ def _scalar_form(op, args, kwargs, kind, info):
 
 
 def _vector_call(F, entry, ins):
-    """A ``broadcast_*`` entry with 1-d vector parameters over N calls' rows:
-    the rows laid out (N, length), each parameter as one (1, length) row."""
-    length = entry.out_shapes[0][0]
-    ins = [F.reshape(x, shape=(1, -1)) if p in entry.vector else F.reshape(x, shape=(-1, length))
-           for p, x in enumerate(ins)]
-    return [F.reshape(out, shape=(-1,)) for out in call_as_recorded(F, entry, ins)]
+    """A ``broadcast_*`` entry with parameters of each call's whole shape over
+    N calls' rows: the rows laid out (N, rows, ...), each such parameter as one
+    (1, rows, ...) block (see ``_shared_vector``)."""
+    rows = entry.out_shapes[0][0]
+    ins = [F.reshape(x, shape=(-4, 1, -1, -2)) if p in entry.vector
+           else F.reshape(x, shape=(-4, -1, rows, -2)) for p, x in enumerate(ins)]
+    return [F.reshape(out, shape=(-3, -2)) for out in call_as_recorded(F, entry, ins)]
 
 
 def _repeat_index(have, want):
@@ -475,8 +477,8 @@ def _use_ok(ref, role, arg_role, arg_shapes):
 
 def _shared_param(op, refs, ref, role, info, param_shapes):
     """Whether parameter ``ref`` is passed once to a batch of an entry although
-    its role is not SHARED: a one-row BROW (``_shared_row``) or a 1-d vector
-    (``_shared_vector``)."""
+    its role is not SHARED: a one-row BROW (``_shared_row``) or a block of each
+    call's shape (``_shared_vector``)."""
     return (role == BROW and _shared_row(op, ref, param_shapes)) \
         or _shared_vector(op, refs, ref, role, info, param_shapes)
 
@@ -489,14 +491,22 @@ def _shared_row(op, ref, param_shapes):
         and len(param_shapes[k]) > 0 and param_shapes[k][0] == 1
 
 
+# Element-wise operators of two arrays broadcast both ways (not ``broadcast_like``).
+_BROADCAST_BINARY = frozenset("""broadcast_add broadcast_sub broadcast_mul broadcast_div
+broadcast_plus broadcast_minus broadcast_maximum broadcast_minimum broadcast_power
+broadcast_hypot broadcast_mod""".split())
+
+
 def _shared_vector(op, refs, ref, role, info, param_shapes):
-    """Whether parameter ``ref`` is a 1-d vector that a binary ``broadcast_*``
-    operator combines element by element with a 1-d value of each call
-    (``W . x + b`` on vectors): batched as (N, length) against one row."""
+    """Whether parameter ``ref`` has each call's whole output shape and a binary
+    ``broadcast_*`` operator combines it with a value of each call: a 1-d
+    vector (``W . x + b`` on vectors) or a matrix (a CRF's transitions added
+    to each call's (C, C) scores).  Batched as (N, rows, ...) against one
+    (1, rows, ...) block."""
     k = ref[1]
     shape = info.out_shapes[0]
-    return role != SHARED and op.name.startswith("broadcast_") and len(refs) == 2 \
-        and any(r[0] != "x" for r in refs) and len(shape) == 1 and shape[0] > 1 \
+    return role != SHARED and op.name in _BROADCAST_BINARY and len(refs) == 2 \
+        and any(r[0] != "x" for r in refs) and shape and shape[0] > 1 \
         and k < len(param_shapes) and param_shapes[k] == shape
 
 

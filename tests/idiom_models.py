@@ -556,3 +556,30 @@ class MemorySlots(gdb.DynBatchBlock):
             new = F.relu(self.u(memory) + self.v(keys) + F.broadcast_like(s, memory))
             memory = F.L2Normalization(memory + F.broadcast_mul(gate, new))
         return F.log_softmax(self.out(F.sum(memory, axis=0, keepdims=True)))
+
+
+class CRFTagger(gdb.DynBatchBlock):
+    """A linear-chain CRF's negative log-likelihood over one sentence: the
+    forward algorithm token by token, ``F.transpose`` of the (1, C) scores
+    against a (C, C) transition Parameter, and the gold path's score."""
+
+    def __init__(self, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.classes = classes
+        with self.name_scope():
+            self.emit = nn.Dense(classes)
+            self.trans = self.params.get("trans", shape=(classes, classes))
+
+    def hybrid_forward(self, F, words, emb, trans):
+        tags = [word % self.classes for word in words]
+        scores = self.emit(F.concat(*[emb[w:w + 1] for w in words], dim=0))     # (T, C)
+        alpha = scores[0:1]
+        gold = F.pick(scores[0:1], F.array(tags[:1]), axis=1)
+        for t in range(1, len(words)):
+            paths = F.broadcast_add(F.transpose(alpha), trans)                  # (C, C)
+            top = F.max(paths, axis=0, keepdims=True)
+            alpha = top + F.log(F.sum(F.exp(F.broadcast_sub(paths, top)), axis=0,
+                                      keepdims=True)) + scores[t:t + 1]
+            gold = gold + F.pick(scores[t:t + 1], F.array(tags[t:t + 1]), axis=1)
+        top = F.max(alpha, axis=1)
+        return top + F.log(F.sum(F.exp(F.broadcast_sub(alpha, top.reshape((1, 1)))))) - gold

@@ -48,6 +48,8 @@ CASES = {
     "swapaxes_unit_axis": lambda F, x: F.swapaxes(F.expand_dims(x, axis=0), dim1=0, dim2=1),
     "transpose_unit_axis": lambda F, x: F.transpose(F.expand_dims(x, axis=1), axes=(1, 0, 2)),
     "transpose_mixing": lambda F, x: F.transpose(F.expand_dims(x, axis=0), axes=(2, 1, 0)),
+    "transpose_row": lambda F, x: F.broadcast_mul(F.transpose(x[0:1]), F.tanh(x[0:1])),
+    "transpose_column": lambda F, x: x[:, 1:2].T * 3 + x[:, 2:3].transpose(axes=(1, 0)),
     "transpose_each": lambda F, x: F.dot(F.transpose(F.tanh(x)), x),
     "swapaxes_each": lambda F, x: F.swapaxes(F.reshape(x, shape=(-1, 2, 2)), dim1=0, dim2=2) * 2,
     "broadcast_row": lambda F, x: F.broadcast_mul(x, x[0:1]),

@@ -538,6 +538,19 @@ def test_which_nested_functions_are_recursive_closures():
     assert {code.co_name for code in found} == {"encode"}
 
 
+def test_a_crf_forward_step_is_one_program_per_token():
+    # F.transpose of the (1, C) scores is recorded as a reshape and the (C, C)
+    # transitions are one block for every call: the step batches row by row.
+    case = um.CASES["crf"](n=12)
+    outs, scope = _second_scope(case)
+    assert all(o.shape == (1,) for o in outs)
+    longest = max(len(sentence) for sentence in case.samples)
+    assert scope.stats.steps <= 4 * longest       # 11 a token operator by operator
+    forward = [s for s in scope.last_plan.steps if s.nodes[0].op.path is None
+               and {"max", "sum", "log"} <= {e.op.name for e in s.nodes[0].op.entries}]
+    assert len(forward) >= longest - 2
+
+
 def test_softmax_cross_entropy_of_each_token_batches():
     case = um.CASES["cross_entropy"](n=12)
     outs, scope = _second_scope(case)

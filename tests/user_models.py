@@ -22,7 +22,7 @@ import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
 from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, ClosureTree,
-                          CrossEntropyTagger, DotAttention,
+                          CRFTagger, CrossEntropyTagger, DotAttention,
                           FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
                           MemorySlots, MessagePassing, NodeLossTree, RecursiveNet, ScalarMath,
                           ScoredChildren, Seq2SeqAttention, TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN,
@@ -673,6 +673,11 @@ def case_memory_slots(seed=0, n=6, hidden=HIDDEN):
                 [_table(seed, dim=hidden)], notes="each sample's own (slots, H) state per token")
 
 
+def case_crf(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(CRFTagger(CLASSES), seed), _sentences(seed, n), [_table(seed)],
+                notes="a CRF's forward algorithm over (C, C) scores per token")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -721,6 +726,7 @@ CASES = {
     "scored_children": case_scored_children,
     "closure_tree": case_closure_tree,
     "memory_slots": case_memory_slots,
+    "crf": case_crf,
 }
 
 
