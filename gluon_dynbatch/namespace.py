@@ -58,6 +58,8 @@ class RecordingNamespace:
                 value = _split(self, _operator(rec, op))
             elif path == ("transpose",):
                 value = _transpose(self, _operator(rec, op))
+            elif path == ("LeakyReLU",):
+                value = _leaky_relu(self, _operator(rec, op))
             else:
                 value = _operator(rec, op)
             value.__name__ = name
@@ -205,6 +207,33 @@ def _transpose(ns, operator):
                 return ns.reshape(args[0], shape=(shape[1], shape[0]))
         return operator(*args, **kwargs)
     return transpose
+
+
+def _leaky_relu(ns, operator):
+    """``F.LeakyReLU(x, gamma, act_type="prelu")`` (``nn.PReLU``) recorded as
+    ``relu(x) + gamma * (x - relu(x))``: the same values and gradients.
+
+    MXNet 1.9.1 loses part of ``gamma``'s gradient when a prelu runs inside a
+    CachedOp (two of them in one graph, or one beside another input), and
+    programs and compiled plans are CachedOps.
+    """
+    def leaky_relu(*args, **kwargs):
+        if kwargs.get("act_type") == "prelu" and len(args) <= 2 \
+                and set(kwargs) <= {"data", "gamma", "act_type", "name"}:
+            named = dict(zip(("data", "gamma"), args), **kwargs)
+            data, gamma = named.get("data"), named.get("gamma")
+            if isinstance(data, NDArray) and isinstance(gamma, NDArray) \
+                    and len(data.shape) >= 2 and len(gamma.shape) == 1:
+                return _one_call(ns, _prelu, data, gamma)
+        return operator(*args, **kwargs)
+    return leaky_relu
+
+
+def _prelu(ns, data, gamma):
+    # gamma runs along axis 1 (channels), as MXNet's prelu broadcasts it.
+    gamma = ns.reshape(gamma, shape=(1, -1) + (1,) * (len(data.shape) - 2))
+    positive = ns.relu(data)
+    return positive + ns.broadcast_mul(gamma, data - positive)
 
 
 def _dot(ns, operator):

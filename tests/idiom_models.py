@@ -7,6 +7,7 @@ messages summed over a graph's neighbours, ``nn.Embedding`` and
 ``nn.LayerNorm`` children.  Each batches
 as eager Gluon computes it; ``user_models.CASES`` holds their cases.
 """
+import mxnet as mx
 from mxnet import gluon
 from mxnet.gluon import nn, rnn
 
@@ -583,3 +584,24 @@ class CRFTagger(gdb.DynBatchBlock):
             gold = gold + F.pick(scores[t:t + 1], F.array(tags[t:t + 1]), axis=1)
         top = F.max(alpha, axis=1)
         return top + F.log(F.sum(F.exp(F.broadcast_sub(alpha, top.reshape((1, 1)))))) - gold
+
+
+class ActivationTree(gdb.DynBatchBlock):
+    """Gluon's activation blocks in a tree: ``nn.PReLU`` (one slope, and one per
+    channel), ``nn.LeakyReLU``, ``nn.ELU`` and ``nn.Activation``."""
+
+    def __init__(self, hidden, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(hidden)
+            self.u = nn.Dense(hidden, use_bias=False)
+            self.prelu = nn.PReLU()
+            self.channel_prelu = nn.PReLU(mx.init.Uniform(0.5), in_channels=hidden)
+            self.leaky, self.elu = nn.LeakyReLU(0.1), nn.ELU()
+            self.act = nn.Activation("softrelu")
+
+    def hybrid_forward(self, F, tree, emb):
+        x = self.prelu(self.inp(emb[tree.word:tree.word + 1]))
+        for child in tree.children:
+            x = x + self.leaky(self.u(self(child, emb)))
+        return self.act(self.elu(self.channel_prelu(x)))

@@ -136,6 +136,7 @@ class FuzzNet(gdb.DynBatchBlock):
             self.embed = self.params.get("embed", shape=(VOCAB, W))
             self.row = self.params.get("row", shape=(1, W))
             self.vec = self.params.get("vec", shape=(W,))
+            self.prelu = gluon.nn.PReLU()
 
     def hybrid_forward(self, F, node, table, mat, embed, row, vec):
         # pylint: disable=arguments-differ
@@ -185,6 +186,12 @@ class FuzzNet(gdb.DynBatchBlock):
             v = F.tanh(F.dot(mat, a[0]) + 0.5 * F.dot(a[0], mat) + vec)
             low, high = F.split(F.concat(v, v * 2, dim=0), num_outputs=2, axis=0)
             return [a + (low * high).reshape((1, -1))]
+        if op == "act":                        # nn.PReLU; a row spread by broadcast_like
+            return [self.prelu(a) + 0.5 * F.broadcast_like(a[0:1], a)]
+        if op == "crf":                        # a row transposed against a (W, W) Parameter
+            paths = F.broadcast_add(F.transpose(a[0:1]), mat)
+            total = F.log(F.sum(F.exp(paths), axis=0, keepdims=True))
+            return [a + 0.1 * F.broadcast_like(total, a)]
         if op == "direct":                     # mx.nd called directly (Gluon's unroll)
             return [mx.nd.tanh(a) * 2]
         if op == "layernorm":
@@ -338,7 +345,7 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "softmax1", "logsoftmax1", "reverse1", "clip", "split", "reshape", "opaque",
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
            "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale",
-           "vector")
+           "vector", "act", "crf")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
              "childsum", "childtotal", "attend")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")

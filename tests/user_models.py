@@ -21,12 +21,12 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
-from idiom_models import (AttentivePooling, BiGRUTagger, CharWordTagger, ClosureTree,
-                          CRFTagger, CrossEntropyTagger, DotAttention,
+from idiom_models import (ActivationTree, AttentivePooling, BiGRUTagger, CharWordTagger,
+                          ClosureTree, CRFTagger, CrossEntropyTagger, DotAttention,
                           FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
                           MemorySlots, MessagePassing, NodeLossTree, RecursiveNet, ScalarMath,
-                          ScoredChildren, Seq2SeqAttention, TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN,
-                          VectorTreeLSTM, WeightData)
+                          ScoredChildren, Seq2SeqAttention, TaggerLoss, TopDownTree,
+                          UnrollEncoder, VectorRNN, VectorTreeLSTM, WeightData)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
@@ -678,6 +678,11 @@ def case_crf(seed=0, n=6, hidden=HIDDEN):
                 notes="a CRF's forward algorithm over (C, C) scores per token")
 
 
+def case_activations(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(ActivationTree(hidden), seed), _trees(seed, n), [_table(seed)],
+                notes="nn.PReLU, nn.LeakyReLU, nn.ELU, nn.Activation")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -727,6 +732,7 @@ CASES = {
     "closure_tree": case_closure_tree,
     "memory_slots": case_memory_slots,
     "crf": case_crf,
+    "activations": case_activations,
 }
 
 
