@@ -3,8 +3,9 @@
 A frame is one call of a DynBatchBlock's ``hybrid_forward``; frames of the
 same Python path share a template.  Users also recurse through
 
-* helper methods, ``def encode(self, F, node)`` calling itself (directly or
-  through another helper): wrapped when the class is created;
+* helper methods, ``def encode(self, F, node)`` or ``encode(self, node)``
+  calling itself (directly or through another helper): wrapped when the
+  class is created;
 * nested functions, ``def rec(node)`` inside ``hybrid_forward`` calling
   itself: each call of ``hybrid_forward`` makes a new closure, so the
   closure is wrapped while the call runs (``watch_closures``).
@@ -25,18 +26,20 @@ _LAZY_BODIES = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GE
 
 def recursive_helpers(methods):
     """Names of the recursive helpers among ``methods`` (a class's namespace):
-    plain functions taking ``(self, F, ...)`` that call themselves by name,
-    directly or through other such helpers.
+    plain functions taking ``self`` that call themselves by name, directly or
+    through other such helpers.
 
-    ``def encode(self, F, node)`` recursing over a tree from ``hybrid_forward``
+    ``def encode(self, F, node)`` (or ``encode(self, node)``, calling child
+    blocks and fluent methods) recursing over a tree from ``hybrid_forward``
     records each node as ``self(child)`` would: as a frame of its own, so that
-    the nodes of every tree share templates.
+    the nodes of every tree share templates.  Inside a scope a helper without
+    operators costs a frame per call and changes nothing else.
     """
     helpers = {name: value.__code__ for name, value in methods.items()
                if isinstance(value, types.FunctionType) and not name.startswith("__")
                and name not in ("hybrid_forward", "forward")
                and not value.__code__.co_flags & _LAZY_BODIES
-               and value.__code__.co_argcount >= 2 and value.__code__.co_varnames[1] == "F"}
+               and value.__code__.co_argcount >= 1}
     calls = {name: {other for other in helpers if _names_in(code, other)}
              for name, code in helpers.items()}
     return {name for name in helpers if name in _reachable(calls, name)}

@@ -605,3 +605,25 @@ class ActivationTree(gdb.DynBatchBlock):
         for child in tree.children:
             x = x + self.leaky(self.u(self(child, emb)))
         return self.act(self.elu(self.channel_prelu(x)))
+
+
+class MethodTree(gdb.DynBatchBlock):
+    """DyNet's style: a recursive method without ``F`` (``expr_for_tree``) calling
+    child blocks and fluent methods, the root's result classified in
+    ``hybrid_forward``."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(hidden)
+            self.u = nn.Dense(hidden, use_bias=False)
+            self.out = nn.Dense(classes)
+
+    def expr_for_tree(self, tree, emb):
+        x = self.inp(emb[tree.word:tree.word + 1])
+        for child in tree.children:
+            x = x + self.u(self.expr_for_tree(child, emb))
+        return x.tanh()
+
+    def hybrid_forward(self, F, tree, emb):
+        return F.log_softmax(self.out(self.expr_for_tree(tree, emb)))

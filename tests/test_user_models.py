@@ -470,8 +470,11 @@ def test_which_methods_are_recursive_helpers():
     def leaf(self, F, x):
         return F.tanh(x)
 
-    def no_f(self, node):
+    def no_f(self, node):               # recursive without F: a helper too
         return self.no_f(node)
+
+    def once(self, node):
+        return node
 
     def node(self, F, tree):            # node -> kids -> node
         return self.kids(F, tree) and self.leaf(F, tree)
@@ -485,15 +488,16 @@ def test_which_methods_are_recursive_helpers():
             yield from self.visit(F, child)
 
     found = recursive_helpers({"walk": walk, "leaf": leaf, "no_f": no_f, "hybrid_forward": walk,
-                               "node": node, "kids": kids, "visit": visit})
-    assert found == {"walk", "node", "kids"}     # by name, also inside comprehensions
+                               "node": node, "kids": kids, "visit": visit, "once": once})
+    assert found == {"walk", "node", "kids", "no_f"}  # by name, also inside comprehensions
     assert um.TopDownTree.encode.__wrapped__ is not um.TopDownTree.encode
 
 
-def test_recursion_through_a_nested_function_records_a_frame_per_call():
-    # encode() is a closure made anew by each hybrid_forward call; its recursive
-    # calls are still frames, so trees of every shape batch node by node.
-    case = um.CASES["closure_tree"](n=12)
+@pytest.mark.parametrize("name", ["closure_tree", "method_tree"])
+def test_recursion_through_a_nested_function_or_a_method_records_a_frame_per_call(name):
+    # A closure made anew by each hybrid_forward call, or a method without F:
+    # their recursive calls are frames, so trees of every shape batch node by node.
+    case = um.CASES[name](n=12)
     outs, scope = _second_scope(case)
     assert all(o.shape == (1, um.CLASSES) for o in outs)
     tree_nodes = sum(len(list(tree.nodes())) for tree in case.samples)

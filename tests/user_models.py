@@ -24,8 +24,8 @@ from examples.sick_model import OpByOpTreeLSTM
 from idiom_models import (ActivationTree, AttentivePooling, BiGRUTagger, CharWordTagger,
                           ClosureTree, CRFTagger, CrossEntropyTagger, DotAttention,
                           FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
-                          MemorySlots, MessagePassing, NodeLossTree, RecursiveNet, ScalarMath,
-                          ScoredChildren, Seq2SeqAttention, TaggerLoss, TopDownTree,
+                          MemorySlots, MessagePassing, MethodTree, NodeLossTree, RecursiveNet,
+                          ScalarMath, ScoredChildren, Seq2SeqAttention, TaggerLoss, TopDownTree,
                           UnrollEncoder, VectorRNN, VectorTreeLSTM, WeightData)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
@@ -683,6 +683,11 @@ def case_activations(seed=0, n=6, hidden=HIDDEN):
                 notes="nn.PReLU, nn.LeakyReLU, nn.ELU, nn.Activation")
 
 
+def case_method_tree(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(MethodTree(hidden, CLASSES), seed), _trees(seed, n), [_table(seed)],
+                notes="a recursive method without F, as DyNet code has it")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -733,6 +738,7 @@ CASES = {
     "memory_slots": case_memory_slots,
     "crf": case_crf,
     "activations": case_activations,
+    "method_tree": case_method_tree,
 }
 
 
