@@ -340,7 +340,8 @@ _BY_HANDLE = {}         # operator handle -> (OpDef, arrays it takes) or None
 
 
 def _operator_names():
-    """Every operator handle (as the int the generated functions pass) -> its name."""
+    """Every operator handle (as the int the generated functions pass) -> its
+    names (an operator has aliases: ``SequenceMask`` is ``_npx_sequence_mask``)."""
     size, names = ctypes.c_uint(), ctypes.POINTER(ctypes.c_char_p)()
     check_call(_LIB.MXListAllOpNames(ctypes.byref(size), ctypes.byref(names)))
     found = {}
@@ -348,7 +349,7 @@ def _operator_names():
         name = py_str(names[i])
         handle = OpHandle()
         check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
-        found[handle.value] = name
+        found.setdefault(handle.value, []).append(name)
     return found
 
 
@@ -360,12 +361,16 @@ def _direct_op(handle):
     if found is _UNKNOWN:
         if not _NAMES:
             _NAMES.update(_operator_names())
-        name = _NAMES.get(handle)
-        found = _BY_HANDLE[handle] = _resolve_direct(name) if name else None
+        found = None
+        for name in _NAMES.get(handle, ()):
+            found = _resolve_direct(name)
+            if found is not None:
+                break
+        _BY_HANDLE[handle] = found
     return found
 
 
-_NAMES = {}             # operator handle -> name, read once
+_NAMES = {}             # operator handle -> its names, read once
 _UNKNOWN = object()
 
 
@@ -395,6 +400,9 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
         # array out (``bias=None``) cannot be replayed positionally.
         if found is not None and (found[1] is None or found[1] == len(ndargs)):
             kwargs = dict(zip(keys, vals))
+            if found[0].name == "LeakyReLU" and kwargs.get("act_type") == "prelu" \
+                    and len(ndargs) == 2:
+                return _one_call(rec.F, _prelu, *ndargs)     # see _leaky_relu
             result = rec.call_op(found[0], tuple(ndargs), kwargs)
             if output_is_list and not isinstance(result, list):
                 result = [result]

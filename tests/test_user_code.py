@@ -7,6 +7,7 @@ from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
 from gluon_dynbatch.scope import READS_BEFORE_EAGER
+from dynbatch_testing import assert_same, run_model
 
 
 def _inputs(n, seed=0):
@@ -273,7 +274,37 @@ class DirectCalls(gdb.DynBatchBlock):
             # The bias left out: arrays go by position, so this call cannot be
             # recorded; its arrays are read and the answer is the same.
             b = mx.nd.FullyConnected(b, self.dense.weight.data(), no_bias=True, num_hidden=4)
+        # Operators whose last registered name is a numpy alias (_npx_...).
+        a = mx.nd.Activation(mx.nd.FullyConnected(a, self.dense.weight.data(),
+                                                  self.dense.bias.data(), num_hidden=4),
+                             act_type="softrelu")
         return mx.nd.tanh(a) * mx.nd.sigmoid(b)
+
+
+class DirectPReLU(gdb.DynBatchBlock):
+    """``mx.nd.LeakyReLU(..., act_type="prelu")`` called directly, twice, with a
+    slope Parameter after a layer."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+            self.slope = self.params.get("slope", shape=(1,), init=mx.init.Constant(0.25))
+
+    def hybrid_forward(self, F, x, slope):
+        h = mx.nd.LeakyReLU(self.dense(x), gamma=slope, act_type="prelu")
+        return h + mx.nd.LeakyReLU(self.dense(h), gamma=slope, act_type="prelu")
+
+
+@pytest.mark.parametrize("compiled", [False, True, "step"])
+def test_direct_prelu_calls_keep_the_slope_gradient(compiled):
+    model = DirectPReLU()
+    model.initialize(mx.init.Uniform(1.0))
+    xs = _inputs(5, seed=3)
+    expected = run_model(model, xs, [], "eager")
+    got = run_model(model, xs, [], "depth", compiled)
+    assert_same(got, expected)
+    assert got[2].reads == 0
 
 
 def _eager_and_batched(model, xs, compiled):
