@@ -8,6 +8,7 @@ Outside a scope LazyArray behaves exactly as NDArray.
 import operator
 
 import numpy as np
+import mxnet as mx
 from mxnet import autograd, nd
 from mxnet.base import MXNetError
 
@@ -195,7 +196,11 @@ def _fluent(name, op_name=None):
         rec = current()
         if rec is None:
             return base(self, *args, **kwargs)
-        return rec.call_op(opdef(*op_path), (self,) + args, kwargs)
+        op = opdef(*op_path)
+        args = (self,) + args
+        if op.arrays is not None and len(args) > op.arrays:   # x.sum(1), x.swapaxes(0, 1)
+            args, kwargs = op.named(args, kwargs)
+        return rec.call_op(op, args, kwargs)
     method.__name__ = name
     return method
 
@@ -256,6 +261,21 @@ def _copy(self):
     return rec.call_op(opdef("identity"), (self,), {})
 
 
+def _detach(self):
+    rec = current()
+    if rec is None or self._h is not None:      # computed: MXNet's own detach
+        return nd.NDArray.detach(self)
+    return rec.F.BlockGrad(self)        # pending: the same values, no gradient
+
+
+def _copyto(self, other):
+    rec = current()
+    if rec is None or self._h is not None or not isinstance(other, mx.Context) \
+            or other != self.context:
+        return nd.NDArray.copyto(self, other)
+    return _copy(self)
+
+
 def _T(self):  # pylint: disable=invalid-name
     rec = current()
     if rec is None:
@@ -266,6 +286,8 @@ def _T(self):  # pylint: disable=invalid-name
 LazyArray.reshape = _reshape
 LazyArray.astype = _astype
 LazyArray.copy = _copy
+LazyArray.detach = _detach
+LazyArray.copyto = _copyto
 LazyArray.T = property(_T)
 
 

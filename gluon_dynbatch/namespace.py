@@ -72,8 +72,11 @@ class RecordingNamespace:
 def _operator(rec, op):
     """``F.<op>``: into the frame recording now (its short path), else the recorder."""
     modes = context.MODE_CHANGES
+    arrays = op.arrays if op.arrays is not None else 1 << 30
 
     def operator(*args, **kwargs):
+        if len(args) > arrays:              # attributes given by position
+            args, kwargs = op.named(args, kwargs)
         frame = rec.frame
         if frame is not None and rec._mode_seen == modes[0]:  # pylint: disable=W0212
             return frame.op(op, args, kwargs)
@@ -86,6 +89,8 @@ def _slice_axis(rec, op):
     modes = context.MODE_CHANGES
 
     def slice_axis(*args, **kwargs):
+        if len(args) > 1:                   # attributes given by position
+            args, kwargs = op.named(args, kwargs)
         axis = kwargs.get("axis")
         if type(axis) is int and axis != 0:     # columns: an operator like any other
             frame = rec.frame

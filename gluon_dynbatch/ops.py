@@ -6,6 +6,7 @@ inference, cached per (operator, constant arguments, input shapes, input
 dtypes); row slices and row concatenations, whose constants change with
 every call, are inferred here directly.
 """
+import inspect
 import threading
 
 import mxnet as mx
@@ -17,16 +18,59 @@ from .graph import OP, Slot
 class OpDef:
     """An MXNet operator reachable as ``mx.nd.<path>`` and ``mx.sym.<path>``."""
 
-    __slots__ = ("name", "path", "nd_fn", "sym_fn")
+    __slots__ = ("name", "path", "nd_fn", "sym_fn", "arrays", "params")
 
     def __init__(self, path):
         self.path = path
         self.name = path[-1]
         self.nd_fn = _resolve(mx.nd, path)
         self.sym_fn = _resolve(mx.sym, path)
+        self.arrays, self.params = _parameters(self.nd_fn)
+
+    def named(self, args, kwargs):
+        """``(args, kwargs)`` with the non-array arguments given by position
+        (``F.swapaxes(x, 0, 1)``, ``x.sum(1)``) moved to keywords, as rules read
+        them; unchanged when an array follows one of them."""
+        names = self.params
+        if self.arrays is None:
+            return args, kwargs
+        for k in range(self.arrays, len(args)):
+            if not isinstance(args[k], mx.nd.NDArray):
+                break
+        else:
+            return args, kwargs
+        if len(args) > len(names) \
+                or any(isinstance(a, mx.nd.NDArray) for a in args[k + 1:]):
+            return args, kwargs
+        kwargs = dict(kwargs)
+        for name, value in zip(names[k:], args[k:]):
+            if name in kwargs:
+                raise TypeError("%s() got multiple values for argument %r" % (self.name, name))
+            kwargs[name] = value
+        return args[:k], kwargs
 
     def __repr__(self):
         return "OpDef(%s)" % ".".join(self.path)
+
+
+def _parameters(fn):
+    """(number of array parameters, names of positional parameters) of a generated
+    ``mx.nd`` operator function; (None, ()) when it takes arrays variadically or
+    is not a generated function."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None, ()
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None, ()
+    names = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD
+                  and p.name not in ("out", "name"))
+    arrays = 0
+    for p in params:
+        if p.name in ("out", "name") or p.default is not None:
+            break
+        arrays += 1
+    return arrays, names
 
 
 def _resolve(module, path):

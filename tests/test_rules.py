@@ -84,6 +84,19 @@ CASES = {
     "one_hot": lambda F, x: F.one_hot(F.array([x.shape[0] % 3]), 3) * x[0:1, 0:3],
 }
 
+# Attributes given by position, as users write them: rules read them as keywords.
+CASES.update({
+    "positional_swapaxes": lambda F, x: F.swapaxes(F.tanh(x), 0, 1) * 2,
+    "positional_fluent_swapaxes": lambda F, x: F.tanh(x).swapaxes(0, 1) + 1,
+    "positional_mean_axis0": lambda F, x: F.mean(x * 3, 0, True) * x[0:1],
+    "positional_sum": lambda F, x: F.sum(x, 1, True) + x.sum(0),
+    "positional_max_axis0": lambda F, x: F.max(F.tanh(x), 0, True) * 2,
+    "positional_clip_transpose": lambda F, x: F.transpose(F.clip(x, -0.2, 0.3), (1, 0)),
+    "positional_reshape_slice": lambda F, x: F.slice_axis(F.reshape(x, (-1, 2)), 1, 0, 1),
+    "positional_split_pick": lambda F, x: F.pick(F.split(x, 2, 1)[1], F.zeros((x.shape[0],)), 1),
+    "positional_expand_dims": lambda F, x: F.expand_dims(x, 0).sum(1),
+})
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_rule_matches_per_node(name):

@@ -307,6 +307,30 @@ def test_direct_prelu_calls_keep_the_slope_gradient(compiled):
     assert got[2].reads == 0
 
 
+class Detaching(gdb.DynBatchBlock):
+    """``detach()`` and ``copyto(context)`` of pending values."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        return h * h.detach() + h.copyto(h.context) * 2
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_detach_and_copyto_of_pending_values_record_without_reading(compiled):
+    model = Detaching()
+    model.initialize(mx.init.Uniform(1.0))
+    xs = _inputs(4, seed=6)
+    expected = run_model(model, xs, [], "eager")
+    got = run_model(model, xs, [], "depth", compiled)
+    assert_same(got, expected)
+    assert got[2].reads == 0 and got[2].mean_batch_size > 1
+
+
 def _eager_and_batched(model, xs, compiled):
     with autograd.record():
         expected = [model(x) for x in xs]
