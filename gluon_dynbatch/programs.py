@@ -5,7 +5,7 @@ Recording, planning and walking cost Python time per node.  What a frame
 therefore one node whose operator is a :class:`Program` when every call in
 it batches row by row: each has a ``RowRule`` (inputs ``ROW``, ``BROW`` or
 ``SHARED``), a ``SegmentRule`` (ragged sum or mean over axis 0) or a
-``ReshapeRule``; no views, no stateful and no zero-gradient operators;
+``ReshapeRule``; no views and no stateful operators;
 parameters only ever shared (a one-row parameter that a ``broadcast_*``
 operator spreads over each call's rows, or one of each call's whole shape
 that it combines with each call's value, is shared too).
@@ -93,7 +93,7 @@ class Program:
         self.count_cols = np.array(counts, dtype=np.int64)
         self.sticky = np.zeros(len(cols), dtype=bool)
         self.sticky_sums = np.zeros(len(counts), dtype=bool)
-        self.shape_only = _shape_only_inputs(entries)
+        self.detached = _detached_inputs(entries)
         self.sticky_columns = np.zeros(sum(e.scalar for e in entries), dtype=bool)
 
     def __repr__(self):
@@ -168,14 +168,16 @@ class Program:
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def _shape_only_inputs(entries):
-    """Positions of the program's inputs that only ``zeros_like``-style entries
-    read (their shape, never their values)."""
+def _detached_inputs(entries):
+    """Positions of the program's inputs that only zero-gradient entries read
+    (``zeros_like``, ``BlockGrad``, comparisons, ``argmax``): gathered outside
+    autograd (see ``run._gather_detached``)."""
     readers = {}
     for entry in entries:
         for source in entry.sources:
             if source[0] == "in":
-                readers.setdefault(source[1], set()).add(entry.op.name in CONSTANT_LIKE)
+                readers.setdefault(source[1], set()).add(entry.op.name in NO_GRADIENT
+                                                         or entry.op.name in CONSTANT_LIKE)
     return frozenset(p for p, kinds in readers.items() if kinds == {True})
 
 
@@ -364,16 +366,14 @@ _UIDS = itertools.count()
 MAX_PROGRAMS = 4096
 
 
-#: Zero-gradient operators a program may hold: their value depends on their
-#: input's shape only, and the program's graph gives them zero gradients.
+#: Operators whose value depends on their input's shape only (their gradient
+#: is zero, as that of ``rules.NO_GRADIENT``'s).
 CONSTANT_LIKE = frozenset(("zeros_like", "ones_like"))
 
 
 def entry_kind(op, info):
     """How an entry batches inside a program, or None if it keeps a call out."""
     if info.kind != "op" or info.sig is None or info.stateful:
-        return None
-    if op.name in NO_GRADIENT and op.name not in CONSTANT_LIKE:
         return None
     if any(len(shape) == 0 for shape in info.out_shapes):
         return None

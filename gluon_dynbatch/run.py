@@ -82,7 +82,7 @@ def run_interpreted(plan, live, ctx):
     values = {}
     for kind, node0, ins, outs, count, variant in walker.steps:
         with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
-            detach = node0.op.shape_only if kind == "program" else ()
+            detach = node0.op.detached if kind == "program" else ()
             inputs = [_gather_detached(d, values, feeds) if k in detach
                       else _gather(d, values, feeds) for k, d in enumerate(ins)]
             if kind == "program":
@@ -97,8 +97,8 @@ def run_interpreted(plan, live, ctx):
 
 
 def _gather_detached(desc, values, feeds):
-    """``_gather`` outside autograd: for a program input read only for its shape
-    (``zeros_like``).
+    """``_gather`` outside autograd: for a program input that only zero-gradient
+    entries read (``zeros_like``, ``BlockGrad``, comparisons: ``Program.detached``).
 
     Its gradient is zero.  MXNet 1.9's imperative backward crashes (segfault)
     when the only gradient reaching a ``take`` of a ``concat`` is such a zero,
