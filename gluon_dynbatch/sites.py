@@ -186,9 +186,9 @@ def structure(steps):
                 readers.setdefault(ref, []).append(j)
     accumulating = set()
     for j, step in enumerate(steps):
-        if its[j] and _add_like(step) and _accumulates(its[j][-1], step, home,
-                                                        readers, its, producer):
-            accumulating.add(j)
+        if its[j] and _add_like(step) and j not in accumulating:
+            accumulating.update(_accumulates(its[j][-1], j, steps, home, readers, its,
+                                             producer))
     recurrent = set()
     for j, step in enumerate(steps):
         for ref in step.refs:
@@ -205,11 +205,13 @@ def structure(steps):
     return accumulating, _segments(its, recurrent, cells)
 
 
-def _accumulates(where, step, home, readers, its, producer):
-    """Whether addition ``step`` (in ``where``, its innermost loop's iteration)
-    carries a sum: one term not made in this iteration (from before it, or
-    an array read from outside), the other made or first read in it, and the
-    result read only after the iteration."""
+def _accumulates(where, j, steps, home, readers, its, producer):
+    """The additions that carry a sum from step ``j`` (in ``where``, its
+    innermost loop's iteration), or nothing: one term not made in this
+    iteration (from before it, or an array read from outside), the other made
+    or first read in it; then, while the result's one reader is another such
+    addition of this iteration (``total = total + a + b``), that addition too;
+    the last result read only after the iteration."""
     here = where
 
     def made_here(ref):
@@ -218,13 +220,24 @@ def _accumulates(where, step, home, readers, its, producer):
     def new_here(ref):
         return here in home.get(ref, ())
 
-    if len(step.refs) == 1:                 # 0 + x: the zero is from before
-        if not new_here(step.refs[0]):
-            return False
-    elif not any(not made_here(a) and new_here(b)
-                 for a, b in (step.refs, step.refs[::-1])):
-        return False
-    return all(here not in its[j] for j in readers.get(step.outs[0], ()))
+    refs = steps[j].refs
+    if len(refs) == 1:                      # 0 + x: the zero is from before
+        if not new_here(refs[0]):
+            return ()
+    elif not any(not made_here(a) and new_here(b) for a, b in (refs, refs[::-1])):
+        return ()
+    chain = [j]
+    while True:
+        out = steps[chain[-1]].outs[0]
+        after = readers.get(out, ())
+        if all(here not in its[k] for k in after):
+            return chain
+        k = after[0]
+        if len(after) != 1 or not _add_like(steps[k]) or here not in its[k] \
+                or not any(a == out and new_here(b)
+                           for a, b in (steps[k].refs, steps[k].refs[::-1])):
+            return ()
+        chain.append(k)
 
 
 def _segments(its, recurrent, cells):

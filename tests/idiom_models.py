@@ -627,3 +627,26 @@ class MethodTree(gdb.DynBatchBlock):
 
     def hybrid_forward(self, F, tree, emb):
         return F.log_softmax(self.out(self.expr_for_tree(tree, emb)))
+
+
+class FeedbackTree(gdb.DynBatchBlock):
+    """Zero-gradient operators inside a node's calls: a child's predicted class fed
+    back as ``F.one_hot(F.argmax(...))``, a mask ``F.where(k > 0, ...)``, and
+    ``k.detach()`` / ``F.stop_gradient``; several terms added per child."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.classes = classes
+        with self.name_scope():
+            self.inp = nn.Dense(hidden)
+            self.cls = nn.Dense(classes)
+            self.back = nn.Dense(hidden)
+
+    def hybrid_forward(self, F, tree, emb):
+        x = self.inp(emb[tree.word:tree.word + 1])
+        for child in tree.children:
+            k = self(child, emb)
+            guess = F.one_hot(F.argmax(self.cls(k), axis=1), self.classes)
+            x = x + self.back(guess) + F.where(k > 0, k, 0.5 * k) \
+                + 0.1 * k.detach() + 0.1 * F.stop_gradient(k * 2)
+        return F.tanh(x)

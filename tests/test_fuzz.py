@@ -278,6 +278,11 @@ class FuzzNet(gdb.DynBatchBlock):
             for child in self._kids:
                 total = total + F.tanh(child[0])
             return [F.mean(a, axis=0, keepdims=True) + total]
+        if op == "childterms":                 # several terms added per child
+            acc = F.mean(a, axis=0, keepdims=True)
+            for child in self._kids:
+                acc = acc + F.tanh(child[0]) + 0.5 * child[0] + self.dense(child[0])
+            return [acc]
         if op == "childsum":                   # Python's sum over the children
             kids = sum(F.tanh(child[0]) for child in self._kids) if self._kids else 0.0
             return [F.mean(a, axis=0, keepdims=True) + kids]
@@ -347,7 +352,7 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale",
            "vector", "act", "crf")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
-             "childsum", "childtotal", "attend")
+             "childsum", "childtotal", "childterms", "attend")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")
 # Operators whose gradient is zero (BlockGrad, floor, comparisons); they once
 # crashed MXNet's backward after the imperative executor's concat + take gather
@@ -388,7 +393,7 @@ def programs(draw, rows, max_len=5):
         a = draw(st.integers(0, len(shapes) - 1))
         ra = shapes[a]
         if op in ("max0", "lse0", "sum0", "mean0", "chain", "childloop", "childsum",
-                  "childtotal", "attend"):
+                  "childtotal", "childterms", "attend"):
             ins, out = (op, a), 1
         elif op == "rows":
             start = draw(st.integers(0, ra - 1))

@@ -555,6 +555,20 @@ def test_a_crf_forward_step_is_one_program_per_token():
     assert len(forward) >= longest - 2
 
 
+def _depth(tree):
+    return 1 + max((_depth(child) for child in tree.children), default=0)
+
+
+def test_zero_gradient_operators_and_several_terms_per_child_make_one_program():
+    # one_hot(argmax(...)), a comparison, detach() and stop_gradient, and
+    # x = x + a + b + ... per child: one program for nodes of any child count.
+    case = um.CASES["feedback"](n=12)
+    outs, scope = _second_scope(case)
+    assert scope.stats.reads == 0
+    depth = max(_depth(tree) for tree in case.samples)
+    assert scope.stats.steps <= 2 * depth + 2
+
+
 def test_softmax_cross_entropy_of_each_token_batches():
     case = um.CASES["cross_entropy"](n=12)
     outs, scope = _second_scope(case)

@@ -22,7 +22,7 @@ import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
 from idiom_models import (ActivationTree, AttentivePooling, BiGRUTagger, CharWordTagger,
-                          ClosureTree, CRFTagger, CrossEntropyTagger, DotAttention,
+                          ClosureTree, CRFTagger, CrossEntropyTagger, DotAttention, FeedbackTree,
                           FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
                           MemorySlots, MessagePassing, MethodTree, NodeLossTree, RecursiveNet,
                           ScalarMath, ScoredChildren, Seq2SeqAttention, TaggerLoss, TopDownTree,
@@ -688,6 +688,11 @@ def case_method_tree(seed=0, n=6, hidden=HIDDEN):
                 notes="a recursive method without F, as DyNet code has it")
 
 
+def case_feedback(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(FeedbackTree(hidden, CLASSES), seed), _trees(seed, n), [_table(seed)],
+                notes="one_hot(argmax), F.where(k > 0, ...), detach() in each node")
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -739,6 +744,7 @@ CASES = {
     "crf": case_crf,
     "activations": case_activations,
     "method_tree": case_method_tree,
+    "feedback": case_feedback,
 }
 
 
