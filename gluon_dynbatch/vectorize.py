@@ -31,7 +31,7 @@ import numpy as np
 
 from .graph import slot
 from .ops import Stand, opdef
-from .rules import BROW, SHARED
+from .rules import BROW, SHARED, ReshapeRule
 
 _ADDS = frozenset(["broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus"])
 _NARY_ADDS = frozenset(["add_n", "ElementWiseSum"])
@@ -266,6 +266,10 @@ def _signature(op_unit):
     step = op_unit.step
     info = step.info
     if info.kind != "op" or info.sig is None or info.rule.batching != "rows":
+        return None
+    if isinstance(info.rule, ReshapeRule):
+        # A reshape's target names each call's rows: on stacked rows its analysis
+        # (the group's output shape) would be wrong.
         return None
     shared = tuple(step.refs[k] if type(step.refs[k]) is int else id(step.refs[k][1])
                    for k in info.shared_pos)

@@ -96,6 +96,14 @@ CASES.update({
     "positional_split_pick": lambda F, x: F.pick(F.split(x, 2, 1)[1], F.zeros((x.shape[0],)), 1),
     "positional_expand_dims": lambda F, x: F.expand_dims(x, 0).sum(1),
 })
+# The same reshape of one value twice in a call (the fuzzer found it through two
+# transposes of a row): each is its own call, whatever follows.
+CASES.update({
+    "reshape_twice": lambda F, x: [F.tanh(F.reshape(x[0:1], (4, 1))),
+                                   F.tanh(F.reshape(x[0:1], (4, 1)))],
+    "transpose_row_twice": lambda F, x: [F.transpose(F.tanh(F.transpose(x[0:1]))),
+                                         F.transpose(F.tanh(F.transpose(x[0:1])))],
+})
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
