@@ -40,9 +40,9 @@ class _Entry:
     """One operator of a program: what ``call_as_recorded`` and the rules read."""
 
     __slots__ = ("op", "args", "kwargs", "out_shapes", "out_dtypes", "dtype", "rule", "form",
-                 "sources", "brow", "vector", "scalar")
+                 "sources", "brow", "blocks", "scalar")
 
-    def __init__(self, op, args, kwargs, info, form, sources, brow, vector, scalar):
+    def __init__(self, op, args, kwargs, info, form, sources, brow, blocks, scalar):
         self.op, self.args, self.kwargs = op, args, kwargs
         self.out_shapes = info.out_shapes    # of the first concrete call: tails are read
         self.out_dtypes = info.out_dtypes
@@ -51,7 +51,7 @@ class _Entry:
         self.form = form                # "rows", "segment" or "reshape" (entry_kind)
         self.sources = sources          # ("in", position) or ("e", entry, output)
         self.brow = brow                # input positions with the BROW role
-        self.vector = vector            # positions of 1-d vector parameters (_shared_vector)
+        self.blocks = blocks            # positions of parameters shared as blocks (_shared_block)
         self.scalar = scalar            # its number is per call (_scalar_form), not constant
 
 
@@ -144,8 +144,8 @@ class Program:
                 column = next(extra) if number is None else None
                 results.append([_scalar_call(F, entry, ins[0], number, column)])
                 continue
-            if entry.vector:
-                results.append(_vector_call(F, entry, ins))
+            if entry.blocks:
+                results.append(_block_call(F, entry, ins))
                 continue
             results.append(entry.rule.batched_call(F, entry, ins))
         return [results[j][idx] for j, idx in self.exports]
@@ -176,8 +176,7 @@ def _detached_inputs(entries):
     for entry in entries:
         for source in entry.sources:
             if source[0] == "in":
-                readers.setdefault(source[1], set()).add(entry.op.name in NO_GRADIENT
-                                                         or entry.op.name in CONSTANT_LIKE)
+                readers.setdefault(source[1], set()).add(entry.op.name in NO_GRADIENT)
     return frozenset(p for p, kinds in readers.items() if kinds == {True})
 
 
@@ -339,12 +338,12 @@ def _scalar_form(op, args, kwargs, kind, info):
     return float(number) if isinstance(number, (int, float)) else None
 
 
-def _vector_call(F, entry, ins):
+def _block_call(F, entry, ins):
     """A ``broadcast_*`` entry with parameters of each call's whole shape over
     N calls' rows: the rows laid out (N, rows, ...), each such parameter as one
-    (1, rows, ...) block (see ``_shared_vector``)."""
+    (1, rows, ...) block (see ``_shared_block``)."""
     rows = entry.out_shapes[0][0]
-    ins = [F.reshape(x, shape=(-4, 1, -1, -2)) if p in entry.vector
+    ins = [F.reshape(x, shape=(-4, 1, -1, -2)) if p in entry.blocks
            else F.reshape(x, shape=(-4, -1, rows, -2)) for p, x in enumerate(ins)]
     return [F.reshape(out, shape=(-3, -2)) for out in call_as_recorded(F, entry, ins)]
 
@@ -364,11 +363,6 @@ _PROGRAMS = {}
 _PROGRAMS_LOCK = threading.Lock()
 _UIDS = itertools.count()
 MAX_PROGRAMS = 4096
-
-
-#: Operators whose value depends on their input's shape only (their gradient
-#: is zero, as that of ``rules.NO_GRADIENT``'s).
-CONSTANT_LIKE = frozenset(("zeros_like", "ones_like"))
 
 
 def entry_kind(op, info):
@@ -442,8 +436,8 @@ def build(entries, exports, arg_shapes, name, param_shapes=()):
                         for r in refs)
         brow = tuple(p for p, role in enumerate(entry_roles)
                      if role == BROW and refs[p][0] != "x")
-        vector = tuple(p for p, role in enumerate(entry_roles) if refs[p][0] == "x"
-                       and _shared_vector(op, refs, refs[p], role, info, param_shapes))
+        blocks = tuple(p for p, role in enumerate(entry_roles) if refs[p][0] == "x"
+                       and _shared_block(op, refs, refs[p], role, info, param_shapes))
         for p in brow:
             site_rows += [rows_of[refs[p]], info.out_shapes[0][0]]
         if kind == _SEGMENT:
@@ -452,7 +446,7 @@ def build(entries, exports, arg_shapes, name, param_shapes=()):
         if number is not None:
             scalars.append(number)
             scalar_rows.append(info.out_shapes[0][0])
-        program.append((op, args, kwargs, info, kind, sources, brow, vector, number is not None))
+        program.append((op, args, kwargs, info, kind, sources, brow, blocks, number is not None))
     exports = tuple(exports)
     if not exports:
         return None
@@ -478,9 +472,9 @@ def _use_ok(ref, role, arg_role, arg_shapes):
 def _shared_param(op, refs, ref, role, info, param_shapes):
     """Whether parameter ``ref`` is passed once to a batch of an entry although
     its role is not SHARED: a one-row BROW (``_shared_row``) or a block of each
-    call's shape (``_shared_vector``)."""
+    call's shape (``_shared_block``)."""
     return (role == BROW and _shared_row(op, ref, param_shapes)) \
-        or _shared_vector(op, refs, ref, role, info, param_shapes)
+        or _shared_block(op, refs, ref, role, info, param_shapes)
 
 
 def _shared_row(op, ref, param_shapes):
@@ -497,7 +491,7 @@ broadcast_plus broadcast_minus broadcast_maximum broadcast_minimum broadcast_pow
 broadcast_hypot broadcast_mod""".split())
 
 
-def _shared_vector(op, refs, ref, role, info, param_shapes):
+def _shared_block(op, refs, ref, role, info, param_shapes):
     """Whether parameter ``ref`` has each call's whole output shape and a binary
     ``broadcast_*`` operator combines it with a value of each call: a 1-d
     vector (``W . x + b`` on vectors) or a matrix (a CRF's transitions added
@@ -531,10 +525,10 @@ def _intern(program, exports, roles, name):
     # A scalar entry's number is the call's own (``ProgramInfo.scalars``), and a
     # reshape keeps each call's rows (its target's first axis is theirs): their
     # keys hold the trailing shapes and dtypes their signatures would.
-    key = (tuple((op.path, kind, sources, vector)
+    key = (tuple((op.path, kind, sources, blocks)
                  + (("rows", tuple(s[1:] for s in info.out_shapes), info.out_dtypes)
                     if scalar or kind == _RESHAPE else (info.attrs, info.sig))
-                 for op, _a, _k, info, kind, sources, _b, vector, scalar in program),
+                 for op, _a, _k, info, kind, sources, _b, blocks, scalar in program),
            exports, roles)
     with _PROGRAMS_LOCK:
         found = _PROGRAMS.get(key)

@@ -77,27 +77,17 @@ def _names_in(code, name):
                for const in code.co_consts)
 
 
-def helper_frames(function):
-    """``function`` (a recursive helper) recording each call as a frame inside a scope."""
+def helper_frames(function, block=None):
+    """``function`` recording each call as a frame inside a scope: a recursive
+    helper method (its block is its ``self``), or a closure of ``block``."""
     @functools.wraps(function)
-    def helper(self, *args, **kwargs):
-        rec = context.TLS.recorder
-        if rec is None or rec.depth == 0 or rec.eager or not rec.frames_on():
-            return function(self, *args, **kwargs)
-        return self._record_helper(rec, function, (self,) + args, kwargs)  # pylint: disable=W0212
-    return helper
-
-
-def _closure_frames(block, function):
-    """The closure ``function`` recording each call as a frame of ``block``."""
-    @functools.wraps(function)
-    def closure(*args, **kwargs):
+    def helper(*args, **kwargs):
         rec = context.TLS.recorder
         if rec is None or rec.depth == 0 or rec.eager or not rec.frames_on():
             return function(*args, **kwargs)
-        return block._record_helper(rec, function, args, kwargs)  # pylint: disable=W0212
-    closure.frames_of = function
-    return closure
+        owner = args[0] if block is None else block
+        return owner._record_helper(rec, function, args, kwargs)  # pylint: disable=W0212
+    return helper
 
 
 def watch_closures(block, codes):
@@ -139,7 +129,7 @@ def _wrap_in_cell(block, frame, name):
     if not isinstance(function, types.FunctionType) or function.__code__ is not frame.f_code:
         return
     cell = function.__closure__[function.__code__.co_freevars.index(name)]
-    wrapped = _closure_frames(block, function)
+    wrapped = helper_frames(function, block)
     cell.cell_contents = wrapped
     # The tracer's caller writes ``f_locals`` back into the frame's cells.
     locals_[name] = wrapped
