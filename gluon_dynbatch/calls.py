@@ -17,6 +17,10 @@ from .rules import ALONE, intern, rule_for
 MODAL = frozenset(["BatchNorm"])
 # Operators that update state in training mode: kept in recording order.
 STATEFUL = frozenset(["BatchNorm"])
+# Additions: chains of them become segment sums (``sums.py``).
+ADDS = frozenset(["broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus",
+                  "_grad_add"])
+NARY = frozenset(["add_n", "ElementWiseSum"])
 
 INFOS = {}          # call shape -> CallInfo (of cacheable calls)
 _INFOS_LOCK = threading.Lock()
@@ -43,13 +47,16 @@ class CallInfo:
         shape) or depends on autograd's mode.
     stateful : bool
         The operator updates state in training mode.
+    link : bool
+        The call adds one-row values of its shape (``sums.is_link``).
     """
 
     __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
-                 "shared_pos", "cacheable", "stateful")
+                 "shared_pos", "cacheable", "stateful", "link")
 
     def __init__(self, op, out_shapes, out_dtypes, attrs, signature, cacheable):
         self.stateful = op.name in STATEFUL
+        self.link = False
         self.out_shapes, self.out_dtypes = out_shapes, out_dtypes
         self.attrs, self.cacheable = attrs, cacheable
         self.shared_pos = ()
@@ -88,8 +95,39 @@ def analyse(node, in_shapes, in_dtypes):
     deferred = _finish_deferred(node.inputs, inferred)
     node.out_shapes, node.out_dtypes, node.attrs = out_shapes, out_dtypes, attrs
     signature = rule_for(op.name).signature(node)
-    return CallInfo(op, out_shapes, out_dtypes, attrs, signature,
+    info = CallInfo(op, out_shapes, out_dtypes, attrs, signature,
                     cacheable=not deferred and op.name not in MODAL)
+    info.link = info.kind == OP and is_link(op.name, node, in_shapes, in_dtypes,
+                                            out_shapes, out_dtypes)
+    return info
+
+
+def is_link(op_name, node, in_shapes, in_dtypes, out_shapes, out_dtypes):
+    """Whether a call adds values of its own one-row shape (a link of a chain).
+
+    ``x + 0`` (the start of Python's ``sum``) is one; ``x + 1`` is not.
+    """
+    if op_name == "_plus_scalar":
+        if _scalar(node) != 0:
+            return False
+    elif op_name not in ADDS and op_name not in NARY:
+        return False
+    if len(out_shapes) != 1:
+        return False
+    shape, dtype = out_shapes[0], out_dtypes[0]
+    if not shape or shape[0] != 1:
+        return False
+    return all(s == shape for s in in_shapes) and all(d == dtype for d in in_dtypes)
+
+
+def _scalar(node):
+    found = node.kwargs.get("scalar")
+    if found is None:
+        found = next((a for a in node.args[1:] if isinstance(a, (int, float, str))), None)
+    try:
+        return float(found)
+    except (TypeError, ValueError):
+        return None
 
 
 def remember(key, info):

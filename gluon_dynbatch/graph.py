@@ -185,6 +185,7 @@ class Graph:
         self.weight_nodes = set()  # ids of those nodes
         self.mode = None           # autograd's (recording, training) of its calls
         self.param_arrays = None   # id(array) -> (array, Parameter): ``parameter_of``
+        self.links = []            # additions that may form chains (``sums.py``)
 
     def add(self, node):
         self.nodes.append(node)
@@ -224,6 +225,7 @@ class Graph:
         self.weight_calls = {}
         self.weight_nodes = set()
         self.param_arrays = None
+        self.links = []
         self.flush_fn = self.read_fn = _released
 
     def live_and_needed(self):

@@ -192,8 +192,8 @@ class ProgramInfo:
     """
 
     __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
-                 "shared_pos", "cacheable", "stateful", "site_rows", "inputs", "scalars",
-                 "scalar_rows")
+                 "shared_pos", "cacheable", "stateful", "link", "site_rows", "inputs",
+                 "scalars", "scalar_rows")
 
     def __init__(self, op, roles, out_shapes, out_dtypes, site_rows, inputs, scalars=(),
                  scalar_rows=()):
@@ -205,7 +205,7 @@ class ProgramInfo:
         self.shared_pos = tuple(k for k, role in enumerate(roles) if role == SHARED)
         self.sig = intern(("call", op.uid, roles))
         self.cacheable = True
-        self.stateful = False
+        self.stateful = self.link = False
         self.site_rows = site_rows
         self.inputs = inputs
         self.scalars = scalars              # this call's number per scalar entry

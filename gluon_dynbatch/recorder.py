@@ -495,6 +495,8 @@ class Recorder:
             node.depth = depth
             return
         node.depth = depth + 1
+        if info.link:
+            node.graph.links.append(node)
         if info.sig is None:
             node.sig = ("alone", node.graph, node.id)
         elif info.shared_pos:

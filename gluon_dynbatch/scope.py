@@ -10,7 +10,7 @@ import time
 import mxnet as mx
 from mxnet import autograd
 
-from . import budget, context, literals
+from . import budget, context, literals, sums
 from .errors import BatchingError
 from .cache import PlanCache
 from .plan import PLANNERS, make_plan
@@ -216,9 +216,11 @@ class BatchingScope:
         rec.num_recorded = rec.num_calls = 0
         rec.new_graph()
         literals.fill(graph)
-        live, needed = graph.live_and_needed()
-        live = literals.hand_out(graph, live)
         try:
+            if graph.links and not self.reference_now():
+                sums.rewrite(graph)
+            live, needed = graph.live_and_needed()
+            live = literals.hand_out(graph, live)
             if live:
                 with _autograd_modes(graph.mode):
                     self._run(graph, live, needed, stats)

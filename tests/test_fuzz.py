@@ -283,6 +283,12 @@ class FuzzNet(gdb.DynBatchBlock):
             for child in self._kids:
                 acc = acc + F.tanh(child[0]) + 0.5 * child[0] + self.dense(child[0])
             return [acc]
+        if op == "rowsum":                     # Python's sum over the rows; a partial kept
+            total, first = 0, None
+            for k in range(a.shape[0]):
+                total = total + F.tanh(a[k:k + 1])
+                first = total if first is None else first
+            return [total, first]
         if op == "childsum":                   # Python's sum over the children
             kids = sum(F.tanh(child[0]) for child in self._kids) if self._kids else 0.0
             return [F.mean(a, axis=0, keepdims=True) + kids]
@@ -352,7 +358,7 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale",
            "vector", "act", "crf")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
-             "childsum", "childtotal", "childterms", "attend")
+             "childsum", "childtotal", "childterms", "attend", "rowsum")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")
 # Operators whose gradient is zero (BlockGrad, floor, comparisons); they once
 # crashed MXNet's backward after the imperative executor's concat + take gather
@@ -365,7 +371,7 @@ ALL_OPS = ROW_OPS + SHAPE_OPS + PAIR_OPS + ZERO_GRAD_OPS
 if os.environ.get("GDB_FUZZ_ZERO_GRAD") == "1":
     ALL_OPS += TIE_OPS
 # Values each instruction adds beyond the first.
-EXTRA_OUTPUTS = {"nested": 1, "split": 1}
+EXTRA_OUTPUTS = {"nested": 1, "split": 1, "rowsum": 1}
 
 
 class Node:
@@ -393,7 +399,7 @@ def programs(draw, rows, max_len=5):
         a = draw(st.integers(0, len(shapes) - 1))
         ra = shapes[a]
         if op in ("max0", "lse0", "sum0", "mean0", "chain", "childloop", "childsum",
-                  "childtotal", "childterms", "attend"):
+                  "childtotal", "childterms", "attend", "rowsum"):
             ins, out = (op, a), 1
         elif op == "rows":
             start = draw(st.integers(0, ra - 1))

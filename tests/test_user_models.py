@@ -227,6 +227,7 @@ def test_a_model_whose_programs_batch_with_nothing_is_recorded_op_by_op(caplog):
     with caplog.at_level("INFO", logger="gluon_dynbatch.block"):
         first, _, third = _three_scopes(case)
     assert third.mean_batch_size >= 3 * first.mean_batch_size
+    assert third.steps <= 12                    # the sums over neighbours: a step a round
     assert "MessagePassing: calls take a new path" in caplog.text
 
 

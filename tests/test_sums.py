@@ -1,0 +1,174 @@
+"""Chains of additions recorded operator by operator become segment sums (``sums.py``).
+
+Each model here is checked against eager Gluon (outputs and every gradient)
+and its plan is checked for what the rewrite is for: sums of any length in
+one step, at the depth of their deepest term.
+"""
+import random
+
+import numpy as np
+import pytest
+from mxnet import autograd, nd
+from mxnet.gluon import nn
+
+import gluon_dynbatch as gdb
+from dynbatch_testing import assert_same, check_all_strategies, make_model, run_model
+from gluon_dynbatch import sums
+
+H = 5
+
+
+class Neighbours(gdb.DynBatchBlock):
+    """Rows summed over each vertex's neighbours with Python's ``sum``, two rounds."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.msg = nn.Dense(H, in_units=H)
+            self.upd = nn.Dense(H, in_units=H)
+
+    def hybrid_forward(self, F, graph, table):
+        words, neighbours = graph
+        h = [table[w:w + 1] for w in words]
+        for _ in range(2):
+            m = [self.msg(v) for v in h]
+            h = [F.tanh(self.upd(h[i]) + sum(m[j] for j in neighbours[i]))
+                 for i in range(len(h))]
+        return F.concat(*h, dim=0)
+
+
+class Partials(gdb.DynBatchBlock):
+    """A running total whose partial sums are also returned or read twice."""
+
+    def hybrid_forward(self, F, words, table):
+        rows = [F.tanh(table[w:w + 1]) for w in words]
+        total = rows[0]
+        partials = []
+        for k, row in enumerate(rows[1:]):
+            total = total + row
+            if k % 2 == 0:
+                partials.append(total)          # held: returned to the caller
+            elif k % 3 == 1:
+                partials.append(total * total)  # read again by another call
+        broadcast = total + table[0]            # (1, H) + (H,): not a link
+        return [total, broadcast, F.add_n(*rows), total + 1.0] + partials
+
+
+def _graphs(seed, n):
+    r = random.Random(seed)
+    out = []
+    for _ in range(n):
+        size = r.randint(1, 6)
+        nbrs = [[j for j in range(size) if j != i and r.random() < 0.5] for i in range(size)]
+        out.append(([r.randrange(10) for _ in range(size)], nbrs))
+    return out
+
+
+def _table(seed=0):
+    return nd.array(np.random.RandomState(seed).uniform(-1, 1, (10, H)))
+
+
+def _sentences(seed, n):
+    r = random.Random(seed)
+    return [[r.randrange(10) for _ in range(r.randint(1, 8))] for _ in range(n)]
+
+
+def _steps(plan):
+    return [step.nodes[0].op.name for step in plan.steps]
+
+
+def test_sums_over_neighbours_are_one_step_per_round_and_exact():
+    model = make_model(Neighbours)
+    check_all_strategies(model, _graphs(0, 6), [_table()])
+    model(_graphs(0, 1)[0], _table())           # eager: parameters known
+    with gdb.batching(granularity="op", keep_plan=True) as scope:
+        outs = [model(g, _table()) for g in _graphs(1, 16)]
+    assert len(outs) == 16
+    names = _steps(scope.last_plan)
+    assert "broadcast_add" not in names and "_plus_scalar" not in names
+    assert names.count("sum") == 2               # one segment sum per round
+    assert len(names) <= 10
+
+
+def test_partial_sums_the_user_holds_or_reads_again_keep_their_values():
+    model = make_model(Partials)
+    check_all_strategies(model, _sentences(0, 6), [_table()])
+
+
+class Losses(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.out = nn.Dense(1, in_units=H)
+
+    def hybrid_forward(self, F, words, table):
+        h = 0
+        for w in words:
+            h = F.tanh(table[w:w + 1] + 0.5 * h)
+        return self.out(h).sum()
+
+
+def _loss_inside(samples, table, strategy="depth", granularity=None):
+    model = make_model(Losses)
+    table.attach_grad()
+    with autograd.record():
+        if strategy == "eager":
+            loss = sum(model(s, table) for s in samples)
+            scope = None
+        else:
+            with gdb.batching(strategy=strategy, granularity=granularity,
+                              keep_plan=True) as scope:
+                loss = sum(model(s, table) for s in samples)
+    loss.backward()
+    grads = {k: p.grad().asnumpy().copy()
+             for k, p in enumerate(model.collect_params().values())}
+    grads["table"] = table.grad.asnumpy().copy()
+    return [loss.asnumpy()], grads, scope
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda", "unbatched"])
+def test_a_loss_summed_over_every_sample_inside_the_scope(strategy):
+    samples = _sentences(2, 40)
+    want = _loss_inside(samples, _table(), "eager")
+    got = _loss_inside(samples, _table(), strategy)
+    assert_same(got, want)
+    if strategy != "unbatched":
+        names = _steps(got[2].last_plan)
+        assert "broadcast_add" not in names and names[-1] == "sum"
+        assert len(names) <= 20                  # 40 samples: not a step per sample
+
+
+def test_long_chains_are_summed_in_pieces(monkeypatch):
+    monkeypatch.setattr(sums, "MAX_TERMS", 3)
+    samples = _sentences(3, 11)
+    want = _loss_inside(samples, _table(), "eager")
+    got = _loss_inside(samples, _table(), "depth")
+    assert_same(got, want)
+    assert _steps(got[2].last_plan).count("sum") >= 2
+
+
+def test_the_rewritten_graph_keeps_the_invariants(monkeypatch):
+    seen = []
+    original = sums.rewrite
+
+    def checked(graph):
+        count = original(graph)
+        graph.lint()
+        seen.append(count)
+        return count
+
+    monkeypatch.setattr(sums, "rewrite", checked)
+    model = make_model(Partials)
+    run_model(model, _sentences(4, 6), [_table()], "depth", granularity="op")
+    assert seen and seen[0] > 0
+
+
+def test_the_reference_executor_runs_the_chains_as_recorded(monkeypatch):
+    def refuse(graph):
+        raise AssertionError("the reference must see the graph as recorded")
+
+    monkeypatch.setattr(sums, "rewrite", refuse)
+    model = make_model(Partials)
+    eager = run_model(model, _sentences(5, 4), [_table()], "eager")
+    assert_same(run_model(model, _sentences(5, 4), [_table()], "reference"), eager)
+
