@@ -77,7 +77,6 @@ class Program:
         self.entries = entries
         self.exports = exports
         self.num_inputs = num_inputs
-        self.usage = None    # the trie.Usage of the block that built it first
         self._compiled = threading.local()
         # Columns of a call's site_rows holding a BROW input's rows (the next
         # column holds its output's rows) and a segment's count; and what
@@ -193,7 +192,7 @@ class ProgramInfo:
 
     __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
                  "shared_pos", "cacheable", "stateful", "link", "site_rows", "inputs",
-                 "scalars", "scalar_rows")
+                 "scalars", "scalar_rows", "usage")
 
     def __init__(self, op, roles, out_shapes, out_dtypes, site_rows, inputs, scalars=(),
                  scalar_rows=()):
@@ -210,6 +209,7 @@ class ProgramInfo:
         self.inputs = inputs
         self.scalars = scalars              # this call's number per scalar entry
         self.scalar_rows = scalar_rows      # and the rows it applies to
+        self.usage = None                   # the trie.Usage of the block calling it
 
 
 class ProgramRule(Rule):

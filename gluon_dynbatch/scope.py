@@ -286,7 +286,7 @@ def _note_program_batches(plan, samples):
     """Tell each block how well its programs batched in ``plan`` (``trie.Usage``)."""
     seen = {}
     for step in plan.steps:
-        usage = getattr(step.nodes[0].op, "usage", None)
+        usage = getattr(step.nodes[0].info, "usage", None)
         if usage is not None:
             counts = seen.setdefault(id(usage), [usage, 0, 0])
             counts[1] += len(step.nodes)

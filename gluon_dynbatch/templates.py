@@ -233,8 +233,8 @@ class ProgramRecipe:
 
     def __init__(self, op, info, plan, wanted, frame, num_calls):
         self.op = op
-        if op.usage is None:        # whose programs these are (``trie.Usage``)
-            op.usage = frame.state.root().usage
+        # Whose calls these are (``trie.Usage``): programs are shared by blocks.
+        info.usage = frame.state.root().usage
         self.info = info
         self.num_calls = num_calls
         # calls.build orders the node's inputs: info.inputs are refs to the

@@ -185,6 +185,7 @@ class Store:
         self.constant_ids = {}    # id -> array of those constants (kept alive above)
         self.roots = {}           # (block, parameters, modes, replay) -> root State
         self.tokens = {}          # (id(block), parameters) -> small int (``token``)
+        self.usages = {}          # (id(block), helper) -> Usage, shared by its roots
         self.counter = itertools.count()
 
 
@@ -202,7 +203,8 @@ def version(block):
 
 
 class Usage:
-    """Whether a block's programs batch: one per trie root.
+    """Whether a block's programs batch: one per block (and recursive helper),
+    shared by its roots of every parameter version and autograd mode.
 
     Frames of a model whose structure is each sample's own (a graph's
     adjacency) become programs of their own, which batch with nothing.
@@ -233,7 +235,14 @@ def root(key, block):
     found = roots.get(key)
     if found is None or found.counter[0] >= MAX_STATES:
         found = roots[key] = State()
-        found.usage = Usage()
+        # A block's first scope often records before its parameters have
+        # shapes, so its roots differ by version: how its programs batched
+        # counts for the block, whichever root recorded them.
+        usages = store().usages
+        found.usage = usages.get((key[0], key[-1]))
+        if found.usage is None:
+            found.usage = usages[(key[0], key[-1])] = Usage()
+            weakref.finalize(block, usages.pop, (key[0], key[-1]), None)
         # The trie holds the block's parameters: drop it with the block.
         weakref.finalize(block, roots.pop, key, None)
     return found

@@ -231,6 +231,18 @@ def test_a_model_whose_programs_batch_with_nothing_is_recorded_op_by_op(caplog):
     assert "MessagePassing: calls take a new path" in caplog.text
 
 
+def test_the_switch_to_operators_also_comes_when_the_first_scope_shapes_the_parameters():
+    # Initialised but never run: the first scope records before the layers
+    # have shapes, so its template trie differs from the later scopes'.
+    case = um.case_message_passing(n=24)
+    stats = []
+    for _ in range(3):
+        batched = um.run_case(case, {})
+        stats.append(batched[2])
+    assert stats[2].mean_batch_size >= 3 * stats[0].mean_batch_size
+    assert_same(batched, um.run_case(case))
+
+
 def test_models_whose_programs_batch_keep_them():
     for case in (um.case_lstm_cell(n=24), um.case_opbyop_child_sum(n=24)):
         first, _, third = _three_scopes(case)
