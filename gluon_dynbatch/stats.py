@@ -28,8 +28,9 @@ class BatchStats:
     planned_nodes : int
         Operator nodes that ran in those steps (dead code is dropped).
     record_ms, plan_ms, execute_ms : float
-        Wall time recording (the user's forward code included), planning and
-        executing (launching MXNet work; the engine may still be computing).
+        Wall time recording (the user's forward code included), planning (chains
+        of additions rewritten, then steps chosen) and executing (launching
+        MXNet work; the engine may still be computing).
     compile_ms : float
         Part of ``execute_ms`` spent building CachedOps for new plan shapes.
     cache_hits, cache_misses, evictions : int

@@ -20,6 +20,8 @@ Frames do the same inside their templates (``vectorize.py``); this pass
 covers what is recorded operator by operator.  The reference executor never
 sees it: it runs the graph as recorded.
 """
+from itertools import islice
+
 from . import calls
 from .calls import ADDS
 from .graph import LEAF, OP, VIEW, Node, slots_of
@@ -38,31 +40,32 @@ def rewrite(graph):
     """
     links = graph.links
     graph.links = []
-    if not any(_chained(node, links) for node in links):
+    if not any(_chained(node) for node in links):
         return 0
-    members = set(links)
-    uses = _uses(graph.nodes, members)
-    absorbed, roots = _chains(links, members, uses)
+    nodes = graph.nodes
+    first = links[0].id                       # nothing earlier reads a link
+    uses = _uses(nodes, first, links)
+    absorbed, roots = _chains(links, uses)
     if not roots:
         return 0
-    nodes = []
-    for node in graph.nodes:
+    kept = nodes[:first]
+    for node in nodes[first:]:
         if node in absorbed:
             continue
         terms = roots.get(node)
         if terms is not None:
             view = _stack_view(graph, node, terms)
-            view.id = len(nodes)
-            nodes.append(view)
+            view.id = len(kept)
+            kept.append(view)
             _become_sum(node, view)
-        node.id = len(nodes)
-        nodes.append(node)
-    graph.nodes = nodes
-    _redepth(nodes)
+        node.id = len(kept)
+        kept.append(node)
+    graph.nodes = kept
+    _redepth(kept, first)
     return len(roots)
 
 
-def _chained(node, links):
+def _chained(node):
     """Whether ``node`` would start or extend a chain (a cheap first look)."""
     if node.op.name not in ADDS:
         return True                             # add_n, or x + 0
@@ -72,16 +75,19 @@ def _chained(node, links):
     return False
 
 
-def _uses(nodes, members):
+def _uses(nodes, first, links):
     """How many times each link is read (by inputs or ordering constraints)."""
-    uses = dict.fromkeys(members, 0)
-    for node in nodes:
+    uses = dict.fromkeys(links, 0)
+    get = uses.get
+    for node in islice(nodes, first + 1, None):
         for src, _ in node.inputs:
-            if src in uses:
-                uses[src] += 1
-        for dep in node.deps:
-            if dep in uses:
-                uses[dep] += 2               # never absorbed
+            count = get(src)
+            if count is not None:
+                uses[src] = count + 1
+        if node.deps:
+            for dep in node.deps:
+                if dep in uses:
+                    uses[dep] += 2           # never absorbed
     return uses
 
 
@@ -93,7 +99,7 @@ def _held(node):
     return lazy is not None and lazy._node is node
 
 
-def _chains(links, members, uses):
+def _chains(links, uses):
     """(absorbed, roots): links folded into a later one, and each chain's last
     link with its terms."""
     found = {}                                # link -> (terms, additions, from zero)
@@ -118,12 +124,14 @@ def _chains(links, members, uses):
     return absorbed, roots
 
 
+_INFOS = {}                 # (op name, terms, row shape, dtype) -> CallInfo
+
+
 def _stack_view(graph, root, terms):
     """A view node stacking ``terms`` (one-row values) along axis 0."""
-    view = Node(graph, VIEW, opdef("concat"), list(terms), slots_of(len(terms)), {"dim": 0})
+    view = Node(graph, VIEW, opdef("concat"), terms, slots_of(len(terms)), {"dim": 0})
     view.sample, view.path = root.sample, root.path
-    info = _info(view)
-    assert info.kind == VIEW, "a stack of one-row values is a view"
+    _set_info(view, len(terms), root)
     return view
 
 
@@ -132,34 +140,38 @@ def _become_sum(root, view):
 
     The node keeps its identity, so the LazyArray the user holds is its output.
     """
+    count = len(view.inputs)
     root.op = opdef("sum")
     root.inputs = [(view, 0)]
     root.args = slots_of(1)
     root.kwargs = _SUM_KWARGS
     root.deps = ()
-    info = _info(root)
-    root.rule, root.meta, root.info = info.rule, info.meta, info
+    info = _set_info(root, count, root)
     # A unique signature when the rule refuses (it runs alone, as before).
     root.sig = info.sig if info.sig is not None else ("alone", object())
 
 
-def _info(node):
-    """The CallInfo of ``node``'s call (memoised per call shape, as the recorder does)."""
-    in_shapes = tuple(src.out_shapes[i] for src, i in node.inputs)
-    in_dtypes = tuple(src.out_dtypes[i] for src, i in node.inputs)
-    key = (node.op, node.args, tuple(node.kwargs.items()), in_shapes, in_dtypes)
-    info = calls.INFOS.get(key)
+def _set_info(node, count, root):
+    """Give ``node`` its call's CallInfo (memoised by the terms' count and row)."""
+    key = (node.op.name, count, root.out_shapes[0], root.out_dtypes[0])
+    info = _INFOS.get(key)
     if info is None:
+        in_shapes = tuple(src.out_shapes[i] for src, i in node.inputs)
+        in_dtypes = tuple(src.out_dtypes[i] for src, i in node.inputs)
         info = calls.analyse(node, in_shapes, in_dtypes)
-        calls.remember(key, info)
+        assert info.kind == (VIEW if node.kind == VIEW else OP), "a chain's %s" % node.op.name
+        if info.cacheable:
+            _INFOS[key] = info
     node.out_shapes, node.out_dtypes, node.attrs = info.out_shapes, info.out_dtypes, info.attrs
+    node.rule, node.meta, node.info = info.rule, info.meta, info
     return info
 
 
-def _redepth(nodes):
-    """Depths again, in creation order: 1 + the deepest op input for op nodes."""
-    for node in nodes:
-        if node.kind == LEAF:
+def _redepth(nodes, first):
+    """Depths again from node ``first`` on: 1 + the deepest op input for op nodes."""
+    for node in islice(nodes, first, None):
+        kind = node.kind
+        if kind == LEAF:
             continue
         depth = 0
         for src, _ in node.inputs:
@@ -168,4 +180,4 @@ def _redepth(nodes):
         for dep in node.deps:
             if dep.depth > depth:
                 depth = dep.depth
-        node.depth = depth + 1 if node.kind == OP else depth
+        node.depth = depth + 1 if kind == OP else depth
