@@ -17,6 +17,12 @@ from .rules import ALONE, intern, rule_for
 MODAL = frozenset(["BatchNorm"])
 # Operators that update state in training mode: kept in recording order.
 STATEFUL = frozenset(["BatchNorm"])
+STATEFUL_WARNING = (
+    "%s in training mode runs one sample at a time (its statistics are per sample), so "
+    "outputs and gradients are exact; but MXNet updates its running mean and variance "
+    "during backward, in the order backward visits the calls, which batching can change: "
+    "the running statistics may differ slightly from one-sample-at-a-time execution. "
+    "strategy='unbatched' keeps eager's order.")
 # Additions: chains of them become segment sums (``sums.py``).
 ADDS = frozenset(["broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus",
                   "_grad_add"])

@@ -301,3 +301,17 @@ def op_deps(node, memo=None):
                     memo[src] = found
             deps.update(found)
     return deps
+
+
+def pending_inputs(graph, args):
+    """The inputs of a call whose arguments are all values of ``graph`` and none
+    a parameter (``x + y``, ``F.tanh(x)``), else None."""
+    inputs = []
+    for a in args:
+        if type(a) is not LazyArray:
+            return None
+        src = a._node
+        if src is None or src.graph is not graph or src.param is not None:
+            return None
+        inputs.append((src, a._idx))
+    return inputs

@@ -23,7 +23,8 @@ from mxnet.ndarray import NDArray
 from . import calls, context, trie, weight_calls
 from .errors import BatchingError, describe_call, warn_once
 from .frames import NOT_RECORDED, Frame
-from .graph import LEAF, OP, VIEW, Graph, Node, known_node, slot, slots_of
+from .graph import (LEAF, OP, VIEW, Graph, Node, known_node, pending_inputs, slot,
+                    slots_of)
 from .lazy import LazyArray
 from .namespace import DETERMINISTIC, RecordingNamespace
 from .ops import opdef
@@ -273,10 +274,15 @@ class Recorder:
     def graph_op(self, op, args, kwargs):
         """Record ``op(*args, **kwargs)`` as a node of the graph, frame or not."""
         self.num_calls += 1
-        if len(self.graph.nodes) >= self.max_pending:
+        graph = self.graph
+        if len(graph.nodes) >= self.max_pending:
             # Bounded memory: run what is pending (every value still held is
             # computed), then record on into a fresh graph.
             self._flush()
+        elif not kwargs and not graph.weight_nodes:
+            inputs = pending_inputs(graph, args)         # the common case
+            if inputs:
+                return self.add_node(op, inputs, slots_of(len(inputs)), {})
         arrays = []
         targs = []
         for a in args:
@@ -482,13 +488,7 @@ class Recorder:
                 node.deps = (previous,)
                 if previous.depth > depth:
                     depth = previous.depth
-                warn_once(node.op.name, "%s in training mode runs one sample at a time (its "
-                           "statistics are per sample), so outputs and gradients are exact; "
-                           "but MXNet updates its running mean and variance during backward, "
-                           "in the order backward visits the calls, which batching can "
-                           "change: the running statistics may differ slightly from "
-                           "one-sample-at-a-time execution. strategy='unbatched' keeps "
-                           "eager's order.", node.op.name)
+                warn_once(node.op.name, calls.STATEFUL_WARNING, node.op.name)
             self.last_stateful = node
         if info.kind == VIEW:
             node.kind = VIEW
@@ -591,3 +591,4 @@ class Recorder:
         in_shapes = tuple([src.out_shapes[i] for src, i in sources])
         in_dtypes = tuple([src.out_dtypes[i] for src, i in sources])
         return calls.analyse(node, in_shapes, in_dtypes)
+
