@@ -306,7 +306,8 @@ def _getitem(self, key):
     if len(parts) > len(shape) or not all(
             isinstance(p, (int, np.integer)) or (isinstance(p, slice) and p.step in (None, 1))
             for p in parts):
-        # Advanced indexing: run on concrete values (correct, not batched).
+        # Steps, arrays as indices: NDArray's own indexing, whose operators
+        # (``crop`` with steps) are recorded where they are recordable.
         return rec.wrap_inputs(nd.NDArray.__getitem__(self, key))
     begins, ends, drop = [], [], []
     for axis, part in enumerate(parts):

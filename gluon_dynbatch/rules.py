@@ -574,7 +574,7 @@ register_rule(["stack"], RowRule(lambda n: all_row_roles(n) if n.kwargs.get("axi
                                  else None))
 register_rule(["transpose"], RowRule(transpose_roles))
 register_rule(["SwapAxis", "swapaxes"], RowRule(swapaxes_roles))
-register_rule(["slice"], RowRule(slice_roles))
+register_rule(["slice", "crop"], RowRule(slice_roles))
 register_rule(["slice_axis"], RowFallback(ViewRule(_rows_view), RowRule(axis_roles("axis", 0))))
 register_rule(["broadcast_to", "broadcast_axis"],
               RowFallback(ViewRule(_bcast_view), RowRule(

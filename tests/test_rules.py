@@ -96,6 +96,12 @@ CASES.update({
     "positional_split_pick": lambda F, x: F.pick(F.split(x, 2, 1)[1], F.zeros((x.shape[0],)), 1),
     "positional_expand_dims": lambda F, x: F.expand_dims(x, 0).sum(1),
 })
+# Indexing with steps on the columns (``x[:, ::-1]``) and ints, as basic slices.
+CASES.update({
+    "reversed_columns": lambda F, x: x[:, ::-1] * 2 + x,
+    "stepped_columns": lambda F, x: F.tanh(x[:, 1::2]) * x[:, 2:0:-2],
+    "int_and_reversed": lambda F, x: F.expand_dims(x, axis=1)[:, 0, ::-1] * x[0:1, ::-1],
+})
 # The same reshape of one value twice in a call (the fuzzer found it through two
 # transposes of a row): each is its own call, whatever follows.
 CASES.update({
@@ -325,3 +331,13 @@ def test_two_dots_against_values_made_in_the_call_are_not_stacked():
     expected = reference_run(model, samples, [table])
     for compiled in (False, True, "step"):
         assert_same(run_model(model, samples, [table], "depth", compiled), expected)
+
+
+def test_slices_with_steps_on_the_columns_batch_as_slices():
+    model = OneOp(lambda F, x: F.tanh(x[:, ::-1]) + x[:, 1::2].sum(axis=1, keepdims=True))
+    table = nd.array(np.random.RandomState(3).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 1), (6, 4), (1, 2)]
+    expected = reference_run(model, samples, [table])
+    got = run_model(model, samples, [table], "depth")
+    assert_same(got, expected)
+    assert got[2].steps == 1                    # one program, not a slice per sample
