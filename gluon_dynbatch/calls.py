@@ -114,7 +114,7 @@ def is_link(op_name, node, in_shapes, in_dtypes, out_shapes, out_dtypes):
     ``x + 0`` (the start of Python's ``sum``) is one; ``x + 1`` is not.
     """
     if op_name == "_plus_scalar":
-        if _scalar(node) != 0:
+        if scalar_argument(node) != 0:
             return False
     elif op_name not in ADDS and op_name not in NARY:
         return False
@@ -126,10 +126,12 @@ def is_link(op_name, node, in_shapes, in_dtypes, out_shapes, out_dtypes):
     return all(s == shape for s in in_shapes) and all(d == dtype for d in in_dtypes)
 
 
-def _scalar(node):
-    found = node.kwargs.get("scalar")
+def scalar_argument(call):
+    """The number of a scalar operator's call (``x + 2``: 2.0), given by position or
+    as ``scalar=``; None when it has none."""
+    found = call.kwargs.get("scalar")
     if found is None:
-        found = next((a for a in node.args[1:] if isinstance(a, (int, float, str))), None)
+        found = next((a for a in call.args[1:] if isinstance(a, (int, float, str))), None)
     try:
         return float(found)
     except (TypeError, ValueError):

@@ -29,6 +29,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from .calls import scalar_argument
 from .graph import slot
 from .ops import Stand, opdef
 from .rules import BROW, SHARED, ReshapeRule
@@ -166,7 +167,7 @@ def _is_sum(step):
         return False
     name = step.op.name
     if name == "_plus_scalar":
-        return step.args[1] == 0 and type(step.refs[0]) is int
+        return scalar_argument(step) == 0 and type(step.refs[0]) is int
     return name in _ADDS or name in _NARY_ADDS
 
 
@@ -180,7 +181,7 @@ def _sums(steps, produced, exported):
                 _shape_of(ref, steps, produced) not in (None, step.info.out_shapes[0])
                 for ref in step.refs if type(ref) is int):
             continue
-        terms, members = [], [j]
+        terms, members, inners = [], [j], []
         signal = step.op.name in _NARY_ADDS or step.op.name == "_plus_scalar"
         for ref in step.refs:
             inner = open_sums.get(ref) if type(ref) is int else None
@@ -188,11 +189,16 @@ def _sums(steps, produced, exported):
                 terms.extend(inner.terms)
                 members.extend(inner.steps)
                 signal = signal or inner.signal
-                found.remove(inner)
+                inners.append(inner)
             elif type(ref) is not int and ref[0] == "c" and not ref[1].asnumpy().any():
                 signal = True                   # a sum that starts from zeros
             else:
                 terms.append(ref)
+        positions = [ref for ref in terms if type(ref) is int]
+        if len(set(positions)) != len(positions):
+            continue                # a value added twice (h + h): the additions stay
+        for inner in inners:
+            found.remove(inner)
         total = _Sum(terms, step, j, signal)
         total.steps = members
         open_sums[step.outs[0]] = total

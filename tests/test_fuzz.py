@@ -283,6 +283,9 @@ class FuzzNet(gdb.DynBatchBlock):
             for child in self._kids:
                 acc = acc + F.tanh(child[0]) + 0.5 * child[0] + self.dense(child[0])
             return [acc]
+        if op == "twice":                      # one value added more than once
+            r = F.mean(a, axis=0, keepdims=True)
+            return [sum([r, F.tanh(r), r]) + F.add_n(r, r)]
         if op == "rowsum":                     # Python's sum over the rows; a partial kept
             total, first = 0, None
             for k in range(a.shape[0]):
@@ -358,7 +361,7 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale",
            "vector", "act", "crf")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
-             "childsum", "childtotal", "childterms", "attend", "rowsum")
+             "childsum", "childtotal", "childterms", "attend", "rowsum", "twice")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")
 # Operators whose gradient is zero (BlockGrad, floor, comparisons); they once
 # crashed MXNet's backward after the imperative executor's concat + take gather
@@ -399,7 +402,7 @@ def programs(draw, rows, max_len=5):
         a = draw(st.integers(0, len(shapes) - 1))
         ra = shapes[a]
         if op in ("max0", "lse0", "sum0", "mean0", "chain", "childloop", "childsum",
-                  "childtotal", "childterms", "attend", "rowsum"):
+                  "childtotal", "childterms", "attend", "rowsum", "twice"):
             ins, out = (op, a), 1
         elif op == "rows":
             start = draw(st.integers(0, ra - 1))

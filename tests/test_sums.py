@@ -12,7 +12,8 @@ from mxnet import autograd, nd
 from mxnet.gluon import nn
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import assert_same, check_all_strategies, make_model, run_model
+from dynbatch_testing import (assert_same, check_all_strategies, make_model, random_tree,
+                              run_model)
 from gluon_dynbatch import sums
 
 H = 5
@@ -172,3 +173,32 @@ def test_the_reference_executor_runs_the_chains_as_recorded(monkeypatch):
     eager = run_model(model, _sentences(5, 4), [_table()], "eager")
     assert_same(run_model(model, _sentences(5, 4), [_table()], "reference"), eager)
 
+
+
+# Sums that add one value more than once: each occurrence counts.
+REPEATS = {
+    "sum_of_a_repeated_list": lambda F, x, kids: sum([x, x, x] + kids + kids),
+    "add_n_with_a_repeat": lambda F, x, kids: F.add_n(x, x, *kids),
+    "two_sums_from_zero": lambda F, x, kids: (0 + x) + (0 + x) + sum(kids),
+    "scalar_zero_by_keyword": lambda F, x, kids: F._internal._plus_scalar(x, scalar=0.0) + x,
+    "a_child_twice": lambda F, x, kids: x + sum(kids) + (kids[0] if kids else 0),
+}
+
+
+class Repeats(gdb.DynBatchBlock):
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        with self.name_scope():
+            self.dense = nn.Dense(H, in_units=H)
+
+    def hybrid_forward(self, F, tree, table):
+        kids = [self(child, table) for child in tree.children]
+        return F.tanh(0.5 * self.form(F, self.dense(table[tree.word:tree.word + 1]), kids))
+
+
+@pytest.mark.parametrize("name", sorted(REPEATS))
+def test_a_value_added_more_than_once_counts_each_time(name):
+    r = random.Random(7)
+    trees = [random_tree(r, 10, 3) for _ in range(6)]
+    check_all_strategies(make_model(Repeats, form=REPEATS[name]), trees, [_table()])
