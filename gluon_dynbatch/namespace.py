@@ -21,6 +21,7 @@ from mxnet.ndarray import register as _register
 from . import context, lazy_ops, literals
 from .lazy import LazyArray
 from .ops import opdef
+from .rules import RULES
 
 # Creation operators whose result depends only on their arguments.
 DETERMINISTIC = frozenset(["zeros", "ones", "full", "arange", "eye", "linspace",
@@ -45,7 +46,7 @@ class RecordingNamespace:
             else:
                 value = target
         elif getattr(target, "__module__", None) == "ndarray":
-            op = opdef(*path)
+            op = opdef(*_canonical(path))
             if path == ("slice_axis",):
                 value = _slice_axis(rec, op)
             elif path in (("concat",), ("Concat",)):
@@ -367,12 +368,37 @@ def _direct_op(handle):
         if not _NAMES:
             _NAMES.update(_operator_names())
         found = None
-        for name in _NAMES.get(handle, ()):
+        # Names with a batching rule first (``sum``, not its alias ``sum_axis``).
+        for name in sorted(_NAMES.get(handle, ()), key=lambda n: n not in RULES):
             found = _resolve_direct(name)
             if found is not None:
                 break
         _BY_HANDLE[handle] = found
     return found
+
+
+def _canonical(path):
+    """The path of an alias of operator ``path`` that has a batching rule
+    (``F.sum_axis`` is ``sum``, ``F.broadcast_axes`` is ``broadcast_axis``), else
+    ``path`` itself."""
+    if path[-1] in RULES:
+        return path
+    handle = OpHandle()
+    try:
+        check_call(_LIB.NNGetOpHandle(c_str(path[-1]), ctypes.byref(handle)))
+    except Exception:  # pylint: disable=broad-except  (no operator of that name)
+        return path
+    if not _NAMES:
+        _NAMES.update(_operator_names())
+    for alias in _NAMES.get(handle.value, ()):
+        if alias in RULES:
+            for found in ((alias,), ("_internal", alias)):
+                try:
+                    opdef(*found)
+                    return found
+                except AttributeError:
+                    continue
+    return path
 
 
 _NAMES = {}             # operator handle -> its names, read once

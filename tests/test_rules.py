@@ -102,6 +102,16 @@ CASES.update({
     "stepped_columns": lambda F, x: F.tanh(x[:, 1::2]) * x[:, 2:0:-2],
     "int_and_reversed": lambda F, x: F.expand_dims(x, axis=1)[:, 0, ::-1] * x[0:1, ::-1],
 })
+# Aliases of operators with rules (the same MXNet operator under another name).
+ALIASES = {
+    "sum_axis_alias": lambda F, x: F.sum_axis(x, axis=1, keepdims=True) * x,
+    "max_axis_alias": lambda F, x: F.max_axis(F.tanh(x), axis=0, keepdims=True),
+    "min_axis_alias": lambda F, x: F.min_axis(x, axis=1),
+    "broadcast_axes_alias": lambda F, x: F.broadcast_axes(x[:, 0:1], axis=1, size=3),
+    "choose_element_alias": lambda F, x: F.choose_element_0index(x, F.zeros((x.shape[0],))),
+    "direct_sum_axis_alias": lambda F, x: mx.nd.sum_axis(F.tanh(x), axis=1),
+}
+CASES.update(ALIASES)
 # The same reshape of one value twice in a call (the fuzzer found it through two
 # transposes of a row): each is its own call, whatever follows.
 CASES.update({
@@ -341,3 +351,13 @@ def test_slices_with_steps_on_the_columns_batch_as_slices():
     got = run_model(model, samples, [table], "depth")
     assert_same(got, expected)
     assert got[2].steps == 1                    # one program, not a slice per sample
+
+
+@pytest.mark.parametrize("name", sorted(ALIASES))
+def test_an_alias_batches_as_its_operator(name):
+    model = OneOp(ALIASES[name])
+    table = nd.array(np.random.RandomState(4).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 1), (5, 1), (6, 1), (1, 1)]
+    got = run_model(model, samples, [table], "depth")
+    assert_same(got, reference_run(model, samples, [table]))
+    assert got[2].steps == 1
