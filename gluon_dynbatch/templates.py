@@ -235,6 +235,7 @@ class ProgramRecipe:
         self.op = op
         # Whose calls these are (``trie.Usage``): programs are shared by blocks.
         info.usage = frame.state.root().usage
+        info.usage.note_program(op)
         self.info = info
         self.num_calls = num_calls
         # calls.build orders the node's inputs: info.inputs are refs to the

@@ -231,6 +231,19 @@ def test_a_model_whose_programs_batch_with_nothing_is_recorded_op_by_op(caplog):
     assert "MessagePassing: calls take a new path" in caplog.text
 
 
+def test_the_switch_to_operators_comes_inside_the_first_scope_when_every_call_is_new():
+    # 64 graphs, most of a structure of their own: after 48 calls that each
+    # made a new program, the rest of the scope is recorded operator by operator.
+    case = um.case_message_passing(n=64)
+    eager = um.run_case(case)
+    first = um.run_case(case, {})
+    assert_same(first, eager)
+    assert first[2].nodes > first[2].samples    # part programs, part operators
+    second = um.run_case(case, {})
+    assert_same(second, eager)
+    assert second[2].mean_batch_size >= 3 * first[2].mean_batch_size
+
+
 def test_the_switch_to_operators_also_comes_when_the_first_scope_shapes_the_parameters():
     # Initialised but never run: the first scope records before the layers
     # have shapes, so its template trie differs from the later scopes'.
