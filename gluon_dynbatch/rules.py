@@ -258,6 +258,16 @@ def slice_roles(node):
     return (ROW,)
 
 
+def tile_roles(node):
+    """``tile``: rows when the row axis is repeated once (``reps`` no longer than
+    the rank, its first entry 1 when as long)."""
+    reps = tuple(node.kwargs.get("reps", ()))
+    ndim = len(_in_shape(node, 0))
+    if ndim < 1 or len(reps) > ndim or (len(reps) == ndim and reps[0] != 1):
+        return None
+    return (ROW,)
+
+
 def batchnorm_roles(node):
     from mxnet import autograd
     if autograd.is_training() and not node.kwargs.get("use_global_stats", False):
@@ -569,6 +579,10 @@ register_rule(["SliceChannel", "split"], RowRule(axis_roles("axis", 1)))
 register_rule("pick", RowRule(axis_roles("axis", -1)))
 register_rule(["flip", "reverse"], RowRule(axis_roles("axis", None)))
 register_rule("repeat", RowRule(axis_roles("axis", None)))
+register_rule("tile", RowRule(tile_roles))
+# Softmax over everything but the rows ("instance") or over axis 1 ("channel").
+register_rule("SoftmaxActivation", RowRule(lambda n: (ROW,) if len(_in_shape(n, 0)) >= 2
+                                           else None))
 register_rule(["Concat", "concat"], RowFallback(ViewRule(_concat_view), RowRule(concat_roles)))
 register_rule(["stack"], RowRule(lambda n: all_row_roles(n) if n.kwargs.get("axis", 0) != 0
                                  else None))

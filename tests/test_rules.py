@@ -102,6 +102,14 @@ CASES.update({
     "stepped_columns": lambda F, x: F.tanh(x[:, 1::2]) * x[:, 2:0:-2],
     "int_and_reversed": lambda F, x: F.expand_dims(x, axis=1)[:, 0, ::-1] * x[0:1, ::-1],
 })
+CASES.update({
+    "tile_columns": lambda F, x: F.tile(x, reps=(1, 2)) * 2,
+    "tile_short_reps": lambda F, x: F.tile(F.expand_dims(x, axis=1), reps=(3, 1)),
+    "tile_rows_alone": lambda F, x: F.tile(x, reps=(2, 1)),
+    "softmax_activation": lambda F, x: F.SoftmaxActivation(x * 2),
+    "softmax_activation_channel": lambda F, x: F.SoftmaxActivation(
+        F.expand_dims(x, axis=2), mode="channel"),
+})
 # Aliases of operators with rules (the same MXNet operator under another name).
 ALIASES = {
     "sum_axis_alias": lambda F, x: F.sum_axis(x, axis=1, keepdims=True) * x,
@@ -358,6 +366,17 @@ def test_an_alias_batches_as_its_operator(name):
     model = OneOp(ALIASES[name])
     table = nd.array(np.random.RandomState(4).uniform(-1, 1, size=(12, 4)))
     samples = [(0, 1), (5, 1), (6, 1), (1, 1)]
+    got = run_model(model, samples, [table], "depth")
+    assert_same(got, reference_run(model, samples, [table]))
+    assert got[2].steps == 1
+
+
+@pytest.mark.parametrize("name", ["tile_columns", "tile_short_reps", "softmax_activation",
+                                  "softmax_activation_channel"])
+def test_row_wise_operators_batch_in_one_step(name):
+    model = OneOp(CASES[name])
+    table = nd.array(np.random.RandomState(5).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 1), (6, 4), (1, 2)]
     got = run_model(model, samples, [table], "depth")
     assert_same(got, reference_run(model, samples, [table]))
     assert got[2].steps == 1
