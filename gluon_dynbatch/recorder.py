@@ -87,6 +87,9 @@ class Recorder:
         self._mode_seen = context.MODE_CHANGES[0]
         mode = context.autograd_mode()
         if mode != self.mode:
+            frame = self.frame
+            if frame is not None:       # its calls so far enter the graph under the old modes
+                frame.fallback("autograd's mode changed")
             self.mode = mode
             pending = self.graph.mode
             if pending is not None and pending != mode:
@@ -274,6 +277,8 @@ class Recorder:
     def graph_op(self, op, args, kwargs):
         """Record ``op(*args, **kwargs)`` as a node of the graph, frame or not."""
         self.num_calls += 1
+        if self._mode_seen != context.MODE_CHANGES[0]:
+            self.sync_mode()            # may flush: before the inputs are looked up
         graph = self.graph
         if len(graph.nodes) >= self.max_pending:
             # Bounded memory: run what is pending (every value still held is

@@ -277,6 +277,8 @@ class ProgramRecipe:
         """
         rec = frame.rec
         graph = rec.graph
+        if graph.mode is None:          # the autograd modes the frame's calls ran under
+            graph.mode = rec.mode
         found = graph.externals.get(id(self))
         if found is None or found[0] is not self:
             external = [_leaf_value(rec, ref) for ref in self.params]
@@ -351,6 +353,8 @@ class OpsRecipe:
     def apply(self, frame, alive):
         rec = frame.rec
         graph = rec.graph
+        if graph.mode is None:          # the autograd modes the frame's calls ran under
+            graph.mode = rec.mode
         vals = frame.vals
         made = []
         for step in self.steps:

@@ -5,8 +5,8 @@ import pytest
 from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import (ChildSumTreeLSTM, make_model, random_tree, reference_run, rng,
-                              run_model)
+from dynbatch_testing import (ChildSumTreeLSTM, check_all_strategies, make_model, random_tree,
+                              reference_run, rng, run_model)
 
 
 class Scaled(gdb.DynBatchBlock):
@@ -304,3 +304,34 @@ def test_max_pending_nodes_flushes_and_stays_exact(compiled):
     assert scope.stats.flushes > 3 and not held[0][0].is_pending
     with pytest.raises(ValueError, match="max_pending_nodes"):
         gdb.batching(max_pending_nodes=0)
+
+
+class ModeSwitch(gdb.DynBatchBlock):
+    """Changes autograd's modes inside its call, after its children's calls."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+            self.drop = gluon.nn.Dropout(0.5)
+
+    def hybrid_forward(self, F, tree, table):
+        kids = [self(child, table) for child in tree.children]
+        x = self.dense(table[tree.word:tree.word + 1])
+        if self.how == "pause":
+            with autograd.pause():               # a value without a gradient
+                y = F.tanh(x) * 2
+            x = x + y
+        else:
+            with autograd.predict_mode():        # dropout off for this call
+                x = self.drop(x) + x
+        return F.tanh(x + sum(kids)) if kids else F.tanh(x)
+
+
+@pytest.mark.parametrize("how", ["pause", "predict_mode"])
+def test_autograd_modes_changed_inside_a_call_are_kept(how):
+    r = rng(3)
+    trees = [random_tree(r, 10, 3) for _ in range(5)]
+    table = nd.array(np.random.RandomState(3).uniform(-1, 1, (10, 4)))
+    check_all_strategies(make_model(ModeSwitch, how=how), trees, [table])
