@@ -650,3 +650,48 @@ class FeedbackTree(gdb.DynBatchBlock):
             x = x + self.back(guess) + F.where(k > 0, k, 0.5 * k) \
                 + 0.1 * k.detach() + 0.1 * F.stop_gradient(k * 2)
         return F.tanh(x)
+
+
+class GraphConv(gdb.DynBatchBlock):
+    """Graph convolution as users write it per vertex: ``F.add_n`` over the
+    neighbours divided by their count (``F.zeros_like`` for none), three rounds,
+    a mean of the vertices by ``sum(h) / len(h)`` and the loss inside the call."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.classes = classes
+        with self.name_scope():
+            self.inp = nn.Dense(hidden, activation="relu")
+            self.conv = nn.Dense(hidden)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, graph, emb):
+        h = [self.inp(emb[word:word + 1]) for word in graph.words]
+        for _ in range(3):
+            h = [F.relu(self.conv(h[i] + (F.add_n(*[h[j] for j in nbrs]) / len(nbrs)
+                                          if nbrs else F.zeros_like(h[i]))))
+                 for i, nbrs in enumerate(graph.neighbours)]
+        label = F.one_hot(F.array([len(graph.words) % self.classes]), self.classes)
+        return -F.sum(label * F.log_softmax(self.out(sum(h) / len(h))))
+
+
+class IndexingTree(gdb.DynBatchBlock):
+    """Indexing and mode idioms per node: columns reversed and stepped
+    (``x[:, ::-1]``, ``x[:, 1::2]``), ``F.sum_axis``, ``F.tile``, a child and a
+    value of the node's own added twice."""
+
+    def __init__(self, hidden, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(hidden)
+            self.kid = nn.Dense(hidden, use_bias=False)
+
+    def hybrid_forward(self, F, tree, emb):
+        x = self.inp(emb[tree.word:tree.word + 1])
+        kids = [self(child, emb) for child in tree.children]
+        if kids:
+            x = x + self.kid(sum(kids + kids[:1]))
+        x = sum([x, x, F.tanh(x)]) / 3
+        scale = F.sigmoid(F.sum_axis(x, axis=1, keepdims=True))
+        half = F.tile(x[:, 1::2], reps=(1, 2))
+        return F.tanh(x[:, ::-1] * scale + half)

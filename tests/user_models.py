@@ -23,7 +23,8 @@ from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
 from idiom_models import (ActivationTree, AttentivePooling, BiGRUTagger, CharWordTagger,
                           ClosureTree, CRFTagger, CrossEntropyTagger, DotAttention, FeedbackTree,
-                          FusedLSTMEncoder, GluonLosses, Graph, HelperRNN, MeanPoolTree,
+                          FusedLSTMEncoder, GluonLosses, Graph, GraphConv, HelperRNN,
+                          IndexingTree, MeanPoolTree,
                           MemorySlots, MessagePassing, MethodTree, NodeLossTree, RecursiveNet,
                           ScalarMath, ScoredChildren, Seq2SeqAttention, TaggerLoss, TopDownTree,
                           UnrollEncoder, VectorRNN, VectorTreeLSTM, WeightData)
@@ -467,6 +468,16 @@ def _sentences(seed, n, max_len=12):
     return [[r.randrange(VOCAB) for _ in range(k)] for k in lengths[:n]]
 
 
+def _graphs(seed, n, max_size=7):
+    r = random.Random(seed)
+    graphs = []
+    for _ in range(n):
+        size = r.randint(1, max_size)
+        neighbours = [[j for j in range(size) if j != i and r.random() < 0.4] for i in range(size)]
+        graphs.append(Graph([r.randrange(VOCAB) for _ in range(size)], neighbours))
+    return graphs
+
+
 def _node_losses(model, tree, shared):
     losses = []
     model(tree, *shared, losses)
@@ -567,13 +578,7 @@ def case_attentive_pooling(seed=0, n=6, hidden=HIDDEN):
 
 
 def case_message_passing(seed=0, n=6, hidden=HIDDEN):
-    r = random.Random(seed)
-    graphs = []
-    for _ in range(n):
-        size = r.randint(1, 7)
-        neighbours = [[j for j in range(size) if j != i and r.random() < 0.4] for i in range(size)]
-        graphs.append(Graph([r.randrange(VOCAB) for _ in range(size)], neighbours))
-    return Case(_init(MessagePassing(hidden), seed), graphs, [_table(seed)])
+    return Case(_init(MessagePassing(hidden), seed), _graphs(seed, n), [_table(seed)])
 
 
 def case_helper_rnn(seed=0, n=6, hidden=HIDDEN):
@@ -693,6 +698,14 @@ def case_feedback(seed=0, n=6, hidden=HIDDEN):
                 notes="one_hot(argmax), F.where(k > 0, ...), detach() in each node")
 
 
+def case_graph_conv(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(GraphConv(hidden, CLASSES), seed), _graphs(seed, n), [_table(seed)])
+
+
+def case_indexing_tree(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(IndexingTree(hidden), seed), _trees(seed, n), [_table(seed)])
+
+
 def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -745,6 +758,8 @@ CASES = {
     "activations": case_activations,
     "method_tree": case_method_tree,
     "feedback": case_feedback,
+    "graph_conv": case_graph_conv,
+    "indexing_tree": case_indexing_tree,
 }
 
 
