@@ -19,6 +19,8 @@ import sys
 import mxnet
 from mxnet.gluon.rnn import rnn_cell
 
+from .calls import scalar_argument
+
 _LIBRARIES = (os.path.dirname(os.path.abspath(__file__)),
               os.path.dirname(os.path.abspath(mxnet.__file__)))
 # Gluon's ``unroll`` methods loop over tokens for the user: their loops count.
@@ -146,7 +148,7 @@ def _add_like(step):
     info = step.info
     name = step.op.name
     if name == "_plus_scalar":
-        adds = step.args[1] == 0 and len(step.refs) == 1 and type(step.refs[0]) is int
+        adds = scalar_argument(step) == 0 and len(step.refs) == 1 and type(step.refs[0]) is int
     else:
         adds = len(step.refs) == 2 and name in (
             "broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus")

@@ -202,3 +202,16 @@ def test_a_value_added_more_than_once_counts_each_time(name):
     r = random.Random(7)
     trees = [random_tree(r, 10, 3) for _ in range(6)]
     check_all_strategies(make_model(Repeats, form=REPEATS[name]), trees, [_table()])
+
+
+def _keyword_zero_in_a_loop(F, x, kids):
+    total = F._internal._plus_scalar(x, scalar=0.0)
+    for kid in kids:
+        total = F._internal._plus_scalar(total, scalar=0.0) + kid
+    return total
+
+
+def test_x_plus_zero_given_by_keyword_inside_a_loop():
+    r = random.Random(8)
+    trees = [random_tree(r, 10, 3) for _ in range(6)]
+    check_all_strategies(make_model(Repeats, form=_keyword_zero_in_a_loop), trees, [_table()])
