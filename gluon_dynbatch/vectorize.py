@@ -561,8 +561,8 @@ class _Emitter:
         result = partials[0]
         for other in partials[1:]:
             sources = [self.stand(*self.shape[result]), self.stand(*self.shape[other])]
-            result = self.entry(opdef("broadcast_add"), (slot(0), slot(1)), {}, [result, other], sources,
-                                unit.path)[0]
+            result = self.entry(opdef("broadcast_add"), (slot(0), slot(1)), {},
+                                [result, other], sources, unit.path)[0]
         if result[0] != "n":                      # a value read from outside, alone
             result = self._segment_sum(result)
         self.where[unit.out] = (result, None)

@@ -101,6 +101,8 @@ CASES.update({
     "reversed_columns": lambda F, x: x[:, ::-1] * 2 + x,
     "stepped_columns": lambda F, x: F.tanh(x[:, 1::2]) * x[:, 2:0:-2],
     "int_and_reversed": lambda F, x: F.expand_dims(x, axis=1)[:, 0, ::-1] * x[0:1, ::-1],
+    "stepped_slices_sum": lambda F, x: F.tanh(x[:, ::-1]) + x[:, 1::2].sum(axis=1,
+                                                                         keepdims=True),
 })
 CASES.update({
     "tile_columns": lambda F, x: F.tile(x, reps=(1, 2)) * 2,
@@ -351,29 +353,13 @@ def test_two_dots_against_values_made_in_the_call_are_not_stacked():
         assert_same(run_model(model, samples, [table], "depth", compiled), expected)
 
 
-def test_slices_with_steps_on_the_columns_batch_as_slices():
-    model = OneOp(lambda F, x: F.tanh(x[:, ::-1]) + x[:, 1::2].sum(axis=1, keepdims=True))
-    table = nd.array(np.random.RandomState(3).uniform(-1, 1, size=(12, 4)))
-    samples = [(0, 3), (5, 1), (6, 4), (1, 2)]
-    expected = reference_run(model, samples, [table])
-    got = run_model(model, samples, [table], "depth")
-    assert_same(got, expected)
-    assert got[2].steps == 1                    # one program, not a slice per sample
 
-
-@pytest.mark.parametrize("name", sorted(ALIASES))
-def test_an_alias_batches_as_its_operator(name):
-    model = OneOp(ALIASES[name])
-    table = nd.array(np.random.RandomState(4).uniform(-1, 1, size=(12, 4)))
-    samples = [(0, 1), (5, 1), (6, 1), (1, 1)]
-    got = run_model(model, samples, [table], "depth")
-    assert_same(got, reference_run(model, samples, [table]))
-    assert got[2].steps == 1
-
-
-@pytest.mark.parametrize("name", ["tile_columns", "tile_short_reps", "softmax_activation",
-                                  "softmax_activation_channel"])
-def test_row_wise_operators_batch_in_one_step(name):
+# Each batches in one step: aliases as their operator, slices with steps as slices,
+# tile and SoftmaxActivation by their rules.
+@pytest.mark.parametrize("name", sorted(ALIASES) + [
+    "stepped_slices_sum", "tile_columns", "tile_short_reps", "softmax_activation",
+    "softmax_activation_channel"])
+def test_these_operators_batch_in_one_step(name):
     model = OneOp(CASES[name])
     table = nd.array(np.random.RandomState(5).uniform(-1, 1, size=(12, 4)))
     samples = [(0, 3), (5, 1), (6, 4), (1, 2)]
