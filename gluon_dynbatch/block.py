@@ -115,7 +115,6 @@ class DynBatchBlock(gluon.HybridBlock):
             root = rec.frame_root(self)
             if not root.usage.irregular:
                 frame = Frame(rec, root, self, rec.path)
-                root.usage.frames += 1
             elif not root.usage.told:
                 root.usage.told = True
                 log.info("%s: calls take a new path through the code almost every time (a "

@@ -100,6 +100,7 @@ class Frame:
         self.caller = id(sys._getframe(1))  # pylint: disable=protected-access
         self.rec = rec
         self.state = root
+        root.usage.frames += 1      # calls of the block (or helper), for ``trie.Usage``
         self.block = block
         self.path = path
         self.sample = rec.sample

@@ -596,4 +596,3 @@ class Recorder:
         in_shapes = tuple([src.out_shapes[i] for src, i in sources])
         in_dtypes = tuple([src.out_dtypes[i] for src, i in sources])
         return calls.analyse(node, in_shapes, in_dtypes)
-

@@ -19,7 +19,7 @@ import sys
 import mxnet
 from mxnet.gluon.rnn import rnn_cell
 
-from .calls import scalar_argument
+from .calls import ADDS, scalar_argument
 
 _LIBRARIES = (os.path.dirname(os.path.abspath(__file__)),
               os.path.dirname(os.path.abspath(mxnet.__file__)))
@@ -150,8 +150,7 @@ def _add_like(step):
     if name == "_plus_scalar":
         adds = scalar_argument(step) == 0 and len(step.refs) == 1 and type(step.refs[0]) is int
     else:
-        adds = len(step.refs) == 2 and name in (
-            "broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus")
+        adds = len(step.refs) == 2 and name in ADDS
     return adds and len(info.out_shapes) == 1 and info.out_shapes[0][:1] == (1,)
 
 

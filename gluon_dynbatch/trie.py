@@ -225,7 +225,7 @@ class Usage:
 
     def __init__(self):
         self.strikes, self.irregular, self.told = 0, False, False
-        self.frames = 0         # calls recorded as frames (``block.py`` counts them)
+        self.frames = 0         # calls recorded as frames (``Frame`` counts them)
         self.fresh = 0          # of those, calls that made a program new to the block
         self.programs = set()   # uids of the programs of the block's recipes
 

@@ -29,13 +29,10 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from .calls import scalar_argument
+from .calls import ADDS, NARY, scalar_argument
 from .graph import slot
 from .ops import Stand, opdef
 from .rules import BROW, SHARED, ReshapeRule
-
-_ADDS = frozenset(["broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus"])
-_NARY_ADDS = frozenset(["add_n", "ElementWiseSum"])
 
 
 class Plan:
@@ -168,7 +165,7 @@ def _is_sum(step):
     name = step.op.name
     if name == "_plus_scalar":
         return scalar_argument(step) == 0 and type(step.refs[0]) is int
-    return name in _ADDS or name in _NARY_ADDS
+    return name in ADDS or name in NARY
 
 
 def _sums(steps, produced, exported):
@@ -182,7 +179,7 @@ def _sums(steps, produced, exported):
                 for ref in step.refs if type(ref) is int):
             continue
         terms, members, inners = [], [j], []
-        signal = step.op.name in _NARY_ADDS or step.op.name == "_plus_scalar"
+        signal = step.op.name in NARY or step.op.name == "_plus_scalar"
         for ref in step.refs:
             inner = open_sums.get(ref) if type(ref) is int else None
             if inner is not None and uses[ref] == 1 and ref not in exported:

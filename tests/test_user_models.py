@@ -16,6 +16,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
 import gluon_dynbatch as gdb
+from gluon_dynbatch import trie
 import user_models as um
 from dynbatch_testing import assert_same, random_tree
 
@@ -618,3 +619,14 @@ def test_per_call_numbers_and_stack_reshapes_share_one_program():
     assert len(steps) <= levels + 1
     uids = {s.nodes[0].op.uid for s in steps}
     assert len(uids) <= 2           # the leaves' program and the inner nodes'
+
+
+@pytest.mark.parametrize("name", ["method_tree", "closure_tree", "top_down"])
+def test_calls_of_recursive_helpers_count_towards_the_switch_to_operators(name):
+    # Without its calls counted, a helper's new programs alone (48 of them over
+    # a long training) would switch it to operators however well they batch.
+    trie.store().usages.clear()
+    um.run_case(um.CASES[name](n=16), {})
+    usages = list(trie.store().usages.values())
+    assert usages and all(u.frames >= u.fresh > 0 for u in usages if u.fresh)
+    assert all(u.frames > 0 for u in usages)
