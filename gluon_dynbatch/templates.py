@@ -14,7 +14,7 @@ every frame that takes the same path:
 """
 import weakref
 
-from . import programs, sites
+from . import programs, sites, weight_calls
 from .graph import NO_KWARGS, OP, VIEW, known_node, slot
 from .lazy import LazyArray
 from .ops import Stand, opdef
@@ -69,13 +69,28 @@ def recipe_for(frame, positions):
 
 def _recipe(steps, positions, frame, accumulating):
     name = type(frame.block).__name__
+    num_calls = len(steps)
+    steps = _live(steps, positions)
     plan = vectorize(steps, positions, frame, accumulating)
-    recipe = _program(plan, frame, name, len(steps))
+    recipe = _program(plan, frame, name, num_calls)
     if recipe is None:
-        recipe = _program(_plain(steps, positions), frame, name, len(steps))
+        recipe = _program(_plain(steps, positions), frame, name, num_calls)
     if recipe is None:
         recipe = _runs(steps, positions, frame, name)
     return recipe
+
+
+def _live(steps, positions):
+    """``steps`` without the deterministic ones whose outputs nothing reads (a
+    reshape whose parts were read from its base, see ``reshapes.py``)."""
+    needed = set(positions)
+    keep = []
+    for step in reversed(steps):
+        if needed.isdisjoint(step.outs) and weight_calls.deterministic(step.op):
+            continue
+        keep.append(step)
+        needed.update(ref for ref in step.refs if type(ref) is int)
+    return steps if len(keep) == len(steps) else keep[::-1]
 
 
 def _runs(steps, positions, frame, name):
