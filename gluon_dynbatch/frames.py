@@ -35,6 +35,7 @@ from mxnet.ndarray import NDArray
 from . import sites, weight_calls
 from .graph import LEAF
 from .lazy import LazyArray
+from .reshapes import forget_bases
 from .templates import recipe_for
 from .trie import MAX_STATES, Macro, State, flatten_args, learn_call
 
@@ -75,7 +76,7 @@ def _scan(lazies, baseline, pool):
         if count > baseline:
             alive.append(lazy)
         elif pool is not None and len(pool) < POOL_SIZE:
-            lazy._node = None
+            lazy._node = lazy._base = None
             pool.append(lazy)
         if count > most:
             most = count
@@ -92,7 +93,7 @@ class Frame:
 
     __slots__ = ("rec", "state", "block", "path", "sample", "out_shapes", "out_dtypes",
                  "vals", "ext", "lazies", "pool", "direct", "macro_ok", "caller",
-                 "call_start")
+                 "call_start", "based")
     kind = "frame"
     depth = 0
 
@@ -113,6 +114,7 @@ class Frame:
         self.direct = False         # fallen back: calls go to the graph directly
         self.macro_ok = True        # no cut since the current child-block trace began
         self.call_start = None      # first position of the child-block call being traced
+        self.based = None           # values given a base (reshapes.py), forgotten at scans
 
     @property
     def graph(self):
@@ -509,6 +511,8 @@ class Frame:
         """
         if self.direct:
             return
+        if self.based is not None:
+            forget_bases(self)
         alive = []
         pool = self.pool
         getrefcount = sys.getrefcount
@@ -535,6 +539,8 @@ class Frame:
         """Put what the frame recorded so far into the graph; go on in a new segment."""
         if self.direct:
             return
+        if self.based is not None:
+            forget_bases(self)
         alive, _ = _scan(self.lazies, _BASELINE, self.pool)
         positions = self._emit(alive)
         nxt = self.state.cuts.get(positions)

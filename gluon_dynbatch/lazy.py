@@ -23,7 +23,8 @@ class LazyArray(nd.NDArray):
 
     # Slots, not a __dict__: a batch makes thousands of LazyArrays.
     # ``_epoch``: BACKWARD_EPOCH when the value was computed (see ``history_freed``).
-    __slots__ = ("_h", "_node", "_idx", "_epoch", "__weakref__")
+    # ``_base``: (the value this one reshapes, autograd's mode count), see reshapes.py.
+    __slots__ = ("_h", "_node", "_idx", "_epoch", "_base", "__weakref__")
 
     def __init__(self, node=None, index=0, handle=None, writable=True):
         # pylint: disable=super-init-not-called
@@ -32,6 +33,7 @@ class LazyArray(nd.NDArray):
         self._h = handle
         self._node = node
         self._idx = index
+        self._base = None
         self.writable = writable
         if handle is not None:
             self._epoch = BACKWARD_EPOCH[0]

@@ -12,7 +12,7 @@ import mxnet as mx
 from mxnet import autograd, nd
 from mxnet.base import MXNetError
 
-from . import context, weight_calls
+from . import context, reshapes, weight_calls
 from .context import current
 from .errors import BatchingError, describe_call
 from .lazy import LazyArray
@@ -209,7 +209,7 @@ _FLUENT = """sum mean max min prod nansum nanprod norm argmax argmin transpose t
 relu exp expm1 log log1p log2 log10 sqrt rsqrt square abs sign clip softmax log_softmax
 softmin slice_axis slice take pick one_hot broadcast_to broadcast_like zeros_like
 ones_like tile repeat flip topk sort argsort swapaxes sin cos tan floor ceil round rint
-fix trunc reciprocal expand_dims flatten squeeze reshape_like diag
+fix trunc reciprocal reshape_like diag
 arcsin arccos arctan sinh cosh degrees radians""".split()
 for _name in _FLUENT:
     if hasattr(nd.NDArray, _name):
@@ -232,6 +232,8 @@ def _through_f(name):
 
 LazyArray.split = _through_f("split")
 LazyArray.transpose = _through_f("transpose")
+for _name in ("expand_dims", "flatten", "squeeze"):       # reshapes.py sees through them
+    setattr(LazyArray, _name, _through_f(_name))
 
 
 def _reshape(self, *shape, **kwargs):
@@ -242,7 +244,7 @@ def _reshape(self, *shape, **kwargs):
         shape = tuple(shape[0])
     if not shape:
         shape = tuple(kwargs.pop("shape"))
-    return rec.call_op(opdef("reshape"), (self,), dict(kwargs, shape=tuple(shape)))
+    return rec.F.reshape(self, **dict(kwargs, shape=tuple(shape)))
 
 
 def _astype(self, dtype, copy=True):
@@ -298,8 +300,13 @@ def _getitem(self, key):
     if type(key) is slice and key.step is None and type(key.start) is int \
             and type(key.stop) is int:
         # x[i:j], rows of a table: the common case, straight to the recorder.
-        rows = self.shape[0]
-        if 0 <= key.start < key.stop <= rows and (key.start, key.stop) != (0, rows):
+        shape = self.shape
+        if 0 <= key.start < key.stop <= shape[0] and (key.start, key.stop) != (0, shape[0]):
+            if self._base is not None:         # rows of the base, if just as cheap
+                found = reshapes.part(rec.F, self, 0, key.start, key.stop,
+                                      (key.stop - key.start,) + shape[1:], reshape=False)
+                if found is not None:
+                    return found
             return rec.row_slice(self, key.start, key.stop)
     parts = key if isinstance(key, tuple) else (key,)
     shape = self.shape
@@ -326,6 +333,12 @@ def _getitem(self, key):
                              "scope" % (part, axis, size))
         begins.append(start)
         ends.append(stop)
+    new_shape = tuple(e - b for a, (b, e) in enumerate(zip(begins, ends))
+                      if a not in drop) + tuple(shape[len(parts):])
+    if self._base is not None:
+        found = _base_part(rec, self, begins, ends, new_shape or (1,))
+        if found is not None:
+            return found
     out = self
     if (begins[0], ends[0]) != (0, shape[0]):
         out = rec.row_slice(out, begins[0], ends[0])
@@ -336,10 +349,20 @@ def _getitem(self, key):
             "begin": (None,) + tuple(b for b, _ in rest),
             "end": (None,) + tuple(e for _, e in rest)})
     if drop:
-        new_shape = tuple(e - b for a, (b, e) in enumerate(zip(begins, ends))
-                          if a not in drop) + tuple(shape[len(parts):])
-        out = rec.call_op(opdef("reshape"), (out,), {"shape": new_shape or (1,)})
+        out = rec.F.reshape(out, shape=new_shape or (1,))
     return out
+
+
+def _base_part(rec, x, begins, ends, new_shape):
+    """``x[...]`` of a reshaped value cutting one axis (after axes of size 1):
+    rows of its base (``reshapes.py``), or None."""
+    shape = x.shape
+    cut = [a for a, (b, e) in enumerate(zip(begins, ends)) if (b, e) != (0, shape[a])]
+    if len(cut) > 1:
+        return None
+    if not cut:
+        return rec.F.reshape(x, shape=new_shape) if new_shape != shape else None
+    return reshapes.part(rec.F, x, cut[0], begins[cut[0]], ends[cut[0]], new_shape)
 
 
 LazyArray.__getitem__ = _getitem

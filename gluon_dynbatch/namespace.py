@@ -18,7 +18,7 @@ from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
 from mxnet.ndarray import NDArray
 from mxnet.ndarray import register as _register
 
-from . import context, lazy_ops, literals
+from . import context, lazy_ops, literals, reshapes
 from .lazy import LazyArray
 from .ops import opdef
 from .rules import RULES
@@ -48,7 +48,7 @@ class RecordingNamespace:
         elif getattr(target, "__module__", None) == "ndarray":
             op = opdef(*_canonical(path))
             if path == ("slice_axis",):
-                value = _slice_axis(rec, op)
+                value = _slice_axis(self, op)
             elif path in (("concat",), ("Concat",)):
                 value = _concat(rec, op)
             elif path == ("stack",):
@@ -61,6 +61,8 @@ class RecordingNamespace:
                 value = _transpose(self, _operator(rec, op))
             elif path == ("LeakyReLU",):
                 value = _leaky_relu(self, _operator(rec, op))
+            elif len(path) == 1 and op.name in reshapes.RESHAPES:
+                value = reshapes.reshaped(self, rec, _operator(rec, op), op)
             else:
                 value = _operator(rec, op)
             value.__name__ = name
@@ -85,15 +87,20 @@ def _operator(rec, op):
     return operator
 
 
-def _slice_axis(rec, op):
-    """``F.slice_axis``: rows of one array take the recorder's row-slice path."""
+def _slice_axis(ns, op):
+    """``F.slice_axis``: rows of one array take the recorder's row-slice path;
+    a slice of a reshaped value may be rows of its base (``reshapes.py``)."""
     modes = context.MODE_CHANGES
+    rec = ns._recorder  # pylint: disable=protected-access
 
     def slice_axis(*args, **kwargs):
         if len(args) > 1:                   # attributes given by position
             args, kwargs = op.named(args, kwargs)
         axis = kwargs.get("axis")
         if type(axis) is int and axis != 0:     # columns: an operator like any other
+            found = _base_slice(ns, args, kwargs)
+            if found is not None:
+                return found
             frame = rec.frame
             if frame is not None and rec._mode_seen == modes[0]:  # pylint: disable=W0212
                 return frame.op(op, args, kwargs)
@@ -102,6 +109,24 @@ def _slice_axis(rec, op):
             return rec.row_slice(args[0], kwargs["begin"], kwargs["end"])
         return rec.call_op(op, args, kwargs)
     return slice_axis
+
+
+def _base_slice(ns, args, kwargs):
+    """``F.slice_axis`` of a reshaped value along an axis after ones, as rows
+    of its base, or None."""
+    if len(args) != 1 or type(args[0]) is not LazyArray or set(kwargs) != {"axis", "begin", "end"}:
+        return None
+    shape = args[0].shape
+    axis, begin, end = kwargs["axis"], kwargs["begin"], kwargs["end"]
+    if not -len(shape) <= axis < len(shape) or not (end is None or type(end) is int) \
+            or type(begin) is not int:
+        return None
+    axis %= len(shape)
+    begin, end, _ = slice(begin, end).indices(shape[axis])
+    if end <= begin:
+        return None
+    out = shape[:axis] + (end - begin,) + shape[axis + 1:]
+    return reshapes.part(ns, args[0], axis, begin, end, out)
 
 
 def _concat(rec, op):
@@ -134,6 +159,11 @@ def _stack(ns, operator):
             shape = args[0].shape
             if shape and all(a.shape == shape for a in args[1:]):
                 return ns.reshape(ns.concat(*args, dim=0), shape=(len(args),) + shape)
+        elif set(kwargs) <= {"axis", "num_args"} \
+                and kwargs.get("num_args", len(args)) == len(args):
+            found = reshapes.stack(ns, args, kwargs.get("axis", 0))
+            if found is not None:
+                return found
         return operator(*args, **kwargs)
     return stack
 
@@ -153,13 +183,20 @@ def _one_call(ns, function, *args):
 
 
 def _split(ns, operator):
-    """``F.split`` of a pending value along axis 0: row slices, which are views.
+    """``F.split`` of a pending value along axis 0: row slices, which are views;
+    of a reshaped value, rows of its base (``reshapes.split``).
 
     ``F.split(gates, num_outputs=4, axis=0)`` of a 1-d vector, or a sentence's
     (T, E) matrix split into tokens, would otherwise run once per sample: its
     outputs are not the rows of its input.
     """
     def split(*args, **kwargs):
+        if len(args) == 1 and type(args[0]) is LazyArray and args[0]._base is not None \
+                and set(kwargs) <= {"num_outputs", "axis", "squeeze_axis"}:
+            found = _one_call(ns, reshapes.split, args[0], kwargs.get("axis", 1),
+                              kwargs.get("num_outputs"), bool(kwargs.get("squeeze_axis")))
+            if found is not None:
+                return found if len(found) > 1 else found[0]
         parts = _row_parts(args, kwargs)
         if parts is None:
             return operator(*args, **kwargs)
@@ -421,6 +458,11 @@ def _resolve_direct(name):
     return None
 
 
+# Operators the recording ``F`` rewrites, for direct ``mx.nd`` calls too.
+_REWRITTEN = frozenset(["split", "SliceChannel", "stack", "slice_axis", "concat",
+                        "Concat"]) | reshapes.RESHAPES
+
+
 def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list):
     """``_imperative_invoke`` that records calls on pending LazyArrays in a scope."""
     rec = context.TLS.recorder
@@ -434,7 +476,11 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
             if found[0].name == "LeakyReLU" and kwargs.get("act_type") == "prelu" \
                     and len(ndargs) == 2:
                 return _one_call(rec.F, _prelu, *ndargs)     # see _leaky_relu
-            result = rec.call_op(found[0], tuple(ndargs), kwargs)
+            if found[0].path[-1] in _REWRITTEN:
+                # Gluon's ``unroll`` splits and stacks with ``mx.nd`` itself.
+                result = getattr(rec.F, found[0].path[-1])(*ndargs, **kwargs)
+            else:
+                result = rec.call_op(found[0], tuple(ndargs), kwargs)
             if output_is_list and not isinstance(result, list):
                 result = [result]
             return result

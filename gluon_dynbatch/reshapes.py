@@ -1,0 +1,244 @@
+"""Reshapes seen through: parts of a reshaped pending value read as rows of its source.
+
+A reshape keeps an array's elements in order.  A value ``r`` recorded as a
+reshape of a pending value ``b`` (``x.expand_dims(0)``, ``F.reshape``,
+``F.squeeze``, a stack along an axis that only axes of size 1 precede)
+remembers ``b`` as its *base*.  When ``r`` is then split, sliced or reshaped
+along an axis preceded only by axes of size 1, each part is a run of ``b``'s
+rows, so it is recorded as those rows (a view, no step) and, where the shape
+differs, a reshape of them, which batches row by row.  Recorded as written,
+such a call on ``r`` depends on the sample's length (``(1, T, E)`` split
+into ``T`` parts) and batches with no sample of another length.
+
+Gluon's ``unroll`` does exactly this: it splits a ``(1, T, E)`` sentence
+along axis 1, and with ``merge_outputs=True`` stacks its ``(1, H)`` outputs
+along axis 1, which the user then indexes (``outs[:, -1]``).
+
+A reshape of a reshape is one reshape of the base, and none when it gives
+the base's shape back.  The values and gradients are the same: each part
+holds the same elements.  Bases live as long as the values that name them
+and are forgotten when a frame hands its values to the graph (see
+``Frame.based``), so they never keep a value alive that nothing else reads.
+"""
+from math import prod
+
+from .context import MODE_CHANGES
+from .lazy import LazyArray
+
+# Operators that only reshape; what ``target_shape`` knows how to compute.
+RESHAPES = frozenset(["reshape", "Reshape", "expand_dims", "squeeze", "Flatten", "flatten"])
+
+
+def base_of(x):
+    """The pending value ``x`` reshapes, or None.
+
+    A base noted under other autograd modes is not used.  A change of modes
+    runs what is pending, so a base and its reshape are always recorded under
+    the same modes; the check keeps it so should that ever change (rows of
+    a value made under ``pause()`` pass no gradient back, rows of its base
+    would).
+    """
+    found = x._base
+    if found is None or found[1] != MODE_CHANGES[0]:
+        return None
+    return found[0]
+
+
+def note(rec, out, source):
+    """Remember that ``out`` (a pending value just recorded) reshapes ``source``."""
+    if type(out) is not LazyArray or type(source) is not LazyArray or out is source \
+            or source._node is None:
+        return out
+    base = base_of(source)
+    out._base = (base if base is not None else source, MODE_CHANGES[0])
+    frame = rec.frame
+    if frame is not None and out._node is frame:
+        if frame.based is None:
+            frame.based = []
+        frame.based.append(out)
+    return out
+
+
+def forget_bases(frame):
+    """Drop the bases of ``frame``'s values before their references are counted
+    (``Frame.finish``, ``cut``): a base must not keep a value alive (exported
+    from the frame) that nothing else reads."""
+    for lazy in frame.based:
+        lazy._base = None
+    frame.based = None
+
+
+_TARGETS = {}       # (name, shape, kwargs items) -> target_shape
+
+
+def target_shape(name, shape, kwargs):
+    """The shape ``name`` (one of ``RESHAPES``) gives an input of ``shape``, or
+    None where the arguments are ones this module leaves alone."""
+    try:
+        key = (name, shape, tuple(kwargs.items()))
+        return _TARGETS[key]
+    except TypeError:                   # a list among the arguments
+        return _target_shape(name, shape, kwargs)
+    except KeyError:
+        if len(_TARGETS) > 4096:
+            _TARGETS.clear()
+        found = _TARGETS[key] = _target_shape(name, shape, kwargs)
+        return found
+
+
+def _target_shape(name, shape, kwargs):
+    ndim = len(shape)
+    if name == "expand_dims":
+        axis = kwargs.get("axis")
+        if type(axis) is not int or not -ndim - 1 <= axis <= ndim or set(kwargs) - {"axis"}:
+            return None
+        axis %= ndim + 1
+        return shape[:axis] + (1,) + shape[axis:]
+    if name == "squeeze":
+        return _squeezed(shape, kwargs)
+    if name in ("Flatten", "flatten"):
+        return None if kwargs or ndim < 2 else (shape[0], prod(shape[1:]))
+    if set(kwargs) - {"shape"}:
+        return None             # reverse, target_shape, ...: left to MXNet
+    return _reshaped(shape, kwargs.get("shape"))
+
+
+def _squeezed(shape, kwargs):
+    if set(kwargs) - {"axis"}:
+        return None
+    axis = kwargs.get("axis")
+    ndim = len(shape)
+    if axis is None:
+        axes = [a for a, size in enumerate(shape) if size == 1]
+    else:
+        axes = [axis] if type(axis) is int else list(axis)
+        if not all(type(a) is int and -ndim <= a < ndim for a in axes):
+            return None
+        axes = [a % ndim for a in axes]
+        if any(shape[a] != 1 for a in axes):
+            return None
+    out = tuple(size for a, size in enumerate(shape) if a not in axes)
+    return out or (1,)
+
+
+def _reshaped(shape, target):
+    """``shape`` reshaped to ``target`` with MXNet's 0 (copy) and -1 (infer), or None."""
+    if not isinstance(target, (tuple, list)) or not target:
+        return None
+    out = []
+    for k, size in enumerate(target):
+        if type(size) is not int or size < -1:
+            return None
+        if size == 0:
+            if k >= len(shape):
+                return None
+            size = shape[k]
+        out.append(size)
+    total = prod(shape)
+    if out.count(-1) > 1:
+        return None
+    if -1 in out:
+        known = prod([s for s in out if s != -1])
+        if not known or total % known:
+            return None
+        out[out.index(-1)] = total // known
+    return tuple(out) if prod(out) == total else None
+
+
+def reshaped(ns, rec, operator, op):
+    """``F.<op>`` for a reshape operator (``op.name`` in ``RESHAPES``): seen
+    through its input's base."""
+    name = op.name
+    plain = ns.reshape if name != "reshape" else operator
+
+    def reshape(*args, **kwargs):
+        if len(args) > 1:                   # attributes given by position
+            args, kwargs = op.named(args, kwargs)
+        if len(args) != 1 or type(args[0]) is not LazyArray:
+            return operator(*args, **kwargs)
+        x = args[0]
+        target = target_shape(name, x.shape, kwargs)
+        if target is None:
+            return operator(*args, **kwargs)
+        base = base_of(x)
+        if base is None:
+            return note(rec, operator(*args, **kwargs), x)
+        if target == base.shape:
+            return base
+        return note(rec, plain(base, shape=target), base)
+    return reshape
+
+
+def _source(x, axis):
+    """(the array whose rows make up ``x``'s elements along ``axis``, the elements
+    of one step along ``axis``, the elements of one of its rows), or None."""
+    if type(x) is not LazyArray or any(size != 1 for size in x.shape[:axis]):
+        return None
+    source = base_of(x)
+    if source is None:
+        if axis:
+            return None
+        source = x
+    row = prod(source.shape[1:])
+    return (source, prod(x.shape[axis + 1:]), row) if row else None
+
+
+def part(ns, x, axis, begin, end, shape, reshape=True):
+    """Elements ``begin:end`` along ``axis`` of pending value ``x``, as an array
+    of ``shape``: rows of ``x``'s base (or of ``x``, along axis 0), or None.
+
+    Only axes of size 1 may precede ``axis``, and the part must be whole rows
+    of the source; without ``reshape``, rows of the source's shape.
+    """
+    found = _source(x, axis)
+    if found is None:
+        return None
+    source, inner, row = found
+    first, last = begin * inner, end * inner
+    if first % row or last % row or not reshape and \
+            source.shape[1:] != tuple(shape[1:]):
+        return None
+    return _rows(ns, source, first // row, last // row, shape)
+
+
+def _rows(ns, source, begin, end, shape):
+    rows = ns.slice_axis(source, axis=0, begin=begin, end=end)
+    return rows if rows.shape == tuple(shape) else ns.reshape(rows, shape=tuple(shape))
+
+
+def split(ns, x, axis, num, squeeze):
+    """The parts of ``F.split(x, axis=axis, num_outputs=num, squeeze_axis=squeeze)``
+    as rows of ``x``'s base, or None."""
+    if type(x) is not LazyArray or base_of(x) is None:
+        return None
+    shape = x.shape
+    if type(axis) is not int or not -len(shape) <= axis < len(shape):
+        return None
+    axis %= len(shape)
+    if type(num) is not int or num < 1 or shape[axis] % num:
+        return None
+    step = shape[axis] // num
+    found = _source(x, axis)
+    if found is None or (squeeze and step != 1) or (step * found[1]) % found[2]:
+        return None
+    source, rows = found[0], step * found[1] // found[2]
+    out_shape = shape[:axis] + ((step,) if not squeeze else ()) + shape[axis + 1:]
+    return [_rows(ns, source, k * rows, (k + 1) * rows, out_shape or (1,))
+            for k in range(num)]
+
+
+def stack(ns, args, axis):
+    """``F.stack(*args, axis=axis)`` where only axes of size 1 precede ``axis``:
+    the rows concatenated, reshaped (a reshape whose base is the concatenation);
+    None for any other stack."""
+    if not args or not all(type(a) is LazyArray for a in args):
+        return None
+    shape = args[0].shape
+    if type(axis) is not int or not -len(shape) - 1 <= axis <= len(shape):
+        return None
+    axis %= len(shape) + 1
+    if not axis or any(size != 1 for size in shape[:axis]) \
+            or any(a.shape != shape for a in args[1:]):
+        return None
+    rows = ns.concat(*args, dim=0)
+    return ns.reshape(rows, shape=shape[:axis] + (len(args),) + shape[axis:])
