@@ -12,7 +12,7 @@ import mxnet as mx
 from mxnet import autograd, nd
 from mxnet.base import MXNetError
 
-from . import context, reshapes, weight_calls
+from . import columns, context, reshapes, weight_calls
 from .context import current
 from .errors import BatchingError, describe_call
 from .lazy import LazyArray
@@ -52,11 +52,12 @@ def _make_binary(name):
             return eager(lhs, rhs)
         lhs_arr, rhs_arr = isinstance(lhs, nd.NDArray), isinstance(rhs, nd.NDArray)
         if lhs_arr and rhs_arr:
-            return rec.call_op(opdef(array_op), (lhs, rhs), {})
+            return columns.record(rec, opdef(array_op), (lhs, rhs), {})
         if lhs_arr:
-            return rec.call_op(opdef("_internal", lscalar), (lhs, float(rhs)), {})
+            return columns.record(rec, opdef("_internal", lscalar), (lhs, float(rhs)), {})
         if rhs_arr:
-            return rec.call_op(opdef("_internal", rscalar or lscalar), (rhs, float(lhs)), {})
+            return columns.record(rec, opdef("_internal", rscalar or lscalar),
+                                  (rhs, float(lhs)), {})
         return pyop(lhs, rhs)
     binary.__name__ = name
     return binary
@@ -82,7 +83,7 @@ def _dunder(name, reflected=False):
 
     def dunder(self, other):
         rec = tls.recorder
-        if rec is not None:
+        if rec is not None and self._base is None:     # (a base: see columns.py)
             frame = rec.frame
             if frame is not None and rec._mode_seen == modes[0] \
                     and not _on_weights(rec, frame, self, other):
@@ -160,7 +161,7 @@ def _neg(self):
     rec = current()
     if rec is None:
         return nd.NDArray.__neg__(self)
-    return rec.call_op(opdef("_internal", "_mul_scalar"), (self, -1.0), {})
+    return columns.record(rec, opdef("_internal", "_mul_scalar"), (self, -1.0), {})
 
 
 def _abs(self):
@@ -200,7 +201,7 @@ def _fluent(name, op_name=None):
         args = (self,) + args
         if op.arrays is not None and len(args) > op.arrays:   # x.sum(1), x.swapaxes(0, 1)
             args, kwargs = op.named(args, kwargs)
-        return rec.call_op(op, args, kwargs)
+        return columns.record(rec, op, args, kwargs)
     method.__name__ = name
     return method
 

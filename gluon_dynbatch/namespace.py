@@ -18,7 +18,7 @@ from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
 from mxnet.ndarray import NDArray
 from mxnet.ndarray import register as _register
 
-from . import context, lazy_ops, literals, reshapes
+from . import columns, context, lazy_ops, literals, reshapes
 from .lazy import LazyArray
 from .ops import opdef
 from .rules import RULES
@@ -80,6 +80,8 @@ def _operator(rec, op):
     def operator(*args, **kwargs):
         if len(args) > arrays:              # attributes given by position
             args, kwargs = op.named(args, kwargs)
+        if args and type(args[0]) is LazyArray and args[0]._base is not None:
+            return columns.record(rec, op, args, kwargs)
         frame = rec.frame
         if frame is not None and rec._mode_seen == modes[0]:  # pylint: disable=W0212
             return frame.op(op, args, kwargs)
@@ -132,6 +134,10 @@ def _base_slice(ns, args, kwargs):
 def _concat(rec, op):
     """``F.concat``: stacking rows (``dim=0``) takes the recorder's short path."""
     def concat(*args, **kwargs):
+        if set(kwargs) <= {"dim", "num_args"} and kwargs.get("dim", 1) != 0 and args:
+            found = reshapes.concat(rec.F, args, kwargs.get("dim", 1))   # scores in a row
+            if found is not None:
+                return found
         if len(kwargs) == 1 and kwargs.get("dim") == 0 and args:
             out = rec.row_concat(op, args)
             if out is not None:
@@ -286,8 +292,11 @@ def _dot(ns, operator):
     0 as it is.  It is recorded as the same product of the vector as one row,
     between two reshapes: ``dot(x, W)`` as ``dot(x.reshape((1, -1)), W)``,
     ``dot(W, x)`` as ``dot(x.reshape((1, -1)), W, transpose_b=True)``; each
-    of the three batches row by row.
+    of the three batches row by row.  Attention scores of a query row against
+    a sample's own rows are recorded in column form (``columns.scores``).
     """
+    rec = ns._recorder  # pylint: disable=protected-access
+
     def dot(*args, **kwargs):
         if len(args) == 2 and set(kwargs) <= {"transpose_a", "transpose_b"}:
             a, b = args
@@ -296,6 +305,10 @@ def _dot(ns, operator):
                 return _one_call(ns, _as_row_product, operator, a, b, tb)
             if _vector(b) and _matrix(a) and not tb:
                 return _one_call(ns, _as_row_product, operator, b, a, not ta)
+            if not ta:          # attention scores in column form
+                found = _one_call(ns, columns.scores, rec, a, b, tb)
+                if found is not None:
+                    return found
         return operator(*args, **kwargs)
     return dot
 
@@ -460,7 +473,7 @@ def _resolve_direct(name):
 
 # Operators the recording ``F`` rewrites, for direct ``mx.nd`` calls too.
 _REWRITTEN = frozenset(["split", "SliceChannel", "stack", "slice_axis", "concat",
-                        "Concat"]) | reshapes.RESHAPES
+                        "Concat", "dot", "transpose"]) | reshapes.RESHAPES
 
 
 def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list):
@@ -469,9 +482,9 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
     if rec is not None and out is None and not is_np_op and not rec.eager \
             and any(type(a) is LazyArray and a._h is None for a in ndargs):
         found = _direct_op(handle)
-        # Arrays go by position: a non-variadic call that left an optional
-        # array out (``bias=None``) cannot be replayed positionally.
-        if found is not None and (found[1] is None or found[1] == len(ndargs)):
+        # Arrays go by position, for MXNet as for the replay: a call that left
+        # optional arrays out (``bias``, ``length``) passes the ones before them.
+        if found is not None and (found[1] is None or found[1] >= len(ndargs)):
             kwargs = dict(zip(keys, vals))
             if found[0].name == "LeakyReLU" and kwargs.get("act_type") == "prelu" \
                     and len(ndargs) == 2:
@@ -480,7 +493,7 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
                 # Gluon's ``unroll`` splits and stacks with ``mx.nd`` itself.
                 result = getattr(rec.F, found[0].path[-1])(*ndargs, **kwargs)
             else:
-                result = rec.call_op(found[0], tuple(ndargs), kwargs)
+                result = columns.record(rec, found[0], tuple(ndargs), kwargs)
             if output_is_list and not isinstance(result, list):
                 result = [result]
             return result

@@ -242,3 +242,21 @@ def stack(ns, args, axis):
         return None
     rows = ns.concat(*args, dim=0)
     return ns.reshape(rows, shape=shape[:axis] + (len(args),) + shape[axis:])
+
+
+def concat(ns, args, dim):
+    """``F.concat(*args, dim=dim)`` of single numbers ((1, 1) scores) along an
+    axis after ones: a (k, 1) column of their rows, reshaped (the column is
+    the result's base); None for any other concatenation."""
+    if not args or not all(type(a) is LazyArray for a in args):
+        return None
+    shape = args[0].shape
+    if type(dim) is not int or not -len(shape) <= dim < len(shape) or len(shape) < 2 \
+            or any(a.shape != shape for a in args[1:]) or any(size != 1 for size in shape):
+        return None
+    dim %= len(shape)
+    if not dim:
+        return None
+    rows = [a if a.shape == (1, 1) else ns.reshape(a, shape=(1, 1)) for a in args]
+    column = ns.concat(*rows, dim=0)
+    return ns.reshape(column, shape=shape[:dim] + (len(args),) + shape[dim + 1:])

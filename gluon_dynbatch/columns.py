@@ -1,0 +1,188 @@
+"""Attention over a sample's own rows, recorded in column form.
+
+``F.dot(q, K, transpose_b=True)`` of a query row ``q`` (1, H) and a sample's
+own keys ``K`` (T, H) is a (1, T) row of scores as wide as the sample is
+long; so are the softmax over it and the weights in ``F.dot(weights, V)``.
+Recorded as written, each of those calls batches only with samples of the
+same length.  Recorded in column form, each one's rows are the sample's
+``T`` rows, and samples of every length batch together:
+
+* the scores are ``sum(K * q, axis=1, keepdims=True)``, a (T, 1) column,
+  reshaped to (1, T); the column is the row's base (``reshapes.py``);
+* a softmax (or log-softmax) along a row whose base is a column is the
+  softmax of the column over axis 0 (a segment softmax), reshaped;
+* ``F.dot(w, V)`` of such a row ``w`` and a (T, C) value ``V`` is
+  ``sum(column * V, axis=0, keepdims=True)``, a segment sum;
+* an elementwise call on such a row (``scores / sqrt(H)``, ``F.tanh``) is the
+  call on the column, reshaped.
+
+A (1, T) row made by concatenating (1, 1) scores along axis 1, or by
+transposing or reshaping a (T, 1) column, has the column as its base too
+(``reshapes.concat``, ``F.transpose``).  Each form is the same sum of the
+same products, so values and gradients agree with ``F.dot`` to float32
+rounding.  The reference executor records the calls as written.
+"""
+from mxnet.ndarray import NDArray
+
+from . import weight_calls
+from .lazy import LazyArray
+from .reshapes import base_of
+
+# Operators applied element by element to one array (and numbers): they
+# commute with a reshape.
+ELEMENTWISE = frozenset("""
+_plus_scalar _minus_scalar _rminus_scalar _mul_scalar _div_scalar _rdiv_scalar
+_power_scalar _rpower_scalar _maximum_scalar _minimum_scalar
+tanh sigmoid relu exp log log1p expm1 sqrt rsqrt square abs negative reciprocal
+sin cos softsign erf Activation clip sign floor ceil round
+""".split())
+
+
+def _pending(x):
+    return type(x) is LazyArray and x._node is not None
+
+
+def _column_of(x):
+    """The (T, 1) column, or (T,) vector, that a pending row ``x`` of shape
+    (1, ..., 1, T) reshapes; or None."""
+    if type(x) is not LazyArray or x._base is None:
+        return None
+    shape = x.shape
+    base = base_of(x)
+    if base is None or len(shape) < 2 or any(size != 1 for size in shape[:-1]) \
+            or base.shape not in ((shape[-1], 1), (shape[-1],)):
+        return None
+    return base
+
+
+def _as_column(ns, base):
+    """A ``_column_of`` result as a (T, 1) column."""
+    return base if len(base.shape) == 2 else ns.reshape(base, shape=(base.shape[0], 1))
+
+
+def scores(ns, rec, a, b, transpose_b):
+    """``F.dot(a, b, transpose_b=transpose_b)`` of a sample's (T, H) keys and a
+    (1, H) query row in column form, or None: ``dot(q, K, transpose_b=True)``
+    is the (1, T) row of a (T, 1) column; ``dot(K, q, transpose_b=True)`` and
+    ``dot(K, r)`` of an (H, 1) reshape ``r`` of q (``q.T``) are that column."""
+    if not (_pending(a) and _pending(b)) or rec.reference():
+        return None
+    sa, sb = a.shape, b.shape
+    if len(sa) != 2 or len(sb) != 2:
+        return None
+    if not transpose_b:
+        query = base_of(b) if type(b) is LazyArray and b._base is not None else None
+        if query is None or sb[1] != 1 or query.shape != (1, sb[0]) or sa[1] != sb[0]:
+            return None
+        return _column(ns, rec, a, query)
+    if sa[0] == 1 and sa[1] == sb[1]:
+        return _as_row(ns, _column(ns, rec, b, a), (1, sb[0]))
+    if sb[0] == 1 and sa[1] == sb[1]:
+        return _column(ns, rec, a, b)
+    return None
+
+
+def _column(ns, rec, keys, query):
+    """``sum(keys * query, axis=1, keepdims=True)`` of a sample's (T, H) keys and
+    a (1, H) query, neither a weight (a layer's product batches as it is), or None."""
+    if weight_calls.is_weight(rec, keys) or weight_calls.is_weight(rec, query):
+        return None
+    return ns.sum(ns.broadcast_mul(keys, query), axis=1, keepdims=True)
+
+
+def weighted_sum(ns, rec, weights, values):
+    """``F.dot(weights, values)`` of a (1, T) row with a column base and a
+    (T, C) value, in column form, or None."""
+    column = _column_of(weights)
+    if column is None or not _pending(values) or len(values.shape) != 2 \
+            or values.shape[0] != column.shape[0] or weight_calls.is_weight(rec, values):
+        return None
+    return ns.sum(ns.broadcast_mul(_as_column(ns, column), values), axis=0, keepdims=True)
+
+
+def batch_weighted_sum(ns, rec, weights, values):
+    """``F.batch_dot(weights, values)`` of a (1, 1, T) row with a column base and
+    a (1, T, C) reshape of a (T, C) value, in column form, or None."""
+    base = base_of(values) if type(values) is LazyArray and values._base is not None else None
+    if base is None or len(values.shape) != 3 or values.shape[0] != 1 \
+            or base.shape != values.shape[1:]:
+        return None
+    out = weighted_sum(ns, rec, weights, base)
+    return None if out is None else ns.reshape(out, shape=(1,) + out.shape)
+
+
+def batch_scores(ns, rec, query, keys):
+    """``F.batch_dot(q.expand_dims(0), K.expand_dims(0), transpose_b=True)`` of
+    a (1, H) query and a sample's (T, H) keys, in column form, or None."""
+    if type(keys) is not LazyArray or keys._base is None or rec.reference():
+        return None
+    q, k = base_of(query), base_of(keys)
+    if q is None or k is None or len(query.shape) != 3 or query.shape[:2] != (1, 1) \
+            or len(keys.shape) != 3 or keys.shape[0] != 1 or q.shape != query.shape[1:] \
+            or k.shape != keys.shape[1:] or q.shape[1] != k.shape[1]:
+        return None
+    column = _column(ns, rec, k, q)
+    return None if column is None else ns.reshape(column, shape=(1, 1, k.shape[0]))
+
+
+# Scalar comparisons: elementwise too (a mask of the scores).
+COMPARISONS = frozenset("""
+_equal_scalar _not_equal_scalar _greater_scalar _greater_equal_scalar _lesser_scalar
+_lesser_equal_scalar
+""".split())
+# Elementwise operators of two arrays: on two rows of one shape, on their columns.
+BINARY = frozenset("""
+broadcast_add broadcast_sub broadcast_mul broadcast_div broadcast_maximum broadcast_minimum
+elemwise_add elemwise_sub elemwise_mul elemwise_div _plus _minus _mul _div
+""".split())
+
+
+def rewrite(rec, op, args, kwargs):
+    """``op(*args, **kwargs)`` in column form when ``args[0]`` is a row with a
+    column base (a softmax, an elementwise call, ``F.dot(weights, values)``),
+    else None.  Callers check ``args[0]._base`` first: most calls have none."""
+    if op.name == "batch_dot" and len(args) == 2 and kwargs.get("transpose_b") \
+            and not kwargs.get("transpose_a"):
+        return batch_scores(rec.F, rec, args[0], args[1])
+    found = _column_of(args[0])
+    if found is None or rec.reference():
+        return None
+    name, ns = op.name, rec.F
+    if name in ELEMENTWISE or name in COMPARISONS:
+        if any(isinstance(a, NDArray) for a in args[1:]) \
+                or any(isinstance(v, NDArray) for v in kwargs.values()):
+            return None
+        out = rec.call_op(op, (_as_column(ns, found),) + tuple(args[1:]), kwargs)
+    elif name in BINARY:
+        other = _column_of(args[1]) if len(args) == 2 and not kwargs else None
+        if other is None or args[1].shape != args[0].shape:
+            return None
+        out = rec.call_op(op, (_as_column(ns, found), _as_column(ns, other)), {})
+    elif name in ("softmax", "log_softmax"):
+        if len(args) != 1 or not set(kwargs) <= {"axis"} \
+                or kwargs.get("axis", -1) not in (-1, len(args[0].shape) - 1):
+            return None
+        out = rec.call_op(op, (_as_column(ns, found),), {"axis": 0})
+    elif name in ("dot", "batch_dot") and len(args) == 2 and not any(kwargs.values()):
+        if name == "dot":
+            return weighted_sum(ns, rec, args[0], args[1])
+        return batch_weighted_sum(ns, rec, args[0], args[1])
+    else:
+        return None
+    return _as_row(ns, out, args[0].shape)
+
+
+def _as_row(ns, column, shape):
+    """``column`` as a row of ``shape`` (itself for a single number)."""
+    if column is None or column.shape == shape:
+        return column
+    return ns.reshape(column, shape=shape)
+
+
+def record(rec, op, args, kwargs):
+    """``rec.call_op(op, args, kwargs)``, in column form where ``rewrite`` applies."""
+    if args and type(args[0]) is LazyArray and args[0]._base is not None:
+        found = rewrite(rec, op, args, kwargs)
+        if found is not None:
+            return found
+    return rec.call_op(op, args, kwargs)
