@@ -64,12 +64,19 @@ def scores(ns, rec, a, b, transpose_b):
     """``F.dot(a, b, transpose_b=transpose_b)`` of a sample's (T, H) keys and a
     (1, H) query row in column form, or None: ``dot(q, K, transpose_b=True)``
     is the (1, T) row of a (T, 1) column; ``dot(K, q, transpose_b=True)`` and
-    ``dot(K, r)`` of an (H, 1) reshape ``r`` of q (``q.T``) are that column."""
+    ``dot(K, r)`` of an (H, 1) reshape ``r`` of q (``q.T``) are that column;
+    ``dot(w, V)`` of a (1, 1) weight and a one-row value is a weighted sum as
+    ``weighted_sum`` makes it for longer ones."""
     if not (_pending(a) and _pending(b)) or rec.reference():
         return None
     sa, sb = a.shape, b.shape
     if len(sa) != 2 or len(sb) != 2:
         return None
+    if not transpose_b and sa == (1, 1) and sb[0] == 1:
+        # One weight (a softmax over one score): the weighted sum of the others.
+        if weight_calls.is_weight(rec, a) or weight_calls.is_weight(rec, b):
+            return None
+        return ns.sum(ns.broadcast_mul(a, b), axis=0, keepdims=True)
     if not transpose_b:
         query = base_of(b) if type(b) is LazyArray and b._base is not None else None
         if query is None or sb[1] != 1 or query.shape != (1, sb[0]) or sa[1] != sb[0]:
