@@ -177,6 +177,20 @@ class FuzzNet(gdb.DynBatchBlock):
         if op == "attend":                     # the first row attends over the rows
             scores = F.dot(a[0:1], F.tanh(a), transpose_b=True)
             return [F.dot(F.softmax(scores, axis=1), a)]
+        if op == "attend2":                    # scores as a column, scaled, masked
+            scores = F.dot(F.tanh(a), a[0:1].T) / 2.0
+            weights = F.softmax(scores - 5.0 * (scores < -0.2), axis=0).T
+            singles = [F.sum(a[k:k + 1] * a[0:1], axis=1, keepdims=True)
+                       for k in range(a.shape[0])]
+            second = F.exp(F.log_softmax(F.concat(*singles, dim=1)))
+            return [F.dot(weights, a) + F.batch_dot(second.expand_dims(0),
+                                                    a.expand_dims(0)).reshape((1, W))]
+        if op == "unroll":                     # a stack on axis 1, split and indexed
+            steps = F.stack(*[F.tanh(a[k:k + 1]) for k in range(a.shape[0])], axis=1)
+            parts = F.split(a.expand_dims(0), axis=1, num_outputs=a.shape[0],
+                            squeeze_axis=True)
+            parts = parts if isinstance(parts, list) else [parts]
+            return [steps[:, -1] + parts[0] * steps[0, 0:1] + F.squeeze(steps[:, 0:1], axis=1)]
         if op == "madeweight":                 # a weight made from a parameter alone
             return [F.tanh(F.dot(a, F.transpose(mat) * 0.5))]
         if op == "rowparam":                   # a (1, W) Parameter; a weight's .data()
@@ -361,7 +375,8 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale",
            "vector", "act", "crf")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
-             "childsum", "childtotal", "childterms", "attend", "rowsum", "twice")
+             "childsum", "childtotal", "childterms", "attend", "rowsum", "twice",
+             "attend2", "unroll")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")
 # Operators whose gradient is zero (BlockGrad, floor, comparisons); they once
 # crashed MXNet's backward after the imperative executor's concat + take gather
@@ -402,7 +417,7 @@ def programs(draw, rows, max_len=5):
         a = draw(st.integers(0, len(shapes) - 1))
         ra = shapes[a]
         if op in ("max0", "lse0", "sum0", "mean0", "chain", "childloop", "childsum",
-                  "childtotal", "childterms", "attend", "rowsum", "twice"):
+                  "childtotal", "childterms", "attend", "rowsum", "twice", "attend2", "unroll"):
             ins, out = (op, a), 1
         elif op == "rows":
             start = draw(st.integers(0, ra - 1))
@@ -664,4 +679,15 @@ def test_regression_a_loop_reading_one_multi_row_value_in_every_iteration(strate
     grouped, that value is stacked once per iteration, not passed once as if it
     were one row broadcast to both (hypothesis found it)."""
     samples = [Node(0, 2, [], [("sub", 0, 0), ("add", 0, 0), ("add", 0, 1)], 0, [2, 3])]
+    assert_sample_set_matches_eager(samples, strategy, compiled)
+
+
+@pytest.mark.parametrize("strategy,compiled", [("depth", False), ("agenda", "step")])
+def test_attention_and_unroll_instructions_over_nodes_of_every_row_count(strategy, compiled):
+    """The column-form attention and the reshaped values of ``attend2`` and
+    ``unroll`` (columns.py, reshapes.py) over nodes of one to four rows."""
+    kids = [Node(2 * k, k + 1, [], [("attend2", 0), ("unroll", 0), ("add", 1, 2)], 3, [3])
+            for k in range(4)]
+    samples = [Node(0, 3, kids, [("unroll", 0), ("attend2", 0)], 2, [1, 2]),
+               Node(1, 1, [], [("attend2", 0), ("unroll", 1)], 2, [2])]
     assert_sample_set_matches_eager(samples, strategy, compiled)
