@@ -287,3 +287,17 @@ def _begin_state(self, batch_size=0, func=None, **kwargs):
 
 
 gluon.rnn.RecurrentCell.begin_state = _begin_state
+_ORIGINAL_LAYER_BEGIN_STATE = gluon.rnn.rnn_layer._RNNLayer.begin_state
+
+
+def _layer_begin_state(self, batch_size=0, func=mx.nd.zeros, **kwargs):
+    """The same for Gluon's fused RNN layers (``rnn.LSTM``, ``GRU``, ``RNN``),
+    which make their zeros with ``mx.nd.zeros`` when called without states."""
+    if func is mx.nd.zeros:
+        rec = context.TLS.recorder
+        if rec is not None and not rec.eager and rec.depth > 0:
+            func = rec.F.zeros
+    return _ORIGINAL_LAYER_BEGIN_STATE(self, batch_size, func=func, **kwargs)
+
+
+gluon.rnn.rnn_layer._RNNLayer.begin_state = _layer_begin_state

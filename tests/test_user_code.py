@@ -503,6 +503,42 @@ def test_begin_state_in_a_model_is_one_shared_constant_per_graph():
         np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
 
 
+class SeenLSTM(gluon.rnn.LSTM):
+    """A fused LSTM layer that keeps the states it makes when called without any."""
+
+    seen = []
+
+    def begin_state(self, *args, **kwargs):     # pylint: disable=arguments-differ
+        states = super().begin_state(*args, **kwargs)
+        self.seen.append(states)
+        return states
+
+
+class FusedSentence(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.rnn = SeenLSTM(4, input_size=4)
+
+    def hybrid_forward(self, F, x):
+        return self.rnn(x.expand_dims(1))[-1]
+
+
+def test_a_fused_rnn_layers_zero_states_are_one_shared_constant_per_graph():
+    xs = [nd.array(np.random.RandomState(k).uniform(-1, 1, (k + 2, 4))) for k in range(3)]
+    model = FusedSentence()
+    model.initialize()
+    want = [model(x).asnumpy() for x in xs]
+    assert all(type(s) is nd.NDArray for s in SeenLSTM.seen[-1])
+    SeenLSTM.seen.clear()
+    with gdb.batching():
+        outs = [model(x) for x in xs]
+        nodes = [s._node for states in SeenLSTM.seen for s in states]
+        assert len(nodes) == 6 and len({id(n) for n in nodes}) == 1
+    for out, expected in zip(outs, want):
+        np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 class SplitTokens(gdb.DynBatchBlock):
     """A sentence's (T, 4) matrix split into tokens along axis 0, squeezed to 1-d
     vectors, each multiplied by a weight as ``F.dot(W, x)``."""
