@@ -301,3 +301,32 @@ def _layer_begin_state(self, batch_size=0, func=mx.nd.zeros, **kwargs):
 
 
 gluon.rnn.rnn_layer._RNNLayer.begin_state = _layer_begin_state
+_ORIGINAL_LAYER_FORWARD = gluon.rnn.rnn_layer._RNNLayer.hybrid_forward
+
+
+class _OutputsOnly:
+    """The recording ``F`` for a fused RNN layer called without states: its
+    ``F.RNN`` makes no state outputs, which the layer would drop anyway, so
+    that calls on sentences of different lengths can share one padded call
+    (``layer_rules.PaddedRNNRule``)."""
+
+    def __init__(self, F):
+        self._F = F
+
+    def __getattr__(self, name):
+        return getattr(self._F, name)
+
+    def RNN(self, *args, **kwargs):  # pylint: disable=invalid-name
+        """``F.RNN`` with ``state_outputs=False``; the layer reads [outputs, states...]."""
+        kwargs["state_outputs"] = False
+        return [self._F.RNN(*args, **kwargs), None, None]
+
+
+def _layer_hybrid_forward(self, F, inputs, states, sequence_length=None, **kwargs):
+    rec = context.TLS.recorder
+    if self.skip_states and rec is not None and F is rec.F:
+        F = _OutputsOnly(F)
+    return _ORIGINAL_LAYER_FORWARD(self, F, inputs, states, sequence_length, **kwargs)
+
+
+gluon.rnn.rnn_layer._RNNLayer.hybrid_forward = _layer_hybrid_forward

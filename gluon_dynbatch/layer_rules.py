@@ -26,6 +26,8 @@ into one (``vectorize.py`` groups "rows" calls only) and programs do not
 hold them.  Importing the package registers them (see
 ``rules.register_rule``).
 """
+import numpy as np
+
 from .graph import LEAF
 from .rules import (ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, Signature, _in_dtype,
                     _in_shape, call_as_recorded, plain_layout, register_rule, rule_for,
@@ -75,6 +77,53 @@ class RNNRule(RowRule):
         outs = call_as_recorded(F, node, laid)
         return [F.reshape(F.swapaxes(out, dim1=0, dim2=1), shape=(-1, 1) + shape[2:])
                 for out, shape in zip(outs, node.out_shapes)]
+
+
+class PaddedRNNRule(RowRule):
+    """A one-direction ``RNN`` without state outputs (a Gluon layer called
+    without states, see ``block._OutputsOnly``) over samples of any lengths:
+    one call, each sample padded with zero steps after its last to the
+    longest.  An RNN runs forward, so steps after a sample's end change none
+    of its outputs; the outputs of the padding are dropped, and no gradient
+    reaches them.  The padding is a gather (``segment_arrays``)."""
+
+    batching = "segment"
+
+    def __init__(self):
+        super().__init__(_rnn_roles)
+
+    def signature(self, node):
+        kwargs = node.kwargs
+        if kwargs.get("state_outputs", False) or kwargs.get("bidirectional", False) \
+                or kwargs.get("projection_size") is not None or len(node.out_shapes) != 1:
+            return None
+        sig = super().signature(node)
+        return None if sig is None else Signature(sig.key + ("padded",), self, sig.roles)
+
+    @staticmethod
+    def segment_arrays(nodes, dtype):
+        """(each sample's steps padded to the longest, as rows of the inputs
+        followed by one zero row; where each output row sits in the padded output)."""
+        counts = np.array([_in_shape(n, 0)[0] for n in nodes], dtype=np.int64)
+        longest, total = int(counts.max()), int(counts.sum())
+        steps = np.arange(longest)
+        starts = np.cumsum(counts) - counts
+        real = steps[None, :] < counts[:, None]
+        pad = np.where(real, starts[:, None] + steps[None, :], total).astype(np.int32)
+        unpad = np.nonzero(real.reshape(-1))[0].astype(np.int32)
+        return [pad, unpad]
+
+    def batched_call(self, F, node, inputs):
+        data, params, states = inputs[0], inputs[1], inputs[2:-2]
+        pad, unpad = inputs[-2:]
+        width, out_width = _in_shape(node, 0)[2], node.out_shapes[0][2]
+        rows = F.reshape(data, shape=(-1, width))
+        rows = F.concat(rows, F.zeros_like(F.slice_axis(rows, axis=0, begin=0, end=1)), dim=0)
+        padded = F.swapaxes(F.take(rows, pad), dim1=0, dim2=1)         # (longest, k, C)
+        laid = [_batch_on_axis1(F, x, _in_shape(node, k + 2)) for k, x in enumerate(states)]
+        out = call_as_recorded(F, node, [padded, params] + laid)[0]     # (longest, k, H)
+        out = F.reshape(F.swapaxes(out, dim1=0, dim2=1), shape=(-1, out_width))
+        return [F.reshape(F.take(out, unpad), shape=(-1, 1, out_width))]
 
 
 def _batch_on_axis1(F, rows, shape):
@@ -217,7 +266,7 @@ _REDUCTIONS = ("sum", "mean", "max", "min", "prod", "nansum", "nanprod", "norm")
 for _name in _REDUCTIONS:
     register_rule(_name, RowFallback(OneRowReduceRule(), rule_for(_name)))
 
-register_rule("RNN", RNNRule())
+register_rule("RNN", RowFallback(PaddedRNNRule(), RNNRule()))
 register_rule("softmax_cross_entropy", RowCrossEntropyRule())
 _DOT = RowFallback(EachDotRule(), rule_for("dot"))
 _DOT.source_dependent = True        # whether b is computed per sample (see calls.remember)

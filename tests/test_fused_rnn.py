@@ -1,0 +1,76 @@
+"""Gluon's fused RNN layers over sentences of different lengths.
+
+A one-direction layer called without states runs as one call for every
+sentence, each padded after its end (``layer_rules.PaddedRNNRule``); a
+layer whose states are given or returned, or that runs both directions,
+runs once per length (``RNNRule``).  Every form is checked against eager
+Gluon, outputs and every gradient.
+"""
+import random
+
+import numpy as np
+import pytest
+from mxnet import nd
+from mxnet.gluon import rnn
+
+import gluon_dynbatch as gdb
+from dynbatch_testing import check_all_strategies, make_model
+
+E, H = 3, 4
+LENGTHS = (1, 4, 2, 5, 3, 5)
+
+
+def _sentences(seed):
+    rng = random.Random(seed)
+    return [[rng.randrange(10) for _ in range(n)] for n in LENGTHS]
+
+
+def _table(seed=0):
+    return nd.array(np.random.RandomState(seed).uniform(-1, 1, (10, E)))
+
+
+LAYERS = {
+    "lstm": lambda: rnn.LSTM(H, input_size=E),
+    "gru_two_layers_ntc": lambda: rnn.GRU(H, num_layers=2, layout="NTC", input_size=E),
+    "relu_rnn": lambda: rnn.RNN(H, activation="relu", input_size=E),
+    "lstm_states_given": lambda: rnn.LSTM(H, num_layers=2, input_size=E),
+    "bidirectional_lstm": lambda: rnn.LSTM(H, bidirectional=True, input_size=E),
+}
+PADDED = ("lstm", "gru_two_layers_ntc", "relu_rnn")
+
+
+class Encoder(gdb.DynBatchBlock):
+    """A fused layer over a sentence; the last output and the mean of all."""
+
+    def __init__(self, layer, **kwargs):
+        super().__init__(**kwargs)
+        self.kind = layer
+        with self.name_scope():
+            self.rnn = LAYERS[layer]()
+
+    def hybrid_forward(self, F, words, table):
+        x = F.concat(*[table[w:w + 1] for w in words], dim=0)            # (T, E)
+        if self.kind == "gru_two_layers_ntc":
+            out = self.rnn(x.expand_dims(0))[0]                           # (T, H)
+        elif self.kind == "lstm_states_given":
+            out, states = self.rnn(x.expand_dims(1), self.rnn.begin_state(batch_size=1))
+            return F.concat(out[-1], states[1][1], dim=1)
+        else:
+            out = self.rnn(x.expand_dims(1)).reshape((len(words), -1))
+        return F.concat(out[-1:], F.mean(out, axis=0, keepdims=True), dim=1)
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_fused_layers_over_sentences_of_different_lengths(layer):
+    model = make_model(Encoder, layer=layer)
+    samples, table = _sentences(0), _table()
+    check_all_strategies(model, samples, [table], strategies=("depth",))
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(words, table) for words in samples]
+    nd.waitall()
+    assert len(outs) == len(samples)
+    calls = [len(s.nodes) for s in scope.last_plan.steps if s.nodes[0].op.name == "RNN"]
+    if layer in PADDED:
+        assert calls == [len(samples)]
+    else:
+        assert sorted(calls) == sorted([LENGTHS.count(n) for n in set(LENGTHS)])
