@@ -13,8 +13,12 @@ same length.  Recorded in column form, each one's rows are the sample's
   softmax of the column over axis 0 (a segment softmax), reshaped;
 * ``F.dot(w, V)`` of such a row ``w`` and a (T, C) value ``V`` is
   ``sum(column * V, axis=0, keepdims=True)``, a segment sum;
-* an elementwise call on such a row (``scores / sqrt(H)``, ``F.tanh``) is the
-  call on the column, reshaped.
+* an elementwise call on such a row (``scores / sqrt(H)``, ``F.tanh``, a mask)
+  is the call on the column, reshaped.
+
+The same holds for a value that is its base behind unit axes: outputs
+stacked along axis 1 into (1, T, H), scores ``F.batch_dot(M, q.expand_dims(2))``
+as (1, T, 1), a softmax, a sum, mean or max along axis 1, elementwise calls.
 
 A (1, T) row made by concatenating (1, 1) scores along axis 1, or by
 transposing or reshaping a (T, 1) column, has the column as its base too
@@ -144,39 +148,111 @@ elemwise_add elemwise_sub elemwise_mul elemwise_div _plus _minus _mul _div
 """.split())
 
 
+def _rows_of(x):
+    """(base, axis, kind) for a pending value ``x`` whose axis ``axis`` runs along
+    the rows of its base: ``"lead"`` where ``x`` is its base behind unit axes
+    ((1, T, H) of (T, H)), ``"column"`` where it is a (1, ..., 1, T) row of a
+    (T, 1) column; or None."""
+    if type(x) is not LazyArray or x._base is None:
+        return None
+    base = base_of(x)
+    if base is None:
+        return None
+    shape, rows = x.shape, base.shape
+    if _column_of(x) is not None:               # first: (1, 1) is both
+        return base, len(shape) - 1, "column"
+    lead = len(shape) - len(rows)
+    if lead >= 1 and shape[lead:] == rows and all(size == 1 for size in shape[:lead]):
+        return base, lead, "lead"
+    return None
+
+
+def _row_axis(kwargs, x, axis):
+    """Whether the "axis" of ``kwargs`` is ``x``'s axis ``axis`` (along its base's rows).
+
+    Only that axis: with one row, another axis of size 1 would do as well, but
+    samples of one row would then record other calls than the rest.
+    """
+    found = kwargs.get("axis", -1)
+    if isinstance(found, (tuple, list)) and len(found) == 1:
+        found = found[0]
+    ndim = len(x.shape)
+    return type(found) is int and -ndim <= found < ndim and found % ndim == axis
+
+
 def rewrite(rec, op, args, kwargs):
-    """``op(*args, **kwargs)`` in column form when ``args[0]`` is a row with a
-    column base (a softmax, an elementwise call, ``F.dot(weights, values)``),
-    else None.  Callers check ``args[0]._base`` first: most calls have none."""
-    if op.name == "batch_dot" and len(args) == 2 and kwargs.get("transpose_b") \
-            and not kwargs.get("transpose_a"):
-        return batch_scores(rec.F, rec, args[0], args[1])
-    found = _column_of(args[0])
+    """``op(*args, **kwargs)`` on the base of ``args[0]`` when its axis along the
+    base's rows is what the call works along or keeps (see ``_rows_of``): an
+    elementwise call, a softmax or a reduction along that axis, ``F.dot`` or
+    ``F.batch_dot`` of attention weights; else None.  Callers check
+    ``args[0]._base`` first: most calls have none."""
+    name = op.name
+    if name == "batch_dot" and len(args) == 2 and not kwargs.get("transpose_a"):
+        if kwargs.get("transpose_b"):
+            return batch_scores(rec.F, rec, args[0], args[1])
+        found = batch_keys_scores(rec.F, rec, args[0], args[1])
+        if found is not None:
+            return found
+    found = _rows_of(args[0])
     if found is None or rec.reference():
         return None
-    name, ns = op.name, rec.F
+    base, axis, kind = found
+    ns, x = rec.F, args[0]
     if name in ELEMENTWISE or name in COMPARISONS:
         if any(isinstance(a, NDArray) for a in args[1:]) \
                 or any(isinstance(v, NDArray) for v in kwargs.values()):
             return None
-        out = rec.call_op(op, (_as_column(ns, found),) + tuple(args[1:]), kwargs)
+        out = rec.call_op(op, (base,) + tuple(args[1:]), kwargs)
     elif name in BINARY:
-        other = _column_of(args[1]) if len(args) == 2 and not kwargs else None
-        if other is None or args[1].shape != args[0].shape:
+        other = _rows_of(args[1]) if len(args) == 2 and not kwargs else None
+        if other is None or other[1:] != (axis, kind) \
+                or len(args[1].shape) != len(x.shape) or other[0].shape[0] != base.shape[0] \
+                or kind == "column" and args[1].shape != x.shape:
             return None
-        out = rec.call_op(op, (_as_column(ns, found), _as_column(ns, other)), {})
+        out = rec.call_op(op, (base, other[0]), {})
     elif name in ("softmax", "log_softmax"):
         if len(args) != 1 or not set(kwargs) <= {"axis"} \
-                or kwargs.get("axis", -1) not in (-1, len(args[0].shape) - 1):
+                or not _row_axis(kwargs, x, axis):
             return None
-        out = rec.call_op(op, (_as_column(ns, found),), {"axis": 0})
+        out = rec.call_op(op, (_as_column(ns, base) if kind == "column" else base,),
+                          {"axis": 0})
+    elif name in ("sum", "mean", "max", "min"):
+        if len(args) != 1 or not set(kwargs) <= {"axis", "keepdims"} \
+                or "axis" not in kwargs or not _row_axis(kwargs, x, axis):
+            return None
+        column = _as_column(ns, base) if kind == "column" else base
+        out = rec.call_op(op, (column,), {"axis": 0, "keepdims": True})
+        named = kwargs["axis"]
+        named = (named[0] if isinstance(named, (tuple, list)) else named) % len(x.shape)
+        shape = list(x.shape)
+        shape[named] = 1
+        if not kwargs.get("keepdims"):
+            del shape[named]
+        return _as_row(ns, out, tuple(shape) or (1,))
     elif name in ("dot", "batch_dot") and len(args) == 2 and not any(kwargs.values()):
+        if kind != "column":
+            return None
         if name == "dot":
-            return weighted_sum(ns, rec, args[0], args[1])
-        return batch_weighted_sum(ns, rec, args[0], args[1])
+            return weighted_sum(ns, rec, x, args[1])
+        return batch_weighted_sum(ns, rec, x, args[1])
     else:
         return None
-    return _as_row(ns, out, args[0].shape)
+    return _as_row(ns, out, x.shape)
+
+
+def batch_keys_scores(ns, rec, keys, query):
+    """``F.batch_dot(M, q.expand_dims(2))`` of a (1, T, H) reshape ``M`` of a
+    sample's keys and an (1, H, 1) reshape of a (1, H) query: the (T, 1) column
+    of scores as (1, T, 1), or None."""
+    found = _rows_of(keys)
+    if found is None or found[1:] != (1, "lead") or len(keys.shape) != 3 \
+            or type(query) is not LazyArray or query._base is None or rec.reference():
+        return None
+    q = base_of(query)
+    if q is None or query.shape != (1, keys.shape[2], 1) or q.shape != (1, keys.shape[2]):
+        return None
+    column = _column(ns, rec, found[0], q)
+    return None if column is None else ns.reshape(column, shape=(1, keys.shape[1], 1))
 
 
 def _as_row(ns, column, shape):

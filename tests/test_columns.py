@@ -88,12 +88,19 @@ def _masked(F, block, keys):
     return F.dot(F.softmax(scores), keys)
 
 
+def _stacked_outputs(F, block, keys):
+    stacked = F.stack(*[keys[k:k + 1] for k in range(keys.shape[0])], axis=1)   # (1, T, H)
+    scores = F.batch_dot(stacked, block.query(keys[-1:]).expand_dims(2))      # (1, T, 1)
+    context = F.sum(F.broadcast_mul(stacked, F.softmax(scores, axis=1)), axis=1)
+    return context + F.max(stacked, axis=1) * F.mean(F.tanh(stacked), axis=1)
+
+
 FORMS = {"dot_attention": _dot_attention, "scaled": _scaled,
          "transposed_column": _transposed_column,
          "concatenated_scores": _concatenated_scores, "direct_mx_nd": _direct_mx_nd,
          "weights_returned": _weights_returned, "column_query": _column_query,
          "transposed_query": _transposed_query, "vector_scores": _vector_scores,
-         "batch_dot": _batch_dot, "masked": _masked}
+         "batch_dot": _batch_dot, "masked": _masked, "stacked_outputs": _stacked_outputs}
 
 
 class Attention(gdb.DynBatchBlock):
