@@ -100,9 +100,10 @@ def _slice_axis(ns, op):
             args, kwargs = op.named(args, kwargs)
         axis = kwargs.get("axis")
         if type(axis) is int and axis != 0:     # columns: an operator like any other
-            found = _base_slice(ns, args, kwargs)
-            if found is not None:
-                return found
+            if len(args) == 1 and type(args[0]) is LazyArray and args[0]._base is not None:
+                found = _base_slice(ns, args, kwargs)
+                if found is not None:
+                    return found
             frame = rec.frame
             if frame is not None and rec._mode_seen == modes[0]:  # pylint: disable=W0212
                 return frame.op(op, args, kwargs)
@@ -116,7 +117,7 @@ def _slice_axis(ns, op):
 def _base_slice(ns, args, kwargs):
     """``F.slice_axis`` of a reshaped value along an axis after ones, as rows
     of its base, or None."""
-    if len(args) != 1 or type(args[0]) is not LazyArray or set(kwargs) != {"axis", "begin", "end"}:
+    if set(kwargs) != {"axis", "begin", "end"}:
         return None
     shape = args[0].shape
     axis, begin, end = kwargs["axis"], kwargs["begin"], kwargs["end"]
@@ -134,7 +135,8 @@ def _base_slice(ns, args, kwargs):
 def _concat(rec, op):
     """``F.concat``: stacking rows (``dim=0``) takes the recorder's short path."""
     def concat(*args, **kwargs):
-        if set(kwargs) <= {"dim", "num_args"} and kwargs.get("dim", 1) != 0 and args:
+        if kwargs.get("dim", 1) != 0 and args and type(args[0]) is LazyArray \
+                and args[0]._node is not None and args[0].size == 1:
             found = reshapes.concat(rec.F, args, kwargs.get("dim", 1))   # scores in a row
             if found is not None:
                 return found
