@@ -240,6 +240,30 @@ class DotAttention(gdb.DynBatchBlock):
         return self.out(F.concat(context, states[-1], dim=1))
 
 
+class StackedAttention(gdb.DynBatchBlock):
+    """RNN outputs stacked along axis 1 into (1, T, H); the last output attends over
+    them through ``F.batch_dot``, scaled and masked, as batched code would write it."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.scale = 1.0 / hidden ** 0.5
+        with self.name_scope():
+            self.cell = rnn.RNNCell(hidden)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, words, emb):
+        state, outs = self.cell.begin_state(batch_size=1), []
+        for word in words:
+            h, state = self.cell(emb[word:word + 1], state)
+            outs.append(h)
+        memory = F.stack(*outs, axis=1)                                      # (1, T, H)
+        scores = F.batch_dot(memory, outs[-1].expand_dims(2)) * self.scale    # (1, T, 1)
+        scores = scores - 100.0 * (scores < -1.0)
+        weights = F.softmax(scores, axis=1)
+        context = F.sum(F.broadcast_mul(memory, weights), axis=1)            # (1, H)
+        return F.log_softmax(self.out(context))
+
+
 class BiGRUTagger(gdb.DynBatchBlock):
     """Forward and backward ``rnn.GRUCell`` over the tokens, a tag loss per token."""
 

@@ -633,3 +633,14 @@ def test_calls_of_recursive_helpers_count_towards_the_switch_to_operators(name):
     usages = list(trie.store().usages.values())
     assert usages and all(u.frames >= u.fresh > 0 for u in usages if u.fresh)
     assert all(u.frames > 0 for u in usages)
+
+
+def test_attention_over_outputs_stacked_on_axis_1_is_not_per_length():
+    # batch_dot scores, a mask, a softmax and a sum along axis 1 run on the
+    # stacked rows (columns.py): a step per token position and one for the rest.
+    case = um.CASES["stacked_attention"](n=16)
+    outs, scope = _second_scope(case)
+    assert all(o.shape == (1, um.CLASSES) for o in outs)
+    names = [s.nodes[0].op.name for s in scope.last_plan.steps]
+    assert "batch_dot" not in names
+    assert len(names) <= max(len(words) for words in case.samples) + 3, names

@@ -26,8 +26,9 @@ from idiom_models import (ActivationTree, AttentivePooling, BiGRUTagger, CharWor
                           FusedLSTMEncoder, GluonLosses, Graph, GraphConv, HelperRNN,
                           IndexingTree, MeanPoolTree,
                           MemorySlots, MessagePassing, MethodTree, NodeLossTree, RecursiveNet,
-                          ScalarMath, ScoredChildren, Seq2SeqAttention, TaggerLoss, TopDownTree,
-                          UnrollEncoder, VectorRNN, VectorTreeLSTM, WeightData)
+                          ScalarMath, ScoredChildren, Seq2SeqAttention, StackedAttention,
+                          TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN, VectorTreeLSTM,
+                          WeightData)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
@@ -710,6 +711,11 @@ def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
 
+def case_stacked_attention(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(StackedAttention(hidden, CLASSES), seed), _sentences(seed, n),
+                [_table(seed)], notes="outputs stacked on axis 1, batch_dot attention, a mask")
+
+
 def case_bigru_tagger(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(BiGRUTagger(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
@@ -741,6 +747,7 @@ CASES = {
     "fused_lstm": case_fused_lstm,
     "fused_bigru": case_fused_bigru,
     "dot_attention": case_dot_attention,
+    "stacked_attention": case_stacked_attention,
     "gluon_losses": case_gluon_losses,
     "char_word": case_char_word,
     "bigru_tagger": case_bigru_tagger,
