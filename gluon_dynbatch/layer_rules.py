@@ -1,9 +1,11 @@
 """Batching rules for layers whose calls do not batch along axis 0 as they are.
 
-* ``RNNRule``: a fused RNN (``F.RNN``: Gluon's ``rnn.LSTM``, ``GRU`` and
-  ``RNN`` layers) over one sample laid out ``(T, 1, C)``.  Samples of one
-  length run as one call with the batch on axis 1; the rows go back in
-  sample order.
+* ``PaddedRNNRule``: a fused RNN (``F.RNN``: Gluon's ``rnn.LSTM``, ``GRU`` and
+  ``RNN`` layers) over one sample laid out ``(T, 1, C)``, without state
+  outputs (a layer called without states): samples of every length run as
+  one call, each padded after its end, the batch on axis 1.
+* ``RNNRule``: the same with state outputs: samples of one length run as
+  one call; the rows go back in sample order.
 * ``OrderKeepingRule``: a transpose or ``swapaxes`` that only moves axes of
   size 1 (batch-first RNN layers turn ``(1, T, C)`` into ``(T, 1, C)``)
   keeps the data in order, so it batches as a reshape; ``EachTransposeRule``
@@ -80,12 +82,15 @@ class RNNRule(RowRule):
 
 
 class PaddedRNNRule(RowRule):
-    """A one-direction ``RNN`` without state outputs (a Gluon layer called
-    without states, see ``block._OutputsOnly``) over samples of any lengths:
-    one call, each sample padded with zero steps after its last to the
-    longest.  An RNN runs forward, so steps after a sample's end change none
-    of its outputs; the outputs of the padding are dropped, and no gradient
-    reaches them.  The padding is a gather (``segment_arrays``)."""
+    """An ``RNN`` without state outputs (a Gluon layer called without states,
+    see ``block._OutputsOnly``) over samples of any lengths: each sample padded
+    with zero steps after its last to the longest, one call.  An RNN runs
+    forward, so steps after a sample's end change none of its outputs; the
+    outputs of the padding are dropped, and no gradient reaches them.  The
+    padding is a gather (``segment_arrays``).  Both directions run layer by
+    layer, each direction a call of its own: the backward one on each
+    sample's steps reversed within its length (``F.SequenceReverse``), so it
+    too starts at the sample's last step."""
 
     batching = "segment"
 
@@ -94,8 +99,9 @@ class PaddedRNNRule(RowRule):
 
     def signature(self, node):
         kwargs = node.kwargs
-        if kwargs.get("state_outputs", False) or kwargs.get("bidirectional", False) \
-                or kwargs.get("projection_size") is not None or len(node.out_shapes) != 1:
+        if kwargs.get("state_outputs", False) or kwargs.get("projection_size") is not None \
+                or len(node.out_shapes) != 1 \
+                or kwargs.get("bidirectional", False) and kwargs.get("mode") not in _GATES:
             return None
         sig = super().signature(node)
         return None if sig is None else Signature(sig.key + ("padded",), self, sig.roles)
@@ -111,19 +117,58 @@ class PaddedRNNRule(RowRule):
         real = steps[None, :] < counts[:, None]
         pad = np.where(real, starts[:, None] + steps[None, :], total).astype(np.int32)
         unpad = np.nonzero(real.reshape(-1))[0].astype(np.int32)
-        return [pad, unpad]
+        return [pad, unpad, counts.astype(np.float32)]
 
     def batched_call(self, F, node, inputs):
-        data, params, states = inputs[0], inputs[1], inputs[2:-2]
-        pad, unpad = inputs[-2:]
+        data, params, states = inputs[0], inputs[1], inputs[2:-3]
+        pad, unpad, lengths = inputs[-3:]
         width, out_width = _in_shape(node, 0)[2], node.out_shapes[0][2]
         rows = F.reshape(data, shape=(-1, width))
         rows = F.concat(rows, F.zeros_like(F.slice_axis(rows, axis=0, begin=0, end=1)), dim=0)
         padded = F.swapaxes(F.take(rows, pad), dim1=0, dim2=1)         # (longest, k, C)
         laid = [_batch_on_axis1(F, x, _in_shape(node, k + 2)) for k, x in enumerate(states)]
-        out = call_as_recorded(F, node, [padded, params] + laid)[0]     # (longest, k, H)
+        if node.kwargs.get("bidirectional", False):
+            out = _both_directions(F, node, padded, params, laid, lengths, width)
+        else:
+            out = call_as_recorded(F, node, [padded, params] + laid)[0]     # (longest, k, H)
         out = F.reshape(F.swapaxes(out, dim1=0, dim2=1), shape=(-1, out_width))
         return [F.reshape(F.take(out, unpad), shape=(-1, 1, out_width))]
+
+
+_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+
+def _both_directions(F, node, x, params, states, lengths, width):
+    """A bidirectional RNN over padded steps ``x``, layer by layer: per layer,
+    a forward call and a backward call on the steps reversed within each
+    sample's length, each with its slice of the packed parameters (all
+    weights, layer by layer and direction by direction, then all biases)."""
+    kwargs = dict(node.kwargs, num_layers=1, bidirectional=False)
+    hidden, layers = kwargs["state_size"], node.kwargs.get("num_layers", 1)
+    gates = _GATES[kwargs["mode"]] * hidden
+    sizes = [gates * ((width if layer == 0 else 2 * hidden) + hidden)
+             for layer in range(layers) for _ in range(2)]
+    weight_at = np.cumsum([0] + sizes)
+    bias_at = weight_at[-1] + 2 * gates * np.arange(2 * layers + 1)
+    for layer in range(layers):
+        outs = []
+        for direction in range(2):
+            k = 2 * layer + direction
+            own = F.concat(_part(F, params, weight_at, k), _part(F, params, bias_at, k), dim=0)
+            begin = [F.slice_axis(s, axis=0, begin=k, end=k + 1) for s in states]
+            steps = x if not direction else _reverse(F, x, lengths)
+            out = F.RNN(steps, own, *begin, **kwargs)
+            outs.append(out if not direction else _reverse(F, out, lengths))
+        x = F.concat(*outs, dim=2)
+    return x
+
+
+def _part(F, params, starts, k):
+    return F.slice_axis(params, axis=0, begin=int(starts[k]), end=int(starts[k + 1]))
+
+
+def _reverse(F, x, lengths):
+    return F.SequenceReverse(x, lengths, use_sequence_length=True)
 
 
 def _batch_on_axis1(F, rows, shape):
