@@ -59,6 +59,8 @@ class RecordingNamespace:
                 value = _split(self, _operator(rec, op))
             elif path == ("transpose",):
                 value = _transpose(self, _operator(rec, op))
+            elif path in (("swapaxes",), ("SwapAxis",)):
+                value = _swapaxes(self, _operator(rec, op), op)
             elif path == ("LeakyReLU",):
                 value = _leaky_relu(self, _operator(rec, op))
             elif len(path) == 1 and op.name in reshapes.RESHAPES:
@@ -258,6 +260,28 @@ def _transpose(ns, operator):
                 return ns.reshape(args[0], shape=(shape[1], shape[0]))
         return operator(*args, **kwargs)
     return transpose
+
+
+def _swapaxes(ns, operator, op):
+    """``F.swapaxes`` that only moves axes of size 1 (Gluon's batch-first RNN
+    layers turn (1, T, C) into (T, 1, C) and back): a reshape, which
+    ``reshapes.py`` sees through."""
+    def swapaxes(*args, **kwargs):
+        if len(args) > 1:
+            args, kwargs = op.named(args, kwargs)
+        if len(args) == 1 and type(args[0]) is LazyArray and set(kwargs) <= {"dim1", "dim2"}:
+            shape = args[0].shape
+            ndim = len(shape)
+            dims = [kwargs.get("dim1", 0), kwargs.get("dim2", 0)]
+            if all(type(d) is int and -ndim <= d < ndim for d in dims):
+                perm = list(range(ndim))
+                a, b = dims[0] % ndim, dims[1] % ndim
+                perm[a], perm[b] = perm[b], perm[a]
+                moved = [axis for axis in perm if shape[axis] != 1]
+                if moved == sorted(moved):
+                    return ns.reshape(args[0], shape=tuple(shape[axis] for axis in perm))
+        return operator(*args, **kwargs)
+    return swapaxes
 
 
 def _leaky_relu(ns, operator):
@@ -475,7 +499,8 @@ def _resolve_direct(name):
 
 # Operators the recording ``F`` rewrites, for direct ``mx.nd`` calls too.
 _REWRITTEN = frozenset(["split", "SliceChannel", "stack", "slice_axis", "concat",
-                        "Concat", "dot", "transpose"]) | reshapes.RESHAPES
+                        "Concat", "dot", "transpose", "swapaxes", "SwapAxis"]) \
+    | reshapes.RESHAPES
 
 
 def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list):

@@ -105,7 +105,13 @@ def _negative_stack_axis(F, x, dense):
     return F.stack(*hs, axis=-2)[:, 0] + F.stack(*hs, axis=-2)[:, -1]
 
 
-FORMS = {"split_squeezed": _split_squeezed, "split_kept": _split_kept,
+def _swapped(F, x, dense):
+    steps = F.swapaxes(x.expand_dims(0), 0, 1)                          # (T, 1, H)
+    back = F.swapaxes(F.tanh(steps), dim1=1, dim2=0)                    # (1, T, H)
+    return dense(back[:, -1] + back[0, 0:1])
+
+
+FORMS = {"swapped": _swapped, "split_squeezed": _split_squeezed, "split_kept": _split_kept,
          "stack_last": _stack_last, "stack_slice": _stack_slice,
          "reshape_back": _reshape_back, "squeeze": _squeeze,
          "negative_stack_axis": _negative_stack_axis}
