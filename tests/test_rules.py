@@ -275,17 +275,24 @@ def test_one_hot_of_each_samples_label_is_one_step():
         assert out.asnumpy()[0].nonzero()[0].tolist() == [rows]
 
 
-def test_attention_over_each_samples_own_rows_batches_across_lengths():
-    # F.dot(q, K, transpose_b=True), a softmax along the row and F.dot(w, K)
-    # are recorded in column form (columns.py): one step each for all lengths.
-    model = OneOp(lambda F, x: F.dot(F.softmax(F.dot(x[0:1], F.tanh(x), transpose_b=True),
-                                               axis=1), x))
+def _dots_of_own_rows(fn):
+    """(model, samples, table, the reference run, the scope of one batched run) of
+    ``OneOp(fn)`` over samples of 2 and 3 rows, each output a (1, 4) row."""
+    model = OneOp(fn)
     table = nd.array(np.random.RandomState(5).uniform(-1, 1, size=(12, 4)))
     samples = [(0, 3), (5, 3), (6, 2), (1, 3), (2, 2)]
     expected = reference_run(model, samples, [table])
     with gdb.batching(strategy="depth", keep_plan=True, granularity="op") as scope:
         outs = [model(s, table) for s in samples]
     assert all(o.shape == (1, 4) for o in outs)
+    return model, samples, table, expected, scope
+
+
+def test_attention_over_each_samples_own_rows_batches_across_lengths():
+    # F.dot(q, K, transpose_b=True), a softmax along the row and F.dot(w, K)
+    # are recorded in column form (columns.py): one step each for all lengths.
+    model, samples, table, expected, scope = _dots_of_own_rows(
+        lambda F, x: F.dot(F.softmax(F.dot(x[0:1], F.tanh(x), transpose_b=True), axis=1), x))
     names = [s.nodes[0].op.name for s in scope.last_plan.steps]
     assert "dot" not in names and names.count("softmax") == 1, names
     assert all(len(s.nodes) == len(samples) for s in scope.last_plan.steps), names
@@ -297,13 +304,8 @@ def test_attention_over_each_samples_own_rows_batches_across_lengths():
 
 def test_dots_against_each_samples_own_values_batch_by_shape():
     # Weights that are no column's reshape: one batch_dot per shape.
-    model = OneOp(lambda F, x: F.dot(F.tanh(x[0:1, 0:x.shape[0]]), x))
-    table = nd.array(np.random.RandomState(5).uniform(-1, 1, size=(12, 4)))
-    samples = [(0, 3), (5, 3), (6, 2), (1, 3), (2, 2)]
-    expected = reference_run(model, samples, [table])
-    with gdb.batching(strategy="depth", keep_plan=True, granularity="op") as scope:
-        outs = [model(s, table) for s in samples]
-    assert all(o.shape == (1, 4) for o in outs)
+    model, samples, table, expected, scope = _dots_of_own_rows(
+        lambda F, x: F.dot(F.tanh(x[0:1, 0:x.shape[0]]), x))
     dots = sorted(len(s.nodes) for s in scope.last_plan.steps if s.nodes[0].op.name == "dot")
     assert dots == [2, 3]                   # per shape: 3 rows and 2 rows
     for compiled in (False, True, "step"):
