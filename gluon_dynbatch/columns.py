@@ -26,6 +26,8 @@ transposing or reshaping a (T, 1) column, has the column as its base too
 same products, so values and gradients agree with ``F.dot`` to float32
 rounding.  The reference executor records the calls as written.
 """
+from math import prod
+
 from mxnet.ndarray import NDArray
 
 from . import weight_calls
@@ -164,7 +166,19 @@ def _rows_of(x):
     lead = len(shape) - len(rows)
     if lead >= 1 and shape[lead:] == rows and all(size == 1 for size in shape[:lead]):
         return base, lead, "lead"
+    # (1, T, 2H) of an RNN's (T, 1, 2H): the rows of the base laid out otherwise.
+    lead = next((a for a, size in enumerate(shape) if size != 1), None)
+    if lead and shape[lead] == rows[0] and prod(shape[lead + 1:]) == prod(rows[1:]):
+        return base, lead, "lead"
     return None
+
+
+def _aligned(ns, found, x):
+    """The base of a ``"lead"`` ``found`` laid out as ``x`` behind its unit axes."""
+    base, axis, kind = found
+    if kind != "lead" or base.shape == x.shape[axis:]:
+        return base
+    return ns.reshape(base, shape=x.shape[axis:])
 
 
 def _row_axis(kwargs, x, axis):
@@ -202,25 +216,25 @@ def rewrite(rec, op, args, kwargs):
         if any(isinstance(a, NDArray) for a in args[1:]) \
                 or any(isinstance(v, NDArray) for v in kwargs.values()):
             return None
-        out = rec.call_op(op, (base,) + tuple(args[1:]), kwargs)
+        out = rec.call_op(op, (_aligned(ns, found, x),) + tuple(args[1:]), kwargs)
     elif name in BINARY:
         other = _rows_of(args[1]) if len(args) == 2 and not kwargs else None
         if other is None or other[1:] != (axis, kind) \
                 or len(args[1].shape) != len(x.shape) or other[0].shape[0] != base.shape[0] \
                 or kind == "column" and args[1].shape != x.shape:
             return None
-        out = rec.call_op(op, (base, other[0]), {})
+        out = rec.call_op(op, (_aligned(ns, found, x), _aligned(ns, other, args[1])), {})
     elif name in ("softmax", "log_softmax"):
         if len(args) != 1 or not set(kwargs) <= {"axis"} \
                 or not _row_axis(kwargs, x, axis):
             return None
-        out = rec.call_op(op, (_as_column(ns, base) if kind == "column" else base,),
-                          {"axis": 0})
+        out = rec.call_op(op, (_as_column(ns, base) if kind == "column"
+                               else _aligned(ns, found, x),), {"axis": 0})
     elif name in ("sum", "mean", "max", "min"):
         if len(args) != 1 or not set(kwargs) <= {"axis", "keepdims"} \
                 or "axis" not in kwargs or not _row_axis(kwargs, x, axis):
             return None
-        column = _as_column(ns, base) if kind == "column" else base
+        column = _as_column(ns, base) if kind == "column" else _aligned(ns, found, x)
         out = rec.call_op(op, (column,), {"axis": 0, "keepdims": True})
         named = kwargs["axis"]
         named = (named[0] if isinstance(named, (tuple, list)) else named) % len(x.shape)

@@ -54,7 +54,9 @@ class Encoder(gdb.DynBatchBlock):
     def hybrid_forward(self, F, words, table):
         x = F.concat(*[table[w:w + 1] for w in words], dim=0)            # (T, E)
         if self.kind == "gru_two_layers_ntc":
-            out = self.rnn(x.expand_dims(0))[0]                           # (T, H)
+            out = self.rnn(x.expand_dims(0))                              # (1, T, H)
+            pooled = F.mean(out, axis=1) + F.max(F.tanh(out), axis=1)     # over time
+            out = out[0] + pooled
         elif self.kind == "lstm_states_given":
             out, states = self.rnn(x.expand_dims(1), self.rnn.begin_state(batch_size=1))
             return F.concat(out[-1], states[1][1], dim=1)
