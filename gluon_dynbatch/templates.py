@@ -19,7 +19,8 @@ from .graph import NO_KWARGS, OP, VIEW, known_node, slot
 from .lazy import LazyArray
 from .ops import Stand, opdef
 from .rules import SHARED
-from .vectorize import Plan, vectorize
+from .program_plan import Plan
+from .vectorize import vectorize
 
 
 

@@ -22,8 +22,9 @@ does not depend on the count:
 The program of a frame with k children then is the one with 1 child, with k
 rows where the other has 1: frames of every count share one program, and the
 counts enter the batch as row counts.  A group whose members' values are used
-one by one (other than by a later group or a sum over all of them) is not
-formed, and the calls stay as they were.
+one by one (other than by a later group, a sum over all of them, or a
+concatenation of all of them in order along axis 0, which is the group's
+output as it is) is not formed, and the calls stay as they were.
 """
 from collections import Counter, defaultdict
 
@@ -32,62 +33,8 @@ import numpy as np
 from .calls import ADDS, NARY, scalar_argument
 from .graph import slot
 from .ops import Stand, opdef
+from .program_plan import Plan, spec_key
 from .rules import BROW, SHARED, ReshapeRule
-
-
-class Plan:
-    """A segment as a program: entries, inputs and exports (see ``templates.py``).
-
-    Attributes
-    ----------
-    entries : list
-        ``(op, args, kwargs, refs, info, path)`` with refs ``("a", k)`` to
-        input k, ``("n", j, idx)`` to entry outputs, ``("x", k)`` to
-        parameter k.
-    inputs : list
-        Per input: ``("pos", p)`` (a frame position read from outside),
-        ``("c", array)`` (a constant) or ``("view", specs)`` (those stacked
-        along axis 0 by a view in the graph).
-    params : list
-        ``("p", parameter)`` per parameter.
-    exports : list
-        Per exported position, in order: ``(j, idx, rows)`` where rows is
-        None (the whole output) or ``(start, stop)`` (a group member's rows).
-    """
-
-    def __init__(self):
-        self.entries = []
-        self.inputs = []
-        self.params = []
-        self.exports = []
-        self._input_at = {}
-        self._param_at = {}
-
-    def input_ref(self, spec):
-        if spec[0] == "view" and len(spec[1]) == 1:
-            spec = spec[1][0]           # one value stacked is that value
-        k = self._input_at.get(_spec_key(spec))
-        if k is None:
-            k = self._input_at[_spec_key(spec)] = len(self.inputs)
-            self.inputs.append(spec)
-        return ("a", k)
-
-    def param_ref(self, ref):
-        k = self._param_at.get(id(ref[1]))
-        if k is None:
-            k = self._param_at[id(ref[1])] = len(self.params)
-            self.params.append(ref)
-        return ("x", k)
-
-    def add(self, entry):
-        self.entries.append(entry)
-        return len(self.entries) - 1
-
-
-def _spec_key(spec):
-    if spec[0] == "view":
-        return ("view", tuple(_spec_key(s) for s in spec[1]))
-    return (spec[0], id(spec[1])) if spec[0] == "c" else spec
 
 
 class _Op:
@@ -360,7 +307,7 @@ def _group_inputs(members, owner, produced, frame):
             return None
         if any(internal):
             return None
-        if role == BROW and len(set(_spec_key(_outside(r)) for r in refs)) == 1 \
+        if role == BROW and len(set(spec_key(_outside(r)) for r in refs)) == 1 \
                 and _outside_rows(refs[0], frame) == 1:
             inputs.append(("repeat", refs[0]))      # one outside row for every member
             continue
@@ -399,6 +346,8 @@ def _misused(units, groups, produced, exported):
                 if len(seen) != len(group.members):
                     bad.add(_key(group))
             continue
+        if _stacks_group(unit.step, member_of):
+            continue
         for k, ref in enumerate(unit.step.refs):
             found = member_of.get(ref) if type(ref) is int else None
             if found is None:
@@ -412,6 +361,17 @@ def _misused(units, groups, produced, exported):
 
 def _key(group):
     return frozenset(m.index for m in group.members)
+
+
+def _stacks_group(step, member_of):
+    """Whether ``step`` concatenates along axis 0 the values of every member of
+    one group, in order (``F.concat(*[f(h) for h in kids], dim=0)``): that is
+    the group's output as it is."""
+    if step.op.name not in ("concat", "Concat") or step.kwargs.get("dim") != 0:
+        return False
+    found = [member_of.get(ref) if type(ref) is int else None for ref in step.refs]
+    return all(f is not None and f[0] is found[0][0] and f[1:] == (i, found[0][2])
+               for i, f in enumerate(found)) and len(found) == len(found[0][0].members)
 
 
 # -- emitting the program -----------------------------------------------------------------
@@ -487,6 +447,10 @@ class _Emitter:
     # -- units ------------------------------------------------------------------------
     def op(self, unit):
         step = unit.step
+        whole = self._whole(step)
+        if whole is not None:                   # a group's values stacked: its output
+            self.where[step.outs[0]] = (whole, None)
+            return
         refs, sources = [], []
         for ref in step.refs:
             refs.append(self.value(ref))
@@ -494,6 +458,20 @@ class _Emitter:
         outs = self._copy(step, refs, sources)
         for idx, pos in enumerate(step.outs):
             self.where[pos] = (outs[idx], None)
+
+    def _whole(self, step):
+        """The group output that ``step`` concatenates in order, or None (``_stacks_group``)."""
+        if step.op.name not in ("concat", "Concat") or step.kwargs.get("dim") != 0:
+            return None
+        found, end = None, 0
+        for ref in step.refs:
+            value, rows = self.where.get(ref, (None, None)) if type(ref) is int else (None, None)
+            if value is not None and rows is None and len(step.refs) == 1:
+                return value                    # one value "concatenated": itself
+            if rows is None or rows[0] != end or found not in (None, value):
+                return None
+            found, end = value, rows[1]
+        return found if end == self.shape[found][0][0] else None
 
     def _copy(self, step, refs, sources):
         j = self.plan.add((step.op, step.args, step.kwargs, tuple(refs), step.info, step.path))

@@ -240,6 +240,27 @@ class DotAttention(gdb.DynBatchBlock):
         return self.out(F.concat(context, states[-1], dim=1))
 
 
+class ConcatChildren(gdb.DynBatchBlock):
+    """Each child projected on its own, the projections concatenated into (k, H)
+    with ``F.concat(*[...], dim=0)``, attention over them."""
+
+    def __init__(self, hidden, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(hidden)
+            self.proj = nn.Dense(hidden)
+            self.att = nn.Dense(1)
+
+    def hybrid_forward(self, F, tree, emb):
+        x = self.inp(emb[tree.word:tree.word + 1])
+        kids = [self(child, emb) for child in tree.children]
+        if not kids:
+            return F.tanh(x)
+        keys = F.concat(*[F.tanh(self.proj(h)) for h in kids], dim=0)        # (k, H)
+        weights = F.softmax(self.att(keys), axis=0)
+        return F.tanh(x + F.sum(weights * keys, axis=0, keepdims=True))
+
+
 class StackedAttention(gdb.DynBatchBlock):
     """RNN outputs stacked along axis 1 into (1, T, H); the last output attends over
     them through ``F.batch_dot``, scaled and masked, as batched code would write it."""

@@ -623,6 +623,20 @@ def test_per_call_numbers_and_stack_reshapes_share_one_program():
     assert len(uids) <= 2           # the leaves' program and the inner nodes'
 
 
+@pytest.mark.parametrize("name", ["concat_children", "scored_children"])
+def test_values_of_each_child_concatenated_share_one_program(name):
+    # F.concat(*[f(h) for h in kids], dim=0) is the stacked output of the calls
+    # grouped over the children (vectorize.py): one program for every arity.
+    case = um.CASES[name](n=16)
+    outs, scope = _second_scope(case)
+    assert outs
+    steps = scope.last_plan.steps
+    arities = {len(node.children) for tree in case.samples for node in tree.nodes()}
+    assert len(arities - {0}) > 1
+    assert len(steps) <= max(tree.height() for tree in case.samples) + 1
+    assert len({s.nodes[0].op.uid for s in steps}) <= 2
+
+
 @pytest.mark.parametrize("name", ["method_tree", "closure_tree", "top_down"])
 def test_calls_of_recursive_helpers_count_towards_the_switch_to_operators(name):
     # Without its calls counted, a helper's new programs alone (48 of them over

@@ -22,7 +22,7 @@ import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
 from idiom_models import (ActivationTree, AttentivePooling, BiGRUTagger, CharWordTagger,
-                          ClosureTree, CRFTagger, CrossEntropyTagger, DotAttention, FeedbackTree,
+                          ClosureTree, ConcatChildren, CRFTagger, CrossEntropyTagger, DotAttention, FeedbackTree,
                           FusedLSTMEncoder, GluonLosses, Graph, GraphConv, HelperRNN,
                           IndexingTree, MeanPoolTree,
                           MemorySlots, MessagePassing, MethodTree, NodeLossTree, RecursiveNet,
@@ -711,6 +711,11 @@ def case_dot_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(DotAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
 
+def case_concat_children(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(ConcatChildren(hidden), seed), _trees(seed, n), [_table(seed)],
+                notes="children projected one by one, F.concat(*[...], dim=0), attention")
+
+
 def case_stacked_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(StackedAttention(hidden, CLASSES), seed), _sentences(seed, n),
                 [_table(seed)], notes="outputs stacked on axis 1, batch_dot attention, a mask")
@@ -748,6 +753,7 @@ CASES = {
     "fused_bigru": case_fused_bigru,
     "dot_attention": case_dot_attention,
     "stacked_attention": case_stacked_attention,
+    "concat_children": case_concat_children,
     "gluon_losses": case_gluon_losses,
     "char_word": case_char_word,
     "bigru_tagger": case_bigru_tagger,
