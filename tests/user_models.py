@@ -22,13 +22,12 @@ import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
 from idiom_models import (ActivationTree, AttentivePooling, BiGRUTagger, CharWordTagger,
-                          ClosureTree, ConcatChildren, CRFTagger, CrossEntropyTagger, DotAttention, FeedbackTree,
-                          FusedLSTMEncoder, GluonLosses, Graph, GraphConv, HelperRNN,
-                          IndexingTree, MeanPoolTree,
-                          MemorySlots, MessagePassing, MethodTree, NodeLossTree, RecursiveNet,
-                          ScalarMath, ScoredChildren, Seq2SeqAttention, StackedAttention,
-                          TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN, VectorTreeLSTM,
-                          WeightData)
+                          ClosureTree, ConcatChildren, CRFTagger, CrossEntropyTagger,
+                          DotAttention, FeedbackTree, FusedLSTMEncoder, GluonLosses, Graph,
+                          GraphConv, HelperRNN, IndexingTree, MeanPoolTree, MemorySlots,
+                          MessagePassing, MethodTree, NodeLossTree, RecursiveNet, ScalarMath,
+                          ScoredChildren, Seq2SeqAttention, StackedAttention, TaggerLoss,
+                          TopDownTree, UnrollEncoder, VectorRNN, VectorTreeLSTM, WeightData)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
