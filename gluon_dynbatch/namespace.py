@@ -245,43 +245,55 @@ def _row_parts(args, kwargs):
 
 
 def _transpose(ns, operator):
-    """``F.transpose`` of a pending row or column, ``(1, C)`` or ``(C, 1)``,
-    recorded as a reshape: the same elements in the same order.
+    """``F.transpose`` that only moves axes of size 1 (a pending row or column,
+    ``(1, C)`` or ``(C, 1)``), recorded as a reshape (see ``_unit_move``).
 
     A reshape batches row by row; a transpose moves each sample's rows, so it
     runs per sample and keeps the calls around it out of programs (a CRF's
     ``F.broadcast_add(F.transpose(alpha), transitions)``).
     """
     def transpose(*args, **kwargs):
-        if len(args) == 1 and type(args[0]) is LazyArray and set(kwargs) <= {"axes"} \
-                and kwargs.get("axes") in (None, (), [], (1, 0), [1, 0]):
-            shape = args[0].shape
-            if len(shape) == 2 and 1 in shape:
-                return ns.reshape(args[0], shape=(shape[1], shape[0]))
+        if len(args) == 1 and type(args[0]) is LazyArray and set(kwargs) <= {"axes"}:
+            ndim = len(args[0].shape)
+            axes = kwargs.get("axes") or tuple(reversed(range(ndim)))
+            if all(type(a) is int for a in axes) \
+                    and sorted(a % ndim for a in axes) == list(range(ndim)):
+                found = _unit_move(ns, args[0], [a % ndim for a in axes])
+                if found is not None:
+                    return found
         return operator(*args, **kwargs)
     return transpose
 
 
 def _swapaxes(ns, operator, op):
     """``F.swapaxes`` that only moves axes of size 1 (Gluon's batch-first RNN
-    layers turn (1, T, C) into (T, 1, C) and back): a reshape, which
-    ``reshapes.py`` sees through."""
+    layers turn (1, T, C) into (T, 1, C) and back): a reshape (``_unit_move``)."""
     def swapaxes(*args, **kwargs):
         if len(args) > 1:
             args, kwargs = op.named(args, kwargs)
         if len(args) == 1 and type(args[0]) is LazyArray and set(kwargs) <= {"dim1", "dim2"}:
-            shape = args[0].shape
-            ndim = len(shape)
+            ndim = len(args[0].shape)
             dims = [kwargs.get("dim1", 0), kwargs.get("dim2", 0)]
             if all(type(d) is int and -ndim <= d < ndim for d in dims):
                 perm = list(range(ndim))
                 a, b = dims[0] % ndim, dims[1] % ndim
                 perm[a], perm[b] = perm[b], perm[a]
-                moved = [axis for axis in perm if shape[axis] != 1]
-                if moved == sorted(moved):
-                    return ns.reshape(args[0], shape=tuple(shape[axis] for axis in perm))
+                found = _unit_move(ns, args[0], perm)
+                if found is not None:
+                    return found
         return operator(*args, **kwargs)
     return swapaxes
+
+
+def _unit_move(ns, x, perm):
+    """``x`` with its axes permuted (output axis i is input axis ``perm[i]``) as a
+    reshape when only axes of size 1 move (the data keeps its order), else None.
+    ``reshapes.py`` sees through the reshape."""
+    shape = x.shape
+    moved = [axis for axis in perm if shape[axis] != 1]
+    if moved != sorted(moved):
+        return None
+    return ns.reshape(x, shape=tuple(shape[axis] for axis in perm))
 
 
 def _leaky_relu(ns, operator):
@@ -499,8 +511,8 @@ def _resolve_direct(name):
 
 # Operators the recording ``F`` rewrites, for direct ``mx.nd`` calls too.
 _REWRITTEN = frozenset(["split", "SliceChannel", "stack", "slice_axis", "concat",
-                        "Concat", "dot", "transpose", "swapaxes", "SwapAxis"]) \
-    | reshapes.RESHAPES
+                        "Concat", "dot", "transpose", "swapaxes", "SwapAxis",
+                        "LeakyReLU"]) | reshapes.RESHAPES
 
 
 def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list):
@@ -513,9 +525,6 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
         # optional arrays out (``bias``, ``length``) passes the ones before them.
         if found is not None and (found[1] is None or found[1] >= len(ndargs)):
             kwargs = dict(zip(keys, vals))
-            if found[0].name == "LeakyReLU" and kwargs.get("act_type") == "prelu" \
-                    and len(ndargs) == 2:
-                return _one_call(rec.F, _prelu, *ndargs)     # see _leaky_relu
             if found[0].path[-1] in _REWRITTEN:
                 # Gluon's ``unroll`` splits and stacks with ``mx.nd`` itself.
                 result = getattr(rec.F, found[0].path[-1])(*ndargs, **kwargs)
