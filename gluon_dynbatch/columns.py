@@ -51,14 +51,14 @@ def _pending(x):
 def _column_of(x):
     """The (T, 1) column, or (T,) vector, that a pending row ``x`` of shape
     (1, ..., 1, T) reshapes; or None."""
-    if type(x) is not LazyArray or x._base is None:
-        return None
-    shape = x.shape
     base = base_of(x)
-    if base is None or len(shape) < 2 or any(size != 1 for size in shape[:-1]) \
-            or base.shape not in ((shape[-1], 1), (shape[-1],)):
-        return None
-    return base
+    return base if base is not None and _is_row_of(x.shape, base.shape) else None
+
+
+def _is_row_of(shape, column):
+    """Whether ``shape`` (1, ..., 1, T) is a row of the (T, 1) or (T,) ``column``."""
+    return len(shape) >= 2 and all(size == 1 for size in shape[:-1]) \
+        and column in ((shape[-1], 1), (shape[-1],))
 
 
 def _as_column(ns, base):
@@ -84,7 +84,7 @@ def scores(ns, rec, a, b, transpose_b):
             return None
         return ns.sum(ns.broadcast_mul(a, b), axis=0, keepdims=True)
     if not transpose_b:
-        query = base_of(b) if type(b) is LazyArray and b._base is not None else None
+        query = base_of(b)
         if query is None or sb[1] != 1 or query.shape != (1, sb[0]) or sa[1] != sb[0]:
             return None
         return _column(ns, rec, a, query)
@@ -116,7 +116,7 @@ def weighted_sum(ns, rec, weights, values):
 def batch_weighted_sum(ns, rec, weights, values):
     """``F.batch_dot(weights, values)`` of a (1, 1, T) row with a column base and
     a (1, T, C) reshape of a (T, C) value, in column form, or None."""
-    base = base_of(values) if type(values) is LazyArray and values._base is not None else None
+    base = base_of(values)
     if base is None or len(values.shape) != 3 or values.shape[0] != 1 \
             or base.shape != values.shape[1:]:
         return None
@@ -127,8 +127,6 @@ def batch_weighted_sum(ns, rec, weights, values):
 def batch_scores(ns, rec, query, keys):
     """``F.batch_dot(q.expand_dims(0), K.expand_dims(0), transpose_b=True)`` of
     a (1, H) query and a sample's (T, H) keys, in column form, or None."""
-    if type(keys) is not LazyArray or keys._base is None or rec.reference():
-        return None
     q, k = base_of(query), base_of(keys)
     if q is None or k is None or len(query.shape) != 3 or query.shape[:2] != (1, 1) \
             or len(keys.shape) != 3 or keys.shape[0] != 1 or q.shape != query.shape[1:] \
@@ -155,13 +153,11 @@ def _rows_of(x):
     the rows of its base: ``"lead"`` where ``x`` is its base behind unit axes
     ((1, T, H) of (T, H)), ``"column"`` where it is a (1, ..., 1, T) row of a
     (T, 1) column; or None."""
-    if type(x) is not LazyArray or x._base is None:
-        return None
     base = base_of(x)
     if base is None:
         return None
     shape, rows = x.shape, base.shape
-    if _column_of(x) is not None:               # first: (1, 1) is both
+    if _is_row_of(shape, rows):                 # first: (1, 1) is both
         return base, len(shape) - 1, "column"
     lead = len(shape) - len(rows)
     if lead >= 1 and shape[lead:] == rows and all(size == 1 for size in shape[:lead]):
@@ -200,6 +196,8 @@ def rewrite(rec, op, args, kwargs):
     elementwise call, a softmax or a reduction along that axis, ``F.dot`` or
     ``F.batch_dot`` of attention weights; else None.  Callers check
     ``args[0]._base`` first: most calls have none."""
+    if rec.reference():
+        return None
     name = op.name
     if name == "batch_dot" and len(args) == 2 and not kwargs.get("transpose_a"):
         if kwargs.get("transpose_b"):
@@ -208,7 +206,7 @@ def rewrite(rec, op, args, kwargs):
         if found is not None:
             return found
     found = _rows_of(args[0])
-    if found is None or rec.reference():
+    if found is None:
         return None
     base, axis, kind = found
     ns, x = rec.F, args[0]
@@ -228,14 +226,12 @@ def rewrite(rec, op, args, kwargs):
         if len(args) != 1 or not set(kwargs) <= {"axis"} \
                 or not _row_axis(kwargs, x, axis):
             return None
-        out = rec.call_op(op, (_as_column(ns, base) if kind == "column"
-                               else _aligned(ns, found, x),), {"axis": 0})
+        out = rec.call_op(op, (_aligned(ns, found, x),), {"axis": 0})
     elif name in ("sum", "mean", "max", "min"):
         if len(args) != 1 or not set(kwargs) <= {"axis", "keepdims"} \
                 or "axis" not in kwargs or not _row_axis(kwargs, x, axis):
             return None
-        column = _as_column(ns, base) if kind == "column" else _aligned(ns, found, x)
-        out = rec.call_op(op, (column,), {"axis": 0, "keepdims": True})
+        out = rec.call_op(op, (_aligned(ns, found, x),), {"axis": 0, "keepdims": True})
         named = kwargs["axis"]
         named = (named[0] if isinstance(named, (tuple, list)) else named) % len(x.shape)
         shape = list(x.shape)
@@ -259,8 +255,7 @@ def batch_keys_scores(ns, rec, keys, query):
     sample's keys and an (1, H, 1) reshape of a (1, H) query: the (T, 1) column
     of scores as (1, T, 1), or None."""
     found = _rows_of(keys)
-    if found is None or found[1:] != (1, "lead") or len(keys.shape) != 3 \
-            or type(query) is not LazyArray or query._base is None or rec.reference():
+    if found is None or found[1:] != (1, "lead") or len(keys.shape) != 3:
         return None
     q = base_of(query)
     if q is None or query.shape != (1, keys.shape[2], 1) or q.shape != (1, keys.shape[2]):

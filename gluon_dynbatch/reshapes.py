@@ -30,7 +30,7 @@ RESHAPES = frozenset(["reshape", "Reshape", "expand_dims", "squeeze", "Flatten",
 
 
 def base_of(x):
-    """The pending value ``x`` reshapes, or None.
+    """The pending value ``x`` reshapes, or None (also for anything but a LazyArray).
 
     A base noted under other autograd modes is not used.  A change of modes
     runs what is pending, so a base and its reshape are always recorded under
@@ -38,7 +38,7 @@ def base_of(x):
     a value made under ``pause()`` pass no gradient back, rows of its base
     would).
     """
-    found = x._base
+    found = x._base if type(x) is LazyArray else None
     if found is None or found[1] != MODE_CHANGES[0]:
         return None
     return found[0]
