@@ -18,6 +18,10 @@
   ``F.norm(h)``, ``loss.mean()``) of a one-row value, the usual per-sample
   shape, is a reduction of that row: batched over every axis but the rows.
 
+* ``VectorProductRule``: a matrix-vector product of a 1-d vector and a
+  weight (DyNet's ``W * x``: ``F.dot(W, x)``, recorded as
+  ``FullyConnected(x, W, flatten=False)``, or ``F.dot(x, M)``): the vectors of
+  a batch are the rows of one matrix, so the batch is one product.
 * ``RowCrossEntropyRule``: ``F.softmax_cross_entropy`` of one row of scores
   and its label (a sum over the rows, so over one row that row's loss): the
   batch computes every row's loss at once, ``-log(pick(softmax(x), label))``.
@@ -25,14 +29,15 @@
 Their batched calls are their own, not the operator on stacked rows, so
 they say ``batching = "calls"``: templates never stack two of their calls
 into one (``vectorize.py`` groups "rows" calls only) and programs do not
-hold them.  Importing the package registers them (see
+hold them (but for ``VectorProductRule``, whose batched call is as right
+on one call as on many: ``in_programs``).  Importing the package registers them (see
 ``rules.register_rule``).
 """
 import numpy as np
 
 from .graph import LEAF
 from .rules import (ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, Signature, _in_dtype,
-                    _in_shape, call_as_recorded, plain_layout, register_rule, rule_for,
+                    _in_shape, _shared_key, call_as_recorded, plain_layout, register_rule, rule_for,
                     swapaxes_roles, transpose_roles)
 from .weight_calls import weight_node
 
@@ -287,6 +292,46 @@ class EachDotRule(Rule):
         return [F.reshape(out, shape=(-1, node.out_shapes[0][1]))]
 
 
+class VectorProductRule(Rule):
+    """``FullyConnected(x, W, flatten=False)`` or ``dot(x, M)`` of a 1-d vector
+    ``x`` and weights that every call shares: the batch's vectors, laid end to
+    end, are the rows of one (N, D) matrix; one product, and its rows laid end
+    to end again.  An instance per width D (``for_width``), which the batched
+    call reshapes to."""
+
+    batching = "calls"
+    in_programs = True      # its batched call is right on one call's rows too
+    _BY_WIDTH = {}
+
+    def __init__(self, width=None):
+        self.width = width
+
+    @classmethod
+    def for_width(cls, width):
+        found = cls._BY_WIDTH.get(width)
+        if found is None:
+            found = cls._BY_WIDTH.setdefault(width, cls(width))
+        return found
+
+    def signature(self, node):
+        kwargs = node.kwargs
+        if node.op.name == "FullyConnected" and kwargs.get("flatten", True) \
+                or node.op.name == "dot" and kwargs.get("transpose_a", False):
+            return None
+        x = _in_shape(node, 0)
+        if len(x) != 1 or len(node.inputs) < 2 or len(_in_shape(node, 1)) != 2 \
+                or any(_computed_per_sample(src) for src, _ in node.inputs[1:]):
+            return None
+        key = (("vector_product", x, _in_dtype(node, 0)),) \
+            + tuple(_shared_key(node, k) for k in range(1, len(node.inputs)))
+        return Signature(key, self.for_width(x[0]), (ROW,) + (SHARED,) * (len(key) - 1))
+
+    def batched_call(self, F, node, inputs):
+        rows = F.reshape(inputs[0], shape=(-1, self.width))
+        out = call_as_recorded(F, node, [rows] + list(inputs[1:]))[0]
+        return [F.reshape(out, shape=(-1,))]
+
+
 class RowCrossEntropyRule(Rule):
     """``softmax_cross_entropy(x, label)`` of a (1, C) row and a (1,) label: per
     row, ``-log(softmax(x)[label])``; equal to MXNet's to float32 rounding."""
@@ -313,7 +358,8 @@ for _name in _REDUCTIONS:
 
 register_rule("RNN", RowFallback(PaddedRNNRule(), RNNRule()))
 register_rule("softmax_cross_entropy", RowCrossEntropyRule())
-_DOT = RowFallback(EachDotRule(), rule_for("dot"))
+register_rule("FullyConnected", RowFallback(rule_for("FullyConnected"), VectorProductRule()))
+_DOT = RowFallback(VectorProductRule(), RowFallback(EachDotRule(), rule_for("dot")))
 _DOT.source_dependent = True        # whether b is computed per sample (see calls.remember)
 register_rule("dot", _DOT)
 for _names, _roles in ((["transpose"], transpose_roles),

@@ -326,11 +326,14 @@ def _prelu(ns, data, gamma):
 def _dot(ns, operator):
     """``F.dot`` of a matrix and a pending 1-d vector (DyNet's ``W * x``).
 
-    A vector's rows are its elements, so the product cannot batch along axis
-    0 as it is.  It is recorded as the same product of the vector as one row,
-    between two reshapes: ``dot(x, W)`` as ``dot(x.reshape((1, -1)), W)``,
-    ``dot(W, x)`` as ``dot(x.reshape((1, -1)), W, transpose_b=True)``; each
-    of the three batches row by row.  Attention scores of a query row against
+    A vector's rows are its elements, so the product does not batch along
+    axis 0 as it is.  Of a parameter ``W``, ``dot(W, x)`` is recorded as
+    ``FullyConnected(x, W, flatten=False)`` and ``dot(x, W)`` as it is; a
+    batch of either is one product of the vectors as rows
+    (``layer_rules.VectorProductRule``).  Of another matrix it is recorded as
+    the same product of the vector as one row, between two reshapes: ``dot(x,
+    M)`` as ``dot(x.reshape((1, -1)), M)``, ``dot(M, x)`` as
+    ``dot(x.reshape((1, -1)), M, transpose_b=True)``.  Attention scores of a query row against
     a sample's own rows are recorded in column form (``columns.scores``).
     """
     rec = ns._recorder  # pylint: disable=protected-access
@@ -360,13 +363,15 @@ def _matrix(x):
 
 
 def _as_row_product(ns, operator, vector, matrix, transpose):
+    if _is_parameter(matrix):
+        # One call on the vector: a batch of them is one product of the
+        # vectors as rows (``layer_rules.VectorProductRule``).
+        if transpose:
+            return ns.FullyConnected(vector, matrix, no_bias=True, num_hidden=matrix.shape[0],
+                                     flatten=False)
+        return operator(vector, matrix)
     row = ns.reshape(vector, shape=(1, -1))
-    if transpose and _is_parameter(matrix):
-        # A layer's product: its CallInfo is memoised, where a dot's depends
-        # on where its second input comes from.
-        out = ns.FullyConnected(row, matrix, no_bias=True, num_hidden=matrix.shape[0])
-    else:
-        out = operator(row, matrix, transpose_b=transpose)
+    out = operator(row, matrix, transpose_b=transpose)
     return ns.reshape(out, shape=(-1,))
 
 

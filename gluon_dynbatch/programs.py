@@ -33,7 +33,8 @@ from .run import cached_op
 from .rules import (BROW, NO_GRADIENT, ROW, SHARED, ReshapeRule, RowRule, Rule, SegmentRule,
                     SoftmaxRowRule, call_as_recorded, intern)
 
-_SEGMENT, _RESHAPE, _ROWS = "segment", "reshape", "rows"
+# "own": the rule's batched call, right on one call's rows as on many (``in_programs``).
+_SEGMENT, _RESHAPE, _ROWS, _OWN = "segment", "reshape", "rows", "own"
 
 
 class _Entry:
@@ -108,7 +109,7 @@ class Program:
                    for s in entry.sources]
             if entry.scalar:
                 results.append([_scalar_call(F, entry, ins[0], next(numbers))])
-            elif entry.form == _RESHAPE:    # the call's own rows: (-1,) + tail
+            elif entry.form in (_RESHAPE, _OWN):    # the call's own rows: (-1,) + tail
                 results.append(entry.rule.batched_call(F, entry, ins))
             else:
                 results.append(call_as_recorded(F, entry, ins))
@@ -378,11 +379,13 @@ def entry_kind(op, info):
         return _SEGMENT
     if isinstance(rule, ReshapeRule):
         return _RESHAPE
+    if getattr(rule, "in_programs", False):
+        return _OWN
     return None
 
 
 def _roles(kind, info):
-    return tuple(info.meta) if kind == _ROWS else (ROW,)
+    return (ROW,) if kind in (_SEGMENT, _RESHAPE) else tuple(info.meta)
 
 
 def build(entries, exports, arg_shapes, name, param_shapes=()):

@@ -568,3 +568,40 @@ def test_split_along_rows_and_vector_products_batch(compiled):
     # Token t of every sentence is one step: no split or product runs per sentence
     # (the one-token sentence is one program, the product of the halves two steps).
     assert stats.steps <= 7
+
+
+class VectorProducts(gdb.DynBatchBlock):
+    """DyNet-style 1-d vectors: ``F.dot(W, x)``, ``F.dot(x, V)`` and
+    ``F.dot(U, h, transpose_a=True)`` of weights, a (3,) bias, per token."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.w = self.params.get("w", shape=(3, 4))
+            self.u = self.params.get("u", shape=(3, 3))
+            self.v = self.params.get("v", shape=(3, 2))
+            self.b = self.params.get("b", shape=(3,))
+
+    def hybrid_forward(self, F, sentence, table, w, u, v, b):
+        h = F.zeros((3,))
+        for word in sentence:
+            h = F.tanh(F.dot(w, table[word]) + F.dot(u, h, transpose_a=True) + b)
+        return F.log_softmax(F.dot(h, v))
+
+
+def test_vector_products_are_one_call_each_and_exact():
+    from dynbatch_testing import check_all_strategies, make_model
+    model = make_model(VectorProducts)
+    table = nd.array(np.random.RandomState(3).uniform(-1, 1, size=(7, 4)))
+    sentences = [[1, 5, 2], [3], [6, 0, 4, 2], [2, 2]]
+    check_all_strategies(model, sentences, [table])
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(sentence, table) for sentence in sentences]
+    assert all(out.shape == (2,) for out in outs)
+    names = [e.op.name for s in scope.last_plan.steps for e in s.nodes[0].op.entries]
+    # Each product is one call on the vector, with no reshapes to a row and back
+    # (the one reshape a step is the lookup's, ``table[word]``), and token t of
+    # every sentence is one step (the one-token sentence's scores in its step).
+    assert len(scope.last_plan.steps) == 6
+    assert names.count("FullyConnected") == 5 and names.count("dot") == 7, names
+    assert names.count("reshape") == 5, names
