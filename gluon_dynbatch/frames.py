@@ -35,7 +35,7 @@ from mxnet.ndarray import NDArray
 from . import sites, weight_calls
 from .graph import LEAF
 from .lazy import LazyArray
-from .reshapes import forget_bases
+from .reshapes import bases_made, forget_bases, replay_bases
 from .templates import recipe_for
 from .trie import MAX_STATES, Macro, State, flatten_args, learn_call
 
@@ -139,6 +139,9 @@ class Frame:
                 return found
             rec = self.rec
             if node is not None and node.graph is rec.graph and node.kind is not LEAF:
+                found = rec.graph.shared_items.get(id(a))   # a value of weights alone
+                if found is not None:
+                    return found
                 return self._read(a, node.out_shapes[a._idx], node.out_dtypes[a._idx])
             if type(node) is Frame:
                 node.cut("a value of an enclosing call is used here")
@@ -427,15 +430,16 @@ class Frame:
         simple = macro.simple
         if simple is None:
             given = {ref: a for a, ref in zip(arrays, refs) if type(ref) is int}
-            return self._build(macro.outputs, start, given)
-        kind, offsets = simple
-        if kind is None:
-            lazy = self._new_lazy(start + offsets)
-            self.lazies.append(lazy)
-            return lazy
-        outs = [self._new_lazy(start + k) for k in offsets]
-        self.lazies.extend(outs)
-        return kind(outs)
+            out = self._build(macro.outputs, start, given)
+        elif simple[0] is None:
+            out = self._new_lazy(start + simple[1])
+            self.lazies.append(out)
+        else:
+            out = simple[0]([self._new_lazy(start + k) for k in simple[1]])
+            self.lazies.extend(out)
+        if macro.bases is not None:         # outputs that reshape values of the call
+            replay_bases(self, out, macro.bases, start)
+        return out
 
     def _build(self, obj, start, made):
         """The outputs of a replayed child-block call (``made``: position -> array)."""
@@ -484,7 +488,8 @@ class Frame:
             outputs = self._map_out(out, start)
             if outputs is not None:
                 before.calls[key] = Macro(self.state, tuple(self.out_shapes[start:]),
-                                          tuple(self.out_dtypes[start:]), outputs, start)
+                                          tuple(self.out_dtypes[start:]), outputs, start,
+                                          bases_made(self, out, start))
         return out
 
     def _map_out(self, obj, start):

@@ -156,11 +156,13 @@ class Recorder:
         return lazy
 
     def param(self, parameter):
-        """The LazyArray standing for a gluon Parameter (shared by every call)."""
+        """The LazyArray of a gluon Parameter (or ``weight_calls.DerivedWeight``)."""
         graph = self.graph
         found = graph.leaf_by_id.get(id(parameter))
         if found is not None:
             return found[1]
+        if type(parameter) is weight_calls.DerivedWeight:
+            return weight_calls.resolve(self, parameter)
         node = graph.add(Node(graph, LEAF))
         node.param = parameter
         node.out_shapes = (tuple(parameter.shape),)

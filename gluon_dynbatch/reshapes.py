@@ -68,6 +68,34 @@ def forget_bases(frame):
     frame.based = None
 
 
+def bases_made(frame, out, start):
+    """``((output offset, base offset), ...)`` of the values ``out`` that a child
+    block's call, traced from position ``start`` of ``frame``, returned as
+    reshapes of its own values; None if it returned none.  Its replays
+    (``Frame._replay``) give their outputs the same bases."""
+    found = []
+    for lazy in (out if isinstance(out, (list, tuple)) else (out,)):
+        base = base_of(lazy)
+        if base is not None and lazy._node is frame and base._node is frame \
+                and base._idx >= start:
+            found.append((lazy._idx - start, base._idx - start))
+    return tuple(found) or None
+
+
+def replay_bases(frame, out, bases, start):
+    """Give the outputs ``out`` of a replayed call the bases ``bases_made`` found."""
+    wanted = {start + o: start + b for o, b in bases}
+    made = {}
+    for lazy in (out if isinstance(out, (list, tuple)) else (out,)):
+        if type(lazy) is LazyArray and lazy._node is frame and lazy._idx in wanted:
+            pos = wanted[lazy._idx]
+            base = made.get(pos)
+            if base is None:
+                base = made[pos] = frame._new_lazy(pos)  # pylint: disable=protected-access
+                frame.lazies.append(base)
+            note(frame.rec, lazy, base)
+
+
 _TARGETS = {}       # (name, shape, kwargs items) -> target_shape
 
 

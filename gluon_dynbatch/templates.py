@@ -227,7 +227,7 @@ def _rebind(lazies, places):
 def _leaf_value(rec, ref):
     """The graph value ``(node, 0)`` of a parameter or constant ref."""
     lazy = rec.param(ref[1]) if ref[0] == "p" else rec.leaf(ref[1])
-    return (lazy._node, 0)
+    return (lazy._node, lazy._idx)
 
 
 def _view_node(rec, frame, op, values, args, kwargs, info):
@@ -299,7 +299,9 @@ class ProgramRecipe:
         if found is None or found[0] is not self:
             external = [_leaf_value(rec, ref) for ref in self.params]
             sig = programs.shared_signature(self.info, external)
-            found = graph.externals[id(self)] = (self, external, sig)
+            # Values of weights alone (weight_calls.DerivedWeight) are steps too.
+            below = max([src.depth for src, _ in external], default=0)
+            found = graph.externals[id(self)] = (self, external, sig, below)
         external, sig = found[1], found[2]
         if self.positions is not None:
             vals = frame.vals
@@ -319,7 +321,7 @@ class ProgramRecipe:
         if sig is None:
             rec.place(node, self.info)
         else:           # a call node: its depth from its arguments (leaves have 0)
-            depth = 0
+            depth = found[3]
             for src, _ in args:
                 if src.depth > depth:
                     depth = src.depth

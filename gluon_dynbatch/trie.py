@@ -57,14 +57,15 @@ class Step:
 class Macro:
     """A child-block call learned once: where it leads and what it returns."""
 
-    __slots__ = ("target", "shapes", "dtypes", "outputs", "simple")
+    __slots__ = ("target", "shapes", "dtypes", "outputs", "simple", "bases")
 
-    def __init__(self, target, shapes, dtypes, outputs, start):
+    def __init__(self, target, shapes, dtypes, outputs, start, bases=None):
         self.target = target        # the State after the block's last call
         self.shapes = shapes        # shapes and dtypes of the positions it adds
         self.dtypes = dtypes
         self.outputs = outputs      # returned structure, positions in place of arrays
         self.simple = _simple_outputs(outputs, start)
+        self.bases = bases          # (output, its base) offsets (reshapes.bases_made)
 
 
 def _simple_outputs(outputs, start):

@@ -441,7 +441,7 @@ class _Emitter:
         """A stand-in for analysis: parameters as their graph leaves."""
         if type(ref) is tuple and ref[0] == "p":
             lazy = self.rec.param(ref[1])
-            return (lazy._node, 0)
+            return (lazy._node, lazy._idx)
         return self.stand(shape, dtype)
 
     # -- units ------------------------------------------------------------------------

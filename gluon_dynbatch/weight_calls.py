@@ -8,6 +8,13 @@ every sample reads, so the calls that read it batch (their signature sees one
 shared input) and its gradient sums the samples' contributions as eager
 execution's separate copies do.  Random operators draw anew at each call and
 stay one node per call.
+
+Such a value is named, in the keys of frames (``frames.py``), by a
+:class:`DerivedWeight`: its call, with parameters for arrays, the same in every
+graph.  A child block whose calls read it (a fused RNN layer reads the
+concatenation of its flattened weights) can then be learned once and
+replayed, as if it read parameters only; the replay makes the value again in
+its own graph (``resolve``).
 """
 from .calls import STATEFUL
 from .graph import LEAF, OP
@@ -55,6 +62,77 @@ def is_weight(rec, array):
     return weight_node(node) and node.graph is graph
 
 
+class DerivedWeight:
+    """Output ``idx`` of call ``call`` on weights alone, as a frame key names it.
+
+    ``call`` is ``(op, items, targs, keywords)`` with a Parameter or a
+    DerivedWeight per array input; interned (``_derived``), so equal calls
+    give the same object in every graph.  It stands where a Parameter would
+    in key items (``("p", it)``): ``shape``, ``dtype`` and ``data()`` answer
+    what a template asks of a Parameter, and ``Recorder.param`` resolves it.
+    """
+
+    __slots__ = ("call", "idx", "shape", "dtype")
+
+    def __init__(self, call, idx, shape, dtype):
+        self.call, self.idx, self.shape, self.dtype = call, idx, shape, dtype
+
+    def data(self, ctx=None):  # pylint: disable=unused-argument
+        """Itself: what is read of a Parameter's data here is its shape and dtype."""
+        return self
+
+    def __repr__(self):
+        return "DerivedWeight(%s, %d)" % (self.call[0].name, self.idx)
+
+
+_DERIVED = {}
+MAX_DERIVED = 4096
+
+
+def _derived(graph, node, inputs, targs, tkw):
+    """Name the outputs of weight node ``node`` (``graph.derived``); None if an
+    input is not named (a weight of another graph)."""
+    items = []
+    for src, idx in inputs:
+        if src.kind == LEAF:
+            items.append(src.param)
+        else:
+            found = graph.derived.get(src.id)
+            if found is None:
+                return None
+            items.append(found[idx])
+    call = (node.op, tuple(items), targs, tuple(sorted(tkw.items())))
+    names = []
+    for idx, (shape, dtype) in enumerate(zip(node.out_shapes, node.out_dtypes)):
+        found = _DERIVED.get((call, idx))
+        if found is None:
+            if len(_DERIVED) >= MAX_DERIVED:
+                _DERIVED.clear()        # rare; live tries keep the ones they name
+            found = _DERIVED.setdefault((call, idx), DerivedWeight(call, idx, shape, dtype))
+        names.append(found)
+    graph.derived[node.id] = names
+    return names
+
+
+def _name_outputs(graph, node, out):
+    """Key items for the LazyArray(s) ``out`` of weight node ``node``, kept alive."""
+    names = graph.derived.get(node.id)
+    if names is None:
+        return
+    for lazy in (out if isinstance(out, list) else (out,)):
+        if id(lazy) not in graph.shared_items:
+            graph.shared_items[id(lazy)] = ("p", names[lazy._idx])
+            graph.kept.append(lazy)     # an id in ``shared_items`` must stay its own
+
+
+def resolve(rec, derived):
+    """The LazyArray of ``derived`` in ``rec``'s graph: its call made there once."""
+    op, items, targs, keywords = derived.call
+    inputs = [rec.value_of(rec.param(item)) for item in items]
+    out = shared_call(rec, op, inputs, targs, dict(keywords))
+    return out[derived.idx] if isinstance(out, list) else out
+
+
 def shared_call(rec, op, inputs, targs, tkw):
     """The output(s) of ``op`` on weights ``inputs``: the graph's node of this call
     if it has one, else a new node (see :meth:`Recorder.add_node`)."""
@@ -70,7 +148,10 @@ def shared_call(rec, op, inputs, targs, tkw):
         node = (out[0] if isinstance(out, list) else out)._node
         graph.weight_calls[key] = node
         graph.weight_nodes.add(node.id)
-        return out
-    if len(node.out_shapes) > 1:
-        return [node.output(k) for k in range(len(node.out_shapes))]
-    return node.output(0)
+        _derived(graph, node, inputs, targs, tkw)
+    elif len(node.out_shapes) > 1:
+        out = [node.output(k) for k in range(len(node.out_shapes))]
+    else:
+        out = node.output(0)
+    _name_outputs(graph, node, out)
+    return out

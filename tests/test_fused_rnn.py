@@ -79,3 +79,29 @@ def test_fused_layers_over_sentences_of_different_lengths(layer):
         assert sorted(calls) == sorted([LENGTHS.count(n) for n in set(LENGTHS)])
     else:
         assert calls == [len(samples)]
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_fused_layer_code_runs_once_per_shape_then_replays(layer, monkeypatch):
+    # A layer's call reads its weights flattened and concatenated, values of
+    # weights alone: it is learned once per sentence length and replayed after.
+    runs = []
+    kernel = rnn.rnn_layer._RNNLayer._forward_kernel   # pylint: disable=protected-access
+
+    def counted(self, *args, **kwargs):
+        runs.append(1)
+        return kernel(self, *args, **kwargs)
+    monkeypatch.setattr(rnn.rnn_layer._RNNLayer, "_forward_kernel", counted)
+    model = make_model(Encoder, layer=layer)
+    samples, table = _sentences(0), _table()
+    steps = []
+    for _ in range(2):
+        del runs[:]
+        with gdb.batching(keep_plan=True) as scope:
+            outs = [model(words, table) for words in samples]
+        nd.waitall()
+        assert len(outs) == len(samples)
+        steps.append(len(scope.last_plan.steps))
+        if not steps[1:]:
+            assert len(runs) == len(set(LENGTHS))
+    assert runs == [] and steps[0] == steps[1]
