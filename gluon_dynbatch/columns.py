@@ -219,7 +219,8 @@ def rewrite(rec, op, args, kwargs):
         other = _rows_of(args[1]) if len(args) == 2 and not kwargs else None
         if other is None or other[1:] != (axis, kind) \
                 or len(args[1].shape) != len(x.shape) or other[0].shape[0] != base.shape[0] \
-                or kind == "column" and args[1].shape != x.shape:
+                or kind == "column" and (args[1].shape != x.shape
+                                         or other[0].shape != base.shape):  # (T, 1) + (T,)
             return None
         out = rec.call_op(op, (_aligned(ns, found, x), _aligned(ns, other, args[1])), {})
     elif name in ("softmax", "log_softmax"):

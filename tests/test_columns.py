@@ -138,3 +138,20 @@ def test_attention_over_sentences_of_every_length_is_one_step_each(form):
     assert not set(names) & {"dot", "batch_dot"}, names
     # A step of one length would hold one sentence (two for length 1).
     assert min(len(step.nodes) for step in scope.last_plan.steps) >= 2, names
+
+
+class RowsOfTwoLayouts(gdb.DynBatchBlock):
+    """Two rows whose bases hold the same values in two layouts: a (1, T)
+    transpose of a (T, 1) column, and the reshape of a (T,) vector."""
+
+    def hybrid_forward(self, F, words, table):
+        x = F.concat(*[table[w:w + 1] for w in words], dim=0)[:, 0:1]       # (T, 1)
+        row = F.transpose(F.tanh(x))                                        # (1, T) of (T, 1)
+        vector = F.tanh(row[0])                                             # (T,)
+        return F.sum(row + vector.reshape((1, -1)), axis=1, keepdims=True)
+
+
+def test_rows_of_bases_in_two_layouts_add_as_written():
+    # Their bases, a (T, 1) column and a (T,) vector, would broadcast to (T, T).
+    model = make_model(RowsOfTwoLayouts)
+    check_all_strategies(model, _sentences(1), [_table()])
