@@ -20,7 +20,7 @@ from collections import OrderedDict, namedtuple
 import mxnet as mx
 
 from .plan import OutOfTime, make_plan
-from .rules import SHARED
+from .rules import KNOWN, SHARED
 
 # Strategies in the order they are tried: cheapest analysis first.
 CANDIDATES = ("depth", "agenda")
@@ -49,7 +49,7 @@ class CostModel:
             rows += sum(n.out_shapes[0][0] for n in step.nodes)
             if len(step.nodes) > 1:         # shared inputs are passed once, not gathered
                 roles = step.nodes[0].meta or ()
-                gathers += sum(1 for role in roles if role != SHARED)
+                gathers += sum(1 for role in roles if role not in (SHARED, KNOWN))
         return steps * self.launch + gathers * self.gather + rows * self.row
 
 

@@ -32,7 +32,7 @@ import sys
 
 from mxnet.ndarray import NDArray
 
-from . import sites, weight_calls
+from . import literals, sites, weight_calls
 from .graph import LEAF
 from .lazy import LazyArray
 from .reshapes import bases_made, forget_bases, replay_bases
@@ -172,8 +172,8 @@ class Frame:
         self.out_shapes.append(shape)
         self.out_dtypes.append(dtype)
         self.vals[pos] = a
-        self.ext[id(a)] = pos
-        return ("x", shape, dtype)
+        self.ext[id(a)] = pos           # rules may read a literal's values: part of the key
+        return ("x", shape, dtype, True) if literals.is_literal(a) else ("x", shape, dtype)
 
     def op(self, op, args, kwargs):
         """Record ``op(*args, **kwargs)`` in this frame; its provisional output(s).

@@ -181,6 +181,7 @@ class Graph:
         self.constants = {}        # (F path, args) -> leaf of a deterministic F.zeros ...
         self.shared_items = {}     # id(array) -> frame key item of a parameter or constant
         self.literals = {}         # (dtype, row shape) -> (leaf, numpy parts): literals.py
+        self.literal_ids = set()   # ids of those leaves
         self.weight_calls = {}     # call on weights only -> its node (weight_calls.py)
         self.weight_nodes = set()  # ids of those nodes
         self.derived = {}          # id of such a node -> its outputs' DerivedWeights
@@ -224,6 +225,7 @@ class Graph:
         self.constants = {}
         self.shared_items = {}
         self.literals = {}
+        self.literal_ids = set()
         self.weight_calls = {}
         self.weight_nodes = set()
         self.derived = {}

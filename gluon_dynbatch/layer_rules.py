@@ -14,6 +14,9 @@
 * ``EachDotRule``: ``F.dot(a, b)`` where ``b`` is a value of each sample's
   own (attention: ``F.dot(q, keys, transpose_b=True)``, then ``F.dot(weights,
   keys)``): calls of the same shapes run as one ``batch_dot``.
+* ``KnownMatrixDotRule``: ``F.dot(A, H)`` of a literal ``A`` (``F.array`` of a
+  numpy matrix: a graph's normalised adjacency) and a value of each sample:
+  one ``batch_dot`` for matrices of every size, padded with zeros.
 * ``OneRowReduceRule``: a reduction over every axis (``F.sum(h * h)``,
   ``F.norm(h)``, ``loss.mean()``) of a one-row value, the usual per-sample
   shape, is a reduction of that row: batched over every axis but the rows.
@@ -36,9 +39,10 @@ on one call as on many: ``in_programs``).  Importing the package registers them 
 import numpy as np
 
 from .graph import LEAF
-from .rules import (ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, Signature, _in_dtype,
-                    _in_shape, _shared_key, call_as_recorded, plain_layout, register_rule, rule_for,
-                    swapaxes_roles, transpose_roles)
+from .literals import literal_node, values_of
+from .rules import (KNOWN, ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, Signature,
+                    _in_dtype, _in_shape, _shared_key, call_as_recorded, plain_layout,
+                    register_rule, rule_for, swapaxes_roles, transpose_roles)
 from .weight_calls import weight_node
 
 
@@ -332,6 +336,51 @@ class VectorProductRule(Rule):
         return [F.reshape(out, shape=(-1,))]
 
 
+class KnownMatrixDotRule(Rule):
+    """``dot(A, H)`` of an (n, m) literal ``A`` and an (m, C) value ``H``: the
+    batch pads every ``A`` to (N, n', m') with zeros, gathers each ``H`` into
+    (N, m', C) (zero rows after its own), runs one ``batch_dot`` and keeps each
+    call's n rows.  ``A`` is read when the batch is planned, not passed: a
+    literal takes no gradient."""
+
+    batching = "segment"
+
+    def signature(self, node):
+        if len(node.inputs) != 2 or node.kwargs.get("transpose_a", False) \
+                or node.kwargs.get("transpose_b", False):
+            return None
+        a, h = _in_shape(node, 0), _in_shape(node, 1)
+        if len(a) != 2 or len(h) != 2 or a[1] != h[0] or not literal_node(node.inputs[0][0]):
+            return None
+        key = ("known_dot", h[1], _in_dtype(node, 0), _in_dtype(node, 1))
+        return Signature((key,), self, (KNOWN, ROW))
+
+    @staticmethod
+    def segment_arrays(nodes, dtype):
+        """(the matrices padded, (N, n', m'); where each H's rows sit in its
+        padded (m', C) block, the zero row after the batch's rows standing for
+        padding; where each output row sits in the padded output)."""
+        shapes = np.array([_in_shape(n, 0) for n in nodes], dtype=np.int64)
+        rows, cols = int(shapes[:, 0].max()), int(shapes[:, 1].max())
+        matrices = np.zeros((len(nodes), rows, cols), dtype=dtype)
+        for k, node in enumerate(nodes):
+            n, m = shapes[k]
+            matrices[k, :n, :m] = values_of(node.inputs[0][0])
+        starts = np.cumsum(shapes[:, 1]) - shapes[:, 1]
+        real = np.arange(cols)[None, :] < shapes[:, 1:2]
+        gather = np.where(real, starts[:, None] + np.arange(cols)[None, :],
+                          int(shapes[:, 1].sum())).astype(np.int32)
+        kept = np.arange(rows)[None, :] < shapes[:, :1]
+        return [matrices, gather, np.nonzero(kept.reshape(-1))[0].astype(np.int32)]
+
+    def batched_call(self, F, node, inputs):
+        rows, matrices, gather, kept = inputs
+        width = node.out_shapes[0][1]
+        rows = F.concat(rows, F.zeros_like(F.slice_axis(rows, axis=0, begin=0, end=1)), dim=0)
+        out = F.batch_dot(matrices, F.take(rows, gather))                    # (N, n', C)
+        return [F.take(F.reshape(out, shape=(-1, width)), kept)]
+
+
 class RowCrossEntropyRule(Rule):
     """``softmax_cross_entropy(x, label)`` of a (1, C) row and a (1,) label: per
     row, ``-log(softmax(x)[label])``; equal to MXNet's to float32 rounding."""
@@ -359,7 +408,8 @@ for _name in _REDUCTIONS:
 register_rule("RNN", RowFallback(PaddedRNNRule(), RNNRule()))
 register_rule("softmax_cross_entropy", RowCrossEntropyRule())
 register_rule("FullyConnected", RowFallback(rule_for("FullyConnected"), VectorProductRule()))
-_DOT = RowFallback(VectorProductRule(), RowFallback(EachDotRule(), rule_for("dot")))
+_DOT = RowFallback(VectorProductRule(), RowFallback(
+    KnownMatrixDotRule(), RowFallback(EachDotRule(), rule_for("dot"))))
 _DOT.source_dependent = True        # whether b is computed per sample (see calls.remember)
 register_rule("dot", _DOT)
 for _names, _roles in ((["transpose"], transpose_roles),

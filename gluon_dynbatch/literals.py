@@ -28,12 +28,40 @@ def record(rec, values, ctx=None):
         node = graph.add(Node(graph, LEAF))
         node.out_dtypes = (values.dtype.type,)
         pool = graph.literals[key] = (node, [])
+        graph.literal_ids.add(node.id)
     node, parts = pool
     begin = node.out_shapes[0][0] if parts else 0
     end = begin + len(values)
     parts.append(values)
     node.out_shapes = ((end,) + values.shape[1:],)
     return rec.row_slice(LazyArray(node, 0), begin, end)
+
+
+def is_literal(array):
+    """Whether ``array`` is a literal (a pending row view of a pool): values a
+    batching rule may read when it plans (``values_of``)."""
+    return type(array) is LazyArray and literal_node(array._node)
+
+
+def literal_node(node):
+    """Whether graph node ``node`` (or anything else) is a literal's view."""
+    return getattr(node, "kind", None) == VIEW and node.inputs[0][0].id in node.graph.literal_ids
+
+
+def values_of(node):
+    """The numpy values of literal view ``node`` (see ``is_literal``)."""
+    pool = node.inputs[0][0]
+    for leaf, parts in node.graph.literals.values():
+        if leaf is pool:
+            begin, end = node.kwargs["begin"], node.kwargs["end"]
+            for part in parts:
+                if begin < len(part):
+                    if end <= len(part):
+                        return part[begin:end]
+                    break
+                begin, end = begin - len(part), end - len(part)
+            return np.concatenate(parts)[node.kwargs["begin"]:node.kwargs["end"]]
+    raise ValueError("%r is not a literal" % (node,))
 
 
 def fill(graph):

@@ -14,14 +14,14 @@ data, so one compiled graph serves many sample sets), the plan's structure
 key, and how to hand the live values their rows.
 """
 import ctypes
-from itertools import chain
+from itertools import chain, repeat
 
 import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, NDArrayHandle, c_array, check_call, mx_uint
 
 from .graph import LEAF, VIEW
-from .rules import BROW, SHARED
+from .rules import BROW, KNOWN, SHARED
 
 _CONCATS = ("concat", "Concat")
 
@@ -130,23 +130,27 @@ class SegmentWalker:
         return totals
 
 
+_NO_ROLES = repeat(None)     # the roles of an alone node's inputs
+
+
 def shared_inputs(nodes):
     """Per input of a batch: True when it is passed once rather than gathered.
 
-    SHARED inputs always are.  A one-row BROW input that every node shares can
-    broadcast natively too, provided another input is gathered at full rows
-    (otherwise the batch would have one row instead of one per node).
+    SHARED inputs always are (KNOWN ones are not passed at all).  A one-row
+    BROW input that every node shares can broadcast natively too, provided
+    another input is gathered at full rows (otherwise the batch would have
+    one row instead of one per node).
     """
     node0 = nodes[0]
     shared = []
     for k, role in enumerate(node0.meta):
         first = node0.inputs[k]
-        shared.append(role == SHARED or (
+        shared.append(role == SHARED or role == KNOWN or (
             role == BROW and first[0].out_shapes[first[1]][0] == 1
             and all(n.inputs[k] == first for n in nodes)))
-    if all(shared[k] for k, role in enumerate(node0.meta) if role != SHARED):
+    if all(shared[k] for k, role in enumerate(node0.meta) if role not in (SHARED, KNOWN)):
         for k, role in enumerate(node0.meta):
-            if role != SHARED:
+            if role not in (SHARED, KNOWN):
                 shared[k] = False
                 break
     return shared
@@ -411,6 +415,8 @@ class Compiler(SegmentWalker):
             ins = []
             shared = shared_inputs(nodes)
             for k, role in enumerate(node0.meta):
+                if role == KNOWN:               # read by the rule (segment_arrays)
+                    continue
                 if shared[k]:
                     ins.append(self._gather_desc(self.segments(*node0.inputs[k])))
                 elif kind == "program" and not self.slices:
@@ -430,7 +436,8 @@ class Compiler(SegmentWalker):
             attrs = node0.attrs if node0.rule.keyed_attrs else None
             key = (kind, node0.op.name, attrs, tuple(node0.meta), type(node0.rule).__name__,
                    ins, variant)
-        tails = (tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
+        tails = (tuple(src.out_shapes[i][1:] if role != KNOWN else None
+                       for (src, i), role in zip(node0.inputs, node0.meta or _NO_ROLES)),
                  tuple(shape[1:] for shape in node0.out_shapes),
                  tuple(np.dtype(d).name for d in node0.out_dtypes))
         key = key + (tails, node0.rule.step_key(node0))

@@ -7,7 +7,8 @@ nodes, it may run as one batched call along axis 0:
   and split the outputs by each node's rows.  Each array input has a role:
   ``ROW`` (concatenated; rows match the output's), ``BROW`` (concatenated;
   a one-row input is repeated to the node's output rows, as broadcasting
-  would) or ``SHARED`` (the same value for every node in the batch, passed once).
+  would) or ``SHARED`` (the same value for every node in the batch, passed once);
+  a rule that reads an input's values when it plans says ``KNOWN`` (not passed).
 * ``ReshapeRule``: reshapes keep each sample's data contiguous, so the batch
   is one reshape of the concatenation.
 * ``SegmentRule``: sum or mean over axis 0 of each node's rows (ragged), by
@@ -30,7 +31,7 @@ from collections import namedtuple
 
 import numpy as np
 
-ROW, BROW, SHARED = "row", "brow", "shared"
+ROW, BROW, SHARED, KNOWN = "row", "brow", "shared", "known"
 
 Signature = namedtuple("Signature", ["key", "rule", "roles"])
 Signature.__doc__ = """How a node batches: ``key`` (equal keys batch together), the

@@ -20,7 +20,7 @@ import numpy as np
 from mxnet import autograd
 
 from .lower import Compiler
-from .rules import NO_GRADIENT, call_as_recorded
+from .rules import KNOWN, NO_GRADIENT, call_as_recorded
 
 _NO_CHANGE = contextlib.nullcontext()
 
@@ -87,7 +87,7 @@ def run_interpreted(plan, live, ctx):
                       else _gather(d, values, feeds) for k, d in enumerate(ins)]
             if kind == "program":
                 results = node0.op.run_cached(inputs, variant, walker.ctx)
-            elif kind == "alone" or count == 1:
+            elif kind == "alone" or count == 1 and KNOWN not in node0.meta:
                 results = call_as_recorded(mx.nd, node0, inputs[:len(node0.inputs)])
             else:
                 results = node0.rule.batched_call(mx.nd, node0, inputs)

@@ -8,8 +8,9 @@ blocks (HybridBlocks inside HybridBlocks, a second DynBatchBlock that recurses
 on itself, opaque blocks run on concrete values), loops whose count depends on
 the sample (over a node's children, carrying a sum; an RNN over a value's
 rows), attention of a row over a value's rows, weights made from parameters
-alone, ``mx.nd`` operators called directly, and values read in the middle of the scope (``asnumpy``) and then
-used further.  Each node's program is its own Python path through the model, so
+alone, literal matrices times a value, ``mx.nd`` operators called directly,
+and values read in the middle of the scope (``asnumpy``) and then used
+further.  Each node's program is its own Python path through the model, so
 the templates of a scope's calls differ from node to node.  Each case runs eagerly, one
 sample at a time, and batched with one strategy and one compiled mode; the
 outputs, every value read mid-scope and all gradients (parameters and inputs)
@@ -191,6 +192,10 @@ class FuzzNet(gdb.DynBatchBlock):
                             squeeze_axis=True)
             parts = parts if isinstance(parts, list) else [parts]
             return [steps[:, -1] + parts[0] * steps[0, 0:1] + F.squeeze(steps[:, 0:1], axis=1)]
+        if op == "adjacency":                  # a literal (r, r) matrix times the rows
+            rows = a.shape[0]
+            means = np.tril(np.ones((rows, rows), np.float32)) / np.arange(1, rows + 1)[:, None]
+            return [F.dot(F.array(means.astype(np.float32), ctx=a.context), a)]
         if op == "madeweight":                 # a weight made from a parameter alone
             return [F.tanh(F.dot(a, F.transpose(mat) * 0.5))]
         if op == "rowparam":                   # a (1, W) Parameter; a weight's .data()
@@ -373,7 +378,7 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "softmax1", "logsoftmax1", "reverse1", "clip", "split", "reshape", "opaque",
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
            "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale",
-           "vector", "act", "crf")
+           "vector", "act", "crf", "adjacency")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
              "childsum", "childtotal", "childterms", "attend", "rowsum", "twice",
              "attend2", "unroll")

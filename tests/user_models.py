@@ -21,13 +21,14 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
-from idiom_models import (ActivationTree, AttentivePooling, BiGRUTagger, CharWordTagger,
-                          ClosureTree, ConcatChildren, CRFTagger, CrossEntropyTagger,
-                          DotAttention, FeedbackTree, FusedLSTMEncoder, GluonLosses, Graph,
-                          GraphConv, HelperRNN, IndexingTree, MeanPoolTree, MemorySlots,
-                          MessagePassing, MethodTree, NodeLossTree, RecursiveNet, ScalarMath,
-                          ScoredChildren, Seq2SeqAttention, StackedAttention, TaggerLoss,
-                          TopDownTree, UnrollEncoder, VectorRNN, VectorTreeLSTM, WeightData)
+from idiom_models import (ActivationTree, AdjacencyGCN, AttentivePooling, BiGRUTagger,
+                          CharWordTagger, ClosureTree, ConcatChildren, CRFTagger,
+                          CrossEntropyTagger, DotAttention, FeedbackTree, FusedLSTMEncoder,
+                          GluonLosses, Graph, GraphConv, HelperRNN, IndexingTree, MeanPoolTree,
+                          MemorySlots, MessagePassing, MethodTree, NodeLossTree, RecursiveNet,
+                          ScalarMath, ScoredChildren, Seq2SeqAttention, StackedAttention,
+                          TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN, VectorTreeLSTM,
+                          WeightData)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
@@ -702,6 +703,10 @@ def case_graph_conv(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(GraphConv(hidden, CLASSES), seed), _graphs(seed, n), [_table(seed)])
 
 
+def case_adjacency_gcn(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(AdjacencyGCN(hidden, CLASSES), seed), _graphs(seed, n), [_table(seed)])
+
+
 def case_indexing_tree(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(IndexingTree(hidden), seed), _trees(seed, n), [_table(seed)])
 
@@ -771,6 +776,7 @@ CASES = {
     "method_tree": case_method_tree,
     "feedback": case_feedback,
     "graph_conv": case_graph_conv,
+    "adjacency_gcn": case_adjacency_gcn,
     "indexing_tree": case_indexing_tree,
 }
 

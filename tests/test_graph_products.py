@@ -1,0 +1,136 @@
+"""Products with a sample's own constant matrix: ``F.dot(F.array(adjacency), H)``.
+
+A graph convolution written for one graph multiplies its vertices' states by
+the graph's (normalised) adjacency matrix, a literal of the sample's own
+size.  Its products over graphs of every size run as one step
+(``layer_rules.KnownMatrixDotRule``), exactly: outputs and every gradient as
+eager Gluon's.  A matrix computed in the sample (not a literal) at the same
+place of the same code runs as before.
+"""
+import numpy as np
+from mxnet import nd
+from mxnet.gluon import nn
+
+import gluon_dynbatch as gdb
+from dynbatch_testing import check_all_strategies, make_model
+
+SIZES = (3, 1, 5, 2, 5, 4)
+
+
+def _graphs(seed):
+    rng = np.random.RandomState(seed)
+    graphs = []
+    for size in SIZES:
+        edges = np.triu(rng.uniform(size=(size, size)) < 0.5, 1).astype(np.float32)
+        adjacency = edges + edges.T + np.eye(size, dtype=np.float32)
+        graphs.append((list(rng.randint(0, 10, size)),
+                       adjacency / adjacency.sum(1, keepdims=True)))
+    return graphs
+
+
+def _table():
+    return nd.array(np.random.RandomState(1).uniform(-1, 1, (10, 4)))
+
+
+class GCN(gdb.DynBatchBlock):
+    """Two graph convolutions; with ``computed``, the graphs of an even size use
+    a matrix computed from their states instead (a softmax of their products)."""
+
+    def __init__(self, computed=False, transpose=False, **kwargs):
+        super().__init__(**kwargs)
+        self.computed, self.transpose = computed, transpose
+        with self.name_scope():
+            self.inp = nn.Dense(5)
+            self.conv = nn.Dense(5)
+
+    def hybrid_forward(self, F, graph, table):
+        words, adjacency = graph
+        h = self.inp(F.concat(*[table[w:w + 1] for w in words], dim=0))
+        matrix = F.array(adjacency)
+        if self.computed and len(words) % 2 == 0:
+            matrix = F.softmax(F.dot(h, h, transpose_b=True), axis=1)
+        for _ in range(2):
+            product = F.dot(matrix, h, transpose_a=True) if self.transpose else F.dot(matrix, h)
+            h = F.relu(self.conv(product))
+        return F.max(h, axis=0, keepdims=True)
+
+
+class Convolve(gdb.DynBatchBlock):
+    """``relu(W (M H))`` of a matrix and states given by the caller."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.conv = nn.Dense(5)
+
+    def hybrid_forward(self, F, matrix, h):
+        return F.relu(self.conv(F.dot(matrix, h)))
+
+
+class EitherMatrix(gdb.DynBatchBlock):
+    """Passes ``Convolve`` a literal adjacency, or for every other sample one
+    computed from the states (of the same shape): the same calls of
+    ``Convolve`` read a literal in some samples and a computed value in others."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(5)
+            self.convolve = Convolve()
+
+    def hybrid_forward(self, F, graph, table):
+        words, adjacency, computed = graph
+        h = self.inp(F.concat(*[table[w:w + 1] for w in words], dim=0))
+        matrix = F.softmax(F.dot(h, h, transpose_b=True), axis=1) if computed \
+            else F.array(adjacency)
+        return F.max(self.convolve(matrix, h), axis=0, keepdims=True)
+
+
+def _product_steps(model, graphs, table):
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(graph, table) for graph in graphs]
+    nd.waitall()
+    assert all(out.shape == (1, 5) for out in outs)
+    return [len(s.nodes) for s in scope.last_plan.steps if s.nodes[0].op.name == "dot"]
+
+
+def test_products_with_literal_adjacencies_of_every_size_are_one_step_each():
+    model, graphs, table = make_model(GCN), _graphs(0), _table()
+    check_all_strategies(model, graphs, [table])
+    # The one-vertex graph's (1, 1) products are recorded as weighted sums.
+    assert _product_steps(model, graphs, table) == [len(graphs) - 1] * 2
+
+
+def test_a_computed_matrix_at_the_place_of_a_literal_stays_exact():
+    model, graphs, table = make_model(GCN, computed=True), _graphs(2), _table()
+    check_all_strategies(model, graphs, [table])
+    steps = _product_steps(model, graphs, table)
+    # Literal products batch across sizes; computed ones (and the products
+    # that compute them) by shape.
+    literal = sum(1 for n in SIZES if n % 2 and n > 1)
+    computed = [n for n in SIZES if n % 2 == 0]
+    assert steps.count(literal) == 2 and sum(steps) == 2 * literal + 3 * len(computed)
+    assert len(steps) == 2 + 3 * len(set(computed))
+
+
+def test_the_same_call_on_a_literal_and_on_a_computed_matrix_stays_exact():
+    twice = [graph for graph in _graphs(4) for _ in range(2)]
+    graphs = [(words, adjacency, k % 2 == 1) for k, (words, adjacency) in enumerate(twice)]
+    model, table = make_model(EitherMatrix), _table()
+    check_all_strategies(model, graphs, [table])
+
+
+def test_transposed_literal_products_stay_exact():
+    model, graphs, table = make_model(GCN, transpose=True), _graphs(3), _table()
+    check_all_strategies(model, graphs, [table])
+
+
+def test_compiled_plans_of_graphs_of_the_same_sizes_are_reused():
+    model, table = make_model(GCN), _table()
+    for seed in range(2):
+        with gdb.batching(compiled=True) as scope:
+            outs = [model(graph, table) for graph in _graphs(seed)]
+        nd.waitall()
+        assert all(out.shape == (1, 5) for out in outs)
+    # Other adjacency values, the same sizes in the same order: the same plan.
+    assert (scope.stats.cache_hits, scope.stats.cache_misses) == (1, 0)
