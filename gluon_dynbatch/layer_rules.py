@@ -337,20 +337,20 @@ class VectorProductRule(Rule):
 
 
 class KnownMatrixDotRule(Rule):
-    """``dot(A, H)`` of an (n, m) literal ``A`` and an (m, C) value ``H``: the
-    batch pads every ``A`` to (N, n', m') with zeros, gathers each ``H`` into
-    (N, m', C) (zero rows after its own), runs one ``batch_dot`` and keeps each
-    call's n rows.  ``A`` is read when the batch is planned, not passed: a
-    literal takes no gradient."""
+    """``dot(A, H)`` of an (n, m) literal ``A`` and an (m, C) value ``H`` (or of
+    ``A.T``, ``transpose_a=True``): the batch pads every ``A`` (as multiplied) to
+    (N, n', m') with zeros, gathers each ``H`` into (N, m', C) (zero rows after
+    its own), runs one ``batch_dot`` and keeps each call's n rows.  ``A`` is
+    read when the batch is planned, not passed: a literal takes no gradient."""
 
     batching = "segment"
 
     def signature(self, node):
-        if len(node.inputs) != 2 or node.kwargs.get("transpose_a", False) \
-                or node.kwargs.get("transpose_b", False):
+        if len(node.inputs) != 2 or node.kwargs.get("transpose_b", False):
             return None
         a, h = _in_shape(node, 0), _in_shape(node, 1)
-        if len(a) != 2 or len(h) != 2 or a[1] != h[0] or not literal_node(node.inputs[0][0]):
+        inner = a[0] if node.kwargs.get("transpose_a", False) else a[-1]
+        if len(a) != 2 or len(h) != 2 or inner != h[0] or not literal_node(node.inputs[0][0]):
             return None
         key = ("known_dot", h[1], _in_dtype(node, 0), _in_dtype(node, 1))
         return Signature((key,), self, (KNOWN, ROW))
@@ -360,12 +360,15 @@ class KnownMatrixDotRule(Rule):
         """(the matrices padded, (N, n', m'); where each H's rows sit in its
         padded (m', C) block, the zero row after the batch's rows standing for
         padding; where each output row sits in the padded output)."""
-        shapes = np.array([_in_shape(n, 0) for n in nodes], dtype=np.int64)
+        flip = bool(nodes[0].kwargs.get("transpose_a", False))
+        shapes = np.array([_in_shape(n, 0)[::-1] if flip else _in_shape(n, 0) for n in nodes],
+                          dtype=np.int64)
         rows, cols = int(shapes[:, 0].max()), int(shapes[:, 1].max())
         matrices = np.zeros((len(nodes), rows, cols), dtype=dtype)
         for k, node in enumerate(nodes):
             n, m = shapes[k]
-            matrices[k, :n, :m] = values_of(node.inputs[0][0])
+            values = values_of(node.inputs[0][0])
+            matrices[k, :n, :m] = values.T if flip else values
         starts = np.cumsum(shapes[:, 1]) - shapes[:, 1]
         real = np.arange(cols)[None, :] < shapes[:, 1:2]
         gather = np.where(real, starts[:, None] + np.arange(cols)[None, :],

@@ -49,7 +49,10 @@ def literal_node(node):
 
 
 def values_of(node):
-    """The numpy values of literal view ``node`` (see ``is_literal``)."""
+    """The numpy values of literal view ``node`` (see ``is_literal``), or of the
+    leaf a literal became when a flush ran it (a read, ``max_pending_nodes``)."""
+    if node.kind == LEAF:
+        return node.value.asnumpy()
     pool = node.inputs[0][0]
     for leaf, parts in node.graph.literals.values():
         if leaf is pool:

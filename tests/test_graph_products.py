@@ -36,9 +36,9 @@ class GCN(gdb.DynBatchBlock):
     """Two graph convolutions; with ``computed``, the graphs of an even size use
     a matrix computed from their states instead (a softmax of their products)."""
 
-    def __init__(self, computed=False, transpose=False, **kwargs):
+    def __init__(self, computed=False, transpose=False, scaled=False, **kwargs):
         super().__init__(**kwargs)
-        self.computed, self.transpose = computed, transpose
+        self.computed, self.transpose, self.scaled = computed, transpose, scaled
         with self.name_scope():
             self.inp = nn.Dense(5)
             self.conv = nn.Dense(5)
@@ -52,6 +52,8 @@ class GCN(gdb.DynBatchBlock):
         for _ in range(2):
             product = F.dot(matrix, h, transpose_a=True) if self.transpose else F.dot(matrix, h)
             h = F.relu(self.conv(product))
+        if self.scaled:                         # another literal, after the products
+            h = h * F.array([[0.5, 1.0, 1.5, 2.0, 2.5]])
         return F.max(h, axis=0, keepdims=True)
 
 
@@ -120,9 +122,10 @@ def test_the_same_call_on_a_literal_and_on_a_computed_matrix_stays_exact():
     check_all_strategies(model, graphs, [table])
 
 
-def test_transposed_literal_products_stay_exact():
+def test_products_with_transposed_literals_are_one_step_each_too():
     model, graphs, table = make_model(GCN, transpose=True), _graphs(3), _table()
     check_all_strategies(model, graphs, [table])
+    assert _product_steps(model, graphs, table) == [len(graphs)] * 2
 
 
 def test_compiled_plans_of_graphs_of_the_same_sizes_are_reused():
@@ -134,3 +137,10 @@ def test_compiled_plans_of_graphs_of_the_same_sizes_are_reused():
         assert all(out.shape == (1, 5) for out in outs)
     # Other adjacency values, the same sizes in the same order: the same plan.
     assert (scope.stats.cache_hits, scope.stats.cache_misses) == (1, 0)
+
+
+def test_a_literal_run_by_a_flush_before_its_product_is_read_as_run():
+    # The second literal makes the scope flush (every few nodes): the first is
+    # computed (a leaf) before the products analysed on it are planned.
+    model, graphs, table = make_model(GCN, scaled=True, max_pending_nodes=4), _graphs(5), _table()
+    check_all_strategies(model, graphs, [table], strategies=("depth",))
