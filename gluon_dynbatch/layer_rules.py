@@ -17,6 +17,8 @@
 * ``KnownMatrixDotRule``: ``F.dot(A, H)`` of a literal ``A`` (``F.array`` of a
   numpy matrix: a graph's normalised adjacency) and a value of each sample:
   one ``batch_dot`` for matrices of every size, padded with zeros.
+* ``KnownTakeRule``: ``F.take(x, F.array(idx))`` of a value of each sample by
+  a literal index vector: one take over the batch's rows.
 * ``OneRowReduceRule``: a reduction over every axis (``F.sum(h * h)``,
   ``F.norm(h)``, ``loss.mean()``) of a one-row value, the usual per-sample
   shape, is a reduction of that row: batched over every axis but the rows.
@@ -30,16 +32,17 @@
   batch computes every row's loss at once, ``-log(pick(softmax(x), label))``.
 
 Their batched calls are their own, not the operator on stacked rows, so
-they say ``batching = "calls"``: templates never stack two of their calls
-into one (``vectorize.py`` groups "rows" calls only) and programs do not
-hold them (but for ``VectorProductRule``, whose batched call is as right
-on one call as on many: ``in_programs``).  Importing the package registers them (see
-``rules.register_rule``).
+they say ``batching = "calls"`` (or ``"segment"``, reading index arrays
+computed when the batch is planned): templates never stack two of their
+calls into one (``vectorize.py`` groups "rows" calls only) and programs do
+not hold them (but for ``VectorProductRule``, whose batched call is as
+right on one call as on many: ``in_programs``).  Importing the package
+registers them (see ``rules.register_rule``).
 """
 import numpy as np
 
 from .graph import LEAF
-from .literals import literal_node, values_of
+from .literals import literal_node, taken_rows, values_of
 from .rules import (KNOWN, ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, Signature,
                     _in_dtype, _in_shape, _shared_key, call_as_recorded, plain_layout,
                     register_rule, rule_for, swapaxes_roles, transpose_roles)
@@ -384,6 +387,40 @@ class KnownMatrixDotRule(Rule):
         return [F.take(F.reshape(out, shape=(-1, width)), kept)]
 
 
+class KnownTakeRule(Rule):
+    """``take(x, idx)`` along axis 0 of a value of each sample by a literal index
+    vector (``F.array`` of a graph's edge ends): one take of the batch's rows
+    concatenated, each literal's indices (read when the batch is planned, as
+    MXNet reads them) moved to where its own rows start."""
+
+    batching = "segment"
+
+    def signature(self, node):
+        kwargs = node.kwargs
+        if len(node.inputs) != 2 or kwargs.get("axis", 0) != 0 \
+                or kwargs.get("mode", "clip") not in ("clip", "wrap") \
+                or not literal_node(node.inputs[1][0]) or len(_in_shape(node, 1)) != 1 \
+                or not _in_shape(node, 0) or not _computed_per_sample(node.inputs[0][0]):
+            return None
+        key = ("known_take", _in_shape(node, 0)[1:], _in_dtype(node, 0),
+               kwargs.get("mode", "clip"))
+        return Signature((key,), self, (ROW, KNOWN))
+
+    @staticmethod
+    def segment_arrays(nodes, dtype):
+        """(where each node's indices point in the batch's rows,)"""
+        mode = nodes[0].kwargs.get("mode", "clip")
+        rows, start = [], 0
+        for node in nodes:
+            size = _in_shape(node, 0)[0]
+            rows.append(taken_rows(values_of(node.inputs[1][0]), size, mode) + start)
+            start += size
+        return [np.concatenate(rows).astype(np.int32)]
+
+    def batched_call(self, F, node, inputs):
+        return [F.take(inputs[0], inputs[1], axis=0)]
+
+
 class RowCrossEntropyRule(Rule):
     """``softmax_cross_entropy(x, label)`` of a (1, C) row and a (1,) label: per
     row, ``-log(softmax(x)[label])``; equal to MXNet's to float32 rounding."""
@@ -410,6 +447,9 @@ for _name in _REDUCTIONS:
 
 register_rule("RNN", RowFallback(PaddedRNNRule(), RNNRule()))
 register_rule("softmax_cross_entropy", RowCrossEntropyRule())
+_TAKE = RowFallback(KnownTakeRule(), rule_for("take"))
+_TAKE.source_dependent = True       # a literal's indices, or a shared table's rows
+register_rule("take", _TAKE)
 register_rule("FullyConnected", RowFallback(rule_for("FullyConnected"), VectorProductRule()))
 _DOT = RowFallback(VectorProductRule(), RowFallback(
     KnownMatrixDotRule(), RowFallback(EachDotRule(), rule_for("dot"))))

@@ -11,6 +11,7 @@ literals with one gather.
 import mxnet as mx
 import numpy as np
 
+from . import weight_calls
 from .graph import LEAF, VIEW, Node
 from .lazy import LazyArray
 
@@ -65,6 +66,41 @@ def values_of(node):
                 begin, end = begin - len(part), end - len(part)
             return np.concatenate(parts)[node.kwargs["begin"]:node.kwargs["end"]]
     raise ValueError("%r is not a literal" % (node,))
+
+
+MAX_RUNS = 4        # more runs of rows than this: one take (layer_rules.KnownTakeRule)
+
+
+def take_rows(ns, data, indices, kwargs):
+    """``F.take(data, F.array(idx))`` of a pending value by a literal index vector
+    along axis 0, picking few runs of ``data``'s rows: those runs (views, which
+    move rows only) concatenated; None for any other take (a weight's rows
+    batch as they are, many runs as one take: ``layer_rules.KnownTakeRule``).
+
+    A sample's own rows picked by a list of its own (positions of some words,
+    a graph's edge ends) would otherwise be a call per sample.
+    """
+    if not is_literal(indices) or len(indices.shape) != 1 or type(data) is not LazyArray \
+            or not data.shape or not set(kwargs) <= {"axis", "mode"} \
+            or kwargs.get("axis", 0) not in (0, -len(data.shape)) \
+            or kwargs.get("mode", "clip") not in ("clip", "wrap") \
+            or getattr(data._node, "kind", None) == LEAF \
+            or weight_calls.is_weight(ns._recorder, data):  # pylint: disable=protected-access
+        return None
+    rows = taken_rows(values_of(indices._node), data.shape[0], kwargs.get("mode", "clip"))
+    starts = [0] + [k for k in range(1, len(rows)) if rows[k] != rows[k - 1] + 1]
+    if len(starts) > MAX_RUNS:
+        return None
+    parts = [ns.slice_axis(data, axis=0, begin=int(rows[b]), end=int(rows[e - 1]) + 1)
+             for b, e in zip(starts, starts[1:] + [len(rows)])]
+    return parts[0] if len(parts) == 1 else ns.concat(*parts, dim=0)
+
+
+def taken_rows(indices, size, mode):
+    """The rows ``take`` reads for ``indices`` of a value of ``size`` rows, as MXNet
+    computes them: each index truncated, then clipped or wrapped."""
+    rows = np.trunc(indices).astype(np.int64)
+    return np.clip(rows, 0, size - 1) if mode == "clip" else rows % size
 
 
 def fill(graph):

@@ -55,6 +55,8 @@ class RecordingNamespace:
                 value = _stack(self, _operator(rec, op))
             elif path == ("dot",):
                 value = _dot(self, _operator(rec, op))
+            elif path == ("take",):
+                value = _take(self, _operator(rec, op))
             elif path in (("split",), ("SliceChannel",)):
                 value = _split(self, _operator(rec, op))
             elif path == ("transpose",):
@@ -321,6 +323,18 @@ def _prelu(ns, data, gamma):
     gamma = ns.reshape(gamma, shape=(1, -1) + (1,) * (len(data.shape) - 2))
     positive = ns.relu(data)
     return positive + ns.broadcast_mul(gamma, data - positive)
+
+
+def _take(ns, operator):
+    """``F.take`` of a pending value by a literal index vector: runs of its rows
+    (``literals.take_rows``), which batch across samples as views."""
+    def take(*args, **kwargs):
+        if len(args) == 2:
+            found = _one_call(ns, literals.take_rows, args[0], args[1], kwargs)
+            if found is not None:
+                return found
+        return operator(*args, **kwargs)
+    return take
 
 
 def _dot(ns, operator):

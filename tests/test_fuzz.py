@@ -8,7 +8,8 @@ blocks (HybridBlocks inside HybridBlocks, a second DynBatchBlock that recurses
 on itself, opaque blocks run on concrete values), loops whose count depends on
 the sample (over a node's children, carrying a sum; an RNN over a value's
 rows), attention of a row over a value's rows, weights made from parameters
-alone, literal matrices times a value, ``mx.nd`` operators called directly,
+alone, literal matrices times a value and rows picked by a literal index list,
+``mx.nd`` operators called directly,
 and values read in the middle of the scope (``asnumpy``) and then used
 further.  Each node's program is its own Python path through the model, so
 the templates of a scope's calls differ from node to node.  Each case runs eagerly, one
@@ -192,6 +193,9 @@ class FuzzNet(gdb.DynBatchBlock):
                             squeeze_axis=True)
             parts = parts if isinstance(parts, list) else [parts]
             return [steps[:, -1] + parts[0] * steps[0, 0:1] + F.squeeze(steps[:, 0:1], axis=1)]
+        if op in ("pick", "pickmany"):        # rows by a literal index list: few runs, or many
+            picks = [a.shape[0] - 1, 0, 0] * (1 if op == "pick" else 2)
+            return [F.take(a, F.array(picks, ctx=a.context)) * 1.5]
         if op == "adjacency":                  # a literal (r, r) matrix times the rows
             rows = a.shape[0]
             means = np.tril(np.ones((rows, rows), np.float32)) / np.arange(1, rows + 1)[:, None]
@@ -381,7 +385,7 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "vector", "act", "crf", "adjacency")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
              "childsum", "childtotal", "childterms", "attend", "rowsum", "twice",
-             "attend2", "unroll")
+             "attend2", "unroll", "pick", "pickmany")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")
 # Operators whose gradient is zero (BlockGrad, floor, comparisons); they once
 # crashed MXNet's backward after the imperative executor's concat + take gather
@@ -424,6 +428,8 @@ def programs(draw, rows, max_len=5):
         if op in ("max0", "lse0", "sum0", "mean0", "chain", "childloop", "childsum",
                   "childtotal", "childterms", "attend", "rowsum", "twice", "attend2", "unroll"):
             ins, out = (op, a), 1
+        elif op in ("pick", "pickmany"):
+            ins, out = (op, a), 3 if op == "pick" else 6
         elif op == "rows":
             start = draw(st.integers(0, ra - 1))
             stop = draw(st.integers(start + 1, ra))

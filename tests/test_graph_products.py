@@ -1,13 +1,18 @@
-"""Products with a sample's own constant matrix: ``F.dot(F.array(adjacency), H)``.
+"""A sample's own literals applied to its values: products with a constant
+matrix, ``F.dot(F.array(adjacency), H)``, and rows picked by an index list,
+``F.take(H, F.array(idx))``.
 
 A graph convolution written for one graph multiplies its vertices' states by
 the graph's (normalised) adjacency matrix, a literal of the sample's own
 size.  Its products over graphs of every size run as one step
 (``layer_rules.KnownMatrixDotRule``), exactly: outputs and every gradient as
 eager Gluon's.  A matrix computed in the sample (not a literal) at the same
-place of the same code runs as before.
+place of the same code runs as before.  Rows picked by a literal index list
+are runs of the value's rows, which move rows only (views): no step at all;
+many runs are one take over every sample's rows (``KnownTakeRule``).
 """
 import numpy as np
+import pytest
 from mxnet import nd
 from mxnet.gluon import nn
 
@@ -144,3 +149,52 @@ def test_a_literal_run_by_a_flush_before_its_product_is_read_as_run():
     # computed (a leaf) before the products analysed on it are planned.
     model, graphs, table = make_model(GCN, scaled=True, max_pending_nodes=4), _graphs(5), _table()
     check_all_strategies(model, graphs, [table], strategies=("depth",))
+
+
+PICKS = {"runs": [0, 1, 2, 4], "repeats": [3, 3, 0], "reversed": [3, 2, 1, 0],
+         "clipped": [-2, 1, 9], "fractional": [0.0, 1.5, -1.2, 2.7],
+         "scattered": [4, 0, 3, 1, 2, 0, 4, 1]}
+
+
+class Picks(gdb.DynBatchBlock):
+    """Rows of each graph's states picked by a literal index list (``mode``)."""
+
+    def __init__(self, picks, mode="clip", **kwargs):
+        super().__init__(**kwargs)
+        self.picks, self.mode = picks, mode
+        with self.name_scope():
+            self.inp = nn.Dense(5)
+
+    def hybrid_forward(self, F, graph, table):
+        words, _ = graph
+        h = F.tanh(self.inp(F.concat(*[table[w:w + 1] for w in words], dim=0)))
+        picked = F.take(h, F.array(PICKS[self.picks]), mode=self.mode)
+        return F.sum(picked * F.arange(1, len(PICKS[self.picks]) + 1).reshape((-1, 1)),
+                     axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("picks,mode", [("runs", "clip"), ("repeats", "clip"),
+                                        ("reversed", "wrap"), ("clipped", "clip"),
+                                        ("clipped", "wrap"), ("fractional", "clip"),
+                                        ("fractional", "wrap"), ("scattered", "clip"),
+                                        ("scattered", "wrap")])
+def test_rows_picked_by_literal_indices_batch_across_samples(picks, mode):
+    model, graphs, table = make_model(Picks, picks=picks, mode=mode), _graphs(6), _table()
+    check_all_strategies(model, graphs, [table], strategies=("depth",))
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(graph, table) for graph in graphs]
+    nd.waitall()
+    assert all(out.shape == (1, 5) for out in outs)
+    takes = [s for s in scope.last_plan.steps if "take" in _names(s.nodes[0])]
+    # Up to four runs of rows are views (no step); more are one take for every
+    # sample (a repeated row starts a run: the one-vertex graph's picks are 8).
+    if picks == "scattered":
+        assert [len(s.nodes) for s in takes] == [len(graphs)]
+    else:
+        assert not takes
+
+
+def _names(node):
+    """The operators a node runs: its own, or its program's."""
+    op = node.op
+    return [op.name] if op.path is not None else [entry.op.name for entry in op.entries]
