@@ -746,6 +746,27 @@ class AdjacencyGCN(gdb.DynBatchBlock):
         return F.log_softmax(self.out(F.max(h, axis=0, keepdims=True)))
 
 
+class PickedRows(gdb.DynBatchBlock):
+    """A GRU over a sentence; the states of some words (every word whose id is
+    even, a list of the sample's own) picked with ``F.take(H, F.array(idx))``
+    and averaged."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = rnn.GRUCell(hidden)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, words, emb):
+        state, outs = self.cell.begin_state(batch_size=1), []
+        for word in words:
+            out, state = self.cell(emb[word:word + 1], state)
+            outs.append(out)
+        picks = [k for k, word in enumerate(words) if word % 2 == 0] or [len(words) - 1]
+        picked = F.take(F.concat(*outs, dim=0), F.array(picks))
+        return F.log_softmax(self.out(F.mean(picked, axis=0, keepdims=True)))
+
+
 class IndexingTree(gdb.DynBatchBlock):
     """Indexing and mode idioms per node: columns reversed and stepped
     (``x[:, ::-1]``, ``x[:, 1::2]``), ``F.sum_axis``, ``F.tile``, a child and a

@@ -25,10 +25,10 @@ from idiom_models import (ActivationTree, AdjacencyGCN, AttentivePooling, BiGRUT
                           CharWordTagger, ClosureTree, ConcatChildren, CRFTagger,
                           CrossEntropyTagger, DotAttention, FeedbackTree, FusedLSTMEncoder,
                           GluonLosses, Graph, GraphConv, HelperRNN, IndexingTree, MeanPoolTree,
-                          MemorySlots, MessagePassing, MethodTree, NodeLossTree, RecursiveNet,
-                          ScalarMath, ScoredChildren, Seq2SeqAttention, StackedAttention,
-                          TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN, VectorTreeLSTM,
-                          WeightData)
+                          MemorySlots, MessagePassing, MethodTree, NodeLossTree, PickedRows,
+                          RecursiveNet, ScalarMath, ScoredChildren, Seq2SeqAttention,
+                          StackedAttention, TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN,
+                          VectorTreeLSTM, WeightData)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
@@ -703,6 +703,10 @@ def case_graph_conv(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(GraphConv(hidden, CLASSES), seed), _graphs(seed, n), [_table(seed)])
 
 
+def case_picked_rows(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(PickedRows(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
+
+
 def case_adjacency_gcn(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(AdjacencyGCN(hidden, CLASSES), seed), _graphs(seed, n), [_table(seed)])
 
@@ -777,6 +781,7 @@ CASES = {
     "feedback": case_feedback,
     "graph_conv": case_graph_conv,
     "adjacency_gcn": case_adjacency_gcn,
+    "picked_rows": case_picked_rows,
     "indexing_tree": case_indexing_tree,
 }
 
