@@ -139,9 +139,9 @@ class Frame:
                 return found
             rec = self.rec
             if node is not None and node.graph is rec.graph and node.kind is not LEAF:
-                found = rec.graph.shared_items.get(id(a))   # a value of weights alone
+                found = rec.graph.derived.get(node.id)      # a value of weights alone
                 if found is not None:
-                    return found
+                    return ("p", found[a._idx])
                 return self._read(a, node.out_shapes[a._idx], node.out_dtypes[a._idx])
             if type(node) is Frame:
                 node.cut("a value of an enclosing call is used here")

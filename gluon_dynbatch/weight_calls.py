@@ -114,17 +114,6 @@ def _derived(graph, node, inputs, targs, tkw):
     return names
 
 
-def _name_outputs(graph, node, out):
-    """Key items for the LazyArray(s) ``out`` of weight node ``node``, kept alive."""
-    names = graph.derived.get(node.id)
-    if names is None:
-        return
-    for lazy in (out if isinstance(out, list) else (out,)):
-        if id(lazy) not in graph.shared_items:
-            graph.shared_items[id(lazy)] = ("p", names[lazy._idx])
-            graph.kept.append(lazy)     # an id in ``shared_items`` must stay its own
-
-
 def resolve(rec, derived):
     """The LazyArray of ``derived`` in ``rec``'s graph: its call made there once."""
     op, items, targs, keywords = derived.call
@@ -149,9 +138,7 @@ def shared_call(rec, op, inputs, targs, tkw):
         graph.weight_calls[key] = node
         graph.weight_nodes.add(node.id)
         _derived(graph, node, inputs, targs, tkw)
-    elif len(node.out_shapes) > 1:
-        out = [node.output(k) for k in range(len(node.out_shapes))]
-    else:
-        out = node.output(0)
-    _name_outputs(graph, node, out)
-    return out
+        return out
+    if len(node.out_shapes) > 1:
+        return [node.output(k) for k in range(len(node.out_shapes))]
+    return node.output(0)
