@@ -10,31 +10,30 @@ lookup: the trie edge already holds the call's output shapes.  An unknown one
 is analysed once (shape inference, batching rule) and becomes a new edge.
 
 Values of a frame are numbered by *position*: outputs of its calls, and the
-arrays it reads from outside (arguments, outputs of nested frames, views of
-tables), numbered when first read.  Until the frame ends, the LazyArrays of
-its outputs are provisional: their ``_node`` is the frame itself.
+arrays it reads from outside (arguments, outputs of nested frames, views),
+numbered when first read.  Until the frame ends, the LazyArrays of its
+outputs are provisional: their ``_node`` is the frame itself.
 
-When ``hybrid_forward`` returns, the values a caller can still reach are the
-frame's exports (found by reference count: the frame's own list and the scan
-hold the others).  The path and the exports select a *recipe*
-(``templates.py``), built once: usually one program node for the whole frame,
-whose batched form is compiled once for all frames of that template.  The
+When ``hybrid_forward`` returns, the values a caller can still reach (found
+by reference count) are the frame's exports.  The path and the exports
+select a *recipe* (``templates.py``), built once: usually one program node
+for the whole frame, compiled once for all frames of that template.  The
 provisional LazyArrays then take their places in the graph.
 
 A frame is *cut* -- what it recorded so far goes into the graph -- when
-anything else needs one of its values (a nested frame's arguments, a read of
-the value, a block with hooks); recording then goes on in a new segment.  A
-frame that meets something templates cannot describe falls back: it is cut
-and the rest of its calls are recorded one node per operator, as they would
-be outside frames.
+anything else needs one of its values (a nested frame's arguments, a read, a
+block with hooks); recording goes on in a new segment.  A frame that meets
+something templates cannot describe falls back: it is cut and the rest of its
+calls are recorded one node per operator, as outside frames.
 """
 import sys
 
 from mxnet.ndarray import NDArray
 
-from . import literals, sites, weight_calls
-from .graph import LEAF
+from . import sites, weight_calls
+from .graph import LEAF, VIEW
 from .lazy import LazyArray
+from .literals import literal_node
 from .reshapes import bases_made, forget_bases, replay_bases
 from .templates import recipe_for
 from .trie import MAX_STATES, Macro, State, flatten_args, learn_call
@@ -105,8 +104,7 @@ class Frame:
         self.block = block
         self.path = path
         self.sample = rec.sample
-        self.out_shapes = []
-        self.out_dtypes = []
+        self.out_shapes, self.out_dtypes = [], []
         self.vals = {}              # position -> the outside array read there
         self.ext = {}               # id(outside array) -> its position
         self.lazies = []            # provisional LazyArrays of this frame
@@ -173,7 +171,9 @@ class Frame:
         self.out_dtypes.append(dtype)
         self.vals[pos] = a
         self.ext[id(a)] = pos           # rules may read a literal's values: part of the key
-        return ("x", shape, dtype, True) if literals.is_literal(a) else ("x", shape, dtype)
+        if type(a) is LazyArray and getattr(a._node, "kind", None) is VIEW:
+            return ("x", shape, dtype, literal_node(a._node))
+        return ("x", shape, dtype)
 
     def op(self, op, args, kwargs):
         """Record ``op(*args, **kwargs)`` in this frame; its provisional output(s).
