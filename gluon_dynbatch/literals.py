@@ -126,7 +126,8 @@ def hand_out(graph, live):
     for node, idx, lazy in live:
         if node.kind == VIEW and node.inputs[0][0] in pools:
             pool = node.inputs[0][0].value
-            lazy._set_result(pool[node.kwargs["begin"]:node.kwargs["end"]])  # pylint: disable=protected-access
+            rows = pool[node.kwargs["begin"]:node.kwargs["end"]]
+            lazy._set_result(rows)  # pylint: disable=protected-access
         else:
             rest.append((node, idx, lazy))
     return rest

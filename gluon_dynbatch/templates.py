@@ -225,7 +225,7 @@ def _rebind(lazies, places):
 
 
 def _leaf_value(rec, ref):
-    """The graph value ``(node, 0)`` of a parameter or constant ref."""
+    """The graph value ``(node, idx)`` of a parameter (or derived weight) or constant ref."""
     lazy = rec.param(ref[1]) if ref[0] == "p" else rec.leaf(ref[1])
     return (lazy._node, lazy._idx)
 
