@@ -31,9 +31,9 @@ import sys
 from mxnet.ndarray import NDArray
 
 from . import sites, weight_calls
-from .graph import LEAF, VIEW
+from .graph import LEAF
 from .lazy import LazyArray
-from .literals import literal_node
+from .literals import key_item
 from .reshapes import bases_made, forget_bases, replay_bases
 from .templates import recipe_for
 from .trie import MAX_STATES, Macro, State, flatten_args, learn_call
@@ -170,10 +170,8 @@ class Frame:
         self.out_shapes.append(shape)
         self.out_dtypes.append(dtype)
         self.vals[pos] = a
-        self.ext[id(a)] = pos           # rules may read a literal's values: part of the key
-        if type(a) is LazyArray and getattr(a._node, "kind", None) is VIEW:
-            return ("x", shape, dtype, literal_node(a._node))
-        return ("x", shape, dtype)
+        self.ext[id(a)] = pos
+        return key_item(self.rec, a, shape, dtype)    # marks values rules may read
 
     def op(self, op, args, kwargs):
         """Record ``op(*args, **kwargs)`` in this frame; its provisional output(s).

@@ -42,7 +42,7 @@ registers them (see ``rules.register_rule``).
 import numpy as np
 
 from .graph import LEAF
-from .literals import literal_node, taken_rows, values_of
+from .literals import known_node, taken_rows, values_of
 from .rules import (KNOWN, ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, Signature,
                     _in_dtype, _in_shape, _shared_key, call_as_recorded, plain_layout,
                     register_rule, rule_for, swapaxes_roles, transpose_roles)
@@ -353,7 +353,7 @@ class KnownMatrixDotRule(Rule):
             return None
         a, h = _in_shape(node, 0), _in_shape(node, 1)
         inner = a[0] if node.kwargs.get("transpose_a", False) else a[-1]
-        if len(a) != 2 or len(h) != 2 or inner != h[0] or not literal_node(node.inputs[0][0]):
+        if len(a) != 2 or len(h) != 2 or inner != h[0] or not known_node(node.inputs[0][0]):
             return None
         key = ("known_dot", h[1], _in_dtype(node, 0), _in_dtype(node, 1))
         return Signature((key,), self, (KNOWN, ROW))
@@ -399,7 +399,7 @@ class KnownTakeRule(Rule):
         kwargs = node.kwargs
         if len(node.inputs) != 2 or kwargs.get("axis", 0) != 0 \
                 or kwargs.get("mode", "clip") not in ("clip", "wrap") \
-                or not literal_node(node.inputs[1][0]) or len(_in_shape(node, 1)) != 1 \
+                or not known_node(node.inputs[1][0]) or len(_in_shape(node, 1)) != 1 \
                 or not _in_shape(node, 0) or not _computed_per_sample(node.inputs[0][0]):
             return None
         key = ("known_take", _in_shape(node, 0)[1:], _in_dtype(node, 0),

@@ -10,9 +10,11 @@ literals with one gather.
 """
 import mxnet as mx
 import numpy as np
+from mxnet import autograd
+from mxnet.base import MXNetError
 
 from . import weight_calls
-from .graph import LEAF, VIEW, Node
+from .graph import LEAF, OP, VIEW, Node
 from .lazy import LazyArray
 
 
@@ -38,20 +40,48 @@ def record(rec, values, ctx=None):
     return rec.row_slice(LazyArray(node, 0), begin, end)
 
 
-def is_literal(array):
-    """Whether ``array`` is a literal (a pending row view of a pool): values a
-    batching rule may read when it plans (``values_of``)."""
-    return type(array) is LazyArray and literal_node(array._node)
+def known_node(node):
+    """Whether the values of graph node ``node`` (or of anything else: no) are
+    known before its graph runs and constant to autograd, so that a batching
+    rule may read them when it plans (``values_of``): a literal's view, or a
+    leaf holding an array that is no parameter, takes no gradient and has no
+    recorded history (``nd.array(...)`` given to the model).  Asked once per
+    leaf and graph."""
+    kind = getattr(node, "kind", None)
+    if kind == VIEW:
+        return node.inputs[0][0].id in node.graph.literal_ids
+    if kind != LEAF or node.param is not None or node.value is None:
+        return False
+    known = node.graph.known_leaves
+    found = known.get(node.id)
+    if found is None:
+        found = known[node.id] = _constant(node.value)
+    return found
 
 
-def literal_node(node):
-    """Whether graph node ``node`` (or anything else) is a literal's view."""
-    return getattr(node, "kind", None) == VIEW and node.inputs[0][0].id in node.graph.literal_ids
+def _constant(array):
+    """Whether autograd treats ``array`` as a constant, as eager MXNet would."""
+    if array.grad is not None:
+        return False
+    try:
+        return len(autograd.get_symbol(array).get_internals().list_outputs()) == 1
+    except MXNetError:          # "not part of a computation graph"
+        return True
+
+
+def key_item(rec, array, shape, dtype):
+    """The frame key item of ``array``, read from outside: marked when its values
+    are known (``known_node``), since rules analysed on it may read them."""
+    if type(array) is LazyArray:
+        node = array._node
+        if node is not None and getattr(node, "kind", None) == OP and node.graph is rec.graph:
+            return ("x", shape, dtype)          # the usual case: an operator's output
+    return ("x", shape, dtype, known_node(rec.value_of(array)[0]))
 
 
 def values_of(node):
-    """The numpy values of literal view ``node`` (see ``is_literal``), or of the
-    leaf a literal became when a flush ran it (a read, ``max_pending_nodes``)."""
+    """The numpy values of ``node``, known (``known_node``): a literal's view, or
+    a leaf (given, or a literal run by a flush: a read, ``max_pending_nodes``)."""
     if node.kind == LEAF:
         return node.value.asnumpy()
     pool = node.inputs[0][0]
@@ -80,14 +110,18 @@ def take_rows(ns, data, indices, kwargs):
     A sample's own rows picked by a list of its own (positions of some words,
     a graph's edge ends) would otherwise be a call per sample.
     """
-    if not is_literal(indices) or len(indices.shape) != 1 or type(data) is not LazyArray \
+    if not isinstance(indices, mx.nd.NDArray) or len(indices.shape) != 1 \
+            or type(data) is not LazyArray \
             or not data.shape or not set(kwargs) <= {"axis", "mode"} \
             or kwargs.get("axis", 0) not in (0, -len(data.shape)) \
             or kwargs.get("mode", "clip") not in ("clip", "wrap") \
             or getattr(data._node, "kind", None) == LEAF \
             or weight_calls.is_weight(ns._recorder, data):  # pylint: disable=protected-access
         return None
-    rows = taken_rows(values_of(indices._node), data.shape[0], kwargs.get("mode", "clip"))
+    source = ns._recorder.value_of(indices)[0]  # pylint: disable=protected-access
+    if not known_node(source):
+        return None
+    rows = taken_rows(values_of(source), data.shape[0], kwargs.get("mode", "clip"))
     starts = [0] + [k for k in range(1, len(rows)) if rows[k] != rows[k - 1] + 1]
     if len(starts) > MAX_RUNS:
         return None

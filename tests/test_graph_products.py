@@ -13,7 +13,7 @@ many runs are one take over every sample's rows (``KnownTakeRule``).
 """
 import numpy as np
 import pytest
-from mxnet import nd
+from mxnet import autograd, nd
 from mxnet.gluon import nn
 
 import gluon_dynbatch as gdb
@@ -198,3 +198,56 @@ def _names(node):
     """The operators a node runs: its own, or its program's."""
     op = node.op
     return [op.name] if op.path is not None else [entry.op.name for entry in op.entries]
+
+
+class GivenGCN(gdb.DynBatchBlock):
+    """Two graph convolutions by an adjacency NDArray the caller gives."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(5)
+            self.conv = nn.Dense(5)
+
+    def hybrid_forward(self, F, graph, table):
+        words, adjacency = graph
+        h = self.inp(F.concat(*[table[w:w + 1] for w in words], dim=0))
+        for _ in range(2):
+            h = F.relu(self.conv(F.dot(adjacency, h)))
+        return F.max(h, axis=0, keepdims=True)
+
+
+def test_products_with_given_constant_adjacencies_are_one_step_each():
+    graphs = [(words, nd.array(adjacency)) for words, adjacency in _graphs(7)]
+    model, table = make_model(GivenGCN), _table()
+    check_all_strategies(model, graphs, [table])
+    assert _product_steps(model, graphs, table) == [len(graphs) - 1] * 2
+
+
+def _given_run(model, graphs, table, scale, batched):
+    """Outputs and gradients, the adjacencies made from ``scale`` under autograd."""
+    for array in (table, scale):
+        array.attach_grad()
+    with autograd.record():
+        given = [(words, nd.softmax(nd.array(adjacency) * scale, axis=1))
+                 for words, adjacency in graphs]
+        if batched:
+            with gdb.batching():
+                outs = [model(graph, table) for graph in given]
+        else:
+            outs = [model(graph, table) for graph in given]
+        loss = nd.add_n(*[out.sum() for out in outs])
+    loss.backward()
+    grads = [p.grad().asnumpy().copy() for p in model.collect_params().values()]
+    return [out.asnumpy() for out in outs], grads + [table.grad.asnumpy(), scale.grad.asnumpy()]
+
+
+def test_given_adjacencies_with_a_history_pass_their_gradient_as_eager_does():
+    # Computed under autograd from a value with a gradient: not constants.
+    model, graphs, table = make_model(GivenGCN), _graphs(8), _table()
+    scale = nd.array([1.5])
+    want = _given_run(model, graphs, table, scale, batched=False)
+    got = _given_run(model, graphs, table, scale, batched=True)
+    assert abs(want[1][-1]).sum() > 0
+    for mine, theirs in zip(got[0] + got[1], want[0] + want[1]):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
