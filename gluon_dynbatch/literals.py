@@ -118,6 +118,9 @@ def take_rows(ns, data, indices, kwargs):
             or getattr(data._node, "kind", None) == LEAF \
             or weight_calls.is_weight(ns._recorder, data):  # pylint: disable=protected-access
         return None
+    found = indices._node if type(indices) is LazyArray else None
+    if found is not None and getattr(found, "kind", None) not in (VIEW, LEAF):
+        return None                     # computed: not known (and not to be run here)
     source = ns._recorder.value_of(indices)[0]  # pylint: disable=protected-access
     if not known_node(source):
         return None
