@@ -14,11 +14,12 @@
 * ``EachDotRule``: ``F.dot(a, b)`` where ``b`` is a value of each sample's
   own (attention: ``F.dot(q, keys, transpose_b=True)``, then ``F.dot(weights,
   keys)``): calls of the same shapes run as one ``batch_dot``.
-* ``KnownMatrixDotRule``: ``F.dot(A, H)`` of a literal ``A`` (``F.array`` of a
-  numpy matrix: a graph's normalised adjacency) and a value of each sample:
-  one ``batch_dot`` for matrices of every size, padded with zeros.
+* ``KnownMatrixDotRule``: ``F.dot(A, H)`` of a known ``A`` (``F.array`` of a
+  numpy matrix, a graph's normalised adjacency, or such an array given to the
+  model: ``literals.known_node``) and a value of each sample: one
+  ``batch_dot`` for matrices of every size, padded with zeros.
 * ``KnownTakeRule``: ``F.take(x, F.array(idx))`` of a value of each sample by
-  a literal index vector: one take over the batch's rows.
+  a known index vector: one take over the batch's rows.
 * ``OneRowReduceRule``: a reduction over every axis (``F.sum(h * h)``,
   ``F.norm(h)``, ``loss.mean()``) of a one-row value, the usual per-sample
   shape, is a reduction of that row: batched over every axis but the rows.
@@ -340,11 +341,11 @@ class VectorProductRule(Rule):
 
 
 class KnownMatrixDotRule(Rule):
-    """``dot(A, H)`` of an (n, m) literal ``A`` and an (m, C) value ``H`` (or of
+    """``dot(A, H)`` of an (n, m) known ``A`` and an (m, C) value ``H`` (or of
     ``A.T``, ``transpose_a=True``): the batch pads every ``A`` (as multiplied) to
     (N, n', m') with zeros, gathers each ``H`` into (N, m', C) (zero rows after
     its own), runs one ``batch_dot`` and keeps each call's n rows.  ``A`` is
-    read when the batch is planned, not passed: a literal takes no gradient."""
+    read when the batch is planned, not passed: a known value takes no gradient."""
 
     batching = "segment"
 
@@ -352,8 +353,8 @@ class KnownMatrixDotRule(Rule):
         if len(node.inputs) != 2 or node.kwargs.get("transpose_b", False):
             return None
         a, h = _in_shape(node, 0), _in_shape(node, 1)
-        inner = a[0] if node.kwargs.get("transpose_a", False) else a[-1]
-        if len(a) != 2 or len(h) != 2 or inner != h[0] or not known_node(node.inputs[0][0]):
+        if len(a) != 2 or len(h) != 2 or not known_node(node.inputs[0][0]) \
+                or a[0 if node.kwargs.get("transpose_a", False) else 1] != h[0]:
             return None
         key = ("known_dot", h[1], _in_dtype(node, 0), _in_dtype(node, 1))
         return Signature((key,), self, (KNOWN, ROW))
@@ -388,7 +389,7 @@ class KnownMatrixDotRule(Rule):
 
 
 class KnownTakeRule(Rule):
-    """``take(x, idx)`` along axis 0 of a value of each sample by a literal index
+    """``take(x, idx)`` along axis 0 of a value of each sample by a known index
     vector (``F.array`` of a graph's edge ends): one take of the batch's rows
     concatenated, each literal's indices (read when the batch is planned, as
     MXNet reads them) moved to where its own rows start."""

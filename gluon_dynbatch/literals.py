@@ -102,8 +102,8 @@ MAX_RUNS = 4        # more runs of rows than this: one take (layer_rules.KnownTa
 
 
 def take_rows(ns, data, indices, kwargs):
-    """``F.take(data, F.array(idx))`` of a pending value by a literal index vector
-    along axis 0, picking few runs of ``data``'s rows: those runs (views, which
+    """``F.take(data, F.array(idx))`` of a pending value by a known index vector
+    (``known_node``) along axis 0, picking few runs of ``data``'s rows: those runs (views, which
     move rows only) concatenated; None for any other take (a weight's rows
     batch as they are, many runs as one take: ``layer_rules.KnownTakeRule``).
 
