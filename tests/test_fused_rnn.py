@@ -34,6 +34,8 @@ LAYERS = {
     "gru_two_layers_ntc": lambda: rnn.GRU(H, num_layers=2, layout="NTC", input_size=E),
     "relu_rnn": lambda: rnn.RNN(H, activation="relu", input_size=E),
     "lstm_states_given": lambda: rnn.LSTM(H, num_layers=2, input_size=E),
+    "gru_final_state": lambda: rnn.GRU(H, input_size=E),
+    "lstm_final_states": lambda: rnn.LSTM(H, input_size=E),
     "bidirectional_lstm": lambda: rnn.LSTM(H, bidirectional=True, input_size=E),
     "bidirectional_gru_two_layers": lambda: rnn.GRU(H, num_layers=2, bidirectional=True,
                                                     input_size=E),
@@ -60,6 +62,10 @@ class Encoder(gdb.DynBatchBlock):
         elif self.kind == "lstm_states_given":
             out, states = self.rnn(x.expand_dims(1), self.rnn.begin_state(batch_size=1))
             return F.concat(out[-1], states[1][1], dim=1)
+        elif self.kind in ("gru_final_state", "lstm_final_states"):
+            # The final hidden state (and an LSTM's cell state) used, not the outputs.
+            _, states = self.rnn(x.expand_dims(1), self.rnn.begin_state(batch_size=1))
+            return F.concat(*[s[0] for s in states], dim=1)
         else:
             out = self.rnn(x.expand_dims(1)).reshape((len(words), -1))
         return F.concat(out[-1:], F.mean(out, axis=0, keepdims=True), dim=1)
@@ -75,8 +81,13 @@ def test_fused_layers_over_sentences_of_different_lengths(layer):
     nd.waitall()
     assert len(outs) == len(samples)
     calls = [len(s.nodes) for s in scope.last_plan.steps if s.nodes[0].op.name == "RNN"]
+    per_length = sorted([LENGTHS.count(n) for n in set(LENGTHS)])
     if layer in PER_LENGTH:
-        assert sorted(calls) == sorted([LENGTHS.count(n) for n in set(LENGTHS)])
+        assert sorted(calls) == per_length
+    elif layer == "lstm_final_states":
+        # The hidden state is the padded call's last step; the cell state needs
+        # the call that returns it, per length.
+        assert sorted(calls) == sorted(per_length + [len(samples)])
     else:
         assert calls == [len(samples)]
 
