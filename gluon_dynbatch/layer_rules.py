@@ -124,20 +124,13 @@ class PaddedRNNRule(RowRule):
         """(each sample's steps padded to the longest, as rows of the inputs
         followed by one zero row; where each output row sits in the padded output)."""
         counts = np.array([_in_shape(n, 0)[0] for n in nodes], dtype=np.int64)
-        longest, total = int(counts.max()), int(counts.sum())
-        steps = np.arange(longest)
-        starts = np.cumsum(counts) - counts
-        real = steps[None, :] < counts[:, None]
-        pad = np.where(real, starts[:, None] + steps[None, :], total).astype(np.int32)
-        unpad = np.nonzero(real.reshape(-1))[0].astype(np.int32)
-        return [pad, unpad, counts.astype(np.float32)]
+        return list(_padding(counts)) + [counts.astype(np.float32)]
 
     def batched_call(self, F, node, inputs):
         data, params, states = inputs[0], inputs[1], inputs[2:-3]
         pad, unpad, lengths = inputs[-3:]
         width, out_width = _in_shape(node, 0)[2], node.out_shapes[0][2]
-        rows = F.reshape(data, shape=(-1, width))
-        rows = F.concat(rows, F.zeros_like(F.slice_axis(rows, axis=0, begin=0, end=1)), dim=0)
+        rows = _with_zero_row(F, F.reshape(data, shape=(-1, width)))
         padded = F.swapaxes(F.take(rows, pad), dim1=0, dim2=1)         # (longest, k, C)
         laid = [_batch_on_axis1(F, x, _in_shape(node, k + 2)) for k, x in enumerate(states)]
         if node.kwargs.get("bidirectional", False):
@@ -146,6 +139,23 @@ class PaddedRNNRule(RowRule):
             out = call_as_recorded(F, node, [padded, params] + laid)[0]     # (longest, k, H)
         out = F.reshape(F.swapaxes(out, dim1=0, dim2=1), shape=(-1, out_width))
         return [F.reshape(F.take(out, unpad), shape=(-1, 1, out_width))]
+
+
+def _padding(counts):
+    """For blocks of ``counts`` rows laid end to end: where each block's rows sit
+    when each is padded to the longest, (blocks, longest), the padding pointing
+    at the row after them all (``_with_zero_row``); and where each real row
+    sits in the padded blocks flattened."""
+    longest, total = int(counts.max()), int(counts.sum())
+    steps = np.arange(longest)
+    real = steps[None, :] < counts[:, None]
+    pad = np.where(real, (np.cumsum(counts) - counts)[:, None] + steps[None, :], total)
+    return pad.astype(np.int32), np.nonzero(real.reshape(-1))[0].astype(np.int32)
+
+
+def _with_zero_row(F, rows):
+    """``rows`` followed by one row of zeros (what padding gathers)."""
+    return F.concat(rows, F.zeros_like(F.slice_axis(rows, axis=0, begin=0, end=1)), dim=0)
 
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
@@ -373,18 +383,12 @@ class KnownMatrixDotRule(Rule):
             n, m = shapes[k]
             values = values_of(node.inputs[0][0])
             matrices[k, :n, :m] = values.T if flip else values
-        starts = np.cumsum(shapes[:, 1]) - shapes[:, 1]
-        real = np.arange(cols)[None, :] < shapes[:, 1:2]
-        gather = np.where(real, starts[:, None] + np.arange(cols)[None, :],
-                          int(shapes[:, 1].sum())).astype(np.int32)
-        kept = np.arange(rows)[None, :] < shapes[:, :1]
-        return [matrices, gather, np.nonzero(kept.reshape(-1))[0].astype(np.int32)]
+        return [matrices, _padding(shapes[:, 1])[0], _padding(shapes[:, 0])[1]]
 
     def batched_call(self, F, node, inputs):
         rows, matrices, gather, kept = inputs
         width = node.out_shapes[0][1]
-        rows = F.concat(rows, F.zeros_like(F.slice_axis(rows, axis=0, begin=0, end=1)), dim=0)
-        out = F.batch_dot(matrices, F.take(rows, gather))                    # (N, n', C)
+        out = F.batch_dot(matrices, F.take(_with_zero_row(F, rows), gather))    # (N, n', C)
         return [F.take(F.reshape(out, shape=(-1, width)), kept)]
 
 

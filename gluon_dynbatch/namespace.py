@@ -18,7 +18,7 @@ from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
 from mxnet.ndarray import NDArray
 from mxnet.ndarray import register as _register
 
-from . import columns, context, lazy_ops, literals, reshapes
+from . import columns, context, lazy_ops, literals, reshapes, weight_calls
 from .lazy import LazyArray
 from .ops import opdef
 from .rules import RULES
@@ -341,14 +341,15 @@ def _dot(ns, operator):
     """``F.dot`` of a matrix and a pending 1-d vector (DyNet's ``W * x``).
 
     A vector's rows are its elements, so the product does not batch along
-    axis 0 as it is.  Of a parameter ``W``, ``dot(W, x)`` is recorded as
-    ``FullyConnected(x, W, flatten=False)`` and ``dot(x, W)`` as it is; a
-    batch of either is one product of the vectors as rows
-    (``layer_rules.VectorProductRule``).  Of another matrix it is recorded as
-    the same product of the vector as one row, between two reshapes: ``dot(x,
-    M)`` as ``dot(x.reshape((1, -1)), M)``, ``dot(M, x)`` as
-    ``dot(x.reshape((1, -1)), M, transpose_b=True)``.  Attention scores of a query row against
-    a sample's own rows are recorded in column form (``columns.scores``).
+    axis 0 as it is.  Of a weight ``W`` (a parameter or a value of weights
+    alone), ``dot(W, x)`` is recorded as ``FullyConnected(x, W, flatten=False)``
+    and ``dot(x, W)`` as it is; a batch of either is one product of the vectors
+    as rows (``layer_rules.VectorProductRule``).  Of another matrix it is
+    recorded as the same product of the vector as one row, between two
+    reshapes: ``dot(x, M)`` as ``dot(x.reshape((1, -1)), M)``, ``dot(M, x)`` as
+    ``dot(x.reshape((1, -1)), M, transpose_b=True)``.  Attention scores of a
+    query row against a sample's own rows are recorded in column form
+    (``columns.scores``).
     """
     rec = ns._recorder  # pylint: disable=protected-access
 
@@ -377,7 +378,7 @@ def _matrix(x):
 
 
 def _as_row_product(ns, operator, vector, matrix, transpose):
-    if _is_parameter(matrix):
+    if weight_calls.is_weight(ns._recorder, matrix):  # pylint: disable=protected-access
         # One call on the vector: a batch of them is one product of the
         # vectors as rows (``layer_rules.VectorProductRule``).
         if transpose:
@@ -387,11 +388,6 @@ def _as_row_product(ns, operator, vector, matrix, transpose):
     row = ns.reshape(vector, shape=(1, -1))
     out = operator(row, matrix, transpose_b=transpose)
     return ns.reshape(out, shape=(-1,))
-
-
-def _is_parameter(x):
-    node = x._node if type(x) is LazyArray else None
-    return node is not None and getattr(node, "param", None) is not None
 
 
 def _array(rec, fn):

@@ -605,3 +605,28 @@ def test_vector_products_are_one_call_each_and_exact():
     assert len(scope.last_plan.steps) == 6
     assert names.count("FullyConnected") == 5 and names.count("dot") == 7, names
     assert names.count("reshape") == 5, names
+
+
+class DerivedVectorProducts(VectorProducts):
+    """The same with a weight made from a parameter in the call: ``F.dot(U.T, h)``."""
+
+    def hybrid_forward(self, F, sentence, table, w, u, v, b):
+        h = F.zeros((3,))
+        for word in sentence:
+            h = F.tanh(F.dot(w, table[word]) + F.dot(F.transpose(u), h) + b)
+        return F.log_softmax(F.dot(h, v))
+
+
+def test_vector_products_with_a_weight_made_in_the_call_are_one_call_each():
+    from dynbatch_testing import check_all_strategies, make_model
+    model = make_model(DerivedVectorProducts)
+    table = nd.array(np.random.RandomState(3).uniform(-1, 1, size=(7, 4)))
+    sentences = [[1, 5, 2], [3], [6, 0, 4, 2], [2, 2]]
+    check_all_strategies(model, sentences, [table])
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(sentence, table) for sentence in sentences]
+    assert all(out.shape == (2,) for out in outs)
+    names = [e.op.name for s in scope.last_plan.steps if s.nodes[0].op.path is None
+             for e in s.nodes[0].op.entries]
+    # Both products of a token are FullyConnected calls on the vector.
+    assert names.count("FullyConnected") == 10 and names.count("reshape") == 5, names
