@@ -589,20 +589,28 @@ class VectorProducts(gdb.DynBatchBlock):
         return F.log_softmax(F.dot(h, v))
 
 
-def test_vector_products_are_one_call_each_and_exact():
+def _vector_plan(cls):
+    """Check ``cls`` against eager everywhere; its plan's steps and the names of
+    the operators its programs run."""
     from dynbatch_testing import check_all_strategies, make_model
-    model = make_model(VectorProducts)
+    model = make_model(cls)
     table = nd.array(np.random.RandomState(3).uniform(-1, 1, size=(7, 4)))
     sentences = [[1, 5, 2], [3], [6, 0, 4, 2], [2, 2]]
     check_all_strategies(model, sentences, [table])
     with gdb.batching(keep_plan=True) as scope:
         outs = [model(sentence, table) for sentence in sentences]
     assert all(out.shape == (2,) for out in outs)
-    names = [e.op.name for s in scope.last_plan.steps for e in s.nodes[0].op.entries]
+    steps = scope.last_plan.steps
+    return steps, [e.op.name for s in steps if s.nodes[0].op.path is None
+                   for e in s.nodes[0].op.entries]
+
+
+def test_vector_products_are_one_call_each_and_exact():
+    steps, names = _vector_plan(VectorProducts)
     # Each product is one call on the vector, with no reshapes to a row and back
     # (the one reshape a step is the lookup's, ``table[word]``), and token t of
     # every sentence is one step (the one-token sentence's scores in its step).
-    assert len(scope.last_plan.steps) == 6
+    assert len(steps) == 6
     assert names.count("FullyConnected") == 5 and names.count("dot") == 7, names
     assert names.count("reshape") == 5, names
 
@@ -618,15 +626,6 @@ class DerivedVectorProducts(VectorProducts):
 
 
 def test_vector_products_with_a_weight_made_in_the_call_are_one_call_each():
-    from dynbatch_testing import check_all_strategies, make_model
-    model = make_model(DerivedVectorProducts)
-    table = nd.array(np.random.RandomState(3).uniform(-1, 1, size=(7, 4)))
-    sentences = [[1, 5, 2], [3], [6, 0, 4, 2], [2, 2]]
-    check_all_strategies(model, sentences, [table])
-    with gdb.batching(keep_plan=True) as scope:
-        outs = [model(sentence, table) for sentence in sentences]
-    assert all(out.shape == (2,) for out in outs)
-    names = [e.op.name for s in scope.last_plan.steps if s.nodes[0].op.path is None
-             for e in s.nodes[0].op.entries]
+    _, names = _vector_plan(DerivedVectorProducts)
     # Both products of a token are FullyConnected calls on the vector.
     assert names.count("FullyConnected") == 10 and names.count("reshape") == 5, names
