@@ -85,6 +85,10 @@ class SegmentWalker:
                 out.extend(self.segments(src, i))
             return out
         src, i = node.inputs[0]
+        if name == "repeat":                # each row ``repeats`` times, in order
+            repeats = node.kwargs["repeats"]
+            return [(source, row, row + 1) for source, start, stop in self.segments(src, i)
+                    for row in range(start, stop) for _ in range(repeats)]
         return self.segments(src, i) * node.out_shapes[0][0]   # broadcast of a single row
 
     def input_segments(self, nodes, k, role):

@@ -14,7 +14,7 @@ nodes, it may run as one batched call along axis 0:
 * ``SegmentRule``: sum or mean over axis 0 of each node's rows (ragged), by
   padding to the longest and reducing a new axis; ``SegmentSoftmaxRule`` the
   same for a softmax over axis 0 (attention over a node's rows).
-* ``ViewRule``: row slices, axis-0 concatenation and axis-0 broadcasting only
+* ``ViewRule``: row slices, axis-0 concatenation, repeats and broadcasting only
   move rows; they become index lists resolved by the consumer's gather, not steps.
 * ``ALONE``: everything else runs one node at a time, exactly as recorded.
 
@@ -155,13 +155,9 @@ class RowRule(Rule):
         return Signature(tuple(keys), self, roles)
 
 
-def _out_ndim(node):
-    return len(node.out_shapes[0])
-
-
 def elementwise_roles(node):
     """Inputs with the output's rank broadcast by rows; lower rank ones are shared."""
-    ndim = _out_ndim(node)
+    ndim = len(node.out_shapes[0])
     out_rows = node.out_shapes[0][0]
     roles = []
     for k in range(len(node.inputs)):
@@ -493,6 +489,11 @@ def _concat_view(node):
     return all(_trail(_in_shape(node, k)) == tail for k in range(len(node.inputs)))
 
 
+def _repeat_view(node):
+    repeats = node.kwargs.get("repeats")
+    return node.kwargs.get("axis") == 0 and type(repeats) is int and repeats >= 1
+
+
 def _bcast_view(node):
     shape_in, shape_out = _in_shape(node, 0), node.out_shapes[0]
     return (len(shape_in) == len(shape_out) and shape_in[0] == 1
@@ -579,7 +580,7 @@ register_rule(["sum", "mean"], RowFallback(SegmentRule(), RowRule(axis_roles("ax
 register_rule(["SliceChannel", "split"], RowRule(axis_roles("axis", 1)))
 register_rule("pick", RowRule(axis_roles("axis", -1)))
 register_rule(["flip", "reverse"], RowRule(axis_roles("axis", None)))
-register_rule("repeat", RowRule(axis_roles("axis", None)))
+register_rule("repeat", RowFallback(ViewRule(_repeat_view), RowRule(axis_roles("axis", None))))
 register_rule("tile", RowRule(tile_roles))
 # Softmax over everything but the rows ("instance") or over axis 1 ("channel").
 register_rule("SoftmaxActivation", RowRule(lambda n: (ROW,) if len(_in_shape(n, 0)) >= 2

@@ -7,10 +7,11 @@ reference executor, outputs and gradients.
 import mxnet as mx
 import numpy as np
 import pytest
-from mxnet import nd
+from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import assert_same, reference_run, run_model
+from dynbatch_testing import (assert_same, check_all_strategies, make_model, reference_run,
+                              run_model)
 
 
 class OneOp(gdb.DynBatchBlock):
@@ -386,3 +387,31 @@ def test_these_operators_batch_in_one_step(name):
     got = run_model(model, samples, [table], "depth")
     assert_same(got, reference_run(model, samples, [table]))
     assert got[2].steps == 1
+
+
+class Repeat(gdb.DynBatchBlock):
+    """Rows repeated and tiled along axis 0 (``F.repeat``, ``F.tile``)."""
+
+    def __init__(self, repeats, **kwargs):
+        super().__init__(**kwargs)
+        self.repeats = repeats
+        with self.name_scope():
+            self.proj = gluon.nn.Dense(3)
+
+    def hybrid_forward(self, F, words, table):
+        h = self.proj(F.concat(*[table[w:w + 1] for w in words], dim=0))
+        twice = F.repeat(h, repeats=self.repeats, axis=0) * F.tile(h, (self.repeats, 1))
+        return F.sum(twice, axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("repeats", [1, 3])
+def test_rows_repeated_along_axis_0_are_a_view(repeats):
+    model = make_model(Repeat, repeats=repeats)
+    sentences = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 0]]
+    table = nd.array(np.random.RandomState(1).uniform(-1, 1, (10, 4)))
+    check_all_strategies(model, sentences, [table], compiled=(False, True))
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(words, table) for words in sentences]
+    nd.waitall()
+    assert len(outs) == 4
+    assert not [step for step in scope.last_plan.steps if step.nodes[0].op.name == "repeat"]
