@@ -22,6 +22,7 @@ The pipeline, one module per stage, in the order the data flows:
 """
 from . import lazy_ops as _lazy_ops  # noqa: F401  (installs LazyArray operators)
 from . import layer_rules as _layer_rules  # noqa: F401  (registers RNN and transpose rules)
+from . import groups as _groups  # noqa: F401  (registers the rule of group operators)
 from .block import DynBatchBlock
 from .errors import BatchingError
 from .lazy import LazyArray

@@ -30,7 +30,7 @@ from math import prod
 
 from mxnet.ndarray import NDArray
 
-from . import weight_calls
+from . import pairs, weight_calls
 from .lazy import LazyArray
 from .reshapes import base_of
 
@@ -92,7 +92,7 @@ def scores(ns, rec, a, b, transpose_b):
         return _as_row(ns, _column(ns, rec, b, a), (1, sb[0]))
     if sb[0] == 1 and sa[1] == sb[1]:
         return _column(ns, rec, a, b)
-    return None
+    return pairs.scores(rec, a, b)          # (m, n): see pairs.py
 
 
 def _column(ns, rec, keys, query):
@@ -205,9 +205,13 @@ def rewrite(rec, op, args, kwargs):
         found = batch_keys_scores(rec.F, rec, args[0], args[1])
         if found is not None:
             return found
+    if name in BINARY and len(args) == 2 and not kwargs:
+        found = pairs.binary(rec, op, args[0], args[1])
+        if found is not None:
+            return found
     found = _rows_of(args[0])
     if found is None:
-        return None
+        return pairs.rewrite(rec, op, args, kwargs, ELEMENTWISE | COMPARISONS)
     base, axis, kind = found
     ns, x = rec.F, args[0]
     if name in ELEMENTWISE or name in COMPARISONS:
@@ -273,9 +277,15 @@ def _as_row(ns, column, shape):
 
 
 def record(rec, op, args, kwargs):
-    """``rec.call_op(op, args, kwargs)``, in column form where ``rewrite`` applies."""
+    """``rec.call_op(op, args, kwargs)``, in column form where ``rewrite`` applies
+    (or in pair form, ``pairs.py``)."""
     if args and type(args[0]) is LazyArray and args[0]._base is not None:
         found = rewrite(rec, op, args, kwargs)
+        if found is not None:
+            return found
+    elif len(args) == 2 and type(args[1]) is LazyArray and args[1]._base is not None \
+            and op.name in BINARY and not kwargs and not rec.reference():
+        found = pairs.binary(rec, op, args[0], args[1])
         if found is not None:
             return found
     return rec.call_op(op, args, kwargs)

@@ -96,7 +96,7 @@ def _dunder(name, reflected=False):
                         return frame.push(nxt)
                     return frame.call(sop, (self, float(other)), {}, key,
                                       (mine, (float, float(other))), None)
-                if kind is LazyArray and not reflected:
+                if kind is LazyArray and not reflected and other._base is None:
                     mine = self._idx if self._node is frame else frame.ref(self)
                     theirs = other._idx if other._node is frame else frame.ref(other)
                     key = (aop, mine, theirs)

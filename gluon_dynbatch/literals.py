@@ -118,19 +118,33 @@ def take_rows(ns, data, indices, kwargs):
             or getattr(data._node, "kind", None) == LEAF \
             or weight_calls.is_weight(ns._recorder, data):  # pylint: disable=protected-access
         return None
-    found = indices._node if type(indices) is LazyArray else None
-    if found is not None and getattr(found, "kind", None) not in (VIEW, LEAF):
-        return None                     # computed: not known (and not to be run here)
-    source = ns._recorder.value_of(indices)[0]  # pylint: disable=protected-access
-    if not known_node(source):
+    values = known_values(ns._recorder, indices)  # pylint: disable=protected-access
+    if values is None:
         return None
-    rows = taken_rows(values_of(source), data.shape[0], kwargs.get("mode", "clip"))
+    rows = taken_rows(values, data.shape[0], kwargs.get("mode", "clip"))
     starts = [0] + [k for k in range(1, len(rows)) if rows[k] != rows[k - 1] + 1]
     if len(starts) > MAX_RUNS:
         return None
     parts = [ns.slice_axis(data, axis=0, begin=int(rows[b]), end=int(rows[e - 1]) + 1)
              for b, e in zip(starts, starts[1:] + [len(rows)])]
     return parts[0] if len(parts) == 1 else ns.concat(*parts, dim=0)
+
+
+def is_known(rec, x):
+    """Whether the values of array ``x`` are known (``known_node``).
+
+    Values computed in the scope are not known, and are not asked (asking
+    would run them).
+    """
+    found = x._node if type(x) is LazyArray else None
+    if found is not None and getattr(found, "kind", None) not in (VIEW, LEAF):
+        return False
+    return known_node(rec.value_of(x)[0])
+
+
+def known_values(rec, x):
+    """The numpy values of array ``x`` if they are known (``is_known``), else None."""
+    return values_of(rec.value_of(x)[0]) if is_known(rec, x) else None
 
 
 def taken_rows(indices, size, mode):

@@ -29,7 +29,7 @@ def deterministic(op):
     """Whether ``op`` gives the same result each time it is called on the same arrays."""
     found = _DETERMINISTIC.get(op)
     if found is None:
-        found = _DETERMINISTIC[op] = op.name not in STATEFUL and "random" not in op.path \
+        found = _DETERMINISTIC[op] = op.name not in STATEFUL and "random" not in (op.path or ()) \
             and not any(word in op.name for word in _RANDOM_WORDS)
     return found
 

@@ -193,6 +193,15 @@ class FuzzNet(gdb.DynBatchBlock):
                             squeeze_axis=True)
             parts = parts if isinstance(parts, list) else [parts]
             return [steps[:, -1] + parts[0] * steps[0, 0:1] + F.squeeze(steps[:, 0:1], axis=1)]
+        if op == "selfattend":                 # every row attends over the rows (pairs.py)
+            scores = F.dot(a, F.tanh(a), transpose_b=True) / 2.0
+            return [F.dot(F.softmax(scores, axis=-1), a)]
+        if op == "pairmix":                    # an outer sum, a mask, along both axes
+            col = F.sum(a, axis=1, keepdims=True)
+            prods = F.dot(a, a, transpose_b=True)
+            mixed = F.LeakyReLU(col + F.transpose(col), slope=0.1) * 0.5 + prods * (prods > -0.3)
+            return [F.dot(F.softmax(mixed, axis=0), a, transpose_a=True)
+                    + F.mean(mixed, axis=1, keepdims=True)]
         if op in ("pick", "pickmany"):        # rows by a literal index list: few runs, or many
             picks = [a.shape[0] - 1, 0, 0] * (1 if op == "pick" else 2)
             return [F.take(a, F.array(picks, ctx=a.context)) * 1.5]
@@ -382,7 +391,7 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "softmax1", "logsoftmax1", "reverse1", "clip", "split", "reshape", "opaque",
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
            "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale",
-           "vector", "act", "crf", "adjacency")
+           "vector", "act", "crf", "adjacency", "selfattend", "pairmix")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
              "childsum", "childtotal", "childterms", "attend", "rowsum", "twice",
              "attend2", "unroll", "pick", "pickmany")
@@ -701,4 +710,15 @@ def test_attention_and_unroll_instructions_over_nodes_of_every_row_count(strateg
             for k in range(4)]
     samples = [Node(0, 3, kids, [("unroll", 0), ("attend2", 0)], 2, [1, 2]),
                Node(1, 1, [], [("attend2", 0), ("unroll", 1)], 2, [2])]
+    assert_sample_set_matches_eager(samples, strategy, compiled)
+
+
+@pytest.mark.parametrize("strategy,compiled", [("depth", False), ("agenda", True)])
+def test_pair_instructions_over_nodes_of_every_row_count(strategy, compiled):
+    """The (r, r) matrices of ``selfattend`` and ``pairmix`` (pairs.py) over nodes
+    of one to four rows, one reading another's output."""
+    kids = [Node(2 * k, k + 1, [], [("selfattend", 0), ("pairmix", 1), ("add", 1, 2)], 3, [2])
+            for k in range(4)]
+    samples = [Node(0, 3, kids, [("pairmix", 0), ("selfattend", 1)], 2, [1]),
+               Node(1, 2, [], [("selfattend", 0), ("pairmix", 0)], 2, [1])]
     assert_sample_set_matches_eager(samples, strategy, compiled)

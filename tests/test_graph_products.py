@@ -93,12 +93,12 @@ class EitherMatrix(gdb.DynBatchBlock):
         return F.max(self.convolve(matrix, h), axis=0, keepdims=True)
 
 
-def _product_steps(model, graphs, table):
+def _product_steps(model, graphs, table, name="dot"):
     with gdb.batching(keep_plan=True) as scope:
         outs = [model(graph, table) for graph in graphs]
     nd.waitall()
     assert all(out.shape == (1, 5) for out in outs)
-    return [len(s.nodes) for s in scope.last_plan.steps if s.nodes[0].op.name == "dot"]
+    return [len(s.nodes) for s in scope.last_plan.steps if s.nodes[0].op.name == name]
 
 
 def test_products_with_literal_adjacencies_of_every_size_are_one_step_each():
@@ -111,13 +111,13 @@ def test_products_with_literal_adjacencies_of_every_size_are_one_step_each():
 def test_a_computed_matrix_at_the_place_of_a_literal_stays_exact():
     model, graphs, table = make_model(GCN, computed=True), _graphs(2), _table()
     check_all_strategies(model, graphs, [table])
-    steps = _product_steps(model, graphs, table)
-    # Literal products batch across sizes; computed ones (and the products
-    # that compute them) by shape.
+    # Literal products batch across sizes; so do computed ones, in pair form
+    # (pairs.py): the matrix of their scores, then the two products with it.
     literal = sum(1 for n in SIZES if n % 2 and n > 1)
-    computed = [n for n in SIZES if n % 2 == 0]
-    assert steps.count(literal) == 2 and sum(steps) == 2 * literal + 3 * len(computed)
-    assert len(steps) == 2 + 3 * len(set(computed))
+    computed = sum(1 for n in SIZES if n % 2 == 0)
+    assert _product_steps(model, graphs, table) == [literal] * 2
+    assert _product_steps(model, graphs, table, "_pair_scores") == [computed]
+    assert _product_steps(model, graphs, table, "_pair_weighted") == [computed] * 2
 
 
 def test_the_same_call_on_a_literal_and_on_a_computed_matrix_stays_exact():

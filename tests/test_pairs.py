@@ -1,0 +1,220 @@
+"""A sample's own (m, n) matrices: self-attention over a sentence, attention
+between two sentences, and other calls on such matrices (``pairs.py``).
+
+Recorded as written, every call on a matrix as tall and as wide as the
+sample is long batches only with samples of the same lengths.  In pair form
+the products, softmaxes and reductions of samples of every length run as
+one step each, exactly: outputs and every gradient as eager Gluon's.
+"""
+import math
+
+import numpy as np
+import pytest
+from mxnet import nd
+from mxnet.gluon import nn
+
+import gluon_dynbatch as gdb
+from dynbatch_testing import check_all_strategies, make_model
+
+LENGTHS = (3, 1, 6, 2, 5, 4, 2)
+WIDTH = 4
+
+
+def _sentences(seed, lengths=LENGTHS):
+    rng = np.random.RandomState(seed)
+    return [list(rng.randint(0, 10, size)) for size in lengths]
+
+
+def _table():
+    return nd.array(np.random.RandomState(1).uniform(-1, 1, (10, WIDTH)))
+
+
+class SelfAttention(gdb.DynBatchBlock):
+    """Scaled dot-product self-attention over a sentence, a residual, mean pooling."""
+
+    def __init__(self, hold=False, **kwargs):
+        super().__init__(**kwargs)
+        self.hold = hold
+        with self.name_scope():
+            self.q = nn.Dense(5, flatten=False)
+            self.k = nn.Dense(5, flatten=False)
+            self.v = nn.Dense(5, flatten=False)
+
+    def hybrid_forward(self, F, words, table):
+        x = F.concat(*[table[w:w + 1] for w in words], dim=0)
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        weights = F.softmax(F.dot(q, k, transpose_b=True) / math.sqrt(5), axis=-1)
+        pooled = F.mean(F.dot(weights, v) + q, axis=0, keepdims=True)
+        return (pooled, weights) if self.hold else pooled
+
+
+class Aligned(gdb.DynBatchBlock):
+    """Decomposable attention between two sentences: soft alignments along both
+    axes of their (m, n) scores, the second read transposed."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.f = nn.Dense(5, activation="relu", flatten=False)
+            self.g = nn.Dense(3, flatten=False)
+
+    def hybrid_forward(self, F, pair, table):
+        a = F.concat(*[table[w:w + 1] for w in pair[0]], dim=0)
+        b = F.concat(*[table[w:w + 1] for w in pair[1]], dim=0)
+        scores = F.dot(self.f(a), self.f(b), transpose_b=True)
+        beta = F.dot(F.softmax(scores, axis=1), b)
+        alpha = F.dot(F.log_softmax(scores, axis=0), a, transpose_a=True)
+        return F.sum(self.g(F.concat(a, beta, dim=1)), axis=0, keepdims=True) \
+            + F.max(self.g(F.concat(b, alpha, dim=1)), axis=0, keepdims=True)
+
+
+class MatrixCalls(gdb.DynBatchBlock):
+    """Elementwise calls on the matrix and on two of them, a mask, and every
+    reduction along either axis."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = nn.Dense(3, flatten=False)
+
+    def hybrid_forward(self, F, words, table):
+        h = self.proj(F.concat(*[table[w:w + 1] for w in words], dim=0))
+        scores = F.dot(h, h, transpose_b=True)
+        mixed = F.tanh(scores) * scores - 100.0 * (scores < -0.05)
+        rows = F.sum(mixed, axis=1) + F.max(mixed, axis=-1)                  # (n,)
+        cols = F.mean(mixed, axis=0, keepdims=True)                         # (1, n)
+        top = F.max(F.log_softmax(mixed, axis=0), axis=1, keepdims=True)    # (n, 1)
+        every = F.sum(mixed) * F.mean(mixed, axis=(1, 0), keepdims=True)     # (1, 1)
+        return F.sum(F.reshape(rows, (-1, 1)) * h + F.transpose(cols) * h + top * h,
+                     axis=0, keepdims=True) + every
+
+
+def _steps(model, samples, table, name):
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(sample, table) for sample in samples]
+    nd.waitall()
+    assert outs
+    return [len(step.nodes) for step in scope.last_plan.steps
+            if step.nodes[0].op.name == name]
+
+
+def test_self_attention_over_sentences_of_every_length_is_exact_and_one_step_a_call():
+    model, sentences, table = make_model(SelfAttention), _sentences(0), _table()
+    check_all_strategies(model, sentences, [table])
+    longer = sum(1 for n in LENGTHS if n > 1)      # one word: a column (columns.py)
+    for name in ("_pair_scores", "_group_softmax", "_pair_weighted"):
+        assert _steps(model, sentences, table, name) == [longer], name
+    assert _steps(model, sentences, table, "dot") == []
+
+
+def test_attention_weights_held_by_the_caller_are_exact():
+    model, sentences, table = make_model(SelfAttention, hold=True), _sentences(1), _table()
+    check_all_strategies(model, sentences, [table], compiled=(False, "step"))
+
+
+def test_alignments_along_both_axes_of_two_sentences_are_exact():
+    rng = np.random.RandomState(2)
+    pairs = [(list(rng.randint(0, 10, m)), list(rng.randint(0, 10, n)))
+             for m, n in ((3, 4), (2, 2), (5, 3), (4, 6), (2, 5), (3, 4))]
+    model, table = make_model(Aligned), _table()
+    check_all_strategies(model, pairs, [table])
+    assert _steps(model, pairs, table, "_group_softmax") == [6]
+    assert _steps(model, pairs, table, "_group_log_softmax") == [6]
+    assert _steps(model, pairs, table, "_pair_weighted_t") == [6]
+
+
+def test_elementwise_calls_masks_and_reductions_along_either_axis_are_exact():
+    model, sentences, table = make_model(MatrixCalls), _sentences(3), _table()
+    check_all_strategies(model, sentences, [table])
+    longer = sum(1 for n in LENGTHS if n > 1)
+    assert _steps(model, sentences, table, "_pair_scores") == [longer]
+    # Means along axis 0 and over every entry: one step.
+    assert _steps(model, sentences, table, "_group_mean") == [2 * longer]
+
+
+class GraphAttention(gdb.DynBatchBlock):
+    """Graph attention on a dense adjacency: an outer sum of two (n, 1) scores,
+    a leaky ReLU, the graph's mask (a literal, or an array given to the model)."""
+
+    def __init__(self, given=False, **kwargs):
+        super().__init__(**kwargs)
+        self.given = given
+        with self.name_scope():
+            self.w = nn.Dense(5, use_bias=False, flatten=False)
+            self.src = nn.Dense(1, use_bias=False, flatten=False)
+            self.dst = nn.Dense(1, use_bias=False, flatten=False)
+
+    def hybrid_forward(self, F, graph, table):
+        words, mask = graph
+        h = self.w(F.concat(*[table[w:w + 1] for w in words], dim=0))
+        scores = F.LeakyReLU(self.src(h) + F.transpose(self.dst(h)), slope=0.2)
+        scores = (mask if self.given else F.array(mask)) + scores
+        return F.max(F.dot(F.softmax(scores, axis=1), h), axis=0, keepdims=True)
+
+
+def _graphs(seed, given):
+    rng = np.random.RandomState(seed)
+    graphs = []
+    for size in LENGTHS:
+        edges = np.triu(rng.uniform(size=(size, size)) < 0.5, 1)
+        linked = edges | edges.T | np.eye(size, dtype=bool)
+        mask = np.where(linked, 0, -1e4).astype(np.float32)
+        graphs.append((list(rng.randint(0, 10, size)), nd.array(mask) if given else mask))
+    return graphs
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_graph_attention_with_a_mask_of_each_graph_is_exact(given):
+    model, graphs, table = make_model(GraphAttention, given=given), _graphs(6, given), _table()
+    check_all_strategies(model, graphs, [table])
+    longer = sum(1 for n in LENGTHS if n > 1)
+    assert _steps(model, graphs, table, "_group_softmax") == [longer]
+    assert _steps(model, graphs, table, "_pair_weighted") == [longer]
+
+
+class Heads(gdb.DynBatchBlock):
+    """Scores of each word's head: a log-softmax along the rows, the gold head
+    of each word picked (``F.pick`` by a literal), and the reverse along axis 0."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dep = nn.Dense(5, flatten=False)
+            self.head = nn.Dense(5, flatten=False)
+
+    def hybrid_forward(self, F, words, table):
+        h = F.concat(*[table[w:w + 1] for w in words], dim=0)
+        scores = F.dot(self.dep(h), self.head(h), transpose_b=True)
+        gold = F.array([(3 * k + 1) % len(words) for k in range(len(words))])
+        loss = -F.mean(F.pick(F.log_softmax(scores, axis=1), gold, axis=1))
+        wrapped = F.array([2 * k - 3 for k in range(len(words))])      # -3, -1, 1, ...
+        back = F.pick(F.softmax(scores, axis=0), wrapped, axis=0, mode="wrap", keepdims=True)
+        return F.reshape(loss, (1, 1)) + F.sum(back, axis=1, keepdims=True)
+
+
+def test_entries_picked_by_a_literal_along_either_axis_are_exact():
+    model, sentences, table = make_model(Heads), _sentences(7), _table()
+    check_all_strategies(model, sentences, [table])
+    # Only the one-word sentence picks as written: its (1, 1) scores are no pairs.
+    assert _steps(model, sentences, table, "pick") == [LENGTHS.count(1)]
+
+
+class Memory(gdb.DynBatchBlock):
+    """Attention over a weight (a memory of slots): rows, not pairs."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = nn.Dense(WIDTH, flatten=False)
+            self.memory = self.params.get("memory", shape=(3, WIDTH))
+
+    def hybrid_forward(self, F, words, table, memory):
+        h = self.proj(F.concat(*[table[w:w + 1] for w in words], dim=0))
+        weights = F.softmax(F.dot(h, memory, transpose_b=True), axis=-1)
+        return F.sum(F.dot(weights, memory), axis=0, keepdims=True)
+
+
+def test_scores_against_a_weight_stay_products_of_rows():
+    model, sentences, table = make_model(Memory), _sentences(5), _table()
+    check_all_strategies(model, sentences, [table], compiled=(False,))
+    assert _steps(model, sentences, table, "_pair_scores") == []
