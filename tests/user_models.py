@@ -21,6 +21,7 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
+from matrix_models import DecomposableAttention, GraphAttention, SelfAttention
 from idiom_models import (ActivationTree, AdjacencyGCN, AttentivePooling, BiGRUTagger,
                           CharWordTagger, ClosureTree, ConcatChildren, CRFTagger,
                           CrossEntropyTagger, DotAttention, FeedbackTree, FusedLSTMEncoder,
@@ -711,6 +712,19 @@ def case_adjacency_gcn(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(AdjacencyGCN(hidden, CLASSES), seed), _graphs(seed, n), [_table(seed)])
 
 
+def case_self_attention(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(SelfAttention(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
+
+
+def case_decomposable(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(DecomposableAttention(hidden, CLASSES), seed), _pairs(seed, n),
+                [_table(seed)], notes="a pair of sentences aligned along both axes")
+
+
+def case_graph_attention(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(GraphAttention(hidden, CLASSES), seed), _graphs(seed, n), [_table(seed)])
+
+
 def case_indexing_tree(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(IndexingTree(hidden), seed), _trees(seed, n), [_table(seed)])
 
@@ -783,6 +797,9 @@ CASES = {
     "adjacency_gcn": case_adjacency_gcn,
     "picked_rows": case_picked_rows,
     "indexing_tree": case_indexing_tree,
+    "self_attention": case_self_attention,
+    "decomposable": case_decomposable,
+    "graph_attention": case_graph_attention,
 }
 
 

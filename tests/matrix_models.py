@@ -1,0 +1,80 @@
+"""User-style models over matrices of a sample's own: every word attending to
+every word of its sentence, two sentences aligned word by word, a graph's
+vertices attending to their neighbours.  Written for one sample, as papers
+give them; ``user_models.CASES`` holds their cases."""
+import math
+
+import numpy as np
+from mxnet.gluon import nn
+
+import gluon_dynbatch as gdb
+
+
+class SelfAttention(gdb.DynBatchBlock):
+    """One layer of scaled dot-product self-attention over a sentence: queries,
+    keys and values, a residual and ``nn.LayerNorm``, mean pooling, a classifier."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = hidden
+        with self.name_scope():
+            self.query = nn.Dense(hidden, flatten=False)
+            self.key = nn.Dense(hidden, flatten=False)
+            self.value = nn.Dense(hidden, flatten=False)
+            self.norm = nn.LayerNorm()
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, words, emb):
+        x = F.concat(*[emb[w:w + 1] for w in words], dim=0)
+        q, k, v = self.query(x), self.key(x), self.value(x)
+        weights = F.softmax(F.dot(q, k, transpose_b=True) / math.sqrt(self.hidden), axis=-1)
+        h = self.norm(F.dot(weights, v) + q)
+        return F.log_softmax(self.out(F.mean(h, axis=0, keepdims=True)))
+
+
+class DecomposableAttention(gdb.DynBatchBlock):
+    """Parikh et al.'s decomposable attention over a pair of sentences: each
+    word of one aligned softly to the other (a softmax along each axis of their
+    scores), compared and summed."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.attend = nn.Dense(hidden, activation="relu", flatten=False)
+            self.compare = nn.Dense(hidden, activation="relu", flatten=False)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, pair, emb):
+        a = F.concat(*[emb[w:w + 1] for w in pair[0]], dim=0)
+        b = F.concat(*[emb[w:w + 1] for w in pair[1]], dim=0)
+        scores = F.dot(self.attend(a), self.attend(b), transpose_b=True)
+        beta = F.dot(F.softmax(scores, axis=1), b)
+        alpha = F.dot(F.softmax(scores, axis=0), a, transpose_a=True)
+        v1 = F.sum(self.compare(F.concat(a, beta, dim=1)), axis=0, keepdims=True)
+        v2 = F.sum(self.compare(F.concat(b, alpha, dim=1)), axis=0, keepdims=True)
+        return F.log_softmax(self.out(F.concat(v1, v2, dim=1)))
+
+
+class GraphAttention(gdb.DynBatchBlock):
+    """A graph attention layer (Velickovic et al.) on a dense mask built with
+    numpy: ``LeakyReLU(a1(h) + a2(h).T)``, the mask added, a softmax over
+    each vertex's neighbours, ``F.dot`` with the states."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = nn.Dense(hidden, use_bias=False, flatten=False)
+            self.src = nn.Dense(1, use_bias=False, flatten=False)
+            self.dst = nn.Dense(1, use_bias=False, flatten=False)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, graph, emb):
+        size = len(graph.words)
+        mask = np.full((size, size), -1e9, dtype=np.float32)
+        np.fill_diagonal(mask, 0.0)
+        for i, nbrs in enumerate(graph.neighbours):
+            mask[i, nbrs] = 0.0
+        h = self.proj(F.concat(*[emb[w:w + 1] for w in graph.words], dim=0))
+        scores = F.LeakyReLU(self.src(h) + F.transpose(self.dst(h)), slope=0.2)
+        h = F.relu(F.dot(F.softmax(scores + F.array(mask), axis=1), h))
+        return F.log_softmax(self.out(F.mean(h, axis=0, keepdims=True)))
