@@ -96,7 +96,8 @@ def _live(steps, positions):
 
 def _runs(steps, positions, frame, name):
     """A segment that is no program as a whole: runs of calls that batch row by
-    row become programs, the calls between them nodes of their own.
+    row become programs, the calls between them nodes of their own (one part
+    for all of them in a row: a part per call costs more).
 
     A run is contiguous (so convex); a call whose shared input (a weight) was
     computed in the current run starts a new one.
@@ -117,19 +118,30 @@ def _runs(steps, positions, frame, name):
         made.update(step.outs)
     if current:
         runs.append(current)
-    if len(runs) == 1 and len(runs[0]) == 1:
+    runs = _join_singles(runs)
+    if len(runs) == 1 and runs[0][1]:
         return OpsRecipe(steps)
     parts = []
-    for k, run in enumerate(runs):
-        later = {ref for other in runs[k + 1:] for step in other for ref in step.refs
+    for k, (run, nodes) in enumerate(runs):
+        later = {ref for other, _ in runs[k + 1:] for step in other for ref in step.refs
                  if type(ref) is int}
         outs = {pos for step in run for pos in step.outs}
         wanted = sorted(outs & (set(positions) | later))
-        recipe = None
-        if len(run) > 1:
-            recipe = _program(_plain(run, wanted), frame, name, len(run))
+        recipe = None if nodes else _program(_plain(run, wanted), frame, name, len(run))
         parts.append((recipe or OpsRecipe(run), tuple(wanted)))
     return PartsRecipe(parts)
+
+
+def _join_singles(runs):
+    """``(calls, as nodes)`` per run: runs of one call in a row joined into one
+    run of a node per call; longer runs are programs where they can be."""
+    out = []
+    for run in runs:
+        if len(run) == 1 and out and out[-1][1]:
+            out[-1][0].append(run[0])
+        else:
+            out.append((list(run), len(run) == 1))
+    return out
 
 
 class PartsRecipe:
