@@ -141,6 +141,7 @@ COMPARISONS = frozenset("""
 _equal_scalar _not_equal_scalar _greater_scalar _greater_equal_scalar _lesser_scalar
 _lesser_equal_scalar
 """.split())
+_ELEMENTWISE = ELEMENTWISE | COMPARISONS
 # Elementwise operators of two arrays: on two rows of one shape, on their columns.
 BINARY = frozenset("""
 broadcast_add broadcast_sub broadcast_mul broadcast_div broadcast_maximum broadcast_minimum
@@ -205,13 +206,18 @@ def rewrite(rec, op, args, kwargs):
         found = batch_keys_scores(rec.F, rec, args[0], args[1])
         if found is not None:
             return found
-    if name in BINARY and len(args) == 2 and not kwargs:
-        found = pairs.binary(rec, op, args[0], args[1])
+    binary = name in BINARY and len(args) == 2 and not kwargs
+    if pairs.column_of(args[0]) is not None:            # a matrix in pair form
+        if binary:
+            return pairs.binary(rec, op, args[0], args[1])
+        return pairs.rewrite(rec, op, args, kwargs, _ELEMENTWISE)
+    if binary:
+        found = pairs.binary(rec, op, args[0], args[1])     # an outer sum, (1, n) first
         if found is not None:
             return found
     found = _rows_of(args[0])
     if found is None:
-        return pairs.rewrite(rec, op, args, kwargs, ELEMENTWISE | COMPARISONS)
+        return None
     base, axis, kind = found
     ns, x = rec.F, args[0]
     if name in ELEMENTWISE or name in COMPARISONS:

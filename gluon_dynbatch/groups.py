@@ -127,27 +127,32 @@ class GroupRule(Rule):
         nodes' inputs concatenated, padding pointing one past the last; then for a
         softmax each row's place in the padded (groups * longest), for a mean the
         group sizes."""
-        parts, start = [], 0
-        for node in nodes:
-            rows = _in_shape(node, 0)[0]
-            parts.append(node.op.groups(rows) + start)
-            start += rows
-        longest = max(part.shape[1] for part in parts)
-        index = np.full((sum(len(part) for part in parts), longest), start, dtype=np.int32)
-        first = 0
-        for part in parts:
-            index[first:first + len(part), :part.shape[1]] = part
-            first += len(part)
+        rows = np.array([_in_shape(node, 0)[0] for node in nodes])
+        width = np.array([node.op.group for node in nodes])
+        across = np.array([node.op.axis == 0 for node in nodes])
+        starts = np.cumsum(rows) - rows
+        # Per node: how many groups, each of how many rows, the first row of
+        # group q at start + q * first and its rows ``step`` apart.
+        count = np.where(across, width, rows // width)
+        size = np.where(across, rows // width, width)
+        first, step = np.where(across, 1, width), np.where(across, width, 1)
+        owner = np.repeat(np.arange(len(nodes)), count)
+        within = np.arange(owner.size) - np.repeat(np.cumsum(count) - count, count)
+        base = starts[owner] + within * first[owner]
+        total = int(rows.sum())
+        cols = np.arange(int(size.max()))
+        index = np.where(cols[None, :] < size[owner][:, None],
+                         base[:, None] + cols[None, :] * step[owner][:, None], total)
+        index = index.astype(np.int32)
         kind = nodes[0].op.kind
         if kind in _NORMALISING:
-            valid = index.ravel() < start
-            places = np.empty(start, dtype=np.int32)
+            valid = index.ravel() < total
+            places = np.empty(total, dtype=np.int32)
             places[index.ravel()[valid]] = np.flatnonzero(valid)
             return [index, places]
         if kind == "mean":
-            sizes = (index < start).sum(axis=1).astype(dtype)
             tail = len(_in_shape(nodes[0], 0)) - 1
-            return [index, sizes.reshape((len(sizes),) + (1,) * tail)]
+            return [index, size[owner].astype(dtype).reshape((owner.size,) + (1,) * tail)]
         return [index]
 
     def batched_call(self, F, node, inputs):
@@ -224,17 +229,16 @@ def _padded(counts):
 def _matrix_places(sizes, tall, wide, fill):
     """Per node and (j, k) of a (tall, wide) padded matrix: the row of entry (j, k)
     in the nodes' columns concatenated, or ``fill`` outside the node's (m, n)."""
-    out = np.full((len(sizes), tall, wide), fill, dtype=np.int64)
-    start = 0
-    for i, (m, n) in enumerate(sizes):
-        out[i, :m, :n] = start + np.arange(m * n).reshape(m, n)
-        start += m * n
-    return out
+    m, n = sizes[:, 0:1, None], sizes[:, 1:2, None]
+    starts = np.cumsum(m * n) - (m * n).ravel()
+    rows, cols = np.arange(tall)[None, :, None], np.arange(wide)[None, None, :]
+    places = starts.reshape(-1, 1, 1) + rows * n + cols
+    return np.where((rows < m) & (cols < n), places, fill)
 
 
 def _kept_rows(counts, longest):
     """Rows of a (nodes * longest, ...) result belonging to each node, in order."""
-    return np.concatenate([i * longest + np.arange(c) for i, c in enumerate(counts)])
+    return np.flatnonzero(np.arange(longest)[None, :] < np.asarray(counts)[:, None])
 
 
 class PairProductRule(Rule):
@@ -254,19 +258,18 @@ class PairProductRule(Rule):
 
     @staticmethod
     def segment_arrays(nodes, dtype):
-        sizes = [_sizes(node) for node in nodes]
+        sizes = np.array([_sizes(node) for node in nodes], dtype=np.int64)
         kind = nodes[0].op.kind
-        tall, wide = (max(size[k] for size in sizes) for k in range(2))
+        tall, wide = int(sizes[:, 0].max()), int(sizes[:, 1].max())
         if kind == "scores":
             entries = np.flatnonzero(_matrix_places(sizes, tall, wide, -1).ravel() >= 0)
-            return [_padded([m for m, _ in sizes]), _padded([n for _, n in sizes]),
-                    entries.astype(np.int32)]
-        total = sum(m * n for m, n in sizes)
+            return [_padded(sizes[:, 0]), _padded(sizes[:, 1]), entries.astype(np.int32)]
+        total = int((sizes[:, 0] * sizes[:, 1]).sum())
         places = _matrix_places(sizes, tall, wide, total).astype(np.int32)
-        values = [n for _, n in sizes] if kind == "weighted" else [m for m, _ in sizes]
-        kept = [m for m, _ in sizes] if kind == "weighted" else [n for _, n in sizes]
+        read, kept = (1, 0) if kind == "weighted" else (0, 1)
         longest = tall if kind == "weighted" else wide
-        return [places, _padded(values), _kept_rows(kept, longest).astype(np.int32)]
+        return [places, _padded(sizes[:, read]), _kept_rows(sizes[:, kept], longest)
+                .astype(np.int32)]
 
     def batched_call(self, F, node, inputs):
         a, b, first, second, kept = inputs
@@ -360,15 +363,16 @@ class PairwiseRule(Rule):
     def segment_arrays(nodes, dtype):
         op = nodes[0].op
         if op.name == "_pair_outer":
-            tall, wide, start_tall, start_wide = [], [], 0, 0
-            for node in nodes:
-                m = _in_shape(node, 1 if op.reversed else 0)[0]
-                n = node.op.group
-                tall.append(np.repeat(np.arange(m), n) + start_tall)
-                wide.append(np.tile(np.arange(n), m) + start_wide)
-                start_tall, start_wide = start_tall + m, start_wide + n
-            found = [np.concatenate(tall), np.concatenate(wide)]
-            return [part.astype(np.int32) for part in (found[::-1] if op.reversed else found)]
+            # Entry (j, k) of node i reads row j of its tall input, row k of its wide one.
+            m = np.array([_in_shape(node, 1 if op.reversed else 0)[0] for node in nodes])
+            n = np.array([node.op.group for node in nodes])
+            owner = np.repeat(np.arange(len(nodes)), m * n)
+            entry = np.arange(owner.size) - np.repeat(np.cumsum(m * n) - m * n, m * n)
+            width = n[owner]
+            tall = (np.cumsum(m) - m)[owner] + entry // width
+            wide = (np.cumsum(n) - n)[owner] + entry % width
+            found = [tall.astype(np.int32), wide.astype(np.int32)]
+            return found[::-1] if op.reversed else found
         place = 0 if op.reversed else 1
         values = [values_of(node.inputs[place][0]).reshape(-1, 1) for node in nodes]
         return [np.concatenate(values).astype(dtype)]
