@@ -29,8 +29,8 @@ import mxnet as mx
 import numpy as np
 
 from .literals import known_node, values_of
-from .rules import KNOWN, ROW, SHARED, Rule, SegmentRule, Signature, _in_dtype, _in_shape, \
-    _shared_key, register_rule
+from .rules import KNOWN, ROW, Rule, SegmentRule, Signature, _in_dtype, _in_shape, \
+    register_rule
 
 KINDS = ("softmax", "log_softmax", "sum", "mean", "max")
 _NORMALISING = ("softmax", "log_softmax")
@@ -388,97 +388,3 @@ class PairwiseRule(Rule):
 
 
 register_rule(["_pair_outer", "_pair_known"], PairwiseRule())
-
-
-# -- a sentence's rows seen channel first ---------------------------------------------
-
-class ChannelOp(GroupOp):
-    """Calls that read or make a sample's (C, T) matrix channel first, as the
-    (C T, 1) column of its entries (``channels.py``; ``group`` = C):
-
-    * ``to_column``: ``transpose`` of (T, C) rows, giving the column;
-    * ``conv``: ``Convolution`` (1-d, stride 1) of the (1, C, T) matrix, with
-      a weight (and a bias), giving the (H T', 1) column of its (1, H, T') output.
-    """
-
-    def __init__(self, kind, group, conv=None):
-        super().__init__(kind, group, 1)
-        self.name = "_channels_" + kind
-        self.conv = dict(conv or ())
-        self.arrays = 1 if kind == "to_column" else 2 + (not self.conv.get("no_bias"))
-        self.nd_fn = lambda *a, **_constants: self.compute(mx.nd, *a)
-        self.sym_fn = lambda *a, **_constants: self.compute(mx.sym, *a)
-
-    def compute(self, F, x, *weights):  # pylint: disable=arguments-differ
-        if self.kind == "to_column":
-            return F.reshape(F.transpose(x), shape=(-1, 1))
-        data = F.reshape(x, shape=(1, self.group, -1))
-        return F.reshape(F.Convolution(data, *weights, **self.conv), shape=(-1, 1))
-
-    def run(self, F, inputs, _info):
-        return [self.compute(F, *inputs)]
-
-    def out_length(self, length):
-        """T' of an input of length T."""
-        return length + 2 * self.conv["pad"][0] - self.conv["kernel"][0] + 1
-
-
-def record_channels(rec, kind, inputs, group, conv=None):
-    """Record the :class:`ChannelOp` ``kind`` on ``inputs``."""
-    key = (kind, group, tuple(sorted(conv.items())) if conv else None)
-    return rec.call_op(_interned(ChannelOp, key), tuple(inputs), {"group": group})
-
-
-class ChannelRule(Rule):
-    """:class:`ChannelOp` calls of every length as one step: a transpose as one
-    take of the rows' entries; a convolution on every matrix padded with zero
-    columns after its own (the convolution's own padding is zeros too), each
-    call's output entries kept."""
-
-    batching = "segment"
-    keyed_attrs = False
-
-    def signature(self, node):
-        if np.dtype(_in_dtype(node, 0)) not in (np.float32, np.float64):
-            return None
-        op = node.op
-        key = (op.name, op.group, _in_shape(node, 0)[1:], _in_dtype(node, 0),
-               tuple(sorted(op.conv.items())))
-        shared = tuple(_shared_key(node, k) for k in range(1, len(node.inputs)))
-        return Signature((key,) + shared, self, (ROW,) + (SHARED,) * len(shared))
-
-    @staticmethod
-    def segment_arrays(nodes, dtype):
-        op = nodes[0].op
-        channels = op.group
-        rows = np.array([_in_shape(node, 0)[0] for node in nodes])
-        if op.kind == "to_column":
-            # Entry (c, t) of node i: element c of its row t, row-major in the rows.
-            lengths, starts = rows, np.cumsum(rows) - rows
-            owner = np.repeat(np.arange(len(nodes)), lengths * channels)
-            entry = np.arange(owner.size) - np.repeat(np.cumsum(lengths * channels)
-                                                      - lengths * channels, lengths * channels)
-            row = starts[owner] + entry % lengths[owner]
-            return [(row * channels + entry // lengths[owner]).astype(np.int32)]
-        lengths = rows // channels
-        sizes = np.stack([np.full(len(nodes), channels), lengths], axis=1)
-        places = _matrix_places(sizes, channels, int(lengths.max()), int(rows.sum()))
-        outs = np.array([op.out_length(int(t)) for t in lengths])
-        filters, longest = op.conv["num_filter"], op.out_length(int(lengths.max()))
-        h, t = np.arange(filters)[None, :, None], np.arange(longest)[None, None, :]
-        flat = (np.arange(len(nodes))[:, None, None] * filters + h) * longest + t
-        kept = flat[np.broadcast_to(t < outs[:, None, None], flat.shape)]
-        return [places.astype(np.int32), kept.astype(np.int32)]
-
-    def batched_call(self, F, node, inputs):
-        op = node.op
-        if op.kind == "to_column":
-            rows, index = inputs
-            return [F.take(F.reshape(rows, shape=(-1, 1)), index, axis=0)]
-        column, weights, (places, kept) = inputs[0], inputs[1:-2], inputs[-2:]
-        data = F.reshape(_with_zero(F, column, places), shape=(0, 0, -1))   # (N, C, T)
-        out = F.Convolution(data, *weights, **op.conv)
-        return [F.take(F.reshape(out, shape=(-1, 1)), kept, axis=0)]
-
-
-register_rule(["_channels_to_column", "_channels_conv"], ChannelRule())

@@ -18,7 +18,7 @@ from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
 from mxnet.ndarray import NDArray
 from mxnet.ndarray import register as _register
 
-from . import columns, context, lazy_ops, literals, pairs, reshapes, weight_calls
+from . import columns, context, lazy_ops, literals, reshapes, weight_calls
 from .lazy import LazyArray
 from .ops import opdef
 from .rules import RULES
@@ -252,8 +252,7 @@ def _transpose(ns, operator):
 
     A reshape batches row by row; a transpose moves each sample's rows, so it
     runs per sample and keeps the calls around it out of programs (a CRF's
-    ``F.broadcast_add(F.transpose(alpha), transitions)``).  A sample's own (T, C)
-    rows transposed are a (C, T) matrix in pair form (``pairs.transposed``).
+    ``F.broadcast_add(F.transpose(alpha), transitions)``).
     """
     def transpose(*args, **kwargs):
         if len(args) == 1 and type(args[0]) is LazyArray and set(kwargs) <= {"axes"}:
@@ -262,8 +261,6 @@ def _transpose(ns, operator):
             if all(type(a) is int for a in axes) \
                     and sorted(a % ndim for a in axes) == list(range(ndim)):
                 found = _unit_move(ns, args[0], [a % ndim for a in axes])
-                if found is None and ndim == 2 and axes[0] % 2 == 1:
-                    found = pairs.transposed(ns._recorder, args[0])  # pylint: disable=protected-access
                 if found is not None:
                     return found
         return operator(*args, **kwargs)

@@ -60,25 +60,18 @@ def _shaped(rec, column, shape):
 
 
 def column_of(x):
-    """The (m n, 1) column whose reshape ``x`` is, an (m, n) matrix (m, n at least
-    2) behind any unit axes; or None."""
+    """The (m n, 1) column whose reshape ``x`` (m, n), m at least 2, is; or None."""
     base = base_of(x)
-    if base is None or len(x.shape) < 2:
+    if base is None or len(x.shape) != 2 or x.shape[0] < 2:
         return None
-    m, n = x.shape[-2:]
-    if m < 2 or n < 2 or base.shape != (m * n, 1) or any(size != 1 for size in x.shape[:-2]):
-        return None
-    return base
+    return base if base.shape == (x.shape[0] * x.shape[1], 1) else None
 
 
-def _axis_of(kwargs, default, ndim=2):
-    """The axis of ``kwargs`` as 0 (the matrix's rows) or 1 (its columns), or None."""
+def _axis_of(kwargs, default):
     axis = kwargs.get("axis", default)
     if isinstance(axis, (tuple, list)) and len(axis) == 1:
         axis = axis[0]
-    if type(axis) is not int or not -ndim <= axis < ndim or axis % ndim < ndim - 2:
-        return None
-    return axis % ndim - (ndim - 2)
+    return axis if type(axis) is int and -2 <= axis < 2 else None
 
 
 def rewrite(rec, op, args, kwargs, elementwise):
@@ -98,17 +91,13 @@ def rewrite(rec, op, args, kwargs, elementwise):
                 or any(not isinstance(v, (int, float, str, bool)) for v in kwargs.values()):
             return None
         return _shaped(rec, rec.call_op(op, (column,) + tuple(args[1:]), kwargs), x.shape)
+    if name == "pick" and len(args) == 2 and set(kwargs) <= {"axis", "keepdims", "mode"}:
+        return _pick(ns, rec, column, x.shape, args[1], kwargs)
     if name in ("softmax", "log_softmax") and len(args) == 1 and set(kwargs) <= {"axis"}:
-        return _softmax(rec, name, column, x.shape, _axis_of(kwargs, -1, len(x.shape)))
+        return _softmax(rec, name, column, x.shape, _axis_of(kwargs, -1))
     if name in ("sum", "mean", "max") and len(args) == 1 \
             and set(kwargs) <= {"axis", "keepdims"}:
         return _reduce(ns, rec, name, column, x.shape, kwargs)
-    if name in ("Convolution", "Pooling"):
-        return _over_time(rec, op, column, x, args, kwargs)
-    if len(x.shape) != 2:
-        return None
-    if name == "pick" and len(args) == 2 and set(kwargs) <= {"axis", "keepdims", "mode"}:
-        return _pick(ns, rec, column, x.shape, args[1], kwargs)
     if name == "dot" and len(args) == 2 and set(kwargs) <= {"transpose_a", "transpose_b"} \
             and not kwargs.get("transpose_b"):
         return weighted_sum(rec, column, x.shape, args[1], bool(kwargs.get("transpose_a")))
@@ -167,7 +156,7 @@ def _pick(ns, rec, column, shape, index, kwargs):
     axis = _axis_of(kwargs, -1)
     mode = kwargs.get("mode", "clip")
     if axis is None or mode not in ("clip", "wrap") or not isinstance(index, NDArray) \
-            or index.shape != (shape[1 - axis],):
+            or index.shape != (shape[1 - axis % 2],):
         return None
     values = known_values(rec, index)
     if values is None:
@@ -187,83 +176,24 @@ def _pick(ns, rec, column, shape, index, kwargs):
 def _softmax(rec, name, column, shape, axis):
     if axis is None:
         return None
-    return _shaped(rec, groups.record(rec, name, column, shape[-1], axis), shape)
+    return _shaped(rec, groups.record(rec, name, column, shape[1], axis % 2), shape)
 
 
 def _reduce(ns, rec, name, column, shape, kwargs):
-    keepdims, ndim = bool(kwargs.get("keepdims")), len(shape)
+    keepdims = bool(kwargs.get("keepdims"))
     found = kwargs.get("axis")
-    if found in (None, ()) or isinstance(found, (tuple, list)) and all(
-            type(a) is int and -ndim <= a < ndim for a in found) \
-            and {a % ndim for a in found} >= {ndim - 2, ndim - 1}:
-        out = groups.record(rec, name, column, shape[-2] * shape[-1])     # every entry
-        target = (1,) * ndim if keepdims else (1,)
-        return out if out.shape == target else ns.reshape(out, shape=target)
-    axis = _axis_of(kwargs, None, ndim)
+    if found in (None, ()) or isinstance(found, (tuple, list)) and len(found) == 2 \
+            and all(type(a) is int and -2 <= a < 2 for a in found) \
+            and found[0] % 2 != found[1] % 2:
+        out = groups.record(rec, name, column, shape[0] * shape[1])     # every entry
+        return out if keepdims else ns.reshape(out, shape=(1,))
+    axis = _axis_of(kwargs, None)
     if axis is None:
         return None
-    out = groups.record(rec, name, column, shape[-1], axis)   # (entries kept, 1)
-    kept = list(shape)
+    out = groups.record(rec, name, column, shape[1], axis % 2)   # (rows kept, 1)
     if keepdims:
-        kept[ndim - 2 + axis] = 1
-    else:
-        del kept[ndim - 2 + axis]
-    return out if tuple(kept) == out.shape else ns.reshape(out, shape=tuple(kept))
-
-
-def _over_time(rec, op, column, x, args, kwargs):
-    """A 1-d convolution (stride 1, weights of the model) or a global pooling of
-    a (1, C, T) matrix, channel first: its output in pair form; else None."""
-    if len(x.shape) != 3:
-        return None
-    channels, length = x.shape[1:]
-    if op.name == "Pooling":
-        kind = {"max": "max", "avg": "mean", "sum": "sum"}.get(kwargs.get("pool_type", "max"))
-        if len(args) != 1 or not kwargs.get("global_pool") or kind is None \
-                or set(kwargs) - {"global_pool", "pool_type", "kernel", "layout", "cudnn_off"} \
-                or kwargs.get("layout") not in (None, "NCW"):
-            return None
-        out = groups.record(rec, kind, column, length)              # (C, 1)
-        return rec.F.reshape(out, shape=(1, channels, 1))
-    conv = _conv_constants(rec, args, kwargs, channels, length)
-    if conv is None:
-        return None
-    out = groups.record_channels(rec, "conv", (column,) + tuple(args[1:]), channels, conv)
-    return _shaped(rec, out, (1, conv["num_filter"], out.shape[0] // conv["num_filter"]))
-
-
-# Constants of a convolution that do not change its values.
-_HINTS = frozenset(["cudnn_tune", "cudnn_off", "workspace", "name"])
-
-
-def _conv_constants(rec, args, kwargs, channels, length):
-    """The constants of a 1-d convolution ``_over_time`` runs, or None."""
-    no_bias = bool(kwargs.get("no_bias", False))
-    kernel, pad = tuple(kwargs.get("kernel", ())), tuple(kwargs.get("pad", (0,)) or (0,))
-    weight = args[1] if len(args) > 1 else None
-    if len(args) != 2 + (not no_bias) or len(kernel) != 1 or len(pad) != 1 \
-            or set(kwargs) - _HINTS - {"kernel", "pad", "stride", "dilate", "num_filter",
-                                       "num_group", "no_bias", "layout"} \
-            or tuple(kwargs.get("stride", (1,)) or (1,)) != (1,) \
-            or tuple(kwargs.get("dilate", (1,)) or (1,)) != (1,) \
-            or kwargs.get("num_group", 1) != 1 or kwargs.get("layout") not in (None, "NCW") \
-            or not all(weight_calls.is_weight(rec, w) for w in args[1:]) \
-            or weight.shape[1:] != (channels, kernel[0]) \
-            or length + 2 * pad[0] - kernel[0] < 0:
-        return None
-    return {"kernel": kernel, "pad": pad, "num_filter": weight.shape[0], "no_bias": no_bias}
-
-
-def transposed(rec, x):
-    """``F.transpose(x)`` of a sample's own (T, C) rows (T, C at least 2) as its
-    (C, T) matrix in pair form, channel first (for a convolution over time); or None."""
-    if rec.reference() or not _own(rec, x):
-        return None
-    length, channels = x.shape
-    if length < 2 or channels < 2 or length * channels > MAX_ENTRIES:
-        return None
-    out = groups.record_channels(rec, "to_column", (x,), channels)
-    return _shaped(rec, out, (channels, length))
+        return out if axis % 2 == 1 else ns.reshape(out, shape=(1, shape[1]))
+    return ns.reshape(out, shape=(out.shape[0],))
 
 
 def weighted_sum(rec, column, shape, values, transpose):

@@ -139,7 +139,6 @@ class FuzzNet(gdb.DynBatchBlock):
             self.row = self.params.get("row", shape=(1, W))
             self.vec = self.params.get("vec", shape=(W,))
             self.prelu = gluon.nn.PReLU()
-            self.conv = gluon.nn.Conv1D(W, 2, padding=1, in_channels=W)
 
     def hybrid_forward(self, F, node, table, mat, embed, row, vec):
         # pylint: disable=arguments-differ
@@ -203,9 +202,6 @@ class FuzzNet(gdb.DynBatchBlock):
             mixed = F.LeakyReLU(col + F.transpose(col), slope=0.1) * 0.5 + prods * (prods > -0.3)
             return [F.dot(F.softmax(mixed, axis=0), a, transpose_a=True)
                     + F.mean(mixed, axis=1, keepdims=True)]
-        if op == "conv":                       # a convolution over the rows, channel first
-            over_time = self.conv(F.expand_dims(F.transpose(a), axis=0))
-            return [a + F.max(F.relu(over_time), axis=2)]
         if op in ("pick", "pickmany"):        # rows by a literal index list: few runs, or many
             picks = [a.shape[0] - 1, 0, 0] * (1 if op == "pick" else 2)
             return [F.take(a, F.array(picks, ctx=a.context)) * 1.5]
@@ -395,7 +391,7 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "softmax1", "logsoftmax1", "reverse1", "clip", "split", "reshape", "opaque",
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
            "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale",
-           "vector", "act", "crf", "adjacency", "selfattend", "pairmix", "conv")
+           "vector", "act", "crf", "adjacency", "selfattend", "pairmix")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
              "childsum", "childtotal", "childterms", "attend", "rowsum", "twice",
              "attend2", "unroll", "pick", "pickmany")
@@ -721,7 +717,7 @@ def test_attention_and_unroll_instructions_over_nodes_of_every_row_count(strateg
 def test_pair_instructions_over_nodes_of_every_row_count(strategy, compiled):
     """The (r, r) matrices of ``selfattend`` and ``pairmix`` (pairs.py) over nodes
     of one to four rows, one reading another's output."""
-    kids = [Node(2 * k, k + 1, [], [("selfattend", 0), ("pairmix", 1), ("conv", 2)], 3, [2])
+    kids = [Node(2 * k, k + 1, [], [("selfattend", 0), ("pairmix", 1), ("add", 1, 2)], 3, [2])
             for k in range(4)]
     samples = [Node(0, 3, kids, [("pairmix", 0), ("selfattend", 1)], 2, [1]),
                Node(1, 2, [], [("selfattend", 0), ("pairmix", 0)], 2, [1])]

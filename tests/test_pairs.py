@@ -218,31 +218,3 @@ def test_scores_against_a_weight_stay_products_of_rows():
     model, sentences, table = make_model(Memory), _sentences(5), _table()
     check_all_strategies(model, sentences, [table], compiled=(False,))
     assert _steps(model, sentences, table, "_pair_scores") == []
-
-
-class TextCNN(gdb.DynBatchBlock):
-    """Convolutions over a sentence's words, channel first (``F.transpose`` of its
-    rows to (C, T)): two widths, max and mean over time, a softmax over time."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.narrow = nn.Conv1D(5, 2, activation="relu")
-            self.wide = nn.Conv1D(5, 3, padding=1, use_bias=False)
-            self.pool = nn.GlobalAvgPool1D()
-
-    def hybrid_forward(self, F, words, table):
-        x = F.expand_dims(F.transpose(F.concat(*[table[w:w + 1] for w in words], dim=0)), 0)
-        narrow, wide = self.narrow(x), F.tanh(self.wide(x))
-        weights = F.softmax(wide, axis=-1)
-        return F.concat(F.max(narrow, axis=2), F.reshape(self.pool(wide), (1, 5)),
-                        F.sum(weights * wide, axis=2), dim=1)
-
-
-def test_convolutions_over_time_of_sentences_of_every_length_are_exact():
-    model, table = make_model(TextCNN), _table()
-    sentences = _sentences(8, lengths=(3, 2, 6, 2, 5, 4, 7))
-    check_all_strategies(model, sentences, [table])
-    assert _steps(model, sentences, table, "_channels_to_column") == [len(sentences)]
-    assert _steps(model, sentences, table, "_channels_conv") == [len(sentences)] * 2
-    assert _steps(model, sentences, table, "Convolution") == []
