@@ -78,3 +78,23 @@ class GraphAttention(gdb.DynBatchBlock):
         scores = F.LeakyReLU(self.src(h) + F.transpose(self.dst(h)), slope=0.2)
         h = F.relu(F.dot(F.softmax(scores + F.array(mask), axis=1), h))
         return F.log_softmax(self.out(F.mean(h, axis=0, keepdims=True)))
+
+
+class TextCNN(gdb.DynBatchBlock):
+    """Kim's convolutional sentence classifier: the words' rows transposed to
+    (1, E, T), convolutions of widths 2, 3 and 4 over time, each max-pooled."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.convs = [nn.Conv1D(hidden, width, padding=width // 2, activation="relu")
+                          for width in (2, 3, 4)]
+            for conv in self.convs:
+                self.register_child(conv)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, words, emb):
+        x = F.concat(*[emb[w:w + 1] for w in words], dim=0)
+        x = F.expand_dims(F.transpose(x), axis=0)                        # (1, E, T)
+        pooled = [F.max(conv(x), axis=2) for conv in self.convs]
+        return F.log_softmax(self.out(F.concat(*pooled, dim=1)))

@@ -21,7 +21,7 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
-from matrix_models import DecomposableAttention, GraphAttention, SelfAttention
+from matrix_models import DecomposableAttention, GraphAttention, SelfAttention, TextCNN
 from idiom_models import (ActivationTree, AdjacencyGCN, AttentivePooling, BiGRUTagger,
                           CharWordTagger, ClosureTree, ConcatChildren, CRFTagger,
                           CrossEntropyTagger, DotAttention, FeedbackTree, FusedLSTMEncoder,
@@ -725,6 +725,11 @@ def case_graph_attention(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(GraphAttention(hidden, CLASSES), seed), _graphs(seed, n), [_table(seed)])
 
 
+def case_text_cnn(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(TextCNN(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)],
+                notes="Conv1D of widths 2-4 over (1, E, T), max over time")
+
+
 def case_indexing_tree(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(IndexingTree(hidden), seed), _trees(seed, n), [_table(seed)])
 
@@ -800,6 +805,7 @@ CASES = {
     "self_attention": case_self_attention,
     "decomposable": case_decomposable,
     "graph_attention": case_graph_attention,
+    "text_cnn": case_text_cnn,
 }
 
 
