@@ -323,18 +323,24 @@ class _OutputsOnly:
 
 
 class _LastStepState(_OutputsOnly):
-    """The recording ``F`` for a one-layer, one-direction fused RNN layer given
-    states: its outputs come from a call without state outputs (one padded call
-    for sentences of every length) and its final hidden state is their last
-    step, the same values; the call with state outputs (a call per length)
-    stays for the other states (an LSTM's cell state), computed only if held."""
+    """The recording ``F`` for a one-layer fused RNN layer given states: its
+    outputs come from a call without state outputs (one padded call for
+    sentences of every length) and its final hidden state is their last step
+    (and, bidirectional, the backward half of their first), the same values;
+    the call with state outputs (a call per length) stays for the other states
+    (an LSTM's cell state), computed only if held."""
 
     def RNN(self, *args, **kwargs):  # pylint: disable=invalid-name
         full = self._F.RNN(*args, **kwargs)
         outputs = super().RNN(*args, **kwargs)[0]
-        steps = args[0].shape[0]
-        return [outputs, self._F.slice_axis(outputs, axis=0, begin=steps - 1, end=steps)] \
-            + list(full[2:])
+        steps, F = args[0].shape[0], self._F
+        last = F.slice_axis(outputs, axis=0, begin=steps - 1, end=steps)
+        if kwargs.get("bidirectional"):
+            hidden = outputs.shape[2] // 2
+            first = F.slice_axis(outputs, axis=0, begin=0, end=1)
+            last = F.concat(F.slice_axis(last, axis=2, begin=0, end=hidden),
+                            F.slice_axis(first, axis=2, begin=hidden, end=2 * hidden), dim=0)
+        return [outputs, last] + list(full[2:])
 
 
 def _layer_hybrid_forward(self, F, inputs, states, sequence_length=None, **kwargs):
@@ -342,7 +348,7 @@ def _layer_hybrid_forward(self, F, inputs, states, sequence_length=None, **kwarg
     if rec is not None and F is rec.F:
         if self.skip_states:
             F = _OutputsOnly(F)
-        elif self._num_layers == 1 and self._dir == 1 and not self._dropout \
+        elif self._num_layers == 1 and not self._dropout \
                 and self._projection_size is None and sequence_length is None:
             F = _LastStepState(F)
     return _ORIGINAL_LAYER_FORWARD(self, F, inputs, states, sequence_length, **kwargs)

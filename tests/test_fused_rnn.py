@@ -36,6 +36,7 @@ LAYERS = {
     "lstm_states_given": lambda: rnn.LSTM(H, num_layers=2, input_size=E),
     "gru_final_state": lambda: rnn.GRU(H, input_size=E),
     "lstm_final_states": lambda: rnn.LSTM(H, input_size=E),
+    "bigru_final_state": lambda: rnn.GRU(H, bidirectional=True, input_size=E),
     "bidirectional_lstm": lambda: rnn.LSTM(H, bidirectional=True, input_size=E),
     "bidirectional_gru_two_layers": lambda: rnn.GRU(H, num_layers=2, bidirectional=True,
                                                     input_size=E),
@@ -62,7 +63,7 @@ class Encoder(gdb.DynBatchBlock):
         elif self.kind == "lstm_states_given":
             out, states = self.rnn(x.expand_dims(1), self.rnn.begin_state(batch_size=1))
             return F.concat(out[-1], states[1][1], dim=1)
-        elif self.kind in ("gru_final_state", "lstm_final_states"):
+        elif self.kind in ("gru_final_state", "lstm_final_states", "bigru_final_state"):
             # The final hidden state (and an LSTM's cell state) used, not the outputs.
             _, states = self.rnn(x.expand_dims(1), self.rnn.begin_state(batch_size=1))
             return F.concat(*[s[0] for s in states], dim=1)
