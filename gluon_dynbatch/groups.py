@@ -250,8 +250,8 @@ class PairProductRule(Rule):
     keyed_attrs = False
 
     def signature(self, node):
-        if len(node.inputs) != 2 or any(np.dtype(_in_dtype(node, k)) not in (
-                np.float32, np.float64) for k in range(2)):
+        if len(node.inputs) != 2 or _in_dtype(node, 0) != _in_dtype(node, 1) \
+                or np.dtype(_in_dtype(node, 0)) not in (np.float32, np.float64):
             return None
         shapes = tuple(_in_shape(node, k)[1:] for k in range(2))
         return Signature((("pair", shapes, _in_dtype(node, 0)),), self, (ROW, ROW))

@@ -27,9 +27,9 @@ import numpy as np
 from mxnet.ndarray import NDArray
 
 from . import groups, weight_calls
+from .lazy import LazyArray
 from .literals import is_known, known_values, taken_rows
 from .ops import opdef
-from .lazy import LazyArray
 from .reshapes import base_of, note
 
 _TAKE, _RESHAPE = opdef("take"), opdef("reshape")
