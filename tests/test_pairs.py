@@ -200,3 +200,15 @@ def test_scores_against_a_weight_stay_products_of_rows():
     model, sentences, table = make_model(Memory), _sentences(5), _table()
     check_all_strategies(model, sentences, [table], compiled=(False,))
     assert _steps(model, sentences, table, "_pair_scores") == []
+
+
+def test_compiled_plans_are_reused_for_sentences_of_other_lengths():
+    # Pair form keeps lengths out of the plan: two batches of different lengths
+    # (no sentence of one word, which runs in column form) share one compiled plan.
+    model, table = make_model(SelfAttention), _table()
+    for lengths in ((3, 2, 6, 2, 5, 4, 2), (4, 7, 2, 3, 3, 2, 8)):
+        with gdb.batching(compiled=True) as scope:
+            outs = [model(words, table) for words in _sentences(9, lengths)]
+        nd.waitall()
+        assert [out.shape for out in outs] == [(1, 5)] * len(lengths)
+    assert (scope.stats.cache_hits, scope.stats.cache_misses) == (1, 0)
