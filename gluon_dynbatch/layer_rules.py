@@ -201,7 +201,7 @@ def _batch_on_axis1(F, rows, shape):
 
 def _permutation(node):
     """Output axis i = input axis perm[i] of a ``transpose`` or ``swapaxes`` node."""
-    ndim = len(_in_shape(node, 0))
+    ndim = len(node.out_shapes[0])
     if node.op.name == "transpose":
         axes = node.kwargs.get("axes") or tuple(reversed(range(ndim)))
         return [a % ndim for a in axes]
@@ -228,9 +228,11 @@ class OrderKeepingRule(ReshapeRule):
 class EachTransposeRule(Rule):
     """A transpose that moves the rows (``F.transpose(x)`` of a (T, C) value):
     nodes of one input shape run as one transpose of their values stacked on a
-    new leading axis."""
+    new leading axis.  That is as right for one call as for many, so programs
+    (of calls of that shape) hold it."""
 
     batching = "calls"
+    in_programs = True
 
     def signature(self, node):
         shape = _in_shape(node, 0)
@@ -243,10 +245,14 @@ class EachTransposeRule(Rule):
         return (_in_shape(node, 0),)
 
     def batched_call(self, F, node, inputs):
-        shape = _in_shape(node, 0)
-        axes = (0,) + tuple(a + 1 for a in _permutation(node))
-        out = F.transpose(F.reshape(inputs[0], shape=(-1,) + shape), axes=axes)
-        return [F.reshape(out, shape=(-1,) + tuple(node.out_shapes[0][1:]))]
+        # The input's shape from the output's: a program's entry has no inputs.
+        perm, out_shape = _permutation(node), node.out_shapes[0]
+        shape = [0] * len(perm)
+        for axis, size in zip(perm, out_shape):
+            shape[axis] = size
+        axes = (0,) + tuple(a + 1 for a in perm)
+        out = F.transpose(F.reshape(inputs[0], shape=(-1,) + tuple(shape)), axes=axes)
+        return [F.reshape(out, shape=(-1,) + tuple(out_shape[1:]))]
 
 
 def _one_row_total(node):
