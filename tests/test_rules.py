@@ -389,6 +389,22 @@ def test_these_operators_batch_in_one_step(name):
     assert got[2].steps == 1
 
 
+def test_transposes_that_move_the_rows_are_held_by_programs():
+    # A frame of one shape, transpose included, is one program: no transpose step.
+    model = OneOp(lambda F, x: F.sum(F.transpose(F.tanh(x)) * 2, axis=1, keepdims=True))
+    table = nd.array(np.random.RandomState(7).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 3), (6, 2), (1, 3)]
+    expected = reference_run(model, samples, [table])
+    with gdb.batching(strategy="depth", keep_plan=True) as scope:
+        outs = [model(s, table) for s in samples]
+    nd.waitall()
+    assert [o.shape for o in outs] == [(4, 1)] * 4
+    names = [s.nodes[0].op.name for s in scope.last_plan.steps]
+    assert "transpose" not in names and len(names) == 2, names    # one program per shape
+    for compiled in (False, True, "step"):
+        assert_same(run_model(model, samples, [table], "depth", compiled), expected)
+
+
 class Repeat(gdb.DynBatchBlock):
     """Rows repeated and tiled along axis 0 (``F.repeat``, ``F.tile``)."""
 
