@@ -61,7 +61,10 @@ class MatrixCalls(gdb.DynBatchBlock):
     def hybrid_forward(self, F, words, table):
         h = self.proj(F.concat(*[table[w:w + 1] for w in words], dim=0))
         scores = F.dot(h, h, transpose_b=True)
-        mixed = F.tanh(scores) * scores - 100.0 * (scores < -0.05)
+        col = F.sum(h, axis=1, keepdims=True)
+        # An outer difference, the (1, n) row first: entry (j, k) is col[k] - tanh(col[j]).
+        outer = F.broadcast_sub(F.transpose(col), F.tanh(col))
+        mixed = F.tanh(scores) * scores - 100.0 * (scores < -0.05) + 0.1 * outer
         rows = F.sum(mixed, axis=1) + F.max(mixed, axis=-1)                  # (n,)
         cols = F.mean(mixed, axis=0, keepdims=True)                         # (1, n)
         top = F.max(F.log_softmax(mixed, axis=0), axis=1, keepdims=True)    # (n, 1)
@@ -112,6 +115,7 @@ def test_elementwise_calls_masks_and_reductions_along_either_axis_are_exact():
     assert _steps(model, sentences, table, "_pair_scores") == [longer]
     # Means along axis 0 and over every entry: one step.
     assert _steps(model, sentences, table, "_group_mean") == [2 * longer]
+    assert _steps(model, sentences, table, "_pair_outer") == [longer]
 
 
 class GraphAttention(gdb.DynBatchBlock):
