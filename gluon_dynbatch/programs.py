@@ -326,6 +326,11 @@ def _scalar_call(F, entry, x, number, column=None):
     return getattr(F, name)(*args)
 
 
+def takes_number(op, args, kwargs, info):
+    """Whether a call is a scalar entry whose number may differ per call (``x / n``)."""
+    return _scalar_form(op, args, kwargs, entry_kind(op, info), info) is not None
+
+
 def _scalar_form(op, args, kwargs, kind, info):
     """The number of a scalar entry that may differ per call, or None: one of
     ``SCALAR_FORMS`` on one float array, the number its only constant."""

@@ -134,13 +134,17 @@ def _runs(steps, positions, frame, name):
 
 def _join_singles(runs):
     """``(calls, as nodes)`` per run: runs of one call in a row joined into one
-    run of a node per call; longer runs are programs where they can be."""
+    run of a node per call; longer runs are programs where they can be, and so
+    is a call of a Python number that may differ per sample (``s / len(words)``:
+    a program batches calls of every number, a node only those of its own)."""
     out = []
     for run in runs:
-        if len(run) == 1 and out and out[-1][1]:
+        single = len(run) == 1 and not programs.takes_number(
+            run[0].op, run[0].args, run[0].kwargs, run[0].info)
+        if single and out and out[-1][1]:
             out[-1][0].append(run[0])
         else:
-            out.append((list(run), len(run) == 1))
+            out.append((list(run), single))
     return out
 
 

@@ -216,3 +216,32 @@ def test_compiled_plans_are_reused_for_sentences_of_other_lengths():
         nd.waitall()
         assert [out.shape for out in outs] == [(1, 5)] * len(lengths)
     assert (scope.stats.cache_hits, scope.stats.cache_misses) == (1, 0)
+
+
+class LengthScaled(gdb.DynBatchBlock):
+    """Scores divided by the sentence's own length (a Python number per sample)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = nn.Dense(5, flatten=False)
+
+    def hybrid_forward(self, F, words, table):
+        h = self.proj(F.concat(*[table[w:w + 1] for w in words], dim=0))
+        weights = F.softmax(F.dot(h, h, transpose_b=True) / len(words))
+        return F.sum(F.dot(weights, h), axis=0, keepdims=True)
+
+
+def test_scores_scaled_by_each_samples_own_number_are_one_step():
+    model, sentences, table = make_model(LengthScaled), _sentences(10), _table()
+    check_all_strategies(model, sentences, [table])
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(words, table) for words in sentences]
+    nd.waitall()
+    assert len(outs) == len(sentences)
+    # Between two calls in pair form, the division is a program of one call,
+    # which batches every number (a node would batch only its own).
+    scaled = [len(step.nodes) for step in scope.last_plan.steps
+              if "_div_scalar" in [e.op.name for e in getattr(step.nodes[0].op, "entries", ())]
+              or step.nodes[0].op.name == "_div_scalar"]
+    assert sorted(scaled) == sorted([sum(1 for n in LENGTHS if n > 1), LENGTHS.count(1)])
