@@ -139,8 +139,10 @@ def _join_singles(runs):
     a program batches calls of every number, a node only those of its own)."""
     out = []
     for run in runs:
-        single = len(run) == 1 and not programs.takes_number(
-            run[0].op, run[0].args, run[0].kwargs, run[0].info)
+        step = run[0]
+        # (``x + 0``, Python's ``sum``, stays a node: sums.py joins such chains.)
+        single = len(run) == 1 and (step.info.link or not programs.takes_number(
+            step.op, step.args, step.kwargs, step.info))
         if single and out and out[-1][1]:
             out[-1][0].append(run[0])
         else:

@@ -215,3 +215,30 @@ def test_x_plus_zero_given_by_keyword_inside_a_loop():
     r = random.Random(8)
     trees = [random_tree(r, 10, 3) for _ in range(6)]
     check_all_strategies(make_model(Repeats, form=_keyword_zero_in_a_loop), trees, [_table()])
+
+
+class TokenLosses(gdb.DynBatchBlock):
+    """Python's ``sum`` of a cross-entropy per token: ``0 + loss`` starts the chain
+    between calls that no program holds."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.out = nn.Dense(3)
+
+    def hybrid_forward(self, F, words, table):
+        logits = [self.out(table[w:w + 1]) for w in words]
+        return sum(F.softmax_cross_entropy(z, F.array([w % 3])) for z, w in zip(logits, words))
+
+
+def test_a_python_sum_of_losses_between_calls_no_program_holds_is_one_chain():
+    model, table = make_model(TokenLosses), nd.array(np.random.RandomState(3).uniform(size=(10, 4)))
+    sentences = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [0]]
+    check_all_strategies(model, sentences, [table], strategies=("depth",), compiled=(False,))
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(words, table) for words in sentences]
+    nd.waitall()
+    assert len(outs) == len(sentences)
+    starts = [step for step in scope.last_plan.steps
+              if [e.op.name for e in getattr(step.nodes[0].op, "entries", ())] == ["_plus_scalar"]]
+    assert not starts, "x + 0 made a program of its own: the chain is no longer summed as one"
