@@ -28,6 +28,7 @@ from collections import namedtuple
 import mxnet as mx
 import numpy as np
 
+from .layer_rules import _padding, _with_zero_row
 from .literals import known_node, values_of
 from .rules import KNOWN, ROW, Rule, SegmentRule, Signature, _in_dtype, _in_shape, \
     register_rule
@@ -221,11 +222,6 @@ def _sizes(node):
     return rows_b, rows_a // rows_b
 
 
-def _padded(counts):
-    """(nodes, longest) index of each node's rows, padding pointing one past the last."""
-    return SegmentRule.arrays_for_counts(counts, "sum", 1, np.float32)[0]
-
-
 def _matrix_places(sizes, tall, wide, fill):
     """Per node and (j, k) of a (tall, wide) padded matrix: the row of entry (j, k)
     in the nodes' columns concatenated, or ``fill`` outside the node's (m, n)."""
@@ -234,11 +230,6 @@ def _matrix_places(sizes, tall, wide, fill):
     rows, cols = np.arange(tall)[None, :, None], np.arange(wide)[None, None, :]
     places = starts.reshape(-1, 1, 1) + rows * n + cols
     return np.where((rows < m) & (cols < n), places, fill)
-
-
-def _kept_rows(counts, longest):
-    """Rows of a (nodes * longest, ...) result belonging to each node, in order."""
-    return np.flatnonzero(np.arange(longest)[None, :] < np.asarray(counts)[:, None])
 
 
 class PairProductRule(Rule):
@@ -263,13 +254,12 @@ class PairProductRule(Rule):
         tall, wide = int(sizes[:, 0].max()), int(sizes[:, 1].max())
         if kind == "scores":
             entries = np.flatnonzero(_matrix_places(sizes, tall, wide, -1).ravel() >= 0)
-            return [_padded(sizes[:, 0]), _padded(sizes[:, 1]), entries.astype(np.int32)]
+            return [_padding(sizes[:, 0])[0], _padding(sizes[:, 1])[0],
+                    entries.astype(np.int32)]
         total = int((sizes[:, 0] * sizes[:, 1]).sum())
         places = _matrix_places(sizes, tall, wide, total).astype(np.int32)
         read, kept = (1, 0) if kind == "weighted" else (0, 1)
-        longest = tall if kind == "weighted" else wide
-        return [places, _padded(sizes[:, read]), _kept_rows(sizes[:, kept], longest)
-                .astype(np.int32)]
+        return [places, _padding(sizes[:, read])[0], _padding(sizes[:, kept])[1]]
 
     def batched_call(self, F, node, inputs):
         a, b, first, second, kept = inputs
@@ -285,8 +275,7 @@ class PairProductRule(Rule):
 
 def _with_zero(F, rows, index):
     """``rows`` with one zero row after them, taken by ``index``."""
-    zero = F.zeros_like(F.slice_axis(rows, axis=0, begin=0, end=1))
-    return F.take(F.concat(rows, zero, dim=0), index, axis=0)
+    return F.take(_with_zero_row(F, rows), index, axis=0)
 
 
 register_rule(["_pair_" + kind for kind in PRODUCTS], PairProductRule())
