@@ -182,6 +182,7 @@ class Graph:
         self.shared_items = {}     # id(array) -> frame key item of a parameter or constant
         self.literals = {}         # (dtype, row shape) -> (leaf, numpy parts): literals.py
         self.literal_ids = set()   # ids of those leaves
+        self.literal_parts = {}    # (id of such a leaf, first row) -> the literal's values
         self.known_leaves = {}     # id of a leaf -> whether it is a constant (literals.py)
         self.weight_calls = {}     # call on weights only -> its node (weight_calls.py)
         self.weight_nodes = set()  # ids of those nodes
@@ -226,6 +227,7 @@ class Graph:
         self.shared_items = {}
         self.literals = {}
         self.literal_ids = set()
+        self.literal_parts = {}
         self.known_leaves = {}
         self.weight_calls = {}
         self.weight_nodes = set()

@@ -36,6 +36,7 @@ def record(rec, values, ctx=None):
     begin = node.out_shapes[0][0] if parts else 0
     end = begin + len(values)
     parts.append(values)
+    graph.literal_parts[(node.id, begin)] = values
     node.out_shapes = ((end,) + values.shape[1:],)
     return rec.row_slice(LazyArray(node, 0), begin, end)
 
@@ -84,10 +85,12 @@ def values_of(node):
     a leaf (given, or a literal run by a flush: a read, ``max_pending_nodes``)."""
     if node.kind == LEAF:
         return node.value.asnumpy()
-    pool = node.inputs[0][0]
-    for leaf, parts in node.graph.literals.values():
+    pool, begin, end = node.inputs[0][0], node.kwargs["begin"], node.kwargs["end"]
+    found = node.graph.literal_parts.get((pool.id, begin))
+    if found is not None and len(found) == end - begin:
+        return found                    # the usual case: a literal's own view
+    for leaf, parts in node.graph.literals.values():     # rows of a part, or of several
         if leaf is pool:
-            begin, end = node.kwargs["begin"], node.kwargs["end"]
             for part in parts:
                 if begin < len(part):
                     if end <= len(part):
@@ -130,21 +133,28 @@ def take_rows(ns, data, indices, kwargs):
     return parts[0] if len(parts) == 1 else ns.concat(*parts, dim=0)
 
 
-def is_known(rec, x):
-    """Whether the values of array ``x`` are known (``known_node``).
+def _known_source(rec, x):
+    """The graph node of array ``x`` if its values are known (``known_node``), else None.
 
     Values computed in the scope are not known, and are not asked (asking
     would run them).
     """
     found = x._node if type(x) is LazyArray else None
     if found is not None and getattr(found, "kind", None) not in (VIEW, LEAF):
-        return False
-    return known_node(rec.value_of(x)[0])
+        return None
+    source = rec.value_of(x)[0]
+    return source if known_node(source) else None
+
+
+def is_known(rec, x):
+    """Whether the values of array ``x`` are known (``known_node``)."""
+    return _known_source(rec, x) is not None
 
 
 def known_values(rec, x):
     """The numpy values of array ``x`` if they are known (``is_known``), else None."""
-    return values_of(rec.value_of(x)[0]) if is_known(rec, x) else None
+    source = _known_source(rec, x)
+    return None if source is None else values_of(source)
 
 
 def taken_rows(indices, size, mode):
