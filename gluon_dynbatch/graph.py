@@ -187,6 +187,7 @@ class Graph:
         self.weight_calls = {}     # call on weights only -> its node (weight_calls.py)
         self.weight_nodes = set()  # ids of those nodes
         self.derived = {}          # id of such a node -> its outputs' DerivedWeights
+        self.derived_nodes = {}    # id(DerivedWeight) -> (it, its node here)
         self.mode = None           # autograd's (recording, training) of its calls
         self.param_arrays = None   # id(array) -> (array, Parameter): ``parameter_of``
         self.links = []            # additions that may form chains (``sums.py``)
@@ -232,6 +233,7 @@ class Graph:
         self.weight_calls = {}
         self.weight_nodes = set()
         self.derived = {}
+        self.derived_nodes = {}
         self.param_arrays = None
         self.links = []
         self.flush_fn = self.read_fn = _released

@@ -117,3 +117,30 @@ def test_fused_layer_code_runs_once_per_shape_then_replays(layer, monkeypatch):
         if not steps[1:]:
             assert len(runs) == len(set(LENGTHS))
     assert runs == [] and steps[0] == steps[1]
+
+
+def test_fused_layer_weights_are_resolved_once_per_batch(monkeypatch):
+    # Every sample's replayed call reads the layer's flattened weights: the
+    # graph makes their calls once and every later sample finds them, without
+    # walking the calls that made them again.
+    from gluon_dynbatch import weight_calls
+    made = []
+    shared_call = weight_calls.shared_call
+
+    def counted(*args, **kwargs):
+        made.append(1)
+        return shared_call(*args, **kwargs)
+    model = make_model(Encoder, layer="lstm")
+    samples, table = _sentences(0), _table()
+    with gdb.batching():
+        first = [model(words, table) for words in samples]      # learns the templates
+    monkeypatch.setattr(weight_calls, "shared_call", counted)
+    with gdb.batching():
+        outs = [model(words, table) for words in samples * 3]
+    per_batch = len(made)
+    del made[:]
+    with gdb.batching():
+        model(samples[0], table)
+    assert 0 < per_batch == len(made)
+    for a, b in zip(first, outs):
+        assert np.allclose(a.asnumpy(), b.asnumpy())
