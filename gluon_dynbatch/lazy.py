@@ -144,9 +144,15 @@ class LazyArray(nd.NDArray):
         return self.shape[0]
 
     def __repr__(self):
+        # Debuggers and containers show a pending value without running anything.
         if self._h is None:
             return "<LazyArray %s %s, pending>" % (
                 "x".join(str(s) for s in self.shape), self.context)
+        return nd.NDArray.__repr__(self)
+
+    def __str__(self):
+        """``print(x)`` shows the values, as for an NDArray: a read (what is pending runs)."""
+        self.handle     # pylint: disable=pointless-statement
         return nd.NDArray.__repr__(self)
 
     __hash__ = nd.NDArray.__hash__

@@ -54,6 +54,17 @@ def test_reading_inside_scope_runs_pending_then_records_on():
     np.testing.assert_allclose(b.asnumpy(), (model(3, x) + model(0, x)).asnumpy(), rtol=1e-6)
 
 
+def test_printing_shows_values_and_repr_runs_nothing():
+    model, x = _model(), nd.random.uniform(shape=(6, 3))
+    with gdb.batching() as scope:
+        out = model(1, x)
+        assert "pending" in repr(out) and scope.stats.flushes == 0
+        printed = str(out)                       # print(out): a read, as eagerly
+        assert scope.stats.flushes == 1
+    eager = model(1, x)
+    assert printed.split("<")[0] == str(eager).split("<")[0]
+
+
 def test_exception_in_user_code_names_sample_and_leaves_nothing_behind():
     model, x = _model(fail_on=2), nd.random.uniform(shape=(6, 3))
     kept = []
