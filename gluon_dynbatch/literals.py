@@ -8,10 +8,12 @@ leaf of the graph, made as one array when the graph runs (:func:`fill`);
 each literal is a row view of it, so a batched step reads all of a step's
 literals with one gather.
 """
+import ctypes
+
 import mxnet as mx
 import numpy as np
-from mxnet import autograd
-from mxnet.base import MXNetError
+from mxnet.base import _LIB, SymbolHandle
+from mxnet.symbol import Symbol
 
 from . import weight_calls
 from .graph import LEAF, OP, VIEW, Node
@@ -64,10 +66,12 @@ def _constant(array):
     """Whether autograd treats ``array`` as a constant, as eager MXNet would."""
     if array.grad is not None:
         return False
-    try:
-        return len(autograd.get_symbol(array).get_internals().list_outputs()) == 1
-    except MXNetError:          # "not part of a computation graph"
+    # ``autograd.get_symbol``, without the Python exception it raises for the
+    # common answer (an array made from data: "not part of a computation graph").
+    handle = SymbolHandle()
+    if _LIB.MXAutogradGetSymbol(array.handle, ctypes.byref(handle)) != 0:
         return True
+    return len(Symbol(handle).get_internals().list_outputs()) == 1
 
 
 def key_item(rec, array, shape, dtype):
