@@ -456,6 +456,18 @@ _REDUCTIONS = ("sum", "mean", "max", "min", "prod", "nansum", "nanprod", "norm")
 for _name in _REDUCTIONS:
     register_rule(_name, RowFallback(OneRowReduceRule(), rule_for(_name)))
 
+
+
+def _gemm2_roles(node):
+    """``F.linalg.gemm2(a, B)`` of matrices (``alpha * a . B``, B transposed or
+    not): the rows of ``a`` are independent, as for ``F.dot``."""
+    if node.kwargs.get("transpose_a", False) or node.kwargs.get("axis", -2) not in (-2, 0) \
+            or len(_in_shape(node, 0)) != 2 or len(_in_shape(node, 1)) != 2:
+        return None
+    return (ROW, SHARED)
+
+
+register_rule("gemm2", RowRule(_gemm2_roles))
 register_rule("RNN", RowFallback(PaddedRNNRule(), RNNRule()))
 register_rule("softmax_cross_entropy", RowCrossEntropyRule())
 _TAKE = RowFallback(KnownTakeRule(), rule_for("take"))

@@ -45,9 +45,11 @@ class RecordingNamespace:
                 value = RecordingNamespace(rec, target, path)
             else:
                 value = target
-        elif getattr(target, "__module__", None) == "ndarray":
+        elif _generated(target):
             op = opdef(*_canonical(path))
-            if path == ("slice_axis",):
+            if path == ("contrib", "arange_like"):
+                value = _arange_like(rec, _operator(rec, op))
+            elif path == ("slice_axis",):
                 value = _slice_axis(self, op)
             elif path in (("concat",), ("Concat",)):
                 value = _concat(rec, op)
@@ -403,6 +405,39 @@ def _array(rec, fn):
                 return literals.record(rec, values, ctx)
         return rec.wrap_inputs(fn(source_array, ctx=ctx, dtype=dtype))
     return array
+
+
+def _generated(fn):
+    """Whether ``fn`` is an operator function MXNet generated (``F.sum``,
+    ``F.linalg.gemm2``, ``F.contrib.arange_like``), not a Python helper of
+    ``mx.nd`` (``F.contrib.foreach``, ``F.random.normal``)."""
+    module = getattr(fn, "__module__", None)
+    if module == "ndarray":
+        return True
+    code = getattr(fn, "__code__", None)
+    return code is not None and code.co_filename == "<string>" and module in _SUBMODULES
+
+
+# Namespaces of generated operators recorded as operators (sparse storage and
+# random draws keep running as MXNet runs them).
+_SUBMODULES = frozenset("mxnet.ndarray." + name for name in ("contrib", "linalg", "image", "op"))
+
+
+def _arange_like(rec, operator):
+    """``F.contrib.arange_like``: values that depend on the input's shape alone, a
+    literal (``literals.py``) when they are whole numbers (exact in any dtype)."""
+    def arange_like(data, start=0.0, step=1.0, repeat=1, ctx=None, axis=None, **kwargs):
+        shape = data.shape
+        if kwargs or ctx is not None or not shape or repeat < 1 \
+                or float(start) != int(start) or float(step) != int(step) \
+                or not (axis is None or -len(shape) <= axis < len(shape)):
+            return operator(data, start=start, step=step, repeat=repeat, ctx=ctx, axis=axis,
+                            **kwargs)
+        count = int(np.prod(shape)) if axis is None else shape[axis]
+        values = start + step * (np.arange(count) // repeat)
+        values = values.astype(data.dtype).reshape(shape if axis is None else (count,))
+        return literals.record(rec, values) if count else operator(data, axis=axis)
+    return arange_like
 
 
 def _python_function(rec, fn, path):

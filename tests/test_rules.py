@@ -431,3 +431,37 @@ def test_rows_repeated_along_axis_0_are_a_view(repeats):
     nd.waitall()
     assert len(outs) == 4
     assert not [step for step in scope.last_plan.steps if step.nodes[0].op.name == "repeat"]
+
+
+class SubNamespaces(gdb.DynBatchBlock):
+    """Operators of ``F.linalg`` and ``F.contrib`` (positions by ``arange_like``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.weight = self.params.get("weight", shape=(4, 4))
+
+    def hybrid_forward(self, F, words, table, weight):
+        x = F.concat(*[table[w:w + 1] for w in words], dim=0)
+        x = x + F.contrib.arange_like(x, axis=0).reshape((-1, 1)) / 4 \
+            + F.contrib.arange_like(x, start=1, repeat=2) / 8
+        a = F.linalg.gemm2(F.tanh(x), weight, transpose_b=True)
+        score = F.linalg.gemm2(a[0:1], x[-1:], transpose_b=True, alpha=0.5)
+        return F.sum(a, axis=0, keepdims=True) * score
+
+
+def test_operators_of_linalg_and_contrib_are_recorded_not_read():
+    model = make_model(SubNamespaces)
+    sentences = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 0], [2, 3, 4]]
+    table = nd.array(np.random.RandomState(2).uniform(-1, 1, (10, 4)))
+    check_all_strategies(model, sentences, [table], compiled=(False, True))
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(words, table) for words in sentences]
+    nd.waitall()
+    assert len(outs) == len(sentences) and scope.stats.reads == 0
+    names = [step.nodes[0].op.name for step in scope.last_plan.steps]
+    assert "arange_like" not in names           # literals: no step at all
+    # a . W of every sentence of more than one word in one step (in a program)
+    gemms = [len(s.nodes) for s in scope.last_plan.steps
+             if "gemm2" in [e.op.name for e in getattr(s.nodes[0].op, "entries", ())]]
+    assert max(gemms) == len(sentences) - 1
