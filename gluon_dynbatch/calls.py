@@ -55,14 +55,19 @@ class CallInfo:
         The operator updates state in training mode.
     link : bool
         The call adds one-row values of its shape (``sums.is_link``).
+    low : tuple of int
+        Shared inputs of lower rank than the one-row output of a broadcast
+        (``(1, H) + (H,)``): a node whose such inputs it computed per sample
+        batches them by ``layer_rules.LowRankRule``.
     """
 
     __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
-                 "shared_pos", "cacheable", "stateful", "link")
+                 "shared_pos", "cacheable", "stateful", "link", "low")
 
     def __init__(self, op, out_shapes, out_dtypes, attrs, signature, cacheable):
         self.stateful = op.name in STATEFUL
         self.link = False
+        self.low = ()
         self.out_shapes, self.out_dtypes = out_shapes, out_dtypes
         self.attrs, self.cacheable = attrs, cacheable
         self.shared_pos = ()
@@ -105,6 +110,9 @@ def analyse(node, in_shapes, in_dtypes):
                     cacheable=not deferred and op.name not in MODAL)
     info.link = info.kind == OP and is_link(op.name, node, in_shapes, in_dtypes,
                                             out_shapes, out_dtypes)
+    if info.shared_pos and op.name.startswith("broadcast_") and len(out_shapes[0]) >= 2 \
+            and out_shapes[0][0] == 1:
+        info.low = tuple(k for k in info.shared_pos if len(in_shapes[k]) < len(out_shapes[0]))
     return info
 
 

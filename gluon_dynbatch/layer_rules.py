@@ -45,8 +45,9 @@ import numpy as np
 from .graph import LEAF
 from .literals import known_node, taken_rows, values_of
 from .rules import (KNOWN, ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, Signature,
-                    _in_dtype, _in_shape, _shared_key, call_as_recorded, plain_layout,
-                    register_rule, rule_for, swapaxes_roles, transpose_roles)
+                    _in_dtype, _in_shape, _shared_key, call_as_recorded, elementwise_roles,
+                    intern, plain_layout, register_rule, rule_for, swapaxes_roles,
+                    transpose_roles)
 from .weight_calls import weight_node
 
 
@@ -456,6 +457,55 @@ _REDUCTIONS = ("sum", "mean", "max", "min", "prod", "nansum", "nanprod", "norm")
 for _name in _REDUCTIONS:
     register_rule(_name, RowFallback(OneRowReduceRule(), rule_for(_name)))
 
+
+
+LOW = "low"     # role: a lower-rank input computed per sample (``LowRankRule``)
+
+
+class LowRankRule(RowRule):
+    """A broadcast of one-row values and lower-rank values computed per sample.
+
+    ``x + F.sum(h, axis=0)`` adds a (1, H) row and an (H,) vector; the vector
+    broadcasts as the row (1, H).  Its role is ``LOW``: every node's vector is
+    gathered and viewed as that node's row before the batched call.  Nodes get
+    this rule from :func:`per_sample_low_rank` when they are recorded (a
+    parameter or constant of lower rank stays ``SHARED``).
+    """
+
+    def __init__(self):
+        super().__init__(elementwise_roles)
+
+    def step_key(self, node):
+        return tuple(_in_shape(node, k) for k, role in enumerate(node.meta) if role == LOW)
+
+    def batched_call(self, F, node, inputs):
+        ndim = len(node.out_shapes[0])
+        viewed = list(inputs)
+        for k, role in enumerate(node.meta):
+            if role == LOW:
+                shape = _in_shape(node, k)
+                viewed[k] = F.reshape(inputs[k], shape=(-1,) + (1,) * (ndim - 1 - len(shape))
+                                      + shape)
+        return call_as_recorded(F, node, viewed)
+
+
+LOW_RANK = LowRankRule()
+
+
+def per_sample_low_rank(node, info):
+    """Give ``node`` (a call of ``info``, whose ``info.low`` is not empty) the
+    ``LowRankRule`` when it computed a lower-rank input per sample; whether it did."""
+    graph = node.graph
+    low = [k for k in info.low if node.inputs[k][0].kind != LEAF
+           and node.inputs[k][0].id not in graph.weight_nodes]
+    if not low:
+        return False
+    node.rule = LOW_RANK
+    node.meta = tuple(LOW if k in low else role for k, role in enumerate(info.meta))
+    shared = tuple((node.inputs[k][0].id, node.inputs[k][1])
+                   for k in info.shared_pos if k not in low)
+    node.sig = (intern((LOW, info.sig, tuple(_in_shape(node, k) for k in low))), shared)
+    return True
 
 
 def _gemm2_roles(node):

@@ -41,9 +41,9 @@ class _Entry:
     """One operator of a program: what ``call_as_recorded`` and the rules read."""
 
     __slots__ = ("op", "args", "kwargs", "out_shapes", "out_dtypes", "dtype", "rule", "form",
-                 "sources", "brow", "blocks", "scalar")
+                 "sources", "brow", "blocks", "scalar", "low")
 
-    def __init__(self, op, args, kwargs, info, form, sources, brow, blocks, scalar):
+    def __init__(self, op, args, kwargs, info, form, sources, brow, blocks, scalar, low):
         self.op, self.args, self.kwargs = op, args, kwargs
         self.out_shapes = info.out_shapes    # of the first concrete call: tails are read
         self.out_dtypes = info.out_dtypes
@@ -54,6 +54,7 @@ class _Entry:
         self.brow = brow                # input positions with the BROW role
         self.blocks = blocks            # positions of parameters shared as blocks (_shared_block)
         self.scalar = scalar            # its number is per call (_scalar_form), not constant
+        self.low = low                  # (position, shape) of lower-rank values of each call
 
 
 class Program:
@@ -133,6 +134,9 @@ class Program:
             for pos in entry.brow:
                 if next(flags):
                     ins[pos] = F.take(ins[pos], next(extra), axis=0)
+            for pos, shape in entry.low:    # each call's (H,) as its row (1, H)
+                ins[pos] = F.reshape(ins[pos], shape=(-1,) + (1,) * (
+                    len(entry.out_shapes[0]) - 1 - len(shape)) + shape)
             if entry.form == _SEGMENT:
                 if not next(flags):             # one row per call: nothing to sum
                     tail = tuple(entry.out_shapes[0][1:])
@@ -194,6 +198,7 @@ class ProgramInfo:
     __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
                  "shared_pos", "cacheable", "stateful", "link", "site_rows", "inputs",
                  "scalars", "scalar_rows", "usage")
+    low = ()        # a program is no broadcast (``calls.CallInfo.low``)
 
     def __init__(self, op, roles, out_shapes, out_dtypes, site_rows, inputs, scalars=(),
                  scalar_rows=()):
@@ -420,9 +425,11 @@ def build(entries, exports, arg_shapes, name, param_shapes=()):
         if kind is None:
             return None
         kinds.append(kind)
-        for ref, role in zip(refs, _roles(kind, info)):
+        for p, (ref, role) in enumerate(zip(refs, _roles(kind, info))):
             if ref[0] == "x" and _shared_param(op, refs, ref, role, info, param_shapes):
                 continue
+            if p in info.low and ref[0] != "x":
+                role = ROW      # a lower-rank value of each call: gathered (``Entry.low``)
             if not _use_ok(ref, role, arg_role, arg_shapes):
                 return None
         for idx, shape in enumerate(info.out_shapes):
@@ -454,7 +461,11 @@ def build(entries, exports, arg_shapes, name, param_shapes=()):
         if number is not None:
             scalars.append(number)
             scalar_rows.append(info.out_shapes[0][0])
-        program.append((op, args, kwargs, info, kind, sources, brow, blocks, number is not None))
+        low = tuple((p, arg_shapes[refs[p][1]] if refs[p][0] == "a"
+                     else entries[refs[p][1]][4].out_shapes[refs[p][2]])
+                    for p in info.low if refs[p][0] != "x")
+        program.append((op, args, kwargs, info, kind, sources, brow, blocks, number is not None,
+                        low))
     exports = tuple(exports)
     if not exports:
         return None
@@ -533,10 +544,10 @@ def _intern(program, exports, roles, name):
     # A scalar entry's number is the call's own (``ProgramInfo.scalars``), and a
     # reshape keeps each call's rows (its target's first axis is theirs): their
     # keys hold the trailing shapes and dtypes their signatures would.
-    key = (tuple((op.path, kind, sources, blocks)
+    key = (tuple((op.path, kind, sources, blocks, low)
                  + (("rows", tuple(s[1:] for s in info.out_shapes), info.out_dtypes)
                     if scalar or kind == _RESHAPE else (info.attrs, info.sig))
-                 for op, _a, _k, info, kind, sources, _b, blocks, scalar in program),
+                 for op, _a, _k, info, kind, sources, _b, blocks, scalar, low in program),
            exports, roles)
     with _PROGRAMS_LOCK:
         found = _PROGRAMS.get(key)

@@ -25,6 +25,7 @@ from .errors import BatchingError, describe_call, warn_once
 from .frames import NOT_RECORDED, Frame
 from .graph import (LEAF, OP, VIEW, Graph, Node, known_node, pending_inputs, slot,
                     slots_of)
+from .layer_rules import per_sample_low_rank
 from .lazy import LazyArray
 from .namespace import DETERMINISTIC, RecordingNamespace
 from .ops import opdef
@@ -97,11 +98,8 @@ class Recorder:
         return mode
 
     def same_mode(self):
-        """Whether autograd's modes are still those of the calls recorded so far.
-
-        MXNet's own code sets them too (deferred initialisation pauses
-        recording), so a change the counter saw may be none at all.
-        """
+        """Whether autograd's modes are still those of the calls recorded so far (MXNet
+        sets them too: deferred initialisation pauses recording, a change or none)."""
         before = self.mode
         return self.sync_mode() == before
 
@@ -507,6 +505,8 @@ class Recorder:
         if info.sig is None:
             node.sig = ("alone", node.graph, node.id)
         elif info.shared_pos:
+            if info.low and per_sample_low_rank(node, info):
+                return
             inputs = node.inputs
             node.sig = (info.sig, tuple([(inputs[k][0].id, inputs[k][1])
                                          for k in info.shared_pos]))

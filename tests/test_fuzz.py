@@ -202,6 +202,9 @@ class FuzzNet(gdb.DynBatchBlock):
             mixed = F.LeakyReLU(col + F.transpose(col), slope=0.1) * 0.5 + prods * (prods > -0.3)
             return [F.dot(F.softmax(mixed, axis=0), a, transpose_a=True)
                     + F.mean(mixed, axis=1, keepdims=True)]
+        if op == "lowrank":                    # (W,) vectors of the node's own, broadcast
+            v = F.sum(F.tanh(a), axis=0)
+            return [F.broadcast_mul(a[-1:], F.sigmoid(v)) + v - F.mean(a, axis=0) + (a + v)[0:1]]
         if op in ("pick", "pickmany"):        # rows by a literal index list: few runs, or many
             picks = [a.shape[0] - 1, 0, 0] * (1 if op == "pick" else 2)
             return [F.take(a, F.array(picks, ctx=a.context)) * 1.5]
@@ -394,7 +397,7 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "vector", "act", "crf", "adjacency", "selfattend", "pairmix")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
              "childsum", "childtotal", "childterms", "attend", "rowsum", "twice",
-             "attend2", "unroll", "pick", "pickmany")
+             "attend2", "unroll", "pick", "pickmany", "lowrank")
 PAIR_OPS = ("add", "mul", "concat0", "concat1")
 # Operators whose gradient is zero (BlockGrad, floor, comparisons); they once
 # crashed MXNet's backward after the imperative executor's concat + take gather
@@ -721,4 +724,15 @@ def test_pair_instructions_over_nodes_of_every_row_count(strategy, compiled):
             for k in range(4)]
     samples = [Node(0, 3, kids, [("pairmix", 0), ("selfattend", 1)], 2, [1]),
                Node(1, 2, [], [("selfattend", 0), ("pairmix", 0)], 2, [1])]
+    assert_sample_set_matches_eager(samples, strategy, compiled)
+
+
+@pytest.mark.parametrize("strategy,compiled", [("depth", False), ("agenda", "step")])
+def test_lower_rank_vectors_of_each_node_broadcast_onto_its_rows(strategy, compiled):
+    """``lowrank``: a node's (W,) vectors broadcast onto a (1, W) row (one step
+    for all nodes) and onto its rows (alone), one node reading another's."""
+    kids = [Node(2 * k, k + 1, [], [("lowrank", 0), ("lowrank", 1), ("add", 1, 2)], 3, [2])
+            for k in range(4)]
+    samples = [Node(0, 3, kids, [("lowrank", 0), ("tanh", 1)], 2, [1]),
+               Node(1, 2, [], [("tanh", 0), ("lowrank", 1)], 2, [1])]
     assert_sample_set_matches_eager(samples, strategy, compiled)
