@@ -56,9 +56,9 @@ class CallInfo:
     link : bool
         The call adds one-row values of its shape (``sums.is_link``).
     low : tuple of int
-        Shared inputs of lower rank than the one-row output of a broadcast
-        (``(1, H) + (H,)``): a node whose such inputs it computed per sample
-        batches them by ``layer_rules.LowRankRule``.
+        Shared inputs of lower rank than the output of a broadcast (``(T, H) +
+        (H,)``): where a call computed them per sample, programs gather them
+        (and a node of one output row batches them by ``layer_rules.LowRankRule``).
     """
 
     __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
@@ -110,8 +110,7 @@ def analyse(node, in_shapes, in_dtypes):
                     cacheable=not deferred and op.name not in MODAL)
     info.link = info.kind == OP and is_link(op.name, node, in_shapes, in_dtypes,
                                             out_shapes, out_dtypes)
-    if info.shared_pos and op.name.startswith("broadcast_") and len(out_shapes[0]) >= 2 \
-            and out_shapes[0][0] == 1:
+    if info.shared_pos and op.name.startswith("broadcast_") and len(out_shapes[0]) >= 2:
         info.low = tuple(k for k in info.shared_pos if len(in_shapes[k]) < len(out_shapes[0]))
     return info
 

@@ -498,7 +498,7 @@ def per_sample_low_rank(node, info):
     graph = node.graph
     low = [k for k in info.low if node.inputs[k][0].kind != LEAF
            and node.inputs[k][0].id not in graph.weight_nodes]
-    if not low:
+    if not low or node.out_shapes[0][0] != 1:
         return False
     node.rule = LOW_RANK
     node.meta = tuple(LOW if k in low else role for k, role in enumerate(info.meta))

@@ -131,12 +131,12 @@ class Program:
         for entry in self.entries:
             ins = [inputs[s[1]] if s[0] == "in" else results[s[1]][s[2]]
                    for s in entry.sources]
+            for pos, shape in entry.low:    # each call's (H,) as its row (1, H), a BROW
+                ins[pos] = F.reshape(ins[pos], shape=(-1,) + (1,) * (
+                    len(entry.out_shapes[0]) - 1 - len(shape)) + shape)
             for pos in entry.brow:
                 if next(flags):
                     ins[pos] = F.take(ins[pos], next(extra), axis=0)
-            for pos, shape in entry.low:    # each call's (H,) as its row (1, H)
-                ins[pos] = F.reshape(ins[pos], shape=(-1,) + (1,) * (
-                    len(entry.out_shapes[0]) - 1 - len(shape)) + shape)
             if entry.form == _SEGMENT:
                 if not next(flags):             # one row per call: nothing to sum
                     tail = tuple(entry.out_shapes[0][1:])
@@ -449,21 +449,21 @@ def build(entries, exports, arg_shapes, name, param_shapes=()):
             return None
         sources = tuple(("in", position[r]) if r[0] != "n" else ("e", r[1], r[2])
                         for r in refs)
+        low = tuple((p, arg_shapes[refs[p][1]] if refs[p][0] == "a"
+                     else entries[refs[p][1]][4].out_shapes[refs[p][2]])
+                    for p in info.low if refs[p][0] != "x")
         brow = tuple(p for p, role in enumerate(entry_roles)
-                     if role == BROW and refs[p][0] != "x")
+                     if role == BROW and refs[p][0] != "x" or p in dict(low))
         blocks = tuple(p for p, role in enumerate(entry_roles) if refs[p][0] == "x"
                        and _shared_block(op, refs, refs[p], role, info, param_shapes))
         for p in brow:
-            site_rows += [rows_of[refs[p]], info.out_shapes[0][0]]
+            site_rows += [1 if p in dict(low) else rows_of[refs[p]], info.out_shapes[0][0]]
         if kind == _SEGMENT:
             site_rows.append(rows_of[refs[0]])
         number = _scalar_form(op, args, kwargs, kind, info)
         if number is not None:
             scalars.append(number)
             scalar_rows.append(info.out_shapes[0][0])
-        low = tuple((p, arg_shapes[refs[p][1]] if refs[p][0] == "a"
-                     else entries[refs[p][1]][4].out_shapes[refs[p][2]])
-                    for p in info.low if refs[p][0] != "x")
         program.append((op, args, kwargs, info, kind, sources, brow, blocks, number is not None,
                         low))
     exports = tuple(exports)

@@ -105,3 +105,35 @@ def test_sentence_vectors_broadcast_onto_each_step_batch_across_sentences():
     assert len(outs) == len(sentences)
     # A step per token position (and a few more), not per sentence and token.
     assert len(scope.last_plan.steps) < sum(len(s) for s in sentences)
+
+
+class CenteredRows(gdb.DynBatchBlock):
+    """Each word's row minus the sentence's mean (an (H,) vector), plus an
+    attention context summed without keepdims: (T, H) and (H,) broadcast."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = gluon.nn.Dense(H, flatten=False)
+            self.att = gluon.nn.Dense(1, flatten=False)
+
+    def hybrid_forward(self, F, words, table):
+        x = F.tanh(self.proj(F.concat(*[table[w:w + 1] for w in words], dim=0)))
+        centred = x - F.mean(x, axis=0)
+        context = F.sum(F.softmax(self.att(x), axis=0) * x, axis=0)      # (H,)
+        mixed = F.broadcast_mul(centred, F.sigmoid(context)) + context
+        return F.max(mixed, axis=0, keepdims=True)
+
+
+def test_rows_of_each_sentence_and_its_own_vectors_batch_across_lengths():
+    model = make_model(CenteredRows)
+    rng = random.Random(2)
+    sentences = [[rng.randrange(10) for _ in range(n)] for n in (3, 1, 4, 2, 4, 3, 5)]
+    table = _table(2)
+    check_all_strategies(model, sentences, [table])
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(words, table) for words in sentences]
+    nd.waitall()
+    assert len(outs) == len(sentences)
+    assert len(scope.last_plan.steps) < len(set(map(len, sentences)))
+

@@ -438,7 +438,8 @@ def programs(draw, rows, max_len=5):
         a = draw(st.integers(0, len(shapes) - 1))
         ra = shapes[a]
         if op in ("max0", "lse0", "sum0", "mean0", "chain", "childloop", "childsum",
-                  "childtotal", "childterms", "attend", "rowsum", "twice", "attend2", "unroll"):
+                  "childtotal", "childterms", "attend", "rowsum", "twice", "attend2", "unroll",
+                  "lowrank"):
             ins, out = (op, a), 1
         elif op in ("pick", "pickmany"):
             ins, out = (op, a), 3 if op == "pick" else 6
