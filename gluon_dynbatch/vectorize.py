@@ -112,7 +112,8 @@ def _is_sum(step):
     name = step.op.name
     if name == "_plus_scalar":
         return scalar_argument(step) == 0 and type(step.refs[0]) is int
-    return name in ADDS or name in NARY
+    # ``info.link``: every input has the output's shape (``(1, H) + (H,)`` broadcasts).
+    return (name in ADDS or name in NARY) and info.link
 
 
 def _sums(steps, produced, exported):

@@ -137,3 +137,29 @@ def test_rows_of_each_sentence_and_its_own_vectors_batch_across_lengths():
     assert len(outs) == len(sentences)
     assert len(scope.last_plan.steps) < len(set(map(len, sentences)))
 
+
+class GatedLoop(gdb.DynBatchBlock):
+    """A gate vector (H,) of the sentence scales the state at every token; the last
+    output plus the gate: additions of a row and a vector are no sum of rows."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = gluon.rnn.LSTMCell(H)
+            self.gate = gluon.nn.Dense(H)
+
+    def hybrid_forward(self, F, words, table):
+        rows = F.concat(*[table[w:w + 1] for w in words], dim=0)
+        gate = F.sigmoid(self.gate(rows)).max(axis=0)                  # (H,)
+        states = self.cell.begin_state(1)
+        for w in words:
+            out, states = self.cell(table[w:w + 1], states)
+            states = [states[0] * gate, states[1]]
+        return out + gate
+
+
+def test_a_vector_added_to_a_loops_last_row_is_no_sum_of_rows():
+    model = make_model(GatedLoop)
+    rng = random.Random(3)
+    sentences = [[rng.randrange(10) for _ in range(n)] for n in (3, 1, 4, 2, 4)]
+    check_all_strategies(model, sentences, [_table(3)])
