@@ -458,7 +458,6 @@ for _name in _REDUCTIONS:
     register_rule(_name, RowFallback(OneRowReduceRule(), rule_for(_name)))
 
 
-
 LOW = "low"     # role: a lower-rank input computed per sample (``LowRankRule``)
 
 

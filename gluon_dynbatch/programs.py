@@ -452,12 +452,13 @@ def build(entries, exports, arg_shapes, name, param_shapes=()):
         low = tuple((p, arg_shapes[refs[p][1]] if refs[p][0] == "a"
                      else entries[refs[p][1]][4].out_shapes[refs[p][2]])
                     for p in info.low if refs[p][0] != "x")
+        low_at = dict(low)      # viewed as one row per call, then repeated as BROW rows
         brow = tuple(p for p, role in enumerate(entry_roles)
-                     if role == BROW and refs[p][0] != "x" or p in dict(low))
+                     if role == BROW and refs[p][0] != "x" or p in low_at)
         blocks = tuple(p for p, role in enumerate(entry_roles) if refs[p][0] == "x"
                        and _shared_block(op, refs, refs[p], role, info, param_shapes))
         for p in brow:
-            site_rows += [1 if p in dict(low) else rows_of[refs[p]], info.out_shapes[0][0]]
+            site_rows += [1 if p in low_at else rows_of[refs[p]], info.out_shapes[0][0]]
         if kind == _SEGMENT:
             site_rows.append(rows_of[refs[0]])
         number = _scalar_form(op, args, kwargs, kind, info)

@@ -1,7 +1,8 @@
-"""User-style models over matrices of a sample's own: every word attending to
-every word of its sentence, two sentences aligned word by word, a graph's
-vertices attending to their neighbours.  Written for one sample, as papers
-give them; ``user_models.CASES`` holds their cases."""
+"""User-style models over matrices and vectors of a sample's own: every word
+attending to every word of its sentence, two sentences aligned word by word, a
+graph's vertices attending to their neighbours, a sentence's (H,) vectors
+broadcast onto its rows.  Written for one sample, as papers give them;
+``user_models.CASES`` holds their cases."""
 import math
 
 import numpy as np
@@ -98,3 +99,24 @@ class TextCNN(gdb.DynBatchBlock):
         x = F.expand_dims(F.transpose(x), axis=0)                        # (1, E, T)
         pooled = [F.max(conv(x), axis=2) for conv in self.convs]
         return F.log_softmax(self.out(F.concat(*pooled, dim=1)))
+
+
+class VectorContext(gdb.DynBatchBlock):
+    """numpy-style vectors of a sentence's own: its rows centred on their mean
+    (``x - F.mean(x, axis=0)``), an attention context summed without
+    ``keepdims`` (an (H,) vector) that gates every row and is added to the
+    pooled (1, H) row."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = nn.Dense(hidden, activation="tanh", flatten=False)
+            self.att = nn.Dense(1, flatten=False)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, words, emb):
+        x = self.proj(F.concat(*[emb[w:w + 1] for w in words], dim=0))
+        centred = x - F.mean(x, axis=0)
+        context = F.sum(F.softmax(self.att(x), axis=0) * x, axis=0)        # (H,)
+        pooled = F.max(centred * F.sigmoid(context), axis=0, keepdims=True)
+        return F.log_softmax(self.out(pooled + context))

@@ -21,7 +21,8 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
-from matrix_models import DecomposableAttention, GraphAttention, SelfAttention, TextCNN
+from matrix_models import (DecomposableAttention, GraphAttention, SelfAttention, TextCNN,
+                           VectorContext)
 from idiom_models import (ActivationTree, AdjacencyGCN, AttentivePooling, BiGRUTagger,
                           CharWordTagger, ClosureTree, ConcatChildren, CRFTagger,
                           CrossEntropyTagger, DotAttention, FeedbackTree, FusedLSTMEncoder,
@@ -730,6 +731,11 @@ def case_text_cnn(seed=0, n=6, hidden=HIDDEN):
                 notes="Conv1D of widths 2-4 over (1, E, T), max over time")
 
 
+def case_vector_context(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(VectorContext(hidden, CLASSES), seed), _sentences(seed, n),
+                [_table(seed)], notes="(H,) vectors of the sentence broadcast onto its rows")
+
+
 def case_indexing_tree(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(IndexingTree(hidden), seed), _trees(seed, n), [_table(seed)])
 
@@ -806,6 +812,7 @@ CASES = {
     "decomposable": case_decomposable,
     "graph_attention": case_graph_attention,
     "text_cnn": case_text_cnn,
+    "vector_context": case_vector_context,
 }
 
 
