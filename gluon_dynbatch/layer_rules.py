@@ -44,10 +44,10 @@ import numpy as np
 
 from .graph import LEAF
 from .literals import known_node, taken_rows, values_of
-from .rules import (KNOWN, ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, Signature,
-                    _in_dtype, _in_shape, _shared_key, call_as_recorded, elementwise_roles,
-                    intern, plain_layout, register_rule, rule_for, swapaxes_roles,
-                    transpose_roles)
+from .rules import (KNOWN, ROW, SHARED, ReshapeRule, Rule, RowFallback, RowRule, SegmentRule,
+                    Signature, _in_dtype, _in_shape, _shared_key, call_as_recorded,
+                    elementwise_roles, intern, plain_layout, register_rule, rule_for,
+                    swapaxes_roles, transpose_roles)
 from .weight_calls import weight_node
 
 
@@ -268,6 +268,52 @@ def _one_row_total(node):
     return (ROW,)
 
 
+class TotalRule(Rule):
+    """``sum``/``mean``/``max``/``min`` over every axis of a value of several rows
+    (a sentence's (T,) token losses, ``F.sum(F.square(h))`` of a (T, H) matrix):
+    each node's values, flattened, are one segment of ``SegmentRule``'s batch.
+
+    One-row values take ``OneRowReduceRule`` first (no index arrays).  Programs
+    do not hold these calls: a segment's count is its values, not its rows.
+    """
+
+    batching = "segment"
+
+    def signature(self, node):
+        kwargs = node.kwargs
+        shape, dtype = _in_shape(node, 0), _in_dtype(node, 0)
+        if len(node.inputs) != 1 or kwargs.get("exclude", False) or not shape \
+                or not _all_axes(kwargs.get("axis"), len(shape)) or node.args[1:] \
+                or set(kwargs) - {"axis", "keepdims"}:
+            return None
+        if node.op.name in ("max", "min") and np.dtype(dtype) not in (np.float32, np.float64):
+            return None         # padded with infinities
+        key = ("total", shape[1:], dtype, bool(kwargs.get("keepdims", False)))
+        return Signature((key,), self, (ROW,))
+
+    @staticmethod
+    def segment_arrays(nodes, dtype):
+        """The padded index (and counts) of each node's values as one segment."""
+        counts = [int(np.prod(_in_shape(node, 0))) for node in nodes]
+        return SegmentRule.arrays_for_counts(counts, nodes[0].op.name, 1, dtype)
+
+    def batched_call(self, F, node, inputs):
+        flat = F.reshape(inputs[0], shape=(-1, 1))
+        return _SEGMENTS.batched_call(F, node, [flat] + list(inputs[1:]))
+
+
+def _all_axes(axis, ndim):
+    """Whether a reduction's ``axis`` argument names every axis of ``ndim``."""
+    if axis is None:
+        return True
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    return all(type(a) is int for a in axes) \
+        and sorted(a % ndim for a in axes if -ndim <= a < ndim) == list(range(ndim))
+
+
+_SEGMENTS = SegmentRule()
+
+
 class OneRowReduceRule(RowRule):
     """A reduction over every axis of a one-row value: over all axes but the rows."""
 
@@ -455,7 +501,10 @@ class RowCrossEntropyRule(Rule):
 
 _REDUCTIONS = ("sum", "mean", "max", "min", "prod", "nansum", "nanprod", "norm")
 for _name in _REDUCTIONS:
-    register_rule(_name, RowFallback(OneRowReduceRule(), rule_for(_name)))
+    _found = rule_for(_name)
+    if _name in ("sum", "mean", "max", "min"):     # after the ragged reduction over axis 0
+        _found = RowFallback(_found.first, RowFallback(TotalRule(), _found.second))
+    register_rule(_name, RowFallback(OneRowReduceRule(), _found))
 
 
 LOW = "low"     # role: a lower-rank input computed per sample (``LowRankRule``)

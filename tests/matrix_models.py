@@ -1,8 +1,8 @@
 """User-style models over matrices and vectors of a sample's own: every word
 attending to every word of its sentence, two sentences aligned word by word, a
 graph's vertices attending to their neighbours, a sentence's (H,) vectors
-broadcast onto its rows.  Written for one sample, as papers give them;
-``user_models.CASES`` holds their cases."""
+broadcast onto its rows, a sentence's mean token loss.  Written for one
+sample, as papers give them; ``user_models.CASES`` holds their cases."""
 import math
 
 import numpy as np
@@ -120,3 +120,22 @@ class VectorContext(gdb.DynBatchBlock):
         context = F.sum(F.softmax(self.att(x), axis=0) * x, axis=0)        # (H,)
         pooled = F.max(centred * F.sigmoid(context), axis=0, keepdims=True)
         return F.log_softmax(self.out(pooled + context))
+
+
+class TokenLossMean(gdb.DynBatchBlock):
+    """A sentence's loss as the mean of its (T,) token losses (``F.mean`` over
+    every axis), plus ``F.sum(F.square(h))`` of its (T, H) states."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        self.classes = classes
+        with self.name_scope():
+            self.proj = nn.Dense(hidden, activation="tanh", flatten=False)
+            self.out = nn.Dense(classes, flatten=False)
+
+    def hybrid_forward(self, F, words, emb):
+        h = self.proj(F.concat(*[emb[w:w + 1] for w in words], dim=0))
+        logp = F.log_softmax(self.out(h), axis=-1)
+        tags = F.array([w % self.classes for w in words])
+        losses = -F.pick(logp, tags, axis=1)                                    # (T,)
+        return F.reshape(F.mean(losses) + 0.01 * F.sum(F.square(h)), (1, 1))

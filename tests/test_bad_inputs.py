@@ -477,12 +477,12 @@ def test_scope_of_one_sample_matches_eager(strategy, compiled):
 
 
 class NoRule(gdb.DynBatchBlock):
-    """cumsum (no rule registered) and a sum over every axis (a rule that declines)."""
+    """cumsum (no rule registered) and a product over every axis (a rule that declines)."""
 
     def hybrid_forward(self, F, sample, x):
         start, rows = sample
         y = x[start:start + rows]
-        total = F.sum(y)
+        total = F.prod(y)
         return F.cumsum(y, axis=1) * 0.5 + F.broadcast_mul(y, total)
 
 
@@ -496,7 +496,7 @@ def test_operators_without_batching_rule_run_alone_and_match_eager(strategy, com
         outs = [model(s, x) for s in SAMPLES]  # noqa: F841  (held: they must run)
     alone = [s for s in scope.last_plan.steps
              if s.nodes[0].op.name == "cumsum"
-             or (s.nodes[0].op.name == "sum" and s.nodes[0].kwargs.get("axis") is None)]
+             or (s.nodes[0].op.name == "prod" and s.nodes[0].kwargs.get("axis") is None)]
     assert len(alone) == 2 * len(SAMPLES) and all(len(s.nodes) == 1 for s in alone)
     assert_next_batch_ok(make_probe(), strategy, compiled)
 

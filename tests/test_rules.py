@@ -61,7 +61,12 @@ CASES = {
     "dot_each_scores": lambda F, x: F.dot(x[0:1], F.tanh(x), transpose_b=True),
     "dot_each_attention": lambda F, x: F.dot(
         F.softmax(F.dot(x[0:1] * 3, F.tanh(x), transpose_b=True), axis=1), x * 2),
-    "full_reduce_alone": lambda F, x: F.broadcast_mul(x, F.sum(x)),
+    "full_reduce": lambda F, x: F.broadcast_mul(x, F.sum(x)),
+    "sum_every_axis": lambda F, x: F.sum(F.tanh(x)) * 2,
+    "mean_every_axis_keepdims": lambda F, x: F.mean(x * x, keepdims=True) + x[0:1],
+    "max_axes_listed": lambda F, x: F.max(F.tanh(x), axis=(0, 1)) - 1,
+    "min_every_axis_fluent": lambda F, x: (x - 0.5).min() * x,
+    "norm_every_axis_alone": lambda F, x: F.norm(x) * x,
     "sum_all_one_row": lambda F, x: F.broadcast_mul(x, F.sum(x[0:1] * 2)),
     "norm_all_one_row": lambda F, x: F.norm(F.tanh(x[0:1])) + x[0:1],
     "mean_all_keepdims": lambda F, x: F.mean(F.reshape(x[0:1], shape=(1, 2, 2)),
@@ -465,3 +470,22 @@ def test_operators_of_linalg_and_contrib_are_recorded_not_read():
     gemms = [len(s.nodes) for s in scope.last_plan.steps
              if "gemm2" in [e.op.name for e in getattr(s.nodes[0].op, "entries", ())]]
     assert max(gemms) == len(sentences) - 1
+
+
+@pytest.mark.parametrize("name", ["sum_every_axis", "mean_every_axis_keepdims",
+                                  "max_axes_listed", "min_every_axis_fluent"])
+def test_reductions_over_every_axis_of_several_rows_batch_across_samples(name):
+    # Each sample's values are one segment: one step for the samples of several
+    # rows (another for one of one row, unless the axes are listed), not one per sample.
+    model = OneOp(CASES[name])
+    table = nd.array(np.random.RandomState(6).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 1), (6, 4), (1, 2), (3, 3), (2, 4)]
+    expected = reference_run(model, samples, [table])
+    with gdb.batching(keep_plan=True, granularity="op") as scope:
+        outs = [model(s, table) for s in samples]
+    assert_same(run_model(model, samples, [table], "depth"), expected)
+    nd.waitall()
+    assert len(outs) == len(samples)
+    reductions = [len(step.nodes) for step in scope.last_plan.steps
+                  if step.nodes[0].op.name in ("sum", "mean", "max", "min")]
+    assert sum(reductions) == len(samples) and len(reductions) <= 2

@@ -22,7 +22,7 @@ import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
 from matrix_models import (DecomposableAttention, GraphAttention, SelfAttention, TextCNN,
-                           VectorContext)
+                           TokenLossMean, VectorContext)
 from idiom_models import (ActivationTree, AdjacencyGCN, AttentivePooling, BiGRUTagger,
                           CharWordTagger, ClosureTree, ConcatChildren, CRFTagger,
                           CrossEntropyTagger, DotAttention, FeedbackTree, FusedLSTMEncoder,
@@ -736,6 +736,11 @@ def case_vector_context(seed=0, n=6, hidden=HIDDEN):
                 [_table(seed)], notes="(H,) vectors of the sentence broadcast onto its rows")
 
 
+def case_token_loss_mean(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(TokenLossMean(hidden, CLASSES), seed), _sentences(seed, n),
+                [_table(seed)], notes="F.mean of a sentence's (T,) token losses")
+
+
 def case_indexing_tree(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(IndexingTree(hidden), seed), _trees(seed, n), [_table(seed)])
 
@@ -813,6 +818,7 @@ CASES = {
     "graph_attention": case_graph_attention,
     "text_cnn": case_text_cnn,
     "vector_context": case_vector_context,
+    "token_loss_mean": case_token_loss_mean,
 }
 
 
