@@ -28,10 +28,9 @@ from collections import namedtuple
 import mxnet as mx
 import numpy as np
 
-from .layer_rules import _padding, _with_zero_row
+from .layer_rules import _SEGMENTS, _padding, _with_zero_row
 from .literals import known_node, values_of
-from .rules import KNOWN, ROW, Rule, SegmentRule, Signature, _in_dtype, _in_shape, \
-    register_rule
+from .rules import KNOWN, ROW, Rule, Signature, _in_dtype, _in_shape, register_rule
 
 KINDS = ("softmax", "log_softmax", "sum", "mean", "max")
 _NORMALISING = ("softmax", "log_softmax")
@@ -166,10 +165,9 @@ class GroupRule(Rule):
             out = F.reshape(getattr(F, kind)(rows, axis=-1), shape=(-1, 1))
             return [F.take(out, places, axis=0)]
         named = _Named(_Kind(kind), node.out_shapes, node.out_dtypes)
-        return _SEGMENT.batched_call(F, named, inputs)
+        return _SEGMENTS.batched_call(F, named, inputs)
 
 
-_SEGMENT = SegmentRule()
 register_rule(["_group_" + kind for kind in KINDS], GroupRule())
 
 

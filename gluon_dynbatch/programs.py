@@ -425,10 +425,11 @@ def build(entries, exports, arg_shapes, name, param_shapes=()):
         if kind is None:
             return None
         kinds.append(kind)
+        low = _own_low(info, refs)
         for p, (ref, role) in enumerate(zip(refs, _roles(kind, info))):
             if ref[0] == "x" and _shared_param(op, refs, ref, role, info, param_shapes):
                 continue
-            if p in info.low and ref[0] != "x":
+            if p in low:
                 role = ROW      # a lower-rank value of each call: gathered (``Entry.low``)
             if not _use_ok(ref, role, arg_role, arg_shapes):
                 return None
@@ -451,7 +452,7 @@ def build(entries, exports, arg_shapes, name, param_shapes=()):
                         for r in refs)
         low = tuple((p, arg_shapes[refs[p][1]] if refs[p][0] == "a"
                      else entries[refs[p][1]][4].out_shapes[refs[p][2]])
-                    for p in info.low if refs[p][0] != "x")
+                    for p in _own_low(info, refs))
         low_at = dict(low)      # viewed as one row per call, then repeated as BROW rows
         brow = tuple(p for p, role in enumerate(entry_roles)
                      if role == BROW and refs[p][0] != "x" or p in low_at)
@@ -475,6 +476,12 @@ def build(entries, exports, arg_shapes, name, param_shapes=()):
     out_dtypes = tuple(entries[j][4].out_dtypes[idx] for j, idx in exports)
     return op, ProgramInfo(op, roles, out_shapes, out_dtypes, tuple(site_rows), tuple(inputs),
                            tuple(scalars), tuple(scalar_rows))
+
+
+def _own_low(info, refs):
+    """Positions of a broadcast's lower-rank inputs that are values of each call
+    (``CallInfo.low``), not parameters."""
+    return [p for p in info.low if refs[p][0] != "x"]
 
 
 def _use_ok(ref, role, arg_role, arg_shapes):

@@ -98,8 +98,8 @@ class Recorder:
         return mode
 
     def same_mode(self):
-        """Whether autograd's modes are still those of the calls recorded so far (MXNet
-        sets them too: deferred initialisation pauses recording, a change or none)."""
+        """Whether autograd's modes are still those of the pending calls; MXNet sets
+        them too (deferred initialisation pauses recording), often back as they were."""
         before = self.mode
         return self.sync_mode() == before
 
