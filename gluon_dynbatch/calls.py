@@ -7,6 +7,7 @@ the interned batching signature (``rules.py``).  Every later call of the
 same shape reuses it: ``INFOS`` memoises them for the recorder.
 """
 import threading
+from math import prod
 
 from .errors import BatchingError, describe_call
 from .graph import OP, VIEW, Slot
@@ -103,6 +104,12 @@ def analyse(node, in_shapes, in_dtypes):
         raise BatchingError("%s: invalid call with input shapes %s: %s" % (
             describe_call(node.sample, node.path, op.name), list(in_shapes),
             first_line(err))) from None
+    if op.name in ("reshape", "Reshape") and in_shapes \
+            and prod(in_shapes[0]) != prod(out_shapes[0]):
+        # MXNet's reshape takes a prefix, or reads past the end, of an array
+        # whose size the target does not match: refused as numpy does.
+        raise BatchingError("%s: reshape of %s to %s changes the number of elements" % (
+            describe_call(node.sample, node.path, op.name), in_shapes[0], out_shapes[0]))
     deferred = _finish_deferred(node.inputs, inferred)
     node.out_shapes, node.out_dtypes, node.attrs = out_shapes, out_dtypes, attrs
     signature = rule_for(op.name).signature(node)

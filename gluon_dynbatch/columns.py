@@ -28,6 +28,8 @@ rounding.  The reference executor records the calls as written.
 """
 from math import prod
 
+import numpy as np
+
 from mxnet.ndarray import NDArray
 
 from . import pairs, weight_calls
@@ -226,13 +228,21 @@ def rewrite(rec, op, args, kwargs):
             return None
         out = rec.call_op(op, (_aligned(ns, found, x),) + tuple(args[1:]), kwargs)
     elif name in BINARY:
-        other = _rows_of(args[1]) if len(args) == 2 and not kwargs else None
-        if other is None or other[1:] != (axis, kind) \
-                or len(args[1].shape) != len(x.shape) or other[0].shape[0] != base.shape[0] \
-                or kind == "column" and (args[1].shape != x.shape
-                                         or other[0].shape != base.shape):  # (T, 1) + (T,)
+        # Both operands along the same rows of their bases; they may broadcast
+        # along their other axes ((1, T, H) * (1, T, 1)), and the result has the
+        # shape of the call as written ((1, 1, 1, H) + (1, 1, T, H) is (1, 1, T, H)).
+        y = args[1] if len(args) == 2 and not kwargs else None
+        other = _rows_of(y) if y is not None else None
+        if other is None or other[1:] != (axis, kind) or len(y.shape) != len(x.shape) \
+                or y.shape[axis] != x.shape[axis] \
+                or kind == "column" and (y.shape != x.shape or other[0].shape != base.shape):
             return None
-        out = rec.call_op(op, (_aligned(ns, found, x), _aligned(ns, other, args[1])), {})
+        try:
+            shape = np.broadcast_shapes(x.shape, y.shape)
+        except ValueError:
+            return None             # MXNet's own error, from the call as written
+        out = rec.call_op(op, (_aligned(ns, found, x), _aligned(ns, other, y)), {})
+        return _as_row(ns, out, shape)
     elif name in ("softmax", "log_softmax"):
         if len(args) != 1 or not set(kwargs) <= {"axis"} \
                 or not _row_axis(kwargs, x, axis):
