@@ -1,7 +1,4 @@
-"""Errors raised by gluon_dynbatch, and warnings given once."""
-import logging
-
-_WARNED = set()
+"""Errors raised by gluon_dynbatch."""
 
 
 class BatchingError(RuntimeError):
@@ -20,10 +17,3 @@ def describe_call(sample, path, op=None):
     if sample is None:
         return "outside any sample, in %s" % where
     return "sample %d, in %s" % (sample, where)
-
-
-def warn_once(key, message, *args):
-    """Log ``message`` (a warning of the recorder) the first time ``key`` comes up."""
-    if key not in _WARNED:
-        _WARNED.add(key)
-        logging.getLogger("gluon_dynbatch.recorder").warning(message, *args)

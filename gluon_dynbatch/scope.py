@@ -10,14 +10,16 @@ import time
 import mxnet as mx
 from mxnet import autograd
 
-from . import budget, context, literals, sums
 from .errors import BatchingError
-from .cache import PlanCache
-from .plan import PLANNERS, make_plan
-from .recorder import Recorder
-from .reference import run_reference
-from .run import run_compiled, run_interpreted, run_steps
+from .plan import budget, sums
+from .plan.planners import PLANNERS, make_plan
+from .record import context, literals, patches
+from .record.recorder import Recorder
+from .run.cache import PlanCache
+from .run.executors import run_compiled, run_interpreted, run_steps
+from .run.reference import run_reference
 from .stats import BatchStats
+from .templates.recipes import recipe_for
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,8 @@ class BatchingScope:
             self._outer = outer
             self.recorder = outer
             return self
-        self.recorder = Recorder(self.flush, read=self.read)
+        patches.install()
+        self.recorder = Recorder(self.flush, read=self.read, recipe_for=recipe_for)
         self.recorder.scope = self
         if self.max_pending_nodes is not None:
             self.recorder.max_pending = self.max_pending_nodes
@@ -285,7 +288,7 @@ class BatchingScope:
 
 
 def _note_program_batches(plan, samples):
-    """Tell each block how well its programs batched in ``plan`` (``trie.Usage``)."""
+    """Tell each block how well its programs batched in ``plan`` (``usage.Usage``)."""
     seen = {}
     for step in plan.steps:
         usage = getattr(step.nodes[0].info, "usage", None)

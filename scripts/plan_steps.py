@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 import gluon_dynbatch as gdb  # noqa: E402
-from gluon_dynbatch import budget  # noqa: E402
+from gluon_dynbatch.plan import budget  # noqa: E402
 import user_models  # noqa: E402
 
 LOG = logging.getLogger("plan_steps")

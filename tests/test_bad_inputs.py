@@ -446,7 +446,7 @@ def test_inner_scope_failure_propagates_and_outer_discards_everything():
 
 
 def _scope_open():
-    from gluon_dynbatch import context
+    from gluon_dynbatch.record import context
     return context.current() is not None
 
 
@@ -560,18 +560,18 @@ def test_batchnorm_in_training_matches_eager(strategy, compiled):
 
 
 def test_batchnorm_in_training_warns_once_about_running_statistics(caplog, monkeypatch):
-    from gluon_dynbatch import errors
-    monkeypatch.setattr(errors, "_WARNED", set())
+    from gluon_dynbatch import logs
+    monkeypatch.setattr(logs, "_WARNED", set())
     samples = [(0, 2), (1, 3), (2, 2)]
     x = table(4)
     model = _normed()
-    with caplog.at_level("WARNING", logger="gluon_dynbatch.recorder"):
+    with caplog.at_level("WARNING", logger="gluon_dynbatch.record"):
         run_model(model, samples, [x], "depth")
         run_model(model, samples, [x], "depth")
     warnings = [r for r in caplog.records if "running mean and variance" in r.getMessage()]
     assert len(warnings) == 1 and "BatchNorm" in warnings[0].getMessage()
     caplog.clear()
-    with caplog.at_level("WARNING", logger="gluon_dynbatch.recorder"):
+    with caplog.at_level("WARNING", logger="gluon_dynbatch.record"):
         with gdb.batching():
             outs = [model(s, x) for s in samples]    # inference: running statistics unused
         assert all(o.shape[1] == 4 for o in outs)

@@ -7,9 +7,9 @@ import pytest
 from mxnet import nd
 
 import gluon_dynbatch as gdb
-from gluon_dynbatch import budget
-from gluon_dynbatch import plan as plan_module
-from gluon_dynbatch.plan import make_plan
+from gluon_dynbatch.plan import budget
+from gluon_dynbatch.plan import planners as plan_module
+from gluon_dynbatch.plan.planners import make_plan
 import user_models
 from dynbatch_testing import (ChildSumTreeLSTM, assert_same, make_model, random_tree,
                               reference_run, rng, run_model)

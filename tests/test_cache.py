@@ -8,7 +8,7 @@ from mxnet import gluon, nd
 import gluon_dynbatch as gdb
 from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, Tree, assert_same, make_model,
                               random_tree, reference_run, rng, run_model)
-from gluon_dynbatch.cache import PlanCache
+from gluon_dynbatch.run.cache import PlanCache
 
 
 def _relabel(tree, r, vocab):

@@ -123,7 +123,7 @@ def test_fused_layer_weights_are_resolved_once_per_batch(monkeypatch):
     # Every sample's replayed call reads the layer's flattened weights: the
     # graph makes their calls once and every later sample finds them, without
     # walking the calls that made them again.
-    from gluon_dynbatch import weight_calls
+    from gluon_dynbatch.record import weights as weight_calls
     made = []
     shared_call = weight_calls.shared_call
 

@@ -14,7 +14,7 @@ from mxnet.gluon import nn
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import assert_same, reference_run, run_model
-from gluon_dynbatch.graph import OP, op_deps
+from gluon_dynbatch.ir.graph import OP, op_deps
 from test_engine_hypothesis import interpreter_case, programs
 
 

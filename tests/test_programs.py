@@ -6,7 +6,7 @@ from mxnet import gluon, nd
 import gluon_dynbatch as gdb
 from dynbatch_testing import (ChildSumTreeLSTM, Tree, assert_same, make_model, random_tree,
                               rng, run_model)
-from gluon_dynbatch.programs import PROGRAM_RULE, Program
+from gluon_dynbatch.templates.programs import PROGRAM_RULE, Program
 
 STRATEGIES = ["depth", "agenda", "unbatched"]
 MODES = [False, True, "step"]
@@ -222,7 +222,7 @@ def test_nan_in_one_call_stays_in_its_call():
 
 def test_reference_executor_runs_call_nodes_one_call_at_a_time():
     """``Program.run`` (a call node unbatched, as the reference executor runs it)."""
-    from gluon_dynbatch.reference import run_reference
+    from gluon_dynbatch.run.reference import run_reference
     trees = _mixed_trees()
     model = make_model(ChildSumTreeLSTM, hidden=4)
     emb = nd.random.uniform(-1, 1, shape=(10, 3))

@@ -5,7 +5,7 @@ import pytest
 from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
-from gluon_dynbatch.programs import Program
+from gluon_dynbatch.templates.programs import Program
 from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, assert_same, make_model, random_tree,
                               reference_run, rng, run_model)
 

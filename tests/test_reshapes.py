@@ -13,7 +13,7 @@ from mxnet.gluon import nn, rnn
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import assert_same, check_all_strategies, make_model, run_model
-from gluon_dynbatch import reshapes
+from gluon_dynbatch.rewrite import reshapes
 
 H = 4
 LENGTHS = (1, 2, 3, 4, 5, 6)

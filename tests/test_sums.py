@@ -14,7 +14,7 @@ from mxnet.gluon import nn
 import gluon_dynbatch as gdb
 from dynbatch_testing import (assert_same, check_all_strategies, make_model, random_tree,
                               run_model)
-from gluon_dynbatch import sums
+from gluon_dynbatch.plan import sums
 
 H = 5
 

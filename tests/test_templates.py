@@ -11,7 +11,7 @@ import gluon_dynbatch as gdb
 from dynbatch_testing import (BinaryTreeLSTM, TokenRNN, Tree, assert_same, make_model,
                               random_binary_tree, rng, run_model)
 from examples.sick_model import OpByOpTreeLSTM
-from gluon_dynbatch.programs import Program
+from gluon_dynbatch.templates.programs import Program
 
 MODES = [False, True, "step"]
 
@@ -209,7 +209,7 @@ def test_known_calls_reading_child_outputs_and_numbers_take_the_short_path(monke
     """Once learned, a frame's ``F`` calls that read its children's outputs for the
     first time, or take a number (``-x`` is ``_mul_scalar(x, -1.0)``), follow the
     trie from ``Frame.op`` without the general path."""
-    from gluon_dynbatch.frames import Frame
+    from gluon_dynbatch.record.frames import Frame
     model = make_model(DirectOps)
     r = rng(3)
     trees = [_fan(r, 3) for _ in range(6)]

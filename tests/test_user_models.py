@@ -16,7 +16,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
 import gluon_dynbatch as gdb
-from gluon_dynbatch import trie
+from gluon_dynbatch.record import trie
 import user_models as um
 from dynbatch_testing import assert_same, random_tree
 
@@ -491,7 +491,7 @@ def test_recursive_helper_methods_record_a_frame_per_call():
 
 
 def test_which_methods_are_recursive_helpers():
-    from gluon_dynbatch.recursion import recursive_helpers
+    from gluon_dynbatch.record.recursion import recursive_helpers
 
     def walk(self, F, node):
         return [walk(self, F, c) for c in node.children] and self.walk(F, node)
@@ -552,7 +552,7 @@ def test_nested_functions_are_left_alone_under_another_tracer():
 
 
 def test_which_nested_functions_are_recursive_closures():
-    from gluon_dynbatch.recursion import recursive_closures
+    from gluon_dynbatch.record.recursion import recursive_closures
 
     def hybrid_forward(self, F, tree):
         def encode(node):                   # by its own name, in a comprehension

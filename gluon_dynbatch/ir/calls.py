@@ -1,0 +1,181 @@
+"""Calls: what a recorded operator call is, learned once per call shape.
+
+A call shape is an operator, its constant arguments, and its inputs' shapes
+and dtypes.  Its :class:`CallInfo` holds the output shapes and dtypes (from
+``ops.INFER``), the batching rule that applies, the roles of the inputs and
+the interned batching signature (``rules.py``).  Every later call of the
+same shape reuses it: ``INFOS`` memoises them for the recorder.
+"""
+import threading
+from math import prod
+
+from ..errors import BatchingError, describe_call
+from .graph import OP, VIEW, Slot
+from .ops import INFER, first_line, hashable
+from .rules import ALONE, intern, rule_for
+
+# Operators whose batching rule depends on autograd's training mode.
+MODAL = frozenset(["BatchNorm"])
+# Operators that update state in training mode: kept in recording order.
+STATEFUL = frozenset(["BatchNorm"])
+STATEFUL_WARNING = (
+    "%s in training mode runs one sample at a time (its statistics are per sample), so "
+    "outputs and gradients are exact; but MXNet updates its running mean and variance "
+    "during backward, in the order backward visits the calls, which batching can change: "
+    "the running statistics may differ slightly from one-sample-at-a-time execution. "
+    "strategy='unbatched' keeps eager's order.")
+# Additions: chains of them become segment sums (``sums.py``).
+ADDS = frozenset(["broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus",
+                  "_grad_add"])
+NARY = frozenset(["add_n", "ElementWiseSum"])
+
+INFOS = {}          # call shape -> CallInfo (of cacheable calls)
+_INFOS_LOCK = threading.Lock()
+
+
+class CallInfo:
+    """What the recorder learns once per call shape (see the module docstring).
+
+    Attributes
+    ----------
+    out_shapes, out_dtypes : tuple
+    attrs : hashable
+        The constant arguments.
+    rule : rules.Rule
+    meta : tuple or None
+        The role of each input (``ROW``, ``BROW``, ``SHARED``).
+    kind : str
+        ``"op"`` or ``"view"`` (rows of other values: no step of its own).
+    sig : int or None
+        The interned signature, without the ids of shared inputs (added per
+        node from ``shared_pos``); None means the node runs alone.
+    cacheable : bool
+        False when the analysis changed something (a parameter's deferred
+        shape) or depends on autograd's mode.
+    stateful : bool
+        The operator updates state in training mode.
+    link : bool
+        The call adds one-row values of its shape (``sums.is_link``).
+    low : tuple of int
+        Shared inputs of lower rank than the output of a broadcast (``(T, H) +
+        (H,)``): where a call computed them per sample, programs gather them
+        (and a node of one output row batches them by ``layer_rules.LowRankRule``).
+    """
+
+    __slots__ = ("out_shapes", "out_dtypes", "attrs", "rule", "meta", "kind", "sig",
+                 "shared_pos", "cacheable", "stateful", "link", "low")
+
+    def __init__(self, op, out_shapes, out_dtypes, attrs, signature, cacheable):
+        self.stateful = op.name in STATEFUL
+        self.link = False
+        self.low = ()
+        self.out_shapes, self.out_dtypes = out_shapes, out_dtypes
+        self.attrs, self.cacheable = attrs, cacheable
+        self.shared_pos = ()
+        self.sig = None
+        if signature is None:
+            self.rule, self.meta, self.kind = ALONE, None, OP
+            return
+        key, self.rule, self.meta = signature
+        self.kind = VIEW if self.rule.batching == "view" else OP
+        if self.kind == VIEW:
+            return
+        self.shared_pos = tuple(k for k, part in enumerate(key)
+                                if isinstance(part, tuple) and part and part[0] == "shared")
+        key = tuple(("shared",) if k in self.shared_pos else part for k, part in enumerate(key))
+        keyed = attrs if self.rule.keyed_attrs else None
+        self.sig = intern((op.name, keyed, len(out_shapes), key))
+
+
+def analyse(node, in_shapes, in_dtypes):
+    """The :class:`CallInfo` of ``node``'s call (a node of the graph or a stand-in).
+
+    Sets the node's output shapes, dtypes and constants; gives parameters
+    whose shape was deferred the shape inference found.  Raises
+    BatchingError naming the sample and the call when MXNet refuses it.
+    """
+    op = node.op
+    attrs = (tuple((i, hashable(a)) for i, a in enumerate(node.args) if not isinstance(a, Slot)),
+             tuple(sorted((k, hashable(v)) for k, v in node.kwargs.items()
+                          if not isinstance(v, Slot))))
+    try:
+        out_shapes, out_dtypes, inferred = INFER.infer(op, node, in_shapes, in_dtypes, attrs)
+    except Exception as err:  # MXNetError, TypeError, ValueError from MXNet
+        raise BatchingError("%s: invalid call with input shapes %s: %s" % (
+            describe_call(node.sample, node.path, op.name), list(in_shapes),
+            first_line(err))) from None
+    if op.name in ("reshape", "Reshape") and in_shapes \
+            and prod(in_shapes[0]) != prod(out_shapes[0]):
+        # MXNet's reshape takes a prefix, or reads past the end, of an array
+        # whose size the target does not match: refused as numpy does.
+        raise BatchingError("%s: reshape of %s to %s changes the number of elements" % (
+            describe_call(node.sample, node.path, op.name), in_shapes[0], out_shapes[0]))
+    deferred = _finish_deferred(node.inputs, inferred)
+    node.out_shapes, node.out_dtypes, node.attrs = out_shapes, out_dtypes, attrs
+    signature = rule_for(op.name).signature(node)
+    info = CallInfo(op, out_shapes, out_dtypes, attrs, signature,
+                    cacheable=not deferred and op.name not in MODAL)
+    info.link = info.kind == OP and is_link(op.name, node, in_shapes, in_dtypes,
+                                            out_shapes, out_dtypes)
+    if info.shared_pos and op.name.startswith("broadcast_") and len(out_shapes[0]) >= 2:
+        info.low = tuple(k for k in info.shared_pos if len(in_shapes[k]) < len(out_shapes[0]))
+    return info
+
+
+def is_link(op_name, node, in_shapes, in_dtypes, out_shapes, out_dtypes):
+    """Whether a call adds values of its own one-row shape (a link of a chain).
+
+    ``x + 0`` (the start of Python's ``sum``) is one; ``x + 1`` is not.
+    """
+    if op_name == "_plus_scalar":
+        if scalar_argument(node) != 0:
+            return False
+    elif op_name not in ADDS and op_name not in NARY:
+        return False
+    if len(out_shapes) != 1:
+        return False
+    shape, dtype = out_shapes[0], out_dtypes[0]
+    if not shape or shape[0] != 1:
+        return False
+    return all(s == shape for s in in_shapes) and all(d == dtype for d in in_dtypes)
+
+
+def scalar_argument(call):
+    """The number of a scalar operator's call (``x + 2``: 2.0), given by position or
+    as ``scalar=``; None when it has none."""
+    found = call.kwargs.get("scalar")
+    if found is None:
+        found = next((a for a in call.args[1:] if isinstance(a, (int, float, str))), None)
+    try:
+        return float(found)
+    except (TypeError, ValueError):
+        return None
+
+
+def remember(key, info):
+    """Memoise ``info`` for call shape ``key`` (when cacheable).
+
+    A rule that looks at where the inputs come from, not only at their
+    shapes (``source_dependent``: ``dot``, per-sample or shared), decides
+    per call, so its answer is not kept for the call shape.
+    """
+    if key is not None and info.cacheable \
+            and not getattr(rule_for(key[0].name), "source_dependent", False):
+        with _INFOS_LOCK:
+            INFOS[key] = info
+
+
+def _finish_deferred(inputs, inferred):
+    """Give deferred-initialised parameters the shapes inference found.
+
+    Returns True if any parameter was still waiting for its shape.
+    """
+    found = False
+    for (src, _), shape in zip(inputs, inferred):
+        if src.param is not None and 0 in src.out_shapes[0]:
+            param = src.param
+            param.shape = shape
+            param._finish_deferred_init()  # pylint: disable=protected-access
+            src.out_shapes = (tuple(shape),)
+            found = True
+    return found

@@ -1,0 +1,73 @@
+"""Values known before a graph runs: literals and constant arrays given to a model.
+
+A batching rule may read such values when it plans a batch (role ``KNOWN``):
+the indices of ``F.take(x, F.array(idx))``, a graph's adjacency in
+``F.dot(F.array(A), H)``.  A value is known when its node is a literal's row
+view (``F.array`` of Python numbers, pooled per graph by the recorder) or a
+leaf holding an array that is no parameter, takes no gradient and has no
+recorded history (``nd.array(...)`` given to the model).
+"""
+import ctypes
+
+import numpy as np
+from mxnet.base import _LIB, SymbolHandle
+from mxnet.symbol import Symbol
+
+from .graph import LEAF, VIEW
+
+
+def values_known(node):
+    """Whether the values of graph node ``node`` (or of anything else: no) are
+    known before its graph runs and constant to autograd, so that a batching
+    rule may read them when it plans (``values_of``).  Asked once per leaf and
+    graph."""
+    kind = getattr(node, "kind", None)
+    if kind == VIEW:
+        return node.inputs[0][0].id in node.graph.literal_ids
+    if kind != LEAF or node.param is not None or node.value is None:
+        return False
+    known = node.graph.known_leaves
+    found = known.get(node.id)
+    if found is None:
+        found = known[node.id] = constant_array(node.value)
+    return found
+
+
+def constant_array(array):
+    """Whether autograd treats ``array`` as a constant, as eager MXNet would."""
+    if array.grad is not None:
+        return False
+    # ``autograd.get_symbol``, without the Python exception it raises for the
+    # common answer (an array made from data: "not part of a computation graph").
+    handle = SymbolHandle()
+    if _LIB.MXAutogradGetSymbol(array.handle, ctypes.byref(handle)) != 0:
+        return True
+    return len(Symbol(handle).get_internals().list_outputs()) == 1
+
+
+def values_of(node):
+    """The numpy values of ``node``, known (``values_known``): a literal's view, or
+    a leaf (given, or a literal run by a flush: a read, ``max_pending_nodes``)."""
+    if node.kind == LEAF:
+        return node.value.asnumpy()
+    pool, begin, end = node.inputs[0][0], node.kwargs["begin"], node.kwargs["end"]
+    found = node.graph.literal_parts.get((pool.id, begin))
+    if found is not None and len(found) == end - begin:
+        return found                    # the usual case: a literal's own view
+    for leaf, parts in node.graph.literals.values():     # rows of a part, or of several
+        if leaf is pool:
+            for part in parts:
+                if begin < len(part):
+                    if end <= len(part):
+                        return part[begin:end]
+                    break
+                begin, end = begin - len(part), end - len(part)
+            return np.concatenate(parts)[node.kwargs["begin"]:node.kwargs["end"]]
+    raise ValueError("%r is not a literal" % (node,))
+
+
+def taken_rows(indices, size, mode):
+    """The rows ``take`` reads for ``indices`` of a value of ``size`` rows, as MXNet
+    computes them: each index truncated, then clipped or wrapped."""
+    rows = np.trunc(indices).astype(np.int64)
+    return np.clip(rows, 0, size - 1) if mode == "clip" else rows % size

@@ -1,0 +1,179 @@
+"""The rule protocol: batching signatures, input roles and the registry of rules.
+
+A rule looks at one recorded node and says whether, and with which other
+nodes, it may run as one batched call.  ``signature(node)`` is a pure
+function of the node (its operator, constants, input shapes and dtypes): a
+:class:`Signature`, or None when the node must run alone.  Its ``key`` is
+hashable: nodes with equal keys are interchangeable for batching; ``intern``
+turns keys into small ints (as DyNet's ``SigMap`` does) so that planning
+hashes ints.  Its ``rule`` is the rule that batches the node (a choice picks
+one of two) and its ``roles`` the role of each input:
+
+* ``ROW``: concatenated along axis 0; its rows match the output's;
+* ``BROW``: concatenated; a one-row input is repeated to the node's output
+  rows, as broadcasting would;
+* ``SHARED``: the same value for every node of a batch, passed once;
+* ``KNOWN``: read when the batch is planned (its values are known before
+  the graph runs, ``known.py``), not passed;
+* ``LOW``: a lower-rank value of each node's own, viewed as the node's row.
+
+A rule's ``batching`` says how a step of its nodes runs (``rows``: the
+operator on the inputs concatenated; ``segment``: with index arrays computed
+when the batch is planned; ``calls``: a batched call of its own; ``view``:
+no step; ``alone``: one node per step), and ``program_form`` how a program
+(``templates.programs``) may hold its calls, if at all.  The rule families
+live in ``gluon_dynbatch.rules`` and register themselves; ``register_rule``
+adds rules for more operators.
+"""
+import threading
+from collections import namedtuple
+
+ROW, BROW, SHARED, KNOWN = "row", "brow", "shared", "known"
+LOW = "low"     # role: a lower-rank input computed per sample (``rules.broadcasts``)
+
+Signature = namedtuple("Signature", ["key", "rule", "roles"])
+
+
+Signature.__doc__ = """How a node batches: ``key`` (equal keys batch together), the
+``rule`` that batches it and the ``roles`` of its inputs (None where unused)."""
+
+_INTERNED = {}
+
+
+_INTERNED_LOCK = threading.Lock()
+
+
+def intern(key):
+    """A small int standing for signature key ``key`` in this process."""
+    found = _INTERNED.get(key)
+    if found is None:
+        with _INTERNED_LOCK:
+            found = _INTERNED.setdefault(key, len(_INTERNED))
+    return found
+
+
+class Rule:
+    """Base class: ``signature(node)`` returns a :class:`Signature`, or None to run alone.
+
+    Attributes
+    ----------
+    batching : str
+        How a step of the rule's nodes runs: ``"rows"``, ``"segment"``,
+        ``"calls"``, ``"view"``, ``"alone"`` (see the module docstring).
+    keyed_attrs : bool
+        Whether the call's constant arguments are part of its signature.
+    program_form : str or None
+        How a program holds the rule's calls: ``"rows"`` (the operator on the
+        calls' rows), ``"segment"`` (a ragged reduction over axis 0),
+        ``"reshape"``, ``"own"`` (the rule's batched call, as right for one
+        call's rows as for many); None keeps its calls out of programs.
+    """
+
+    batching = "rows"
+    keyed_attrs = True
+    program_form = None
+
+    def signature(self, node):
+        raise NotImplementedError
+
+    def step_key(self, node):
+        """What a compiled step of ``node``'s batch depends on beyond its operator,
+        constant arguments and the trailing shapes of its inputs and outputs."""
+        return ()
+
+    def refine(self, node, info):
+        """Adjust ``node``'s rule, roles and signature where they depend on where
+        its inputs come from (``info.low``: a lower-rank input); whether it did."""
+        return False
+
+    def batched_call(self, F, node, inputs):
+        """Run the batch of ``node``'s signature on gathered ``inputs``.
+
+        ``F`` is ``mx.nd`` or ``mx.sym``; returns a list of outputs laid out
+        as the nodes' outputs concatenated along axis 0.
+        """
+        return call_as_recorded(F, node, inputs)
+
+
+def call_as_recorded(F, node, inputs, extra_kwargs=None):
+    """Call ``node``'s operator through ``F`` with ``inputs`` in its array slots."""
+    if node.op.path is None:            # a program (see programs.py)
+        return node.op.run(F, inputs, node.info)
+    fn = F
+    for part in node.op.path:
+        fn = getattr(fn, part)
+    args = [inputs[a.k] if type(a).__name__ == "Slot" else a for a in node.args]
+    kwargs = {k: (inputs[v.k] if type(v).__name__ == "Slot" else v)
+              for k, v in node.kwargs.items()}
+    if extra_kwargs:
+        kwargs.update(extra_kwargs)
+    out = fn(*args, **kwargs)
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    if hasattr(out, "list_outputs") and len(out.list_outputs()) > 1:
+        return [out[i] for i in range(len(out.list_outputs()))]
+    return [out]
+
+
+class AloneRule(Rule):
+    """Never batch: the node runs by itself, exactly as recorded."""
+
+    batching = "alone"
+
+    def signature(self, node):
+        return None
+
+
+ALONE = AloneRule()
+
+
+def _trail(shape):
+    return shape[1:]
+
+
+def _in_shape(node, k):
+    src, idx = node.inputs[k]
+    return src.out_shapes[idx]
+
+
+def _in_dtype(node, k):
+    src, idx = node.inputs[k]
+    return src.out_dtypes[idx]
+
+
+def _shared_key(node, k):
+    src, idx = node.inputs[k]
+    return (SHARED, src.id, idx)
+
+
+RULES = {}
+
+
+def register_rule(op_names, rule):
+    """Register ``rule`` for operators named ``op_names`` (a name or a list).
+
+    Names are those of ``mx.nd`` (``"FullyConnected"``, ``"_internal._plus_scalar"``
+    is registered as ``"_plus_scalar"``).
+    """
+    if isinstance(op_names, str):
+        op_names = [op_names]
+    for name in op_names:
+        RULES[name] = rule
+
+
+def rule_for(op_name):
+    """The rule of an operator; ``ALONE`` when none is registered."""
+    return RULES.get(op_name, ALONE)
+
+
+# Operators whose gradient is zero everywhere.  MXNet 1.9.1 crashes in backward
+# when one is recorded over ``take(concat(...))``, the imperative executor's
+# gather, so that executor runs them (and their gathers) unrecorded: their
+# gradient is zero either way.
+NO_GRADIENT = frozenset("""BlockGrad stop_gradient zeros_like ones_like floor ceil round
+rint trunc fix sign argmax argmin argsort one_hot _equal_scalar _not_equal_scalar
+_greater_scalar _greater_equal_scalar _lesser_scalar _lesser_equal_scalar
+_logical_and_scalar _logical_or_scalar _logical_xor_scalar logical_not broadcast_equal
+broadcast_not_equal broadcast_greater broadcast_greater_equal broadcast_lesser
+broadcast_lesser_equal broadcast_logical_and broadcast_logical_or broadcast_logical_xor
+_equal _not_equal _greater _greater_equal _lesser _lesser_equal""".split())

@@ -1,0 +1,365 @@
+"""Arithmetic, indexing and fluent methods of LazyArray, recorded in a scope.
+
+Each operation uses the same MXNet operator that ``NDArray`` itself would
+(``x + y`` is ``broadcast_add``, ``x + 2`` is ``_plus_scalar``, ``-x`` is
+``_mul_scalar(x, -1)``), so batched and eager runs compute the same thing.
+Outside a scope LazyArray behaves exactly as NDArray.
+"""
+import operator
+
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, nd
+from mxnet.base import MXNetError
+
+from . import context
+from . import passes
+from . import weights as weight_calls
+from .context import current
+from ..errors import BatchingError, describe_call
+from .lazy import LazyArray
+from ..ir.ops import opdef
+
+# name: (array op, scalar op with array on the left, scalar op with array on the right, python op)
+_BINARY = {
+    "add": ("broadcast_add", "_plus_scalar", None, operator.add),
+    "subtract": ("broadcast_sub", "_minus_scalar", "_rminus_scalar", operator.sub),
+    "multiply": ("broadcast_mul", "_mul_scalar", None, operator.mul),
+    "divide": ("broadcast_div", "_div_scalar", "_rdiv_scalar", operator.truediv),
+    "modulo": ("broadcast_mod", "_mod_scalar", "_rmod_scalar", operator.mod),
+    "power": ("broadcast_power", "_power_scalar", "_rpower_scalar", operator.pow),
+    "maximum": ("broadcast_maximum", "_maximum_scalar", None, max),
+    "minimum": ("broadcast_minimum", "_minimum_scalar", None, min),
+    "equal": ("broadcast_equal", "_equal_scalar", None, lambda a, b: int(a == b)),
+    "not_equal": ("broadcast_not_equal", "_not_equal_scalar", None,
+                  lambda a, b: int(a != b)),
+    "greater": ("broadcast_greater", "_greater_scalar", "_lesser_scalar",
+                lambda a, b: int(a > b)),
+    "greater_equal": ("broadcast_greater_equal", "_greater_equal_scalar",
+                      "_lesser_equal_scalar", lambda a, b: int(a >= b)),
+    "lesser": ("broadcast_lesser", "_lesser_scalar", "_greater_scalar",
+               lambda a, b: int(a < b)),
+    "lesser_equal": ("broadcast_lesser_equal", "_lesser_equal_scalar",
+                     "_greater_equal_scalar", lambda a, b: int(a <= b)),
+}
+
+
+def _make_binary(name):
+    array_op, lscalar, rscalar, pyop = _BINARY[name]
+    eager = getattr(nd, name)
+
+    def binary(lhs, rhs):
+        rec = current()
+        if rec is None:
+            return eager(lhs, rhs)
+        lhs_arr, rhs_arr = isinstance(lhs, nd.NDArray), isinstance(rhs, nd.NDArray)
+        if lhs_arr and rhs_arr:
+            return rec.record(opdef(array_op), (lhs, rhs), {})
+        if lhs_arr:
+            return rec.record(opdef("_internal", lscalar), (lhs, float(rhs)), {})
+        if rhs_arr:
+            return rec.record(opdef("_internal", rscalar or lscalar), (rhs, float(lhs)), {})
+        return pyop(lhs, rhs)
+    binary.__name__ = name
+    return binary
+
+
+PYTHON_HELPERS = {name: _make_binary(name) for name in _BINARY}
+PYTHON_HELPERS["true_divide"] = PYTHON_HELPERS["divide"]
+
+
+def _dunder(name, reflected=False):
+    """``x op y`` (or ``y op x``) on a LazyArray.
+
+    Inside a frame, with a number or another array, the call is keyed here
+    as ``Frame._op`` would key it (the arrays' key items from ``Frame.ref``)
+    and follows the frame's trie directly; anything else goes through the
+    helper.
+    """
+    fn = PYTHON_HELPERS[name]
+    array_op, lscalar, rscalar, _ = _BINARY[name]
+    aop = opdef(array_op)
+    sop = opdef("_internal", (rscalar or lscalar) if reflected else lscalar)
+    tls, modes = context.TLS, context.MODE_CHANGES
+
+    def dunder(self, other):
+        rec = tls.recorder
+        if rec is not None and self._base is None:     # (a base: see passes.ON_BASES)
+            frame = rec.frame
+            if frame is not None and rec._mode_seen == modes[0] \
+                    and not _on_weights(rec, frame, self, other):
+                kind = type(other)
+                if kind is float or kind is int:
+                    mine = self._idx if self._node is frame else frame.ref(self)
+                    key = (sop, mine, (float, float(other)))
+                    nxt = frame.state.next.get(key)
+                    if nxt is not None and nxt.single:
+                        return frame.push(nxt)
+                    return frame.call(sop, (self, float(other)), {}, key,
+                                      (mine, (float, float(other))), None)
+                if kind is LazyArray and not reflected and other._base is None:
+                    mine = self._idx if self._node is frame else frame.ref(self)
+                    theirs = other._idx if other._node is frame else frame.ref(other)
+                    key = (aop, mine, theirs)
+                    nxt = frame.state.next.get(key)
+                    if nxt is not None and nxt.single:
+                        return frame.push(nxt)
+                    return frame.call(aop, (self, other), {}, key, (mine, theirs), None)
+        return fn(other, self) if reflected else fn(self, other)
+    return dunder
+
+
+def _on_weights(rec, frame, a, b):
+    """Whether ``a op b`` reads weights only (``weight_calls.py``): then it takes
+    the helper, whose ``F`` call records it once per graph."""
+    if a._node is frame or not weight_calls.is_weight(rec, a):
+        return False
+    return not isinstance(b, nd.NDArray) or (
+        getattr(b, "_node", None) is not frame and weight_calls.is_weight(rec, b))
+
+
+def _in_place(name):
+    """``x op= y`` on a LazyArray: what eager MXNet does.
+
+    Under ``autograd.record()`` eager MXNet refuses to assign to an array
+    that is part of a recorded graph, and so does a scope.  Otherwise the
+    LazyArray object itself takes the new value, so every alias of it sees
+    the change, as with an eager in-place update.
+    """
+    fn = PYTHON_HELPERS[name]
+    eager = getattr(nd.NDArray, "__i%s__" % _IN_PLACE[name])
+
+    def in_place(self, other):
+        rec = current()
+        if rec is None or self._node is None:
+            return eager(self, other)
+        if autograd.is_recording():
+            raise MXNetError(
+                "%s: in-place update (%s=) of a value recorded under "
+                "autograd.record(); as in eager MXNet, assigning to arrays that are "
+                "already in a computational graph is not supported inside "
+                "autograd.record()" % (describe_call(rec.sample, rec.path), _SYMBOL[name]))
+        result = fn(self, other)
+        return rec.rebind(self, result)
+    in_place.__name__ = "__i%s__" % _IN_PLACE[name]
+    return in_place
+
+
+_IN_PLACE = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "truediv",
+             "modulo": "mod"}
+_SYMBOL = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/", "modulo": "%"}
+for _name, _dn in list(_IN_PLACE.items()) + [("power", "pow")]:
+    setattr(LazyArray, "__%s__" % _dn, _dunder(_name))
+    setattr(LazyArray, "__r%s__" % _dn, _dunder(_name, reflected=True))
+    if _name in _IN_PLACE:      # NDArray has no __ipow__: ``x **= y`` rebinds x
+        setattr(LazyArray, "__i%s__" % _dn, _in_place(_name))
+for _dn, _name in [("eq", "equal"), ("ne", "not_equal"), ("gt", "greater"),
+                   ("ge", "greater_equal"), ("lt", "lesser"), ("le", "lesser_equal")]:
+    setattr(LazyArray, "__%s__" % _dn, _dunder(_name))
+
+
+def _neg(self):
+    rec = current()
+    if rec is None:
+        return nd.NDArray.__neg__(self)
+    return rec.record(opdef("_internal", "_mul_scalar"), (self, -1.0), {})
+
+
+def _abs(self):
+    return self.abs()
+
+
+def _setitem(self, key, value):
+    """``x[key] = value``: eager MXNet's on a computed value; refused on a recorded one.
+
+    A recorded value may be shared (``F.zeros`` gives every call of a graph
+    the same constant) or not computed yet, so writing into it would change
+    other samples' values or be lost; the error says what to write instead.
+    """
+    rec = current()
+    if rec is None or self._node is None:
+        return nd.NDArray.__setitem__(self, key, value)
+    raise BatchingError(
+        "%s: item assignment (x[...] = v) on a value recorded in a batching scope; "
+        "build the value without assigning into it (F.one_hot, F.where, F.concat, or "
+        "numpy and F.array)" % describe_call(rec.sample, rec.path))
+
+
+LazyArray.__neg__ = _neg
+LazyArray.__abs__ = _abs
+LazyArray.__setitem__ = _setitem
+
+
+def _fluent(name, op_name=None):
+    op_path = (op_name or name,)
+    base = getattr(nd.NDArray, name)
+
+    def method(self, *args, **kwargs):
+        rec = current()
+        if rec is None:
+            return base(self, *args, **kwargs)
+        return rec.record(opdef(*op_path), (self,) + args, kwargs)
+    method.__name__ = name
+    return method
+
+
+_FLUENT = """sum mean max min prod nansum nanprod norm argmax argmin transpose tanh sigmoid
+relu exp expm1 log log1p log2 log10 sqrt rsqrt square abs sign clip softmax log_softmax
+softmin slice_axis slice take pick one_hot broadcast_to broadcast_like zeros_like
+ones_like tile repeat flip topk sort argsort swapaxes sin cos tan floor ceil round rint
+fix trunc reciprocal reshape_like diag
+arcsin arccos arctan sinh cosh degrees radians""".split()
+for _name in _FLUENT:
+    if hasattr(nd.NDArray, _name):
+        setattr(LazyArray, _name, _fluent(_name))
+
+
+def _through_f(name):
+    """``x.<name>(...)`` as ``F.<name>(x, ...)``, where the recording ``F``
+    rewrites the call (``split`` along rows)."""
+    base = getattr(nd.NDArray, name)
+
+    def method(self, *args, **kwargs):
+        rec = current()
+        if rec is None:
+            return base(self, *args, **kwargs)
+        return getattr(rec.F, name)(self, *args, **kwargs)
+    method.__name__ = name
+    return method
+
+
+LazyArray.split = _through_f("split")
+LazyArray.transpose = _through_f("transpose")
+for _name in ("expand_dims", "flatten", "squeeze"):       # reshapes.py sees through them
+    setattr(LazyArray, _name, _through_f(_name))
+
+
+def _reshape(self, *shape, **kwargs):
+    rec = current()
+    if rec is None:
+        return nd.NDArray.reshape(self, *shape, **kwargs)
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
+        shape = tuple(shape[0])
+    if not shape:
+        shape = tuple(kwargs.pop("shape"))
+    return rec.F.reshape(self, **dict(kwargs, shape=tuple(shape)))
+
+
+def _astype(self, dtype, copy=True):
+    rec = current()
+    if rec is None:
+        return nd.NDArray.astype(self, dtype, copy=copy)
+    if not copy and np.dtype(dtype) == np.dtype(self.dtype):
+        return self
+    return rec.call_op(opdef("Cast"), (self,), {"dtype": np.dtype(dtype).name})
+
+
+def _copy(self):
+    rec = current()
+    if rec is None:
+        return nd.NDArray.copy(self)
+    return rec.call_op(opdef("identity"), (self,), {})
+
+
+def _detach(self):
+    rec = current()
+    if rec is None or self._h is not None:      # computed: MXNet's own detach
+        return nd.NDArray.detach(self)
+    return rec.F.BlockGrad(self)        # pending: the same values, no gradient
+
+
+def _copyto(self, other):
+    rec = current()
+    if rec is None or self._h is not None or not isinstance(other, mx.Context) \
+            or other != self.context:
+        return nd.NDArray.copyto(self, other)
+    return _copy(self)
+
+
+def _T(self):  # pylint: disable=invalid-name
+    rec = current()
+    if rec is None:
+        return nd.NDArray.T.fget(self)
+    return rec.F.transpose(self)
+
+
+LazyArray.reshape = _reshape
+LazyArray.astype = _astype
+LazyArray.copy = _copy
+LazyArray.detach = _detach
+LazyArray.copyto = _copyto
+LazyArray.T = property(_T)
+
+
+def _getitem(self, key):
+    rec = current()
+    if rec is None:
+        return nd.NDArray.__getitem__(self, key)
+    if type(key) is slice and key.step is None and type(key.start) is int \
+            and type(key.stop) is int:
+        # x[i:j], rows of a table: the common case, straight to the recorder.
+        shape = self.shape
+        if 0 <= key.start < key.stop <= shape[0] and (key.start, key.stop) != (0, shape[0]):
+            if self._base is not None:         # rows of the base, if just as cheap
+                found = _indexed(rec, self, [key.start], [key.stop],
+                                 (key.stop - key.start,) + shape[1:], True)
+                if found is not None:
+                    return found
+            return rec.row_slice(self, key.start, key.stop)
+    parts = key if isinstance(key, tuple) else (key,)
+    shape = self.shape
+    if len(parts) > len(shape) or not all(
+            isinstance(p, (int, np.integer)) or (isinstance(p, slice) and p.step in (None, 1))
+            for p in parts):
+        # Steps, arrays as indices: NDArray's own indexing, whose operators
+        # (``crop`` with steps) are recorded where they are recordable.
+        return rec.wrap_inputs(nd.NDArray.__getitem__(self, key))
+    begins, ends, drop = [], [], []
+    for axis, part in enumerate(parts):
+        size = shape[axis]
+        if isinstance(part, slice):
+            start, stop, _ = part.indices(size)
+        else:
+            start = int(part) + size if part < 0 else int(part)
+            if not 0 <= start < size:
+                raise IndexError("index %d is out of bounds for axis %d with size %d"
+                                 % (part, axis, size))
+            stop = start + 1
+            drop.append(axis)
+        if stop <= start:
+            raise IndexError("empty slice %r of axis %d (size %d) inside a batching "
+                             "scope" % (part, axis, size))
+        begins.append(start)
+        ends.append(stop)
+    new_shape = tuple(e - b for a, (b, e) in enumerate(zip(begins, ends))
+                      if a not in drop) + tuple(shape[len(parts):])
+    if self._base is not None:
+        found = _indexed(rec, self, begins, ends, new_shape or (1,), False)
+        if found is not None:
+            return found
+    out = self
+    if (begins[0], ends[0]) != (0, shape[0]):
+        out = rec.row_slice(out, begins[0], ends[0])
+    rest = [(b, e) if (b, e) != (0, shape[a + 1]) else (None, None)
+            for a, (b, e) in enumerate(zip(begins[1:], ends[1:]))]
+    if any(b is not None for b, _ in rest):
+        out = rec.call_op(opdef("slice"), (out,), {
+            "begin": (None,) + tuple(b for b, _ in rest),
+            "end": (None,) + tuple(e for _, e in rest)})
+    if drop:
+        out = rec.F.reshape(out, shape=new_shape or (1,))
+    return out
+
+
+def _indexed(rec, x, begins, ends, shape, whole_rows):
+    """``x[...]`` of a reshaped value by a pass of ``passes.INDEXING``, or None."""
+    if rec.faithful():
+        return None
+    for fn in passes.INDEXING:
+        found = fn(rec, x, begins, ends, shape, whole_rows)
+        if found is not None:
+            return found
+    return None
+
+
+LazyArray.__getitem__ = _getitem

@@ -1,0 +1,75 @@
+"""The thread's recording state, and autograd's modes as recording reads them.
+
+Every stage reaches the recorder of the active scope (one per thread)
+through :func:`current`.  A batch runs later than it is recorded, so it must
+run under the autograd modes (recording, training) its calls were recorded
+under: reading them costs a ctypes call each, so every change through
+``mxnet.autograd`` bumps ``MODE_CHANGES`` and a recorder re-reads the modes
+only when it moved.  Backward passes that free their graph are counted too
+(``lazy.BACKWARD_EPOCH``): a value computed before one is a constant after it.
+"""
+import threading
+
+from mxnet import autograd
+from mxnet.ndarray import NDArray
+
+from . import lazy as lazy_mod
+
+
+class _Local(threading.local):
+    recorder = None     # the recorder of this thread's active scope
+
+
+TLS = _Local()
+
+
+def current():
+    """The recorder of this thread's active batching scope, or None."""
+    return TLS.recorder
+
+
+def set_current(recorder):
+    """Make ``recorder`` (or None) this thread's active recorder."""
+    TLS.recorder = recorder
+
+
+MODE_CHANGES = [0]          # changes of autograd's modes through mxnet.autograd
+_SET_RECORDING, _SET_TRAINING = autograd.set_recording, autograd.set_training
+
+
+def _counting_set_recording(is_recording):
+    MODE_CHANGES[0] += 1
+    return _SET_RECORDING(is_recording)
+
+
+def _counting_set_training(train_mode):
+    MODE_CHANGES[0] += 1
+    return _SET_TRAINING(train_mode)
+
+
+def _counting_backward(backward):
+    """Wrap one of MXNet's backward functions to count graph-freeing passes."""
+    def wrapper(*args, **kwargs):
+        result = backward(*args, **kwargs)
+        retain = kwargs.get("retain_graph")
+        if not retain:
+            lazy_mod.BACKWARD_EPOCH[0] += 1
+        return result
+    wrapper.__doc__ = backward.__doc__
+    wrapper.__name__ = backward.__name__
+    return wrapper
+
+
+def install():
+    """Count changes of autograd's modes and graph-freeing backward passes."""
+    NDArray.backward = _counting_backward(NDArray.backward)
+    autograd.backward = _counting_backward(autograd.backward)
+    _counting_set_recording.__doc__ = _SET_RECORDING.__doc__
+    _counting_set_training.__doc__ = _SET_TRAINING.__doc__
+    autograd.set_recording = _counting_set_recording
+    autograd.set_training = _counting_set_training
+
+
+def autograd_mode():
+    """(is_recording, is_training) of this thread, read from MXNet."""
+    return (autograd.is_recording(), autograd.is_training())

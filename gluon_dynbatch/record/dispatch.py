@@ -1,0 +1,301 @@
+"""Dispatch: how each block call is recorded inside a scope.
+
+``Block.__call__`` is replaced (``patches.install``, when the first scope
+opens) by a dispatcher that decides, per block class, how a call is
+recorded:
+
+* a ``DynBatchBlock`` (a class with ``records_frames``) starts a *frame*
+  around its ``hybrid_forward`` (``record_call``);
+* a *traced* block (a ``HybridBlock`` whose ``forward`` only wraps
+  ``hybrid_forward``: layers, containers, hybridized blocks, Gluon's
+  recurrent cells) runs its ``hybrid_forward`` with the recording ``F``, as
+  part of the frame recording now;
+* an *opaque* block (an overridden ``forward``, a ``SymbolBlock``, a cell that
+  keeps state between calls, a block with hooks) runs on concrete values,
+  which first runs what is pending;
+* a plain ``Block`` runs as it is.
+
+Gluon's recurrent cells and fused RNN layers make their zero states with
+``mx.nd.zeros`` at every call; inside a model's call they get the recording
+``F.zeros`` instead (one constant per graph).  A fused layer called without
+states records its ``F.RNN`` without state outputs, so calls of every length
+share one padded call (``rules.layers.PaddedRNNRule``).
+"""
+import logging
+
+import mxnet as mx
+from mxnet import gluon
+
+from . import context
+from .frames import NOT_RECORDED, Frame
+from .lazy import LazyArray
+from .recursion import stop_watching, watch_closures
+from ..errors import BatchingError, describe_call
+
+log = logging.getLogger("gluon_dynbatch.record")
+
+
+def record_call(self, rec, args):
+    """Record one call of DynBatchBlock ``self`` inside a scope: a frame
+    (``frames.py``) around its ``hybrid_forward``; a top-level call is a sample."""
+    top = rec.depth == 0
+    if top and rec.eager:
+        return eager_call(self, rec, args)
+    if top:
+        rec.sample = rec.num_samples
+        rec.num_samples += 1
+        if getattr(rec, "strategy", None) is None:
+            rec.strategy = self.strategy
+            rec.compiled = self.compiled
+            rec.cache = self.plan_cache
+            rec.owner = self
+            if self.max_pending_nodes is not None and rec.scope is not None \
+                    and rec.scope.max_pending_nodes is None:
+                rec.max_pending = self.max_pending_nodes
+        args = rec.wrap_arguments(args)
+    rec.depth += 1
+    outer_path = rec.path
+    rec.path = outer_path + (self._name,)
+    outer_frame = rec.frame
+    frame = None
+    if rec.frames_on():
+        root = rec.frame_root(self)
+        if not root.usage.irregular:
+            frame = Frame(rec, root, self, rec.path)
+        elif not root.usage.told:
+            root.usage.told = True
+            log.info("%s: calls take a new path through the code almost every time (a "
+                     "structure of each sample's own); recording them operator by operator",
+                     type(self).__name__)
+    rec.frame = frame
+    tracer = watch_closures(self, self._closure_codes) \
+        if self._closure_codes and rec.frames_on() else None
+    try:
+        if not self._reg_params:        # a recursive model's own block often has none
+            out = self.hybrid_forward(rec.F, *args)
+        else:
+            out = self.hybrid_forward(rec.F, *args, **rec.params_of(self))
+        if frame is not None:
+            frame.finish()              # ``out`` holds what the call returns
+        return out
+    except BatchingError:
+        raise
+    except Exception as err:
+        if top and hasattr(err, "add_note"):
+            err.add_note("gluon_dynbatch: raised while recording %s"
+                         % describe_call(rec.sample, rec.path))
+        raise
+    finally:
+        stop_watching(tracer)
+        rec.frame = outer_frame
+        rec.depth -= 1
+        rec.path = outer_path
+        if top:
+            rec.sample = None
+
+
+def record_helper(self, rec, function, args, kwargs):
+    """One call of a recursive helper method or closure inside a frame: a frame
+    of its own, as ``self(...)`` would be (see ``recursion.py``)."""
+    root = rec.frame_root(self, function.__code__)
+    outer_path, outer_frame = rec.path, rec.frame
+    rec.path = outer_path + (function.__name__,)
+    frame = None if root.usage.irregular else Frame(rec, root, self, rec.path)
+    rec.frame = frame
+    try:
+        out = function(*args, **kwargs)
+        if frame is not None:
+            frame.finish()              # ``out`` holds what the call returns
+        return out
+    finally:
+        rec.frame = outer_frame
+        rec.path = outer_path
+
+
+def eager_call(self, rec, args):
+    """One sample run eagerly inside a scope that stopped recording (see
+    ``BatchingScope.read``)."""
+    stats = rec.scope.stats
+    stats.samples += 1
+    stats.eager_samples += 1
+    context.set_current(None)
+    try:
+        return _ORIGINAL_CALL(self, *args)
+    finally:
+        context.set_current(rec)
+
+
+def _has_lazy(args):
+    for a in args:
+        if isinstance(a, LazyArray):
+            return True
+        if isinstance(a, (list, tuple)) and _has_lazy(a):
+            return True
+    return False
+
+
+_KINDS = {}     # block class -> how its calls are recorded (asked on every call)
+
+
+_DYNBATCH, _TRACED, _CELL, _OPAQUE, _PLAIN = "dynbatch", "traced", "cell", "opaque", "plain"
+
+
+# ``forward`` methods that only wrap ``hybrid_forward``: HybridBlock's own,
+# and Gluon's recurrent cells' (which count their calls first).
+_WRAPPERS = {gluon.HybridBlock.forward: _TRACED,
+             gluon.rnn.rnn_cell.RecurrentCell.forward: _CELL}
+
+
+# Cells whose ``hybrid_forward`` keeps state in the block between calls
+# (ZoneoutCell remembers its previous output): run on concrete values.
+STATEFUL_CELLS = (gluon.rnn.ZoneoutCell,)
+
+
+def _kind(cls):
+    """How calls of blocks of class ``cls`` are recorded inside a scope.
+
+    DynBatchBlocks start frames.  A HybridBlock whose ``forward`` merely
+    wraps ``hybrid_forward`` (HybridBlock's own: layers, containers,
+    hybridized blocks; or a Gluon recurrent cell's) is traced: its
+    ``hybrid_forward`` runs with the recording ``F``.  Other HybridBlocks
+    (an overridden ``forward``, ``SymbolBlock``, the cells of
+    ``STATEFUL_CELLS``) are opaque: they run on concrete values.  Plain
+    Blocks run as they are.
+    """
+    found = _KINDS.get(cls)
+    if found is None:
+        if getattr(cls, "records_frames", False):      # a DynBatchBlock
+            found = _DYNBATCH
+        elif issubclass(cls, gluon.HybridBlock):
+            found = _WRAPPERS.get(cls.forward, _OPAQUE)
+            if cls.hybrid_forward is gluon.HybridBlock.hybrid_forward \
+                    or issubclass(cls, STATEFUL_CELLS):
+                found = _OPAQUE
+        else:
+            found = _PLAIN
+        _KINDS[cls] = found
+    return found
+
+
+_ORIGINAL_CALL = gluon.Block.__call__
+
+
+def _dispatching_call(self, *args):
+    """``Block.__call__`` that records inside a batching scope."""
+    rec = context.TLS.recorder
+    if rec is None:
+        return _ORIGINAL_CALL(self, *args)
+    kind = _KINDS.get(type(self)) or _kind(type(self))
+    if kind is _DYNBATCH:
+        return record_call(self, rec, args)
+    if kind is _CELL:
+        self._counter += 1          # as RecurrentCell.forward counts its calls
+        kind = _TRACED
+    hooked = kind is not _PLAIN and (self._forward_pre_hooks or self._forward_hooks)
+    frame = rec.frame
+    if frame is not None and kind is not _PLAIN:
+        if kind is _TRACED and not hooked:
+            out = frame.block_call(self, args)
+            if out is not NOT_RECORDED:
+                return out
+        frame.fallback("a child block that templates cannot hold")
+    if kind is _TRACED and _has_lazy(args):
+        if rec.frames_on() and not hooked:
+            return rec.block_frame(self, args)
+        return rec.trace(self, args)
+    if kind is _OPAQUE and _has_lazy(args):
+        # Opaque block (SymbolBlock, custom forward): run it on concrete values.
+        return rec.wrap_inputs(_ORIGINAL_CALL(self, *args))
+    return _ORIGINAL_CALL(self, *args)
+
+
+_ORIGINAL_BEGIN_STATE = gluon.rnn.RecurrentCell.begin_state
+
+
+def _begin_state(self, batch_size=0, func=None, **kwargs):
+    """``RecurrentCell.begin_state`` whose zeros, inside a DynBatchBlock call, are
+    recorded ``F.zeros``: one constant per graph that every sample shares.
+
+    Gluon's default, ``mx.nd.zeros``, makes new arrays at every call (tens of
+    microseconds each, once per sentence or tree node).  Outside a model's
+    call, or with ``func`` given, it is Gluon's own.
+    """
+    if func is None:
+        rec = context.TLS.recorder
+        recording = rec is not None and not rec.eager and rec.depth > 0
+        func = rec.F.zeros if recording else mx.nd.zeros
+    return _ORIGINAL_BEGIN_STATE(self, batch_size, func=func, **kwargs)
+
+
+_ORIGINAL_LAYER_BEGIN_STATE = gluon.rnn.rnn_layer._RNNLayer.begin_state
+
+
+def _layer_begin_state(self, batch_size=0, func=mx.nd.zeros, **kwargs):
+    """The same for Gluon's fused RNN layers (``rnn.LSTM``, ``GRU``, ``RNN``),
+    which make their zeros with ``mx.nd.zeros`` when called without states."""
+    if func is mx.nd.zeros:
+        rec = context.TLS.recorder
+        if rec is not None and not rec.eager and rec.depth > 0:
+            func = rec.F.zeros
+    return _ORIGINAL_LAYER_BEGIN_STATE(self, batch_size, func=func, **kwargs)
+
+
+_ORIGINAL_LAYER_FORWARD = gluon.rnn.rnn_layer._RNNLayer.hybrid_forward
+
+
+class _OutputsOnly:
+    """The recording ``F`` for a fused RNN layer called without states: its
+    ``F.RNN`` makes no state outputs, which the layer would drop anyway, so
+    that calls on sentences of different lengths can share one padded call
+    (``layer_rules.PaddedRNNRule``)."""
+
+    def __init__(self, F):
+        self._F = F
+
+    def __getattr__(self, name):
+        return getattr(self._F, name)
+
+    def RNN(self, *args, **kwargs):  # pylint: disable=invalid-name
+        """``F.RNN`` with ``state_outputs=False``; the layer reads [outputs, states...]."""
+        kwargs["state_outputs"] = False
+        return [self._F.RNN(*args, **kwargs), None, None]
+
+
+class _LastStepState(_OutputsOnly):
+    """The recording ``F`` for a one-layer fused RNN layer given states: its
+    outputs come from a call without state outputs (one padded call for
+    sentences of every length) and its final hidden state is their last step
+    (and, bidirectional, the backward half of their first), the same values;
+    the call with state outputs (a call per length) stays for the other states
+    (an LSTM's cell state), computed only if held."""
+
+    def RNN(self, *args, **kwargs):  # pylint: disable=invalid-name
+        full = self._F.RNN(*args, **kwargs)
+        outputs = super().RNN(*args, **kwargs)[0]
+        steps, F = args[0].shape[0], self._F
+        last = F.slice_axis(outputs, axis=0, begin=steps - 1, end=steps)
+        if kwargs.get("bidirectional"):
+            hidden = outputs.shape[2] // 2
+            first = F.slice_axis(outputs, axis=0, begin=0, end=1)
+            last = F.concat(F.slice_axis(last, axis=2, begin=0, end=hidden),
+                            F.slice_axis(first, axis=2, begin=hidden, end=2 * hidden), dim=0)
+        return [outputs, last] + list(full[2:])
+
+
+def _layer_hybrid_forward(self, F, inputs, states, sequence_length=None, **kwargs):
+    rec = context.TLS.recorder
+    if rec is not None and F is rec.F and not rec.faithful():
+        if self.skip_states:
+            F = _OutputsOnly(F)
+        elif self._num_layers == 1 and not self._dropout \
+                and self._projection_size is None and sequence_length is None:
+            F = _LastStepState(F)
+    return _ORIGINAL_LAYER_FORWARD(self, F, inputs, states, sequence_length, **kwargs)
+
+
+def install():
+    """Replace ``Block.__call__`` and Gluon's RNN begin states and layer calls."""
+    gluon.Block.__call__ = _dispatching_call
+    gluon.rnn.RecurrentCell.begin_state = _begin_state
+    gluon.rnn.rnn_layer._RNNLayer.begin_state = _layer_begin_state
+    gluon.rnn.rnn_layer._RNNLayer.hybrid_forward = _layer_hybrid_forward

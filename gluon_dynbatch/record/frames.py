@@ -1,0 +1,613 @@
+"""Frames: a DynBatchBlock call recorded as a path through a trie of templates.
+
+A *frame* is one run of a DynBatchBlock's ``hybrid_forward``: one tree node,
+one sentence.  Inside a frame, operator calls and child-block calls build no
+graph nodes.  Each call is described by a *key* (the operator, its constant
+arguments, and where each array input comes from: a position of this frame,
+a parameter, a constant) and advances the frame along a trie of keys shared
+by all frames of the block (``State``).  A known key costs one dictionary
+lookup: the trie edge already holds the call's output shapes.  An unknown one
+is analysed once (shape inference, batching rule) and becomes a new edge.
+
+Values of a frame are numbered by *position*: outputs of its calls, and the
+arrays it reads from outside (arguments, outputs of nested frames, views),
+numbered when first read.  Until the frame ends, the LazyArrays of its
+outputs are provisional: their ``_node`` is the frame itself.
+
+When ``hybrid_forward`` returns, the values a caller can still reach (found
+by reference count) are the frame's exports.  The path and the exports
+select a *recipe* (``templates.py``), built once: usually one program node
+for the whole frame, compiled once for all frames of that template.  The
+provisional LazyArrays then take their places in the graph.
+
+A frame is *cut* -- what it recorded so far goes into the graph -- when
+anything else needs one of its values (a nested frame's arguments, a read, a
+block with hooks); recording goes on in a new segment.  A frame that meets
+something templates cannot describe falls back: it is cut and the rest of its
+calls are recorded one node per operator, as outside frames.
+"""
+import sys
+
+from mxnet.ndarray import NDArray
+
+from . import sites
+from . import weights as weight_calls
+from ..ir.graph import LEAF
+from .lazy import LazyArray
+from .literals import key_item
+from .bases import bases_made, forget_bases, replay_bases
+from .trie import MAX_STATES, Macro, State, flatten_args, learn_call
+
+NOT_RECORDED = object()    # ``Frame.block_call``: the call is left to the caller
+POOL_SIZE = 4096           # dead provisional LazyArrays kept for reuse, per recorder
+
+
+class _FrameGraph:
+    """What a provisional LazyArray's ``node.graph`` needs to offer."""
+
+    __slots__ = ("ctx", "error", "read_fn")
+
+    def __init__(self, ctx, read_fn):
+        self.ctx = ctx
+        self.error = None
+        self.read_fn = read_fn
+
+
+def _refcount_baseline():
+    """References ``_scan`` itself holds to a value it scans (list, loop, call)."""
+    probe = [LazyArray(None, 0)]
+    return _scan(probe, 0, None)[1]
+
+
+def _scan(lazies, baseline, pool):
+    """(values referenced from elsewhere than ``lazies``, the largest count seen).
+
+    The others are dead: nobody can read them any more.  They go to ``pool``
+    (when given, and not full), to serve as later provisional values:
+    making and freeing a LazyArray costs more than a frame's bookkeeping
+    of one call.
+    """
+    alive = []
+    most = 0
+    getrefcount = sys.getrefcount
+    for lazy in lazies:
+        count = getrefcount(lazy)
+        if count > baseline:
+            alive.append(lazy)
+        elif pool is not None and len(pool) < POOL_SIZE:
+            lazy._node = lazy._base = None
+            pool.append(lazy)
+        if count > most:
+            most = count
+    return alive, most
+
+
+class Frame:
+    """The recording state of one DynBatchBlock call (see the module docstring).
+
+    Attributes read through provisional LazyArrays: ``kind`` ("frame"),
+    ``graph`` (a stand-in with the context), ``out_shapes`` and
+    ``out_dtypes`` (per position).
+    """
+
+    __slots__ = ("rec", "state", "block", "path", "sample", "out_shapes", "out_dtypes",
+                 "vals", "ext", "lazies", "pool", "direct", "macro_ok", "caller",
+                 "call_start", "based")
+    kind = "frame"
+    depth = 0
+
+    def __init__(self, rec, root, block, path):
+        self.caller = id(sys._getframe(1))  # pylint: disable=protected-access
+        self.rec = rec
+        self.state = root
+        root.usage.frames += 1      # calls of the block (or helper), for ``usage.Usage``
+        self.block = block
+        self.path = path
+        self.sample = rec.sample
+        self.out_shapes, self.out_dtypes = [], []
+        self.vals = {}              # position -> the outside array read there
+        self.ext = {}               # id(outside array) -> its position
+        self.lazies = []            # provisional LazyArrays of this frame
+        self.pool = rec.lazy_pool   # dead ones, reused (see ``_scan``)
+        self.direct = False         # fallen back: calls go to the graph directly
+        self.macro_ok = True        # no cut since the current child-block trace began
+        self.call_start = None      # first position of the child-block call being traced
+        self.based = None           # values given a base (reshapes.py), forgotten at scans
+
+    @property
+    def graph(self):
+        """What a provisional LazyArray's ``node.graph`` is asked for (made when asked:
+        a frame holding it would be a reference cycle)."""
+        return _FrameGraph(self.rec.ctx, self.read)
+
+    # -- keys ---------------------------------------------------------------------
+    def ref(self, a):
+        """The key item of array ``a`` read by a call of this frame.
+
+        A value of this frame is its position; a parameter or constant is
+        named by identity; any other array gets the next position the first
+        time it is read (its key item then carries its shape).
+        """
+        if type(a) is LazyArray:
+            node = a._node
+            if node is self:
+                return a._idx
+            found = self.ext.get(id(a))
+            if found is not None:
+                return found
+            rec = self.rec
+            if node is not None and node.graph is rec.graph and node.kind is not LEAF:
+                found = rec.graph.derived.get(node.id)      # a value of weights alone
+                if found is not None:
+                    return ("p", found[a._idx])
+                return self._read(a, node.out_shapes[a._idx], node.out_dtypes[a._idx])
+            if type(node) is Frame:
+                node.cut("a value of an enclosing call is used here")
+        else:
+            found = self.ext.get(id(a))
+            if found is not None:
+                return found
+            rec = self.rec
+        shared = rec.graph.shared_items
+        found = shared.get(id(a))           # a parameter or constant of this graph
+        if found is not None:
+            return found
+        node, _ = rec.value_of(a)
+        if node.kind == LEAF:
+            if node.param is not None:
+                found = ("p", node.param)
+            elif id(node.value) in rec.constant_ids:
+                found = ("c", id(node.value))
+            if found is not None:
+                if node.graph is rec.graph and (type(a) is not LazyArray or a._node is node):
+                    shared[id(a)] = found       # ``a`` is kept alive by the graph
+                return found
+        return self._read(a, a.shape, a.dtype)
+
+    def _read(self, a, shape, dtype):
+        """Give outside array ``a`` the next position; its key item."""
+        pos = len(self.out_shapes)
+        self.out_shapes.append(shape)
+        self.out_dtypes.append(dtype)
+        self.vals[pos] = a
+        self.ext[id(a)] = pos
+        return key_item(self.rec, a, shape, dtype)    # marks values rules may read
+
+    def op(self, op, args, kwargs):
+        """Record ``op(*args, **kwargs)`` in this frame; its provisional output(s).
+
+        This runs for every operator call of every frame.  A call whose
+        arrays are values of this frame, arrays read before, parameters,
+        constants, or outputs of other calls of the graph (read here for the
+        first time), whose other arguments are numbers and whose keywords are
+        plain constants, takes the short path here: it builds the key
+        ``_op`` would build, ``(op, *refs)`` without keywords, else ``(op,
+        refs, kwargs)``, and follows the trie edge.  Anything else goes to
+        ``_op``.
+        """
+        if kwargs:
+            for value in kwargs.values():
+                if isinstance(value, NDArray):  # its ``==`` records: keep it out of keys
+                    return self._op(op, args, kwargs)
+            if "name" in kwargs:
+                return self._op(op, args, kwargs)
+        refs = []
+        ext = self.ext
+        first_reads = None
+        arrays = False
+        for a in args:
+            kind = type(a)
+            if kind is LazyArray:
+                arrays = True
+                node = a._node
+                if node is self:
+                    refs.append(a._idx)
+                    continue
+                found = ext.get(id(a))
+                if found is None:
+                    found = self.rec.graph.shared_items.get(id(a))
+                    if found is None:
+                        if not self._plain_output(node):
+                            return self._op(op, args, kwargs)
+                        # A call reading it is no call on weights: read it below,
+                        # once nothing can send the call to ``_op`` any more.
+                        if first_reads is None:
+                            first_reads = []
+                        first_reads.append(len(refs))
+                refs.append(found)
+                continue
+            if kind is float or kind is int:
+                refs.append((kind, a))      # a constant (a type never names an array)
+                continue
+            # As ``ref`` (the id of a live int never names a live array).
+            found = ext.get(id(a))
+            if found is None:
+                found = self.rec.graph.shared_items.get(id(a))
+                if found is None:
+                    return self._op(op, args, kwargs)
+            arrays = True
+            refs.append(found)
+        if not arrays:
+            return self._op(op, args, kwargs)
+        if first_reads is not None:
+            for k in first_reads:
+                refs[k] = self.ref(args[k])
+        if kwargs:
+            kw = tuple(kwargs.items())
+            key = (op, tuple(refs), kw)
+        else:
+            kw = None
+            key = (op, *refs)
+        try:
+            nxt = self.state.next.get(key)
+        except TypeError:                   # an unhashable constant
+            return self.fallback_op(op, args, kwargs, "an unhashable argument")
+        if nxt is None:
+            if first_reads is None:         # ``_op`` tells calls on weights apart
+                return self._op(op, args, kwargs)
+            return self.call(op, args, kwargs, key, tuple(refs), kw)
+        return self.push(nxt) if nxt.single else self._outputs(nxt)
+
+    def _plain_output(self, node):
+        """Whether ``node`` is an operator node of this graph computed from more
+        than weights: ``ref`` gives its output the next position."""
+        graph = self.rec.graph
+        return node is not None and type(node) is not Frame and node.graph is graph \
+            and node.kind is not LEAF and node.id not in graph.weight_nodes
+
+    def push(self, nxt):
+        """Move to state ``nxt`` (a one-output call); its provisional output."""
+        self.state = nxt
+        pos = len(self.out_shapes)
+        self.out_shapes.append(nxt.shape)
+        self.out_dtypes.append(nxt.dtype)
+        pool = self.pool
+        if pool:
+            lazy = pool.pop()
+            lazy._node = self
+            lazy._idx = pos
+        else:
+            lazy = LazyArray(self, pos)
+        self.lazies.append(lazy)
+        return lazy
+
+    def _op(self, op, args, kwargs):
+        if self._on_weights(op, args, kwargs):
+            # Weights only: one node per graph, outside templates (weight_calls.py).
+            return self.rec.graph_op(op, args, kwargs)
+        refs = []
+        arrays = 0
+        ref = self.ref
+        for a in args:
+            if type(a) is LazyArray and a._node is self:
+                refs.append(a._idx)
+                arrays += 1
+            elif isinstance(a, NDArray):
+                refs.append(ref(a))
+                arrays += 1
+            else:
+                refs.append((type(a), a))      # a constant (a type never names an array)
+        kw = None
+        if kwargs:
+            kw = []
+            for item in kwargs.items():
+                value = item[1]
+                if isinstance(value, NDArray):
+                    kw.append((item[0], ref(value)))
+                    arrays += 1
+                elif item[0] != "name":
+                    kw.append(item)
+            kw = tuple(kw)
+        if not arrays:                         # zeros, random draws: graph leaves
+            return self.rec.constant(op, args, kwargs)
+        refs = tuple(refs)
+        key = (op,) + refs if kw is None else (op, refs, kw)
+        try:
+            nxt = self.state.next.get(key)
+        except TypeError:                     # an unhashable constant argument
+            return self.fallback_op(op, args, kwargs, "an unhashable argument")
+        if nxt is not None:
+            if nxt.single:
+                return self.push(nxt)
+            return self._outputs(nxt)
+        return self.call(op, args, kwargs, key, refs, kw)
+
+    def _on_weights(self, op, args, kwargs):
+        """Whether every array of a call is a weight (``weight_calls.is_weight``);
+        asked before ``ref`` gives any of them a position."""
+        arrays = [a for a in args if isinstance(a, NDArray)]
+        if kwargs:
+            arrays += [v for v in kwargs.values() if isinstance(v, NDArray)]
+        rec = self.rec
+        # Most calls read a value of the frame first: ``is_weight`` says no at once.
+        return bool(arrays) and all(weight_calls.is_weight(rec, a) for a in arrays) \
+            and weight_calls.deterministic(op)
+
+    def call(self, op, args, kwargs, key, refs, kw):
+        """Follow (or learn) the edge of ``key``; the call's outputs.
+
+        ``refs`` and ``kw`` are the key items of the call's arguments (see
+        ``ref``); callers with a short path of their own (``lazy_ops``) come
+        here when they miss.
+        """
+        try:
+            nxt = self.state.next.get(key)
+        except TypeError:                     # an unhashable constant argument
+            return self.fallback_op(op, args, kwargs, "an unhashable argument")
+        if nxt is None:
+            nxt = self._learn(op, args, kwargs, key, refs, kw)
+            if nxt is None:
+                return self.fallback_op(op, args, kwargs, "a call templates cannot hold")
+        return self._outputs(nxt)
+
+    def _outputs(self, state):
+        """New provisional LazyArrays for the outputs of ``state``'s step."""
+        pos = len(self.out_shapes)
+        if state.single:
+            return self.push(state)
+        self.state = state
+        info = state.step.info
+        self.out_shapes.extend(info.out_shapes)
+        self.out_dtypes.extend(info.out_dtypes)
+        outs = [self._new_lazy(pos + k) for k in range(len(info.out_shapes))]
+        self.lazies.extend(outs)
+        return outs
+
+    def _new_lazy(self, pos):
+        """A provisional LazyArray for position ``pos`` (from the pool if it can)."""
+        pool = self.pool
+        if pool:
+            lazy = pool.pop()
+            lazy._node = self
+            lazy._idx = pos
+            return lazy
+        return LazyArray(self, pos)
+
+    def _learn_step(self, op, args, kwargs, refs, kw):
+        """The :class:`LearnedCall` of a call, with its place in the user's code.
+
+        The operators of one child-block call share the place of that call
+        (``step.call`` tells them from those of the next call at that place).
+        """
+        step = learn_call(self.rec, self, op, args, kwargs, refs, kw)
+        step.site = sites.capture(self.caller)
+        step.call = self.call_start if self.call_start is not None else len(self.out_shapes)
+        return step
+
+    def _learn(self, op, args, kwargs, key, refs, kw):
+        """Analyse a call met for the first time here; the new state, or None."""
+        step = self._learn_step(op, args, kwargs, refs, kw)
+        if not step.info.cacheable and not step.info.stateful:
+            # The first call of a parameter with deferred initialisation gave
+            # it its shape; analysed again, the call is like any other.
+            step = self._learn_step(op, args, kwargs, refs, kw)
+        if step.info.stateful or not step.info.cacheable:
+            return None
+        counter = self.state.counter
+        if counter[0] >= MAX_STATES:
+            return None
+        nxt = State(step, self.state, self.state.start)
+        self.state.next[key] = nxt
+        return nxt
+
+    # -- child blocks -----------------------------------------------------------
+    def block_call(self, block, args):
+        """Record a child HybridBlock call inside this frame; its outputs.
+
+        A call of a known shape moves the frame along a :class:`Macro` without
+        running the block's Python code.  Returns ``NOT_RECORDED`` when the
+        call cannot be part of a template (the caller then falls back).
+        """
+        for a in args:
+            if not isinstance(a, NDArray):
+                break
+        else:                                   # only arrays: the common case
+            refs = tuple([a._idx if type(a) is LazyArray and a._node is self
+                          else self.ref(a) for a in args])
+            key = (self.rec.block_token(block),) + refs
+            macro = self.state.calls.get(key)
+            if macro is not None:
+                return self._replay(macro, args, refs)
+            return self._learn_block(block, args, key)
+        arrays, structure = flatten_args(args)
+        if structure is None:
+            return NOT_RECORDED
+        refs = tuple([self.ref(a) for a in arrays])
+        key = (self.rec.block_token(block), structure) + refs
+        macro = self.state.calls.get(key)
+        if macro is not None:
+            return self._replay(macro, arrays, refs)
+        return self._learn_block(block, args, key)
+
+    def _replay(self, macro, arrays, refs):
+        """Follow ``macro``: the block's outputs, without running its code."""
+        start = len(self.out_shapes)
+        self.out_shapes.extend(macro.shapes)
+        self.out_dtypes.extend(macro.dtypes)
+        self.state = macro.target
+        simple = macro.simple
+        if simple is None:
+            given = {ref: a for a, ref in zip(arrays, refs) if type(ref) is int}
+            out = self._build(macro.outputs, start, given)
+        elif simple[0] is None:
+            out = self._new_lazy(start + simple[1])
+            self.lazies.append(out)
+        else:
+            out = simple[0]([self._new_lazy(start + k) for k in simple[1]])
+            self.lazies.extend(out)
+        if macro.bases is not None:         # outputs that reshape values of the call
+            replay_bases(self, out, macro.bases, start)
+        return out
+
+    def _build(self, obj, start, made):
+        """The outputs of a replayed child-block call (``made``: position -> array)."""
+        kind = obj[0]
+        if kind == "v":
+            return obj[1]
+        if kind == "pos":
+            pos = obj[1]
+            lazy = made.get(pos)
+            if lazy is None:
+                if pos < start:                 # an array read from outside
+                    return self.vals[pos]
+                lazy = made[pos] = self._new_lazy(pos)
+                self.lazies.append(lazy)
+            return lazy
+        items = [self._build(o, start, made) for o in obj[1]]
+        return kind(items) if kind in (list, tuple) else kind(*items)
+
+    def _learn_block(self, block, args, key):
+        """Trace a child-block call met for the first time here; learn its macro.
+
+        The trace starts from a state of its own, reached by the call's key:
+        the key may read arrays for the first time, and the shapes it gives
+        them must be part of the path the block's calls are learned on.
+        """
+        rec = self.rec
+        before = self.state
+        inner = before.next.get(("enter", key))
+        if inner is None:
+            inner = before.next[("enter", key)] = State(None, before, before.start)
+        self.state = inner
+        start = len(self.out_shapes)
+        outer_ok, self.macro_ok = self.macro_ok, True
+        outer_call = self.call_start
+        if outer_call is None:
+            self.call_start = start
+        ext_before = len(self.ext)
+        try:
+            out = rec.trace(block, args)
+        finally:
+            ok = self.macro_ok and not self.direct and self.state.start is before.start
+            self.macro_ok = outer_ok and self.macro_ok
+            self.call_start = outer_call
+        new_ext = len(self.ext) - ext_before
+        if ok and new_ext == 0 and rec.replay:
+            outputs = self._map_out(out, start)
+            if outputs is not None:
+                before.calls[key] = Macro(self.state, tuple(self.out_shapes[start:]),
+                                          tuple(self.out_dtypes[start:]), outputs, start,
+                                          bases_made(self, out, start))
+        return out
+
+    def _map_out(self, obj, start):
+        """The returned structure with positions for arrays; None if not describable."""
+        if isinstance(obj, LazyArray):
+            if obj._node is self:
+                return ("pos", obj._idx)
+            pos = self.ext.get(id(obj))
+            return ("pos", pos) if pos is not None and pos < start else None
+        if isinstance(obj, (list, tuple)):
+            inner = [self._map_out(o, start) for o in obj]
+            if any(i is None for i in inner):
+                return None
+            return (type(obj), inner)
+        if isinstance(obj, (int, float, str, bool, type(None))):
+            return ("v", obj)
+        return None
+
+    # -- ending -----------------------------------------------------------------
+    def finish(self):
+        """Put what the frame recorded into the graph (at the end of its call).
+
+        Runs at the end of every frame; ``_scan`` and ``_emit`` written out.
+        """
+        if self.direct:
+            return
+        if self.based is not None:
+            forget_bases(self)
+        alive = []
+        pool = self.pool
+        getrefcount = sys.getrefcount
+        for lazy in self.lazies:
+            if getrefcount(lazy) > _BASELINE:
+                alive.append(lazy)
+            elif len(pool) < POOL_SIZE:
+                lazy._node = None
+                pool.append(lazy)
+        self.lazies = []
+        if not alive:
+            return
+        if len(alive) > 1:
+            alive.sort(key=_position)
+            positions = tuple([lazy._idx for lazy in alive])
+        else:
+            positions = (alive[0]._idx,)
+        recipe = self.state.recipes.get(positions)
+        if recipe is None:
+            recipe = self.state.recipes[positions] = self.rec.recipe_for(self, positions)
+        recipe.apply(self, alive)
+
+    def cut(self, why):
+        """Put what the frame recorded so far into the graph; go on in a new segment."""
+        if self.direct:
+            return
+        if self.based is not None:
+            forget_bases(self)
+        alive, _ = _scan(self.lazies, _BASELINE, self.pool)
+        positions = self._emit(alive)
+        nxt = self.state.cuts.get(positions)
+        if nxt is None:
+            nxt = self.state.cuts[positions] = State(None, self.state, None, self.state.counter)
+        self.state = nxt
+        self.macro_ok = False
+
+    def _emit(self, alive):
+        """Put the current segment into the graph, exporting ``alive``; their positions.
+
+        Exports are ordered by position, so frames that made their values
+        in another order (a child block replayed instead of traced) share
+        the recipe.
+        """
+        if len(alive) > 1:
+            alive.sort(key=_position)
+        positions = tuple([lazy._idx for lazy in alive])
+        self.lazies = []
+        if not alive:
+            return positions
+        recipe = self.state.recipes.get(positions)
+        if recipe is None:
+            recipe = self.state.recipes[positions] = self.rec.recipe_for(self, positions)
+        recipe.apply(self, alive)
+        return positions
+
+    def fallback(self, why):
+        """Cut, then record the rest of this call one node per operator."""
+        if self.direct:
+            return
+        self.cut(why)
+        self.direct = True
+        if self.rec.frame is self:
+            self.rec.frame = None
+
+    def fallback_op(self, op, args, kwargs, why):
+        """``op`` recorded directly in the graph, after a fallback."""
+        self.fallback(why)
+        return self.rec.call_op(op, args, kwargs)
+
+    def read(self):
+        """A provisional value is read: cut, then run what is pending."""
+        self.cut("a value is read")
+        self.rec.read()
+
+
+def one_call(rec, function, *args):
+    """``function(*args)``, its operators recorded as parts of one call of the
+    frame recording now: ``sites.py`` then sees one call at the user's line,
+    not a loop going round (several calls at one offset).  Passes that record
+    a call as several (``gluon_dynbatch.rewrite``) run through it."""
+    frame = rec.frame
+    if frame is None or frame.call_start is not None:
+        return function(*args)
+    frame.call_start = len(frame.out_shapes)
+    try:
+        return function(*args)
+    finally:
+        frame.call_start = None
+
+
+def _position(lazy):
+    return lazy._idx
+
+
+_BASELINE = _refcount_baseline()

@@ -1,0 +1,182 @@
+"""LazyArray: the value a call returns inside a batching scope.
+
+A LazyArray is an ``mx.nd.NDArray`` whose handle is filled in when the
+recorded graph that produces it has run.  Until then it knows its shape,
+dtype and context, and the recorder intercepts arithmetic, indexing and
+fluent methods on it (and ``mx.nd`` operators called on it directly, see
+``namespace.py``).  Anything else that needs its data (``asnumpy``, an
+operator writing to ``out=``, ``backward``) reaches for ``handle``, which
+first runs what is pending.
+"""
+import weakref
+
+from mxnet import nd
+from mxnet.base import _LIB, check_call
+
+from ..errors import BatchingError
+
+# Backward passes that freed their graph so far (``retain_graph=False``),
+# counted by context.py's wrappers of MXNet's backward functions.
+BACKWARD_EPOCH = [0]
+
+
+class LazyArray(nd.NDArray):
+    """An NDArray produced by a recorded call, materialised on demand."""
+
+    # Slots, not a __dict__: a batch makes thousands of LazyArrays.
+    # ``_epoch``: BACKWARD_EPOCH when the value was computed (see ``history_freed``).
+    # ``_base``: (the value this one reshapes, autograd's mode count), see reshapes.py.
+    __slots__ = ("_h", "_node", "_idx", "_epoch", "_base", "__weakref__")
+
+    def __init__(self, node=None, index=0, handle=None, writable=True):
+        # pylint: disable=super-init-not-called
+        # ``handle``: NDArray methods that make a view of a computed value
+        # (``reshape``, basic indexing) call ``self.__class__(handle=...)``.
+        self._h = handle
+        self._node = node
+        self._idx = index
+        self._base = None
+        self.writable = writable
+        if handle is not None:
+            self._epoch = BACKWARD_EPOCH[0]
+
+    # -- the handle: materialise on first use --------------------------------
+    @property
+    def handle(self):
+        h = self._h
+        if h is None:
+            h = self._materialize()
+        return h
+
+    @handle.setter
+    def handle(self, value):
+        self._h = value
+
+    def _materialize(self):
+        node = self._node
+        if node is None:
+            raise BatchingError("this LazyArray was never given a value")
+        graph = node.graph
+        if node.kind == "leaf":
+            # An input wrapped for recording, used as a plain array: copy it.
+            from mxnet import nd as _nd
+            source = node.value if node.value is not None else node.param.data(graph.ctx)
+            self._set_result(_nd.identity(source))
+            return self._h
+        if graph.error is not None:
+            raise BatchingError(
+                "this value comes from a batching scope that failed (%s); "
+                "record it again in a new scope" % graph.error)
+        graph.read_fn()
+        h = self._h
+        if h is None:
+            raise BatchingError("internal error: value not produced by its flush")
+        return h
+
+    def _set_result(self, array):
+        """Take over ``array``'s handle (and so its autograd history)."""
+        self._h = array.handle
+        array.handle = None
+        self._node = None
+        self._epoch = BACKWARD_EPOCH[0]
+
+    def history_freed(self):
+        """Whether a backward pass may have freed the graph that computed this value.
+
+        A computed LazyArray is cut from the batched arrays of its flush;
+        once a backward pass has run through them (without ``retain_graph``)
+        MXNet has freed their history, and the cut-out value must be used
+        as a constant, as eager MXNet uses an array whose graph was freed.
+        """
+        epoch = getattr(self, "_epoch", None)
+        return epoch is not None and epoch != BACKWARD_EPOCH[0]
+
+    @property
+    def is_pending(self):
+        """True while the value has not been computed yet."""
+        return self._h is None
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h is not None:
+            check_call(_LIB.MXNDArrayFree(h))
+
+    # -- metadata known without running ---------------------------------------
+    @property
+    def shape(self):
+        node = self._node
+        if node is not None:
+            return node.out_shapes[self._idx]
+        return nd.NDArray.shape.fget(self)
+
+    @property
+    def dtype(self):
+        node = self._node
+        if node is not None:
+            return node.out_dtypes[self._idx]
+        return nd.NDArray.dtype.fget(self)
+
+    @property
+    def context(self):
+        node = self._node
+        if node is not None:
+            return node.graph.ctx
+        return nd.NDArray.context.fget(self)
+
+    ctx = context
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def stype(self):
+        if self._node is not None:
+            return "default"
+        return nd.NDArray.stype.fget(self)
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        # Debuggers and containers show a pending value without running anything.
+        if self._h is None:
+            return "<LazyArray %s %s, pending>" % (
+                "x".join(str(s) for s in self.shape), self.context)
+        return nd.NDArray.__repr__(self)
+
+    def __str__(self):
+        """``print(x)`` shows the values, as for an NDArray: a read (what is pending runs)."""
+        self.handle     # pylint: disable=pointless-statement
+        return nd.NDArray.__repr__(self)
+
+    __hash__ = nd.NDArray.__hash__
+
+    def __reduce__(self):
+        return nd.NDArray.__reduce__(self)
+
+
+def output_of(node, idx):
+    """The LazyArray of output ``idx`` of graph node ``node``: the one already made
+    if it is alive.
+
+    One value has one LazyArray, as in eager code a value has one NDArray: a
+    call returning the same array twice returns one object, and liveness
+    (``Graph.live_and_needed``) sees every holder.
+    """
+    outs = node.outs
+    if outs is None:
+        outs = node.outs = [None] * len(node.out_shapes)
+    ref = outs[idx]
+    lazy = ref() if ref is not None else None
+    if lazy is None or lazy._node is not node:
+        lazy = LazyArray(node, idx)
+        outs[idx] = weakref.ref(lazy)
+    return lazy

@@ -1,0 +1,236 @@
+"""The recording ``F``: what ``hybrid_forward`` gets as ``F`` inside a scope.
+
+It looks like ``mx.nd``: each operator records a call instead of running
+(into the frame recording now, else into the graph); row slices and row
+concatenations take the recorder's short paths (a stack along axis 0 is one
+of those and a reshape); deterministic creation
+functions (``F.zeros``) give constants, one per graph and arguments; other
+Python helpers of ``mx.nd`` run on concrete values.  Operators of ``mx.nd``
+called directly on pending values (as Gluon's ``unroll`` does) are recorded
+too.
+"""
+import ctypes
+import inspect
+
+import mxnet as mx
+import numpy as np
+from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
+from mxnet.ndarray import register as _register
+
+from . import context
+from . import arithmetic
+from . import literals
+from .lazy import LazyArray
+from ..ir.ops import opdef
+from ..ir.rules import RULES
+
+# Creation operators whose result depends only on their arguments.
+DETERMINISTIC = frozenset(["zeros", "ones", "full", "arange", "eye", "linspace",
+                           "_zeros", "_ones", "_full", "_arange", "_eye", "_linspace"])
+
+
+class RecordingNamespace:
+    """The ``F`` given to ``hybrid_forward`` inside a scope: ``mx.nd`` that records."""
+
+    def __init__(self, recorder, module=mx.nd, path=()):
+        self._recorder = recorder
+        self._module = module
+        self._path = path
+
+    def __getattr__(self, name):
+        target = getattr(self._module, name)
+        path = self._path + (name,)
+        rec = self._recorder
+        if not callable(target):
+            if hasattr(target, "__dict__") and type(target).__name__ == "module":
+                value = RecordingNamespace(rec, target, path)
+            else:
+                value = target
+        elif _generated(target):
+            value = _operator(rec, opdef(*_canonical(path)))
+            value.__name__ = name
+        else:
+            value = _python_function(rec, target, path)
+        self.__dict__[name] = value      # later lookups skip __getattr__
+        return value
+
+
+def _operator(rec, op):
+    """``F.<op>``: the call as written goes to the recorder (``Recorder.record``)."""
+    record = rec.record
+
+    def operator(*args, **kwargs):
+        return record(op, args, kwargs)
+    return operator
+
+
+def _array(rec, fn):
+    """``F.array``: lists of Python numbers become rows of one pooled leaf (``literals.py``)."""
+    def array(source_array, ctx=None, dtype=None):
+        if isinstance(source_array, (list, tuple, np.ndarray)) and (ctx is None or ctx == rec.ctx):
+            try:
+                values = np.array(source_array, dtype=dtype or np.float32)
+            except (TypeError, ValueError):
+                values = None
+            if values is not None and values.ndim >= 1 and values.size \
+                    and values.dtype.kind in "fiu":
+                return literals.record(rec, values, ctx)
+        return rec.wrap_inputs(fn(source_array, ctx=ctx, dtype=dtype))
+    return array
+
+
+def _generated(fn):
+    """Whether ``fn`` is an operator function MXNet generated (``F.sum``,
+    ``F.linalg.gemm2``, ``F.contrib.arange_like``), not a Python helper of
+    ``mx.nd`` (``F.contrib.foreach``, ``F.random.normal``)."""
+    module = getattr(fn, "__module__", None)
+    if module == "ndarray":
+        return True
+    code = getattr(fn, "__code__", None)
+    return code is not None and code.co_filename == "<string>" and module in _SUBMODULES
+
+
+# Namespaces of generated operators recorded as operators (sparse storage and
+# random draws keep running as MXNet runs them).
+_SUBMODULES = frozenset("mxnet.ndarray." + name for name in ("contrib", "linalg", "image", "op"))
+
+
+def _python_function(rec, fn, path):
+    """``F.<f>`` for a Python-level helper of mx.nd (not an operator)."""
+    special = arithmetic.PYTHON_HELPERS.get(path[-1])
+    if special is not None:
+        return special
+    if path == ("array",):
+        return _array(rec, fn)
+    if path[-1] in DETERMINISTIC:
+        def create(*args, **kwargs):
+            if kwargs or rec.ctx is None:
+                return rec.make_constant(fn, path, args, kwargs)
+            # F.zeros((1, H)) at every leaf of a tree: one leaf per graph.
+            known = rec.graph.constants
+            key = (path, args)
+            try:
+                found = known.get(key)
+            except TypeError:           # an unhashable argument: no memo
+                return rec.make_constant(fn, path, args, kwargs)
+            if found is None:
+                found = rec.make_constant(fn, path, args, kwargs)
+                if type(found) is LazyArray:
+                    known[key] = found
+            return found
+        return create
+
+    def fallback(*args, **kwargs):
+        # Not an operator: run it on concrete values (correct, not batched).
+        return rec.wrap_inputs(fn(*args, **kwargs))
+    return fallback
+
+
+# -- direct calls of ``mx.nd`` operators ---------------------------------------
+# Gluon's own helpers call ``mx.nd`` on what they are given instead of going
+# through ``F``: ``RecurrentCell.unroll`` splits its input with ``ndarray.split``
+# and stacks the outputs with ``ndarray.stack``.  Every generated ``mx.nd``
+# operator function ends in ``register._imperative_invoke`` (a global of that
+# module), so a call whose arrays are still pending is recorded there instead
+# of reading them (which would run everything pending and stop batching).
+
+_INVOKE = _register._imperative_invoke
+_BY_HANDLE = {}         # operator handle -> (OpDef, arrays it takes) or None
+
+
+def _operator_names():
+    """Every operator handle (as the int the generated functions pass) -> its
+    names (an operator has aliases: ``SequenceMask`` is ``_npx_sequence_mask``)."""
+    size, names = ctypes.c_uint(), ctypes.POINTER(ctypes.c_char_p)()
+    check_call(_LIB.MXListAllOpNames(ctypes.byref(size), ctypes.byref(names)))
+    found = {}
+    for i in range(size.value):
+        name = py_str(names[i])
+        handle = OpHandle()
+        check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+        found.setdefault(handle.value, []).append(name)
+    return found
+
+
+def _direct_op(handle):
+    """(OpDef, number of array arguments or None if variadic) of an operator
+    handle, or None when the operator is not reachable as ``mx.nd.<name>`` or
+    ``mx.nd._internal.<name>`` (and ``mx.sym``'s)."""
+    found = _BY_HANDLE.get(handle, _UNKNOWN)
+    if found is _UNKNOWN:
+        if not _NAMES:
+            _NAMES.update(_operator_names())
+        found = None
+        # Names with a batching rule first (``sum``, not its alias ``sum_axis``).
+        for name in sorted(_NAMES.get(handle, ()), key=lambda n: n not in RULES):
+            found = _resolve_direct(name)
+            if found is not None:
+                break
+        _BY_HANDLE[handle] = found
+    return found
+
+
+def _canonical(path):
+    """The path of an alias of operator ``path`` that has a batching rule
+    (``F.sum_axis`` is ``sum``, ``F.broadcast_axes`` is ``broadcast_axis``), else
+    ``path`` itself."""
+    if path[-1] in RULES:
+        return path
+    handle = OpHandle()
+    try:
+        check_call(_LIB.NNGetOpHandle(c_str(path[-1]), ctypes.byref(handle)))
+    except Exception:  # pylint: disable=broad-except  (no operator of that name)
+        return path
+    if not _NAMES:
+        _NAMES.update(_operator_names())
+    for alias in _NAMES.get(handle.value, ()):
+        if alias in RULES:
+            for found in ((alias,), ("_internal", alias)):
+                try:
+                    opdef(*found)
+                    return found
+                except AttributeError:
+                    continue
+    return path
+
+
+_NAMES = {}             # operator handle -> its names, read once
+_UNKNOWN = object()
+
+
+def _resolve_direct(name):
+    for path in ((name,), ("_internal", name)):
+        try:
+            op = opdef(*path)
+        except AttributeError:
+            continue
+        code = getattr(op.nd_fn, "__code__", None)
+        if code is None or code.co_filename != "<string>":
+            continue                    # a Python helper of that name, not the operator
+        params = inspect.signature(op.nd_fn).parameters.values()
+        if any(p.kind is p.VAR_POSITIONAL for p in params):
+            return op, None
+        return op, sum(1 for p in params if p.default is None and p.name not in ("out", "name"))
+    return None
+
+
+def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list):
+    """``_imperative_invoke`` that records calls on pending LazyArrays in a scope."""
+    rec = context.TLS.recorder
+    if rec is not None and out is None and not is_np_op and not rec.eager \
+            and any(type(a) is LazyArray and a._h is None for a in ndargs):
+        found = _direct_op(handle)
+        # Arrays go by position, for MXNet as for the replay: a call that left
+        # optional arrays out (``bias``, ``length``) passes the ones before them.
+        if found is not None and (found[1] is None or found[1] >= len(ndargs)):
+            result = rec.record(found[0], tuple(ndargs), dict(zip(keys, vals)))
+            if output_is_list and not isinstance(result, list):
+                result = [result]
+            return result
+    return _INVOKE(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
+
+
+
+def install():
+    """Record ``mx.nd`` operators called on pending values (``_recording_invoke``)."""
+    _register._imperative_invoke = _recording_invoke

@@ -1,0 +1,33 @@
+"""What recording changes in Gluon and MXNet, installed when the first scope opens.
+
+Importing gluon_dynbatch changes nothing outside its own classes.  The first
+batching scope of the process installs, once:
+
+* ``Block.__call__``: calls inside a scope are recorded (``dispatch``);
+* Gluon's recurrent cells' and fused RNN layers' ``begin_state`` and the
+  layers' ``hybrid_forward`` (``dispatch``);
+* MXNet's ``_imperative_invoke``: ``mx.nd`` operators called on pending
+  values are recorded (``namespace``);
+* ``autograd.set_recording``/``set_training`` and the backward functions,
+  counted (``context``).
+
+Outside scopes each replacement does what the original does.
+"""
+import threading
+
+from . import context, dispatch, namespace
+
+_LOCK = threading.Lock()
+_INSTALLED = []
+
+
+def install():
+    """Install the replacements (once per process; safe from any thread)."""
+    if _INSTALLED:
+        return
+    with _LOCK:
+        if not _INSTALLED:
+            dispatch.install()
+            namespace.install()
+            context.install()
+            _INSTALLED.append(True)

@@ -1,0 +1,686 @@
+"""The recorder: calls on lazy values become nodes of the graph.
+
+One recorder serves one batching scope on one thread (reached through
+``context.current()``).  Inside a DynBatchBlock call (a frame, ``frames.py``)
+operator and child-block calls go to the frame; the frame puts its calls into
+the graph when it ends.  Everything else is recorded here, a node per call:
+
+* leaves: input arrays, parameters, constants (``F.zeros``, one per graph);
+* views: row slices (``x[i:j]``) and row concatenations of graph values,
+  which cost no step (their consumers gather the rows);
+* operator calls outside frames (the scope's own code, a frame that fell
+  back), analysed once per call shape (``calls.py``).
+
+A child block called outside any frame is recorded as a frame of its own
+(``block_frame``), so it too becomes one program node.
+"""
+import weakref
+
+import mxnet as mx
+import numpy as np
+from mxnet.ndarray import NDArray
+
+from ..ir import calls
+from . import context
+from . import passes
+from . import trie
+from . import weights as weight_calls
+from ..errors import BatchingError, describe_call
+from ..logs import warn_once
+from .frames import NOT_RECORDED, Frame
+from ..ir.graph import (LEAF, OP, VIEW, Graph, Node, analysed_node, slot,
+                    slots_of)
+from .lazy import LazyArray
+from .namespace import DETERMINISTIC, RecordingNamespace
+from ..ir.ops import opdef
+
+DEFAULT_MAX_PENDING = 500000    # pending nodes after which a scope flushes by itself
+MAX_ROW_CONCAT = 4096           # longer row concatenations take the generic path
+_SLICE_AXIS = opdef("slice_axis")
+_ONE_SLOT = (slot(0),)
+_DIM0 = {"dim": 0}              # the kwargs of row concatenations (never mutated)
+_DIM0_ITEMS = (("dim", 0),)
+_ROW_SLICES = {}    # (begin, end, shape, dtype) -> (CallInfo, kwargs) of a row-slice view
+
+
+class Recorder:
+    """Records the calls of one batching scope on this thread."""
+
+    def __init__(self, flush, ctx=None, read=None, recipe_for=None):
+        self._flush = flush
+        # How a frame's calls go into the graph (``templates.recipe_for``).
+        self.recipe_for = recipe_for
+        self._read = read or flush
+        self.ctx = ctx
+        self.graph = Graph(ctx, flush, self._read)
+        self.F = RecordingNamespace(self)
+        self.scope = None
+        self.sample = None          # index of the current top-level call
+        self.num_samples = 0        # top-level calls in this scope (sample numbers)
+        self.samples_flushed = 0    # of which counted by earlier flushes
+        self.path = ()              # block names being recorded, for messages
+        self.depth = 0              # nesting of DynBatchBlock calls
+        self.num_recorded = 0       # nodes made since the last flush
+        self.num_calls = 0          # operator calls recorded (in frames or not)
+        self.max_pending = DEFAULT_MAX_PENDING
+        self.replay = True          # child blocks replayed from their first trace
+        self.owner = None           # the first top-level DynBatchBlock called
+        self.last_stateful = None   # last stateful node recorded (calls.STATEFUL)
+        self.frame = None           # the Frame recording now, if any
+        self.frames = None          # whether calls are recorded as frames (frames_on)
+        self._faithful = None       # whether no pass rewrites calls (``faithful``)
+        self.lazy_pool = []         # dead provisional LazyArrays, reused by frames
+        self.eager = False          # reads flush every sample: run the rest eagerly
+        self.mode = None            # autograd's (recording, training) of new calls
+        self._mode_seen = None      # MODE_CHANGES[0] when self.mode was read
+        self._versions = {}         # id(block) -> parameter identity, per scope
+        self._tokens = {}           # id(block) -> block_token, per scope
+        self._roots = {}            # (id(block), modes) -> frame_root, per scope
+        self._store = trie.store()
+
+    @property
+    def constant_ids(self):
+        """id -> array of the constants this thread reuses (``make_constant``)."""
+        return self._store.constant_ids
+
+    # -- autograd's modes -----------------------------------------------------------
+    def sync_mode(self):
+        """Re-read autograd's modes if they may have changed; return them.
+
+        Calls recorded under other modes than the pending ones cannot run in
+        the same batch: the pending calls run first (a flush).
+        """
+        if self._mode_seen == context.MODE_CHANGES[0]:
+            return self.mode
+        self._mode_seen = context.MODE_CHANGES[0]
+        mode = context.autograd_mode()
+        if mode != self.mode:
+            frame = self.frame
+            if frame is not None:       # its calls so far enter the graph under the old modes
+                frame.fallback("autograd's mode changed")
+            self.mode = mode
+            pending = self.graph.mode
+            if pending is not None and pending != mode:
+                self._flush()
+        return mode
+
+    def same_mode(self):
+        """Whether autograd's modes are still those of the pending calls; MXNet sets
+        them too (deferred initialisation pauses recording), often back as they were."""
+        before = self.mode
+        return self.sync_mode() == before
+
+    def close(self):
+        """Drop references back to the scope (closures of F refer to the recorder)."""
+        self.graph.release()
+        self.lazy_pool = []
+        self.F = self._flush = self._read = self.scope = None
+
+    def flush(self):
+        """Run everything pending now."""
+        self._flush()
+
+    def read(self):
+        """Run everything pending now: a value is read (``scope.read``)."""
+        self._read()
+
+    # -- values -----------------------------------------------------------------------
+    def new_graph(self):
+        """Start a fresh graph (after a flush or a failure)."""
+        self.graph = Graph(self.ctx, self._flush, self._read)
+
+    def _set_ctx(self, ctx):
+        if self.ctx is None:
+            self.ctx = self.graph.ctx = ctx
+        elif ctx != self.ctx:
+            raise BatchingError("%s: arrays on different contexts (%s and %s)" % (
+                describe_call(self.sample, self.path), self.ctx, ctx))
+
+    def leaf(self, array):
+        """The LazyArray standing for concrete ``array`` in this graph."""
+        graph = self.graph
+        found = graph.leaf_by_id.get(id(array))
+        if found is not None and found[2] is array:
+            return found[1]
+        parameter = graph.parameter_of(array, self.owner)
+        if parameter is not None:           # ``p.data()`` read in the model: ``p`` itself
+            return self.param(parameter)
+        self._set_ctx(array.context)
+        node = graph.add(Node(graph, LEAF))
+        node.value = array
+        if type(array) is LazyArray and array.history_freed():
+            node.value = array.detach()      # as eager uses it: a constant
+            warn_once("freed", "%s: a value computed in an earlier batch is used after a "
+                       "backward pass freed the graph that computed it; it is used as a "
+                       "constant (no gradient flows into that earlier batch), as eager MXNet "
+                       "does with such arrays", describe_call(self.sample, self.path))
+        node.out_shapes = (array.shape,)
+        node.out_dtypes = (array.dtype,)
+        lazy = LazyArray(node, 0)
+        graph.leaf_by_id[id(array)] = (node, lazy, array)
+        return lazy
+
+    def param(self, parameter):
+        """The LazyArray of a gluon Parameter (or ``weight_calls.DerivedWeight``)."""
+        graph = self.graph
+        found = graph.leaf_by_id.get(id(parameter))
+        if found is not None:
+            return found[1]
+        if type(parameter) is weight_calls.DerivedWeight:
+            return weight_calls.resolve(self, parameter)
+        node = graph.add(Node(graph, LEAF))
+        node.param = parameter
+        node.out_shapes = (tuple(parameter.shape),)
+        node.out_dtypes = (np.dtype(parameter.dtype).type,)
+        lazy = LazyArray(node, 0)
+        graph.leaf_by_id[id(parameter)] = (node, lazy, parameter)
+        return lazy
+
+    def params_of(self, block):
+        """A block's own parameters as lazy values, by name (one dict per graph).
+
+        Every recursive call of a DynBatchBlock passes them; building the dict
+        once per graph saves a lookup per parameter per call.
+        """
+        graph = self.graph
+        found = graph.param_dicts.get(id(block))
+        if found is None or found[0] is not block:
+            found = graph.param_dicts[id(block)] = (
+                block, {name: self.param(p) for name, p in block._reg_params.items()})
+        return found[1]
+
+    def value_of(self, x):
+        """(node, index) of array ``x`` in the current graph."""
+        if isinstance(x, LazyArray):
+            node = x._node
+            if node is not None and node.graph is self.graph:
+                return node, x._idx
+            if type(node) is Frame:         # a value of a call still recording
+                node.cut("its value is used outside it")
+                return self.value_of(x)
+            if node is not None:          # pending in an older graph: run it
+                x.handle  # pylint: disable=pointless-statement
+        lazy = self.leaf(x)
+        return lazy._node, 0
+
+    def wrap_inputs(self, obj):
+        """Replace NDArrays in (nested lists/tuples of) ``obj`` by lazy leaves."""
+        if isinstance(obj, LazyArray):
+            node = obj._node
+            if node is not None and node.graph is self.graph:
+                return obj
+            return self.leaf(obj) if node is None else obj
+        if isinstance(obj, mx.nd.NDArray):
+            return self.leaf(obj)
+        if isinstance(obj, (list, tuple)) and any(
+                isinstance(o, (mx.nd.NDArray, list, tuple)) for o in obj):
+            wrapped = [self.wrap_inputs(o) for o in obj]
+            return wrapped if isinstance(obj, list) else type(obj)(wrapped) \
+                if type(obj) is tuple else type(obj)(*wrapped)
+        return obj
+
+    def wrap_arguments(self, args):
+        """The arguments of a top-level call, with NDArrays as lazy leaves.
+
+        Only arrays passed directly or inside tuples are wrapped.  Lists,
+        dicts and other containers keep their identity: a model may append
+        to a list its caller passed (per-node losses), and the caller must
+        see those appends.  Arrays inside them are used as they are (an
+        operator reading one records it as a leaf when it runs).
+        """
+        return tuple(self._wrap_argument(a) for a in args)
+
+    def _wrap_argument(self, obj):
+        if isinstance(obj, mx.nd.NDArray):
+            return self.wrap_inputs(obj)
+        if isinstance(obj, tuple):
+            wrapped = [self._wrap_argument(o) for o in obj]
+            return tuple(wrapped) if type(obj) is tuple else type(obj)(*wrapped)
+        return obj
+
+    def rebind(self, lazy, result):
+        """Make LazyArray ``lazy`` stand for ``result``'s value (an in-place update).
+
+        Returns ``lazy``.  Its old value stays what other nodes read; only
+        the object (and so every alias of it) now holds the new one.
+        """
+        node = lazy._node
+        if type(node) is Frame:
+            if result._node is node:          # both values of the recording frame
+                lazy._idx = result._idx
+                return lazy
+            node.lazies.remove(lazy)
+            node = result._node
+            lazy._node, lazy._idx = node, result._idx
+            node.outs[lazy._idx] = weakref.ref(lazy)
+            result._node = None
+            return lazy
+        if node.kind == LEAF:
+            raise BatchingError(
+                "%s: in-place update of an input array inside a batching scope; "
+                "write x = x + y instead" % describe_call(self.sample, self.path))
+        if node.graph is not self.graph:
+            lazy.handle  # pylint: disable=pointless-statement  (runs its graph)
+            return lazy
+        if node.outs is not None and node.outs[lazy._idx] is not None \
+                and node.outs[lazy._idx]() is lazy:
+            node.outs[lazy._idx] = None
+        new, idx = result._node, result._idx
+        lazy._node, lazy._idx = new, idx
+        new.outs[idx] = weakref.ref(lazy)
+        result._node = None
+        return lazy
+
+    # -- operator calls -----------------------------------------------------------------
+    def record(self, op, args, kwargs):
+        """Record ``op(*args, **kwargs)``, a call as the user wrote it; its output(s).
+
+        Attributes given by position become keywords (rules read them by
+        name).  Unless the recording is ``faithful``, the passes of
+        ``passes.BY_NAME`` may record it in another form.
+        """
+        if op.arrays is not None and len(args) > op.arrays:   # F.swapaxes(x, 0, 1)
+            args, kwargs = op.named(args, kwargs)
+        if not self.faithful():
+            for fn in passes.BY_NAME.get(op.name, ()):
+                found = fn(self, op, args, kwargs)
+                if found is not None:
+                    return found
+        return self.record_plain(op, args, kwargs)
+
+    def record_plain(self, op, args, kwargs):
+        """Record ``op(*args, **kwargs)`` without its operator's passes: a pass of
+        ``passes.ON_BASES`` where it reads a reshaped value, else as it is (a row
+        slice or concatenation as a view)."""
+        if args and not self.faithful():
+            first = args[0]
+            if type(first) is LazyArray and first._base is not None or len(args) == 2 \
+                    and type(args[1]) is LazyArray and args[1]._base is not None:
+                for fn in passes.ON_BASES:
+                    found = fn(self, op, args, kwargs)
+                    if found is not None:
+                        return found
+        form = _FORMS.get(op.name)
+        if form is not None:
+            found = form(self, op, args, kwargs)
+            if found is not None:
+                return found
+        return self.call_op(op, args, kwargs)
+
+    def call_op(self, op, args, kwargs):
+        """Record ``op(*args, **kwargs)``; return its LazyArray output(s)."""
+        frame = self.frame
+        if frame is not None:
+            if self._mode_seen == context.MODE_CHANGES[0] or self.same_mode():
+                return frame.op(op, args, kwargs)
+            frame.fallback("autograd's mode changed")
+        return self.graph_op(op, args, kwargs)
+
+    def graph_op(self, op, args, kwargs):
+        """Record ``op(*args, **kwargs)`` as a node of the graph, frame or not."""
+        self.num_calls += 1
+        if self._mode_seen != context.MODE_CHANGES[0]:
+            self.sync_mode()            # may flush: before the inputs are looked up
+        graph = self.graph
+        if len(graph.nodes) >= self.max_pending:
+            # Bounded memory: run what is pending (every value still held is
+            # computed), then record on into a fresh graph.
+            self._flush()
+        elif not kwargs and not graph.weight_nodes:
+            inputs = pending_inputs(graph, args)         # the common case
+            if inputs:
+                return self.add_node(op, inputs, slots_of(len(inputs)), {})
+        arrays = []
+        targs = []
+        for a in args:
+            if isinstance(a, NDArray):
+                targs.append(slot(len(arrays)))
+                arrays.append(a)
+            else:
+                targs.append(a)
+        inputs = [self.value_of(a) for a in arrays]
+        tkw = {}
+        if kwargs:
+            for k, v in kwargs.items():
+                if k == "name":
+                    continue
+                if isinstance(v, NDArray):
+                    tkw[k] = slot(len(inputs))
+                    inputs.append(self.value_of(v))
+                else:
+                    tkw[k] = v
+        if not inputs:
+            return self.constant(op, args, kwargs)
+        if weight_calls.on_weights(self, op, inputs):
+            return weight_calls.shared_call(self, op, inputs, tuple(targs), tkw)
+        return self.add_node(op, inputs, tuple(targs), tkw)
+
+    def row_slice(self, x, begin, end):
+        """Rows ``begin:end`` of array ``x``: ``x[i:j]`` and ``F.slice_axis(x, axis=0, ...)``.
+
+        A word's row of an embedding table, a label's row of a constant table:
+        models take one per tree node, so once the call shape is known the
+        view node is made here directly, without the generic ``graph_op``.
+        Rows of a value of the recording frame are a call of the frame.
+        """
+        if self.frame is not None and type(x) is LazyArray and x._node is self.frame:
+            return self.call_op(_SLICE_AXIS, (x,), {"axis": 0, "begin": begin, "end": end})
+        graph = self.graph
+        if len(graph.nodes) >= self.max_pending:
+            self._flush()
+            graph = self.graph
+        if self._mode_seen != context.MODE_CHANGES[0]:
+            self.sync_mode()
+            graph = self.graph
+        self.num_calls += 1
+        src = x._node if type(x) is LazyArray else None
+        if src is not None and src.graph is graph:
+            idx = x._idx
+            value = (src, idx)
+        else:
+            value = self.value_of(x)
+            src, idx = value
+        shape = src.out_shapes[idx]
+        if not (type(begin) is int and type(end) is int and 0 <= begin < end <= shape[0]):
+            return self.graph_op(_SLICE_AXIS, (x,), {"axis": 0, "begin": begin, "end": end})
+        found = _ROW_SLICES.get((begin, end, shape, src.out_dtypes[idx]))
+        if found is None:
+            kwargs = {"axis": 0, "begin": begin, "end": end}
+            info = calls.INFOS.get((_SLICE_AXIS, _ONE_SLOT,
+                                    (("axis", 0), ("begin", begin), ("end", end)),
+                                    (shape,), (src.out_dtypes[idx],)))
+            if info is None or info.kind != VIEW:
+                return self.add_node(_SLICE_AXIS, [value], _ONE_SLOT, kwargs)
+            # Nodes never change their kwargs: views of the same rows share one dict.
+            found = _ROW_SLICES[(begin, end, shape, src.out_dtypes[idx])] = (info, kwargs)
+        info, kwargs = found
+        if graph.mode is None:
+            graph.mode = self.mode
+        node = analysed_node(graph, VIEW, _SLICE_AXIS, (value,), _ONE_SLOT, kwargs, info,
+                          self.sample, self.path)
+        node.depth = src.depth
+        graph.nodes.append(node)
+        self.num_recorded += 1
+        lazy = LazyArray(node, 0)
+        node.outs = [weakref.ref(lazy)]
+        return lazy
+
+    def row_concat(self, op, args):
+        """``F.concat(*args, dim=0)`` of values of this graph whose call shape is known,
+        or None (the caller records it otherwise).
+
+        A node's children's states, stacked: recursive models make one or two
+        per tree node, so the view node is made here directly (as in
+        ``row_slice``), without the generic ``graph_op``.
+        """
+        graph = self.graph
+        if len(graph.nodes) >= self.max_pending or \
+                self._mode_seen != context.MODE_CHANGES[0] or len(args) > MAX_ROW_CONCAT:
+            return None
+        values = []
+        shapes = []
+        dtypes = []
+        depth = 0
+        for a in args:
+            if type(a) is not LazyArray:
+                return None
+            src = a._node
+            if src is None or src.graph is not graph:
+                return None
+            idx = a._idx
+            values.append((src, idx))
+            shapes.append(src.out_shapes[idx])
+            dtypes.append(src.out_dtypes[idx])
+            if src.depth > depth:
+                depth = src.depth
+        targs = slots_of(len(args))
+        info = calls.INFOS.get((op, targs, _DIM0_ITEMS, tuple(shapes), tuple(dtypes)))
+        if info is None or info.kind != VIEW:
+            return None
+        node = analysed_node(graph, VIEW, op, values, targs, _DIM0, info, self.sample, self.path)
+        node.depth = depth
+        graph.nodes.append(node)
+        self.num_recorded += 1
+        self.num_calls += 1
+        lazy = LazyArray(node, 0)
+        node.outs = [weakref.ref(lazy)]
+        return lazy
+
+    def constant(self, op, args, kwargs):
+        """An operator without array inputs (zeros, random, ...) runs now."""
+        return self.make_constant(op.nd_fn, op.path, args, kwargs)
+
+    def make_constant(self, fn, path, args, kwargs):
+        """Call creation function ``fn`` now and return its result as leaves.
+
+        Deterministic ones (zeros, ones, full, ...) are computed once per
+        context and reused: users only ever see copies of leaves.
+        """
+        if kwargs and "name" in kwargs:
+            kwargs = {k: v for k, v in kwargs.items() if k != "name"}
+        kwargs = kwargs or {}
+        ctx = self.ctx or mx.current_context()
+        store = self._store
+        key = out = None
+        if path[-1] in DETERMINISTIC:
+            key = (path, args, tuple(sorted(kwargs.items())) if kwargs else (),
+                   ctx.device_typeid, ctx.device_id)
+            try:
+                out = store.constants.get(key)
+            except TypeError:           # an unhashable argument: no memo
+                key = None
+        if out is None:
+            with ctx:
+                out = fn(*args, **kwargs)
+            if key is not None and len(store.constants) < 1024:
+                store.constants[key] = out
+                for array in (out if isinstance(out, (list, tuple)) else [out]):
+                    store.constant_ids[id(array)] = array
+        if isinstance(out, (list, tuple)):
+            return [self.leaf(o) for o in out]
+        return self.leaf(out)
+
+    def add_node(self, op, inputs, targs, tkw):
+        """Create, analyse and sign one op node; return its LazyArray output(s)."""
+        if self._mode_seen != context.MODE_CHANGES[0]:
+            self.sync_mode()
+        graph = self.graph
+        if graph.mode is None:
+            graph.mode = self.mode
+        in_shapes = tuple([src.out_shapes[i] for src, i in inputs])
+        in_dtypes = tuple([src.out_dtypes[i] for src, i in inputs])
+        try:
+            key = (op, targs, tuple(tkw.items()) if tkw else (), in_shapes, in_dtypes)
+            info = calls.INFOS.get(key)
+        except TypeError:          # an unhashable constant argument: no memo
+            key = info = None
+        if info is None:
+            node = Node(graph, OP, op, inputs, targs, tkw)
+            node.sample = self.sample
+            node.path = self.path
+            info = calls.analyse(node, in_shapes, in_dtypes)
+            calls.remember(key, info)
+            node.out_shapes, node.out_dtypes = info.out_shapes, info.out_dtypes
+            node.attrs, node.rule, node.meta, node.info = info.attrs, info.rule, info.meta, info
+        else:
+            node = analysed_node(graph, OP, op, inputs, targs, tkw, info, self.sample, self.path)
+        self.place(node, info)
+        graph.nodes.append(node)
+        self.num_recorded += 1
+        if len(info.out_shapes) == 1:
+            lazy = LazyArray(node, 0)
+            node.outs = [weakref.ref(lazy)]
+            return lazy
+        outs = [LazyArray(node, i) for i in range(len(info.out_shapes))]
+        node.outs = [weakref.ref(lazy) for lazy in outs]
+        return outs
+
+    def place(self, node, info):
+        """Kind, signature and depth of a new node.
+
+        Depth is 1 + the largest depth among the inputs (views pass their
+        inputs' depth on; leaves have 0).  Which op nodes a node waits for is
+        derived when a planner needs it (``graph.op_deps``); only extra
+        ordering constraints are stored in ``node.deps``.
+        """
+        depth = 0
+        for src, _ in node.inputs:
+            if src.depth > depth:
+                depth = src.depth
+        if info.stateful and self.mode[1]:
+            # Operators that update state (BatchNorm's running statistics) keep
+            # their recording order: each waits for the previous one.
+            previous = self.last_stateful
+            if previous is not None and previous.graph is node.graph:
+                node.deps = (previous,)
+                if previous.depth > depth:
+                    depth = previous.depth
+                warn_once(node.op.name, calls.STATEFUL_WARNING, node.op.name)
+            self.last_stateful = node
+        if info.kind == VIEW:
+            node.kind = VIEW
+            node.depth = depth
+            return
+        node.depth = depth + 1
+        if info.link:
+            node.graph.links.append(node)
+        if info.sig is None:
+            node.sig = ("alone", node.graph, node.id)
+        elif info.shared_pos:
+            if info.low and info.rule.refine(node, info):
+                return
+            inputs = node.inputs
+            node.sig = (info.sig, tuple([(inputs[k][0].id, inputs[k][1])
+                                         for k in info.shared_pos]))
+        else:
+            node.sig = info.sig
+
+    # -- frames -----------------------------------------------------------------------
+    def frames_on(self):
+        """Whether calls are recorded as frames (``frames.py``).
+
+        They are unless the scope records operator by operator
+        (``granularity="op"``, or the reference strategy).
+        """
+        if self.frames is None:
+            scope = self.scope
+            self.frames = scope is None or (scope.granularity_now() == "call"
+                                            and not scope.reference_now())
+        return self.frames
+
+    def faithful(self):
+        """Whether calls are recorded exactly as written, no pass rewriting them:
+        the reference strategy's recording, the oracle of the tests."""
+        found = self._faithful
+        if found is None:
+            found = self._faithful = self.scope is not None and self.scope.reference_now()
+        return found
+
+    def frame_root(self, block, helper=None):
+        """The root of ``block``'s template trie for calls recorded now (of its
+        recursive helper method of code ``helper``, if given)."""
+        if self._mode_seen != context.MODE_CHANGES[0]:
+            self.sync_mode()
+        key = (id(block), self.mode, helper)
+        found = self._roots.get(key)      # this scope's, while the modes hold
+        if found is None or found.counter[0] >= trie.MAX_STATES:
+            found = self._roots[key] = trie.root(
+                (id(block), self.block_version(block), self.mode, self.replay, helper), block)
+        return found
+
+    def block_token(self, block):
+        """A small int naming ``block`` and its parameters in this thread."""
+        found = self._tokens.get(id(block))
+        if found is None:
+            found = self._tokens[id(block)] = trie.token(
+                (id(block), self.block_version(block)), block)
+        return found
+
+    def block_version(self, block):
+        """Identity, shapes and dtypes of ``block``'s parameters (once per scope)."""
+        found = self._versions.get(id(block))
+        if found is None:
+            found = self._versions[id(block)] = trie.version(block)
+        return found
+
+    def block_frame(self, block, args):
+        """A child block called outside any frame: recorded as a frame of its own."""
+        frame = self.frame = Frame(self, self.frame_root(block), block,
+                                   self.path + (block.name,))
+        try:
+            out = frame.block_call(block, args)
+            if out is NOT_RECORDED:
+                frame.fallback("arguments templates cannot describe")
+                return self.trace(block, args)
+            frame.finish()              # ``out`` holds what the call returns
+            return out
+        finally:
+            self.frame = None
+
+    def trace(self, block, args):
+        """Run a child block's hooks and ``hybrid_forward`` with the recording ``F``."""
+        outer_path = self.path
+        self.path = outer_path + (block.name,)
+        try:
+            for hook in block._forward_pre_hooks.values():
+                hook(block, args)
+            params = {name: self.param(p) for name, p in block._reg_params.items()}
+            out = block.hybrid_forward(self.F, *args, **params)
+            for hook in block._forward_hooks.values():
+                hook(block, args, out)
+            return out
+        finally:
+            self.path = outer_path
+
+    def analyse_stub(self, op, args, kwargs, sources):
+        """The CallInfo of ``op(*args, **kwargs)`` on stand-in inputs ``sources``.
+
+        ``sources`` are ``(node, idx)`` pairs: graph values and leaves, or
+        :class:`ops.Stand` objects (a shape and a dtype).  Frames and the
+        template passes (``vectorize.py``) analyse their calls this way.
+        """
+        node = Node(self.graph, OP, op, list(sources), args, kwargs)
+        node.sample, node.path = self.sample, self.path
+        in_shapes = tuple([src.out_shapes[i] for src, i in sources])
+        in_dtypes = tuple([src.out_dtypes[i] for src, i in sources])
+        return calls.analyse(node, in_shapes, in_dtypes)
+
+
+def pending_inputs(graph, args):
+    """The inputs of a call whose arguments are all values of ``graph`` and none
+    a parameter (``x + y``, ``F.tanh(x)``), else None."""
+    inputs = []
+    for a in args:
+        if type(a) is not LazyArray:
+            return None
+        src = a._node
+        if src is None or src.graph is not graph or src.param is not None:
+            return None
+        inputs.append((src, a._idx))
+    return inputs
+
+
+def _row_slice(rec, op, args, kwargs):
+    """``F.slice_axis(x, axis=0, begin=i, end=j)``: a row view (``Recorder.row_slice``)."""
+    if len(args) == 1 and len(kwargs) == 3 and kwargs.get("axis") == 0 \
+            and "begin" in kwargs and "end" in kwargs and isinstance(args[0], NDArray):
+        return rec.row_slice(args[0], kwargs["begin"], kwargs["end"])
+    return None
+
+
+def _row_concat(rec, op, args, kwargs):
+    """``F.concat(*xs, dim=0)``: a row view (``Recorder.row_concat``); of values
+    outside the recording frame, a view in the graph read by the frame as one input."""
+    if len(kwargs) != 1 or kwargs.get("dim") != 0 or not args:
+        return None
+    out = rec.row_concat(op, args)
+    if out is not None:
+        return out
+    frame = rec.frame
+    if frame is None or not any(type(a) is LazyArray and a._node is frame for a in args):
+        return rec.graph_op(op, args, kwargs)
+    return None
+
+
+# The recorder's own forms of calls as written (views), kept in faithful recordings.
+_FORMS = {"slice_axis": _row_slice, "concat": _row_concat, "Concat": _row_concat}

@@ -1,0 +1,288 @@
+"""The template trie: what frames learned, shared by every frame of a block.
+
+A path from a root is a sequence of calls: each edge of a :class:`State` is
+keyed by an operator call's key (see ``Frame.op``) and holds its
+:class:`LearnedCall`, learned once; a child-block call is a :class:`Macro` edge that
+skips over the block's calls.  A state remembers, per exported positions,
+the recipe of the segment ending there (``templates.py``).
+
+Tries live per thread and per block (``roots``): a block's trie holds its
+parameters, so it is dropped with the block.
+"""
+import itertools
+import threading
+import weakref
+
+from mxnet.ndarray import NDArray
+
+from ..ir.graph import slot
+from ..ir.ops import Stand
+from .usage import Usage
+
+MAX_STATES = 200000        # states of one trie before it is dropped and learned anew
+
+
+class LearnedCall:
+    """One operator call of a template (the edge of the trie it was learned on).
+
+    Attributes
+    ----------
+    op : OpDef
+    args, kwargs : tuple, dict
+        The call with ``Slot(k)`` for the k-th array input (as ``Node``).
+    refs : tuple
+        Per array input: an int (a position of the frame), or ``("p",
+        parameter)`` / ``("c", array)`` for a parameter or a constant.
+    info : calls.CallInfo
+        Output shapes and dtypes, batching rule and signature.
+    outs : tuple of int
+        Positions of the outputs.
+    path : tuple
+        Block names below the frame's block (for messages).
+    site : tuple or None
+        The call's place in the user's code (``sites.capture``).
+    call : int or None
+        The first position of the frame's call (an operator, or the child
+        block that made it) this step belongs to.
+    """
+
+    __slots__ = ("op", "args", "kwargs", "refs", "info", "outs", "path", "site", "call")
+
+    def __init__(self, op, args, kwargs, refs, info, outs, path):
+        self.op, self.args, self.kwargs = op, args, kwargs
+        self.refs, self.info, self.outs, self.path = refs, info, outs, path
+        self.site = None            # where the user's code made the call (sites.py)
+        self.call = None
+
+
+class Macro:
+    """A child-block call learned once: where it leads and what it returns."""
+
+    __slots__ = ("target", "shapes", "dtypes", "outputs", "simple", "bases")
+
+    def __init__(self, target, shapes, dtypes, outputs, start, bases=None):
+        self.target = target        # the State after the block's last call
+        self.shapes = shapes        # shapes and dtypes of the positions it adds
+        self.dtypes = dtypes
+        self.outputs = outputs      # returned structure, positions in place of arrays
+        self.simple = _simple_outputs(outputs, start)
+        self.bases = bases          # (output, its base) offsets (reshapes.bases_made)
+
+
+def _simple_outputs(outputs, start):
+    """``(None, offset)`` for one new value returned, ``(tuple or list,
+    offsets)`` for several distinct new values; None for anything else."""
+    if outputs[0] == "pos":
+        return (None, outputs[1] - start) if outputs[1] >= start else None
+    kind, items = outputs
+    if kind not in (tuple, list) or any(item[0] != "pos" for item in items):
+        return None
+    offsets = [item[1] - start for item in items]
+    if min(offsets, default=-1) < 0 or len(set(offsets)) < len(offsets):
+        return None
+    return kind, offsets
+
+
+class State:
+    """A node of the template trie: the calls of a frame so far.
+
+    ``next`` maps an operator call's key to the next state, ``calls`` a
+    child-block call's key to a :class:`Macro`, ``cuts`` the exports of a
+    cut to the state after it.  ``recipes`` caches, per tuple of exported
+    positions, how to put the segment ending here into the graph.
+    """
+
+    __slots__ = ("next", "calls", "cuts", "step", "_parent", "_start", "recipes", "counter",
+                 "single", "shape", "dtype", "usage", "__weakref__")
+
+    def __init__(self, step=None, parent=None, start=None, counter=None):
+        self.single = step is not None and len(step.info.out_shapes) == 1
+        self.shape = self.dtype = None
+        if self.single:                 # read on every match: kept at hand
+            self.shape, self.dtype = step.info.out_shapes[0], step.info.out_dtypes[0]
+        self.next = {}
+        self.calls = {}
+        self.cuts = {}
+        self.step = step
+        # Links back up the trie are weak, so a trie whose block has gone is
+        # freed at once (its states are held from the root down).
+        self._parent = None if parent is None else weakref.ref(parent)
+        self._start = None if start is None or start is self else weakref.ref(start)
+        self.recipes = {}
+        self.counter = counter if counter is not None else (parent.counter if parent else [0])
+        self.counter[0] += 1
+        self.usage = None               # a root's Usage
+
+    @property
+    def parent(self):
+        """The state before this one (None at a root)."""
+        return None if self._parent is None else self._parent()
+
+    @property
+    def start(self):
+        """The state where this state's segment began (a root or a cut)."""
+        return self if self._start is None else self._start()
+
+    def root(self):
+        """The root of this state's trie."""
+        state = self
+        while state.parent is not None:
+            state = state.parent
+        return state
+
+    def steps(self):
+        """The steps from the start of this state's segment to it, in order."""
+        out = []
+        state = self
+        start = self.start
+        while state is not start:
+            if state.step is not None:         # None: entering a child-block call
+                out.append(state.step)
+            state = state.parent
+        out.reverse()
+        return out
+
+
+_SIMPLE = (int, float, str, bool, type(None))
+
+
+def flatten_args(args):
+    """(arrays, structure) of a call's nested lists and tuples of arguments;
+    (None, None) when a leaf is neither an array nor a simple value."""
+    arrays = []
+    structure = _walk_args(tuple(args), arrays)
+    return (arrays, structure) if structure is not None else (None, None)
+
+
+def _walk_args(obj, arrays):
+    if isinstance(obj, NDArray):
+        arrays.append(obj)
+        return ("A", len(arrays) - 1)
+    if isinstance(obj, (list, tuple)):
+        inner = tuple(_walk_args(o, arrays) for o in obj)
+        return None if None in inner else (type(obj).__name__, inner)
+    return ("C", obj) if isinstance(obj, _SIMPLE) else None
+
+
+def is_constant(item):
+    """Whether a key item of a positional argument is a constant ``(type, value)``."""
+    return type(item) is tuple and type(item[0]) is type
+
+
+
+_STORES = threading.local()
+
+
+class Store:
+    """What a thread's recorders keep across scopes.
+
+    Cached constants (``F.zeros`` ...) become inputs of autograd's graph when
+    a batch runs; one NDArray recorded by two threads' autograd at once
+    corrupts MXNet's bookkeeping, so every thread has its own constants, and
+    its own tries (which refer to constants by array).
+    """
+
+    def __init__(self):
+        self.constants = {}       # (path, args, kwargs, ctx) -> array(s)
+        self.constant_ids = {}    # id -> array of those constants (kept alive above)
+        self.roots = {}           # (block, parameters, modes, replay) -> root State
+        self.tokens = {}          # (id(block), parameters) -> small int (``token``)
+        self.usages = {}          # (id(block), helper) -> Usage, shared by its roots
+        self.counter = itertools.count()
+
+
+def store():
+    """This thread's :class:`Store`."""
+    found = getattr(_STORES, "store", None)
+    if found is None:
+        found = _STORES.store = Store()
+    return found
+
+
+def version(block):
+    """Identity, shapes and dtypes of ``block``'s parameters."""
+    return tuple((id(p), p.shape, p.dtype) for p in block.collect_params().values())
+
+
+def root(key, block):
+    """This thread's root State of ``key`` (block, parameters, modes...)."""
+    roots = store().roots
+    found = roots.get(key)
+    if found is None or found.counter[0] >= MAX_STATES:
+        found = roots[key] = State()
+        # A block's first scope often records before its parameters have
+        # shapes, so its roots differ by version: how its programs batched
+        # counts for the block, whichever root recorded them.
+        usages = store().usages
+        found.usage = usages.get((key[0], key[-1]))
+        if found.usage is None:
+            found.usage = usages[(key[0], key[-1])] = Usage()
+            weakref.finalize(block, usages.pop, (key[0], key[-1]), None)
+        # The trie holds the block's parameters: drop it with the block.
+        weakref.finalize(block, roots.pop, key, None)
+    return found
+
+
+def token(key, block):
+    """A small int naming ``key`` (a block and its parameters) in this thread."""
+    tokens = store().tokens
+    found = tokens.get(key)
+    if found is None:
+        found = tokens[key] = next(store().counter)
+        weakref.finalize(block, tokens.pop, key, None)
+    return found
+
+
+def learn_call(rec, frame, op, args, kwargs, refs, kw):
+    """The :class:`trie.LearnedCall` of a call a frame meets for the first time.
+
+    ``refs`` and ``kw`` are the call's key items (see ``Frame.op``).
+    Inputs that are values of the frame stand in as :class:`ops.Stand`
+    objects with their shapes; the analysis is the one of ``add_node``.
+    """
+    inputs, targs, step_refs = [], [], []
+    for a, ref in zip(args, refs):
+        if is_constant(ref):
+            targs.append(a)
+            continue
+        if type(ref) is tuple and ref[0] == "x":      # read for the first time
+            ref = frame.ext[id(a)]
+        targs.append(slot(len(inputs)))
+        inputs.append(_source(rec, frame, a, ref))
+        step_refs.append(_step_ref(rec, ref))
+    tkw = {}
+    for name, ref in kw or ():
+        value = kwargs[name]
+        if isinstance(value, NDArray):
+            if type(ref) is tuple and ref[0] == "x":
+                ref = frame.ext[id(value)]
+            tkw[name] = slot(len(inputs))
+            inputs.append(_source(rec, frame, value, ref))
+            step_refs.append(_step_ref(rec, ref))
+        else:
+            tkw[name] = value
+    info = rec.analyse_stub(op, tuple(targs), tkw, inputs)
+    start = len(frame.out_shapes)
+    outs = tuple(range(start, start + len(info.out_shapes)))
+    return LearnedCall(op, tuple(targs), tkw, tuple(step_refs), info, outs,
+                rec.path[len(frame.path):])
+
+
+def _source(rec, frame, array, ref):
+    """``(node, idx)`` standing for an input of a frame's call during analysis."""
+    if type(ref) is int:
+        outside = frame.vals.get(ref)
+        if outside is not None:
+            return rec.value_of(outside)
+        return (Stand(frame.out_shapes[ref], frame.out_dtypes[ref], ref), 0)
+    return rec.value_of(array)
+
+def _step_ref(rec, ref):
+    """A key item as a step keeps it: positions, parameters, constant arrays."""
+    if type(ref) is int:
+        return ref
+    if ref[0] == "c":
+        return ("c", rec.constant_ids[ref[1]])
+    if ref[0] == "p":
+        return ref
+    raise AssertionError("unexpected key item %r" % (ref,))

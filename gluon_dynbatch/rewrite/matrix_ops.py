@@ -1,0 +1,175 @@
+"""Operators on a sample's own matrices held as columns (``pairs.py``).
+
+``rewrite.pairs`` holds a sample's (m, n) matrix as the (m n, 1) column of its
+entries, row by row.  The calls it records on such columns are operators of
+their own, defined here; ``rules.groups`` batches calls of every size of each
+as one step:
+
+* :class:`GroupOp`: a softmax, log-softmax, sum, mean or max over each group
+  of a column's rows: ``n`` consecutive rows (along the matrix's last axis),
+  or rows ``k, n + k, ...`` (along axis 0);
+* :class:`PairOp`: the products that make a matrix's column
+  (``dot(Q, K, transpose_b=True)``) or read it (``dot(W, V)``,
+  ``dot(W, V, transpose_a=True)``);
+* :class:`PairwiseOp`: an elementwise operator making a column from an outer
+  sum (``a1(h) + a2(h).T``) or from a column and a known matrix (a mask).
+
+As recorded (the reference executor, a step of one call) each runs the
+operator as written on the matrix, between reshapes; their constant
+``group=`` names the matrix's width, so calls of different shapes are
+different calls.
+"""
+import threading
+
+import mxnet as mx
+import numpy as np
+
+KINDS = ("softmax", "log_softmax", "sum", "mean", "max")
+_NORMALISING = ("softmax", "log_softmax")
+
+
+class GroupOp:
+    """``kind`` along each group of rows of one input.
+
+    With ``axis`` 1, the groups are ``group`` consecutive rows each: the
+    (G * g, ...) input viewed (G, g, ...), ``kind`` along axis 1.  With
+    ``axis`` 0, the (m n, 1) input is an (m, n) matrix (n = ``group``) and
+    the groups are its columns: rows k, n + k, 2 n + k, ...  Interned per
+    kind, group size and axis (:func:`record`); a call passes the size as
+    ``group=`` too, so that it is one of the call's constants.
+    """
+
+    path = None          # rules.call_as_recorded runs it through ``run``
+    arrays, params = 1, ()
+
+    def __init__(self, kind, group, axis=1):
+        self.kind, self.group, self.axis = kind, group, axis
+        self.name = "_group_" + kind
+        self.nd_fn = lambda x, **_constants: self.compute(mx.nd, x)
+        self.sym_fn = lambda x, **_constants: self.compute(mx.sym, x)
+
+    def compute(self, F, x):
+        """The call on ``x`` through ``F`` (``mx.nd`` or ``mx.sym``)."""
+        if self.axis == 0:
+            out = getattr(F, self.kind)(F.reshape(x, shape=(-1, self.group)), axis=0)
+            return F.reshape(out, shape=(-1, 1))
+        if self.kind in _NORMALISING:
+            # Along the last axis of (G, g), as a softmax of the (m, n) matrix
+            # along its rows runs (MXNet's kernel for the last axis).
+            grouped = F.reshape(x, shape=(-1, self.group))
+            return F.reshape(getattr(F, self.kind)(grouped, axis=-1), shape=(-1, 1))
+        grouped = F.reshape(x, shape=(-4, -1, self.group, -2))   # (G, g, ...)
+        return getattr(F, self.kind)(grouped, axis=1)
+
+    def run(self, F, inputs, _info):
+        return [self.compute(F, inputs[0])]
+
+    def groups(self, rows):
+        """The row positions of each group of an input of ``rows`` rows, (G, g)."""
+        if self.axis == 0:
+            return np.arange(rows).reshape(-1, self.group).T
+        return np.arange(rows).reshape(-1, self.group)
+
+    def __repr__(self):
+        return "GroupOp(%s, %d, axis=%d)" % (self.kind, self.group, self.axis)
+
+
+_OPS = {}
+_OPS_LOCK = threading.Lock()
+
+
+def _interned(cls, key):
+    found = _OPS.get((cls, key))
+    if found is None:
+        with _OPS_LOCK:
+            found = _OPS.setdefault((cls, key), cls(*key))
+    return found
+
+
+def record(rec, kind, x, group, axis=1):
+    """Record ``kind`` over each group of ``group`` rows of pending ``x`` (see
+    :class:`GroupOp` for ``axis``)."""
+    return rec.call_op(_interned(GroupOp, (kind, group, axis)), (x,),
+                       {"group": group, "axis": axis})
+
+
+# -- products of a sample's own matrices ----------------------------------------------
+
+PRODUCTS = ("scores", "weighted", "weighted_t")
+
+
+class PairOp(GroupOp):
+    """A product of a sample's own values giving or reading an (m, n) matrix
+    as the (m n, 1) column of its entries (``pairs.py``), ``group`` = n:
+
+    * ``scores(Q, K)``: ``dot(Q, K, transpose_b=True)`` of (m, H) and (n, H);
+    * ``weighted(W, V)``: ``dot(W, V)`` of the matrix and an (n, C) value;
+    * ``weighted_t(W, V)``: ``dot(W, V, transpose_a=True)`` of the matrix and
+      an (m, C) value.
+    """
+
+    arrays = 2
+
+    def __init__(self, kind, group):
+        super().__init__(kind, group, 1)
+        self.name = "_pair_" + kind
+        self.nd_fn = lambda a, b, **_constants: self.compute(mx.nd, a, b)
+        self.sym_fn = lambda a, b, **_constants: self.compute(mx.sym, a, b)
+
+    def compute(self, F, a, b):  # pylint: disable=arguments-differ
+        if self.kind == "scores":
+            return F.reshape(F.dot(a, b, transpose_b=True), shape=(-1, 1))
+        matrix = F.reshape(a, shape=(-1, self.group))
+        return F.dot(matrix, b, transpose_a=self.kind == "weighted_t")
+
+    def run(self, F, inputs, _info):
+        return [self.compute(F, inputs[0], inputs[1])]
+
+
+def record_product(rec, kind, a, b, group):
+    """Record the :class:`PairOp` ``kind`` of pending ``a`` and ``b``."""
+    return rec.call_op(_interned(PairOp, (kind, group)), (a, b), {"group": group})
+
+
+# -- elementwise calls making or reading a matrix ------------------------------------
+
+class PairwiseOp(GroupOp):
+    """An elementwise ``operator`` (``broadcast_add``, ...) giving an (m, n)
+    matrix as its (m n, 1) column (``group`` = n), its inputs in the user's order:
+
+    * ``outer``: of an (m, 1) value and the (1, n) row of an (n, 1) column,
+      passed as that column (``outer_r``: the row first);
+    * ``known``: of a matrix's column and a known (m, n) matrix (``known_r``:
+      the known one first), read when the batch is planned.
+    """
+
+    arrays = 2
+
+    def __init__(self, kind, operator, group):
+        super().__init__(kind, group, 1)
+        self.operator = operator
+        self.name = "_pair_" + kind.split("_")[0]
+        self.reversed = kind.endswith("_r")
+        self.nd_fn = lambda a, b, **_constants: self.compute(mx.nd, a, b)
+        self.sym_fn = lambda a, b, **_constants: self.compute(mx.sym, a, b)
+
+    def compute(self, F, a, b):  # pylint: disable=arguments-differ
+        if self.name == "_pair_outer":
+            if self.reversed:
+                a = F.transpose(a)
+            else:
+                b = F.transpose(b)
+        elif self.reversed:
+            a = F.reshape(a, shape=(-1, 1))
+        else:
+            b = F.reshape(b, shape=(-1, 1))
+        return F.reshape(getattr(F, self.operator)(a, b), shape=(-1, 1))
+
+    def run(self, F, inputs, _info):
+        return [self.compute(F, inputs[0], inputs[1])]
+
+
+def record_pairwise(rec, kind, operator, a, b, group):
+    """Record the :class:`PairwiseOp` ``kind`` of ``operator`` on ``a`` and ``b``."""
+    op = _interned(PairwiseOp, (kind, operator, group))
+    return rec.call_op(op, (a, b), {"group": group})

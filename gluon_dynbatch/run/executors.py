@@ -1,0 +1,268 @@
+"""Running: the walked plan as batched MXNet calls.
+
+Three executors, chosen by ``compiled`` (see ``batching``):
+
+* :func:`run_interpreted`: every step an imperative MXNet call (a program
+  step through its cached CachedOp);
+* :func:`run_compiled`: the whole plan one symbol, run as a CachedOp kept in
+  a plan cache by the plan's structure key;
+* :func:`run_steps`: each step, its gathers included, one cached CachedOp.
+
+All three read the :class:`lowering.Lowering`'s walk: every index array reaches
+MXNet in one copy, and the live values get their rows at the end.
+"""
+import contextlib
+import os
+import time
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd
+
+from .lowering import Lowering
+from ..ir.rules import KNOWN, NO_GRADIENT, call_as_recorded
+
+_NO_CHANGE = contextlib.nullcontext()
+
+# MXNet 1.9.1's static memory planning (CachedOp ``static_alloc``) returned
+# wrong gradients for a whole-plan graph that hypothesis found (a value read
+# by tanh and reverse, or tanh and cumsum, besides gathers): the same symbol
+# without it is exact.  Exactness comes first, so no CachedOp here uses it
+# (tests/test_fuzz.py::test_regression_static_alloc_gradient keeps that case).
+STATIC_ALLOC = os.environ.get("GDB_STATIC_ALLOC", "0") == "1"
+
+
+def cached_op(symbol, flags=()):
+    """``mx.nd.CachedOp(symbol)`` with this package's flags (see ``STATIC_ALLOC``)."""
+    return mx.nd.CachedOp(symbol, list(flags) + [("static_alloc", STATIC_ALLOC)])
+
+
+def plan_symbol(walk):
+    """The symbol of a walked plan (``lowering.Lowering``; on a cache miss)."""
+    syms = {}
+
+    def source(sid):
+        found = syms.get(sid)
+        if found is None:
+            found = syms[sid] = mx.sym.var("s%d" % sid)
+        return found
+
+    def gather(desc):
+        if desc[0] == "direct":
+            return source(desc[1])
+        if desc[0] == "direct_var":
+            return mx.sym.var(desc[1])
+        _, sids, name = desc
+        table = source(sids[0]) if len(sids) == 1 else mx.sym.concat(
+            *[source(s) for s in sids], dim=0)
+        return mx.sym.take(table, mx.sym.var(name), axis=0)
+
+    for kind, node0, ins, outs, _, variant in walk.steps:
+        inputs = [gather(d) for d in ins]
+        if kind == "alone":
+            results = call_as_recorded(mx.sym, node0, inputs)
+        elif kind == "program":
+            results = node0.op.batched(mx.sym, inputs, variant)
+        else:
+            results = node0.rule.batched_call(mx.sym, node0, inputs)
+        for sid, sym in zip(outs, results):
+            syms[sid] = sym
+    return mx.sym.Group([gather(desc) for desc, _ in walk.outputs])
+
+
+def run_interpreted(plan, live, ctx):
+    """Run ``plan`` imperatively from the compiler's walk (batched nd calls).
+
+    The walk computes every gather's indices before anything runs, so they
+    reach MXNet in one copy; single-node steps run exactly as recorded.
+    """
+    walker = Lowering(ctx, slices=True)
+    walker.walk(plan, live)
+    feeds = walker.feed_arrays()
+    values = {}
+    for kind, node0, ins, outs, count, variant in walker.steps:
+        with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
+            detach = node0.op.detached if kind == "program" else ()
+            inputs = [_gather_detached(d, values, feeds) if k in detach
+                      else _gather(d, values, feeds) for k, d in enumerate(ins)]
+            if kind == "program":
+                results = run_program(node0.op, inputs, variant, walker.ctx)
+            elif kind == "alone" or count == 1 and KNOWN not in node0.meta:
+                results = call_as_recorded(mx.nd, node0, inputs[:len(node0.inputs)])
+            else:
+                results = node0.rule.batched_call(mx.nd, node0, inputs)
+        for sid, array in zip(outs, results):
+            values[sid] = array
+    walker.deliver([_gather(desc, values, feeds) for desc, _ in walker.outputs])
+
+
+def run_program(program, inputs, variant, ctx):
+    """``program.batched`` on ``inputs`` through a CachedOp kept per thread,
+    variant and context (``Program.compiled``)."""
+    cache = getattr(program.compiled, "ops", None)
+    if cache is None:
+        cache = program.compiled.ops = {}
+    key = (variant, str(ctx))
+    op = cache.get(key)
+    if op is None:
+        names = ["x%d" % k for k in range(len(inputs))]
+        outs = program.batched(mx.sym, [mx.sym.var(n) for n in names], variant)
+        symbol = mx.sym.Group(outs)
+        order = [names.index(n) for n in symbol.list_inputs()]
+        op = cache[key] = (cached_op(symbol), order)
+    cached, order = op
+    out = cached(*[inputs[k] for k in order])
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _gather_detached(desc, values, feeds):
+    """``_gather`` outside autograd: for a program input that only zero-gradient
+    entries read (``zeros_like``, ``BlockGrad``, comparisons: ``Program.detached``).
+
+    Its gradient is zero.  MXNet 1.9's imperative backward crashes (segfault)
+    when the only gradient reaching a ``take`` of a ``concat`` is such a zero,
+    so the gathered copy carries no history.
+    """
+    with autograd.pause():
+        return _gather(desc, values, feeds)
+
+
+def _gather(desc, values, feeds):
+    """The array a gather description stands for, run imperatively.
+
+    ``values`` holds the step outputs computed so far by source id; leaves and
+    index arrays are in ``feeds``.
+    """
+    kind = desc[0]
+    if kind == "direct":
+        sid = desc[1]
+        return values[sid] if sid in values else feeds["s%d" % sid]
+    if kind == "direct_var":
+        return feeds[desc[1]]
+    if kind == "slice":
+        return mx.nd.slice_axis(_gather(("direct", desc[1]), values, feeds), axis=0,
+                                begin=desc[2], end=desc[3])
+    sources = [_gather(("direct", sid), values, feeds) for sid in desc[1]]
+    table = sources[0] if len(sources) == 1 else mx.nd.concat(*sources, dim=0)
+    return mx.nd.take(table, feeds[desc[2]], axis=0)
+
+
+class CompiledPlan:
+    """A CachedOp and the order of its inputs."""
+
+    def __init__(self, symbol, param_names):
+        self.names = symbol.list_inputs()
+        flags = [("data_indices", [i for i, n in enumerate(self.names)
+                                   if n not in param_names]),
+                 ("param_indices", [i for i, n in enumerate(self.names) if n in param_names])]
+        self.op = cached_op(symbol, flags)
+        self.calls = 0
+
+    def __call__(self, inputs):
+        self.calls += 1
+        out = self.op(*inputs)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def run_compiled(plan, live, ctx, cache, stats):
+    """Run ``plan`` through a cached (or new) CachedOp; fill ``stats``.
+
+    On a miss, building the symbol, creating the CachedOp and its first call
+    (where MXNet builds the graph) count as compilation.
+    """
+    compiler = Lowering(ctx)
+    key = (str(compiler.ctx),) + compiler.walk(plan, live)
+    entry = cache.get(key)
+    start = time.perf_counter()
+    if entry is None:
+        entry = CompiledPlan(plan_symbol(compiler), compiler.param_names)
+        stats.evictions += cache.put(key, entry)
+        stats.cache_misses += 1
+    else:
+        stats.cache_hits += 1
+    results = entry(compiler.inputs(entry.names))
+    if stats.cache_misses and entry.calls == 1:
+        stats.compile_ms += 1000.0 * (time.perf_counter() - start)
+    compiler.deliver(results)
+
+
+def run_steps(plan, live, ctx, cache, stats):
+    """``compiled="step"``: each step, its gathers included, as one cached CachedOp.
+
+    A step's graph depends on its operator, attributes, roles, trailing shapes
+    and how many sources each gather reads, which repeat from batch to batch
+    even when whole plans do not; so after warm-up almost every step hits.
+    The walk computes every index array first, so they reach MXNet in one
+    copy, as in :func:`run_interpreted`.
+    """
+    walker = Lowering(ctx, tables="present")
+    walker.walk(plan, live)
+    feeds = walker.feed_arrays()
+    values = {}
+    for kind, node0, ins, outs, _, variant in walker.steps:
+        arrays, shape = [], []
+        for desc in ins:
+            if desc[0] == "take":
+                arrays.extend(_gather(("direct", sid), values, feeds) for sid in desc[1])
+                arrays.append(feeds[desc[2]])
+                shape.append(("t", len(desc[1])))
+            else:
+                arrays.append(_gather(desc, values, feeds))
+                shape.append(("d",))
+        with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
+            results = _run_step(node0, tuple(shape), variant, arrays, walker.ctx, cache, stats)
+        for sid, array in zip(outs, results):
+            values[sid] = array
+    walker.deliver([_gather(desc, values, feeds) for desc, _ in walker.outputs])
+
+
+def _run_step(node0, shape, variant, arrays, ctx, cache, stats):
+    """Run one step's cached CachedOp (compiled on a miss) on ``arrays``."""
+    attrs = node0.attrs if node0.rule.keyed_attrs else None
+    key = ("step", node0.rule.batching, node0.op.name, attrs, node0.meta,
+           type(node0.rule).__name__, shape, variant,
+           tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
+           tuple(np.dtype(src.out_dtypes[i]).name for src, i in node0.inputs),
+           tuple(s[1:] for s in node0.out_shapes), node0.rule.step_key(node0), str(ctx))
+    entry = cache.get(key)
+    start = time.perf_counter()
+    if entry is None:
+        entry = CompiledPlan(_step_symbol(node0, shape, variant), ())
+        entry.order = [int(name[1:]) for name in entry.names]   # "v7" -> array 7
+        stats.evictions += cache.put(key, entry)
+        stats.cache_misses += 1
+    else:
+        stats.cache_hits += 1
+    outs = entry([arrays[k] for k in entry.order])
+    if entry.calls == 1:
+        stats.compile_ms += 1000.0 * (time.perf_counter() - start)
+    return outs
+
+
+def _step_symbol(node0, descs, variant=None):
+    """The symbol of one step: gathers (take over concatenated sources), then the op.
+
+    ``descs`` has per input ``("d",)`` (passed whole) or ``("t", n)`` (rows
+    taken from n sources); index arrays of calls and ragged sums are the
+    last ``("d",)`` inputs.
+    """
+    count = [0]
+
+    def var():
+        count[0] += 1
+        return mx.sym.var("v%d" % (count[0] - 1))
+    inputs = []
+    for desc in descs:
+        if desc[0] == "d":
+            inputs.append(var())
+            continue
+        sources = [var() for _ in range(desc[1])]
+        table = sources[0] if len(sources) == 1 else mx.sym.concat(*sources, dim=0)
+        inputs.append(mx.sym.take(table, var(), axis=0))
+    if node0.rule.batching == "alone":
+        outs = call_as_recorded(mx.sym, node0, inputs)
+    elif node0.rule.batching == "program":
+        outs = node0.op.batched(mx.sym, inputs, variant)
+    else:
+        outs = node0.rule.batched_call(mx.sym, node0, inputs)
+    return mx.sym.Group(outs)

@@ -1,0 +1,560 @@
+"""Lowering: a plan becomes gathers and steps, with every value's rows located.
+
+Every value is a list of *segments* ``(source, start, stop)``: rows of a
+source (a step's batched output, a parameter, an input).  A step gathers the
+segments of its nodes' inputs into one array (a slice, or one ``take`` over
+its sources concatenated), calls the operator (or program) once, and gives
+each node its rows of the outputs.  Views (row slices, axis-0
+concatenations, row broadcasts) only rearrange segments, so many rows taken
+from one array become a single gather.
+
+:class:`Lowering` walks a plan once and produces what every executor of
+``run.py`` needs: per step its gather descriptions, the index arrays (fed as
+data, so one compiled graph serves many sample sets), the plan's structure
+key, and how to hand the live values their rows.
+"""
+import ctypes
+from itertools import chain, repeat
+
+import mxnet as mx
+import numpy as np
+from mxnet.base import _LIB, NDArrayHandle, c_array, check_call, mx_uint
+
+from ..ir.graph import LEAF, VIEW
+from ..ir.rules import BROW, KNOWN, SHARED
+
+_CONCATS = ("concat", "Concat")
+
+
+class SegmentWalker:
+    """Segment bookkeeping of a walk over a plan (the base of ``Lowering``).
+
+    Subclasses say what a leaf's source is (``leaf_source``); a source has a
+    row count given by ``source_rows``.
+    """
+
+    def __init__(self):
+        self.segs = {}
+        # Marks the positions this walk gives nodes (``node.at``, see ``assign``).
+        self.token = object()
+
+    def leaf_source(self, node):
+        raise NotImplementedError
+
+    def segments(self, node, idx=0):
+        """The segment list of output ``idx`` of ``node``."""
+        key = (node, idx)
+        found = self.segs.get(key)
+        if found is not None:
+            return found
+        if node.kind == LEAF:
+            found = [(self.leaf_source(node), 0, node.out_shapes[0][0])]
+        elif node.kind == VIEW:
+            found = self._view_segments(node)
+        else:
+            return [self.row_of(node, idx)]
+        self.segs[key] = found
+        return found
+
+    def row_of(self, node, idx):
+        """The segment of output ``idx`` of ``node``, a step output of one row per node."""
+        at = node.at
+        if at is None or at[0][0] is not self.token:
+            raise RuntimeError("internal error: %r used before its step ran" % node)
+        start = at[1]
+        return (at[0][idx + 1], start, start + 1)
+
+    def _view_segments(self, node):
+        name = node.op.name
+        if name == "slice_axis":
+            src, i = node.inputs[0]
+            segs = self.segs.get((src, i)) or self.segments(src, i)
+            kwargs = node.kwargs
+            begin, end = kwargs["begin"], kwargs["end"]
+            if not (type(begin) is int and type(end) is int and 0 <= begin < end):
+                # Negative or open bounds count from the end, as in Python.
+                begin, end, _ = slice(begin, end).indices(src.rows(i))
+            if len(segs) == 1:
+                # Rows of one segment (a word's row of a table): the common case.
+                source, start, _ = segs[0]
+                return [(source, start + begin, start + end)]
+            return _cut(segs, begin, end)
+        if name in ("concat", "Concat"):
+            out = []
+            for src, i in node.inputs:
+                out.extend(self.segments(src, i))
+            return out
+        src, i = node.inputs[0]
+        if name == "repeat":                # each row ``repeats`` times, in order
+            repeats = node.kwargs["repeats"]
+            return [(source, row, row + 1) for source, start, stop in self.segments(src, i)
+                    for row in range(start, stop) for _ in range(repeats)]
+        return self.segments(src, i) * node.out_shapes[0][0]   # broadcast of a single row
+
+    def input_segments(self, nodes, k, role):
+        """Segments of input ``k`` of every node, rows broadcast where ``role`` says."""
+        segs = []
+        extend = segs.extend
+        known = self.segs.get
+        brow = role == BROW
+        for node in nodes:
+            value = node.inputs[k]
+            part = known(value)
+            if part is None:
+                part = self.segments(*value)
+            if brow:
+                rows_out = node.out_shapes[0][0]
+                if rows_out > 1 and value[0].out_shapes[value[1]][0] == 1:
+                    part = part * rows_out
+            extend(part)
+        return segs
+
+    def assign(self, nodes, outs):
+        """Record the rows of step outputs ``outs`` belonging to each node.
+
+        Returns the row count of each output.
+        """
+        counts = [[node.out_shapes[j][0] for node in nodes] for j in range(len(outs))]
+        if all(max(rows) == 1 for rows in counts):
+            # One row per node, the common case: row k of every output is
+            # node k's, which ``row_of`` reads from ``node.at`` (one tuple per
+            # node instead of a segment list per output).
+            marker = (self.token,) + tuple(outs)
+            for k, node in enumerate(nodes):
+                node.at = (marker, k)
+            return [len(nodes)] * len(outs)
+        segs = self.segs
+        totals = []
+        for j, (out, rows) in enumerate(zip(outs, counts)):
+            offset = 0
+            for node, count in zip(nodes, rows):
+                segs[(node, j)] = [(out, offset, offset + count)]
+                offset += count
+            totals.append(offset)
+        return totals
+
+
+_NO_ROLES = repeat(None)     # the roles of an alone node's inputs
+
+
+def shared_inputs(nodes):
+    """Per input of a batch: True when it is passed once rather than gathered.
+
+    SHARED inputs always are (KNOWN ones are not passed at all).  A one-row
+    BROW input that every node shares can broadcast natively too, provided
+    another input is gathered at full rows (otherwise the batch would have
+    one row instead of one per node).
+    """
+    node0 = nodes[0]
+    shared = []
+    for k, role in enumerate(node0.meta):
+        first = node0.inputs[k]
+        shared.append(role == SHARED or role == KNOWN or (
+            role == BROW and first[0].out_shapes[first[1]][0] == 1
+            and all(n.inputs[k] == first for n in nodes)))
+    if all(shared[k] for k, role in enumerate(node0.meta) if role not in (SHARED, KNOWN)):
+        for k, role in enumerate(node0.meta):
+            if role not in (SHARED, KNOWN):
+                shared[k] = False
+                break
+    return shared
+
+
+def merge_segments(segs):
+    """Join adjacent segments of the same source."""
+    merged = []
+    for source, start, stop in segs:
+        if merged and merged[-1][0] is source and merged[-1][2] == start:
+            merged[-1] = (source, merged[-1][1], stop)
+        else:
+            merged.append((source, start, stop))
+    return merged
+
+
+def run_indices(starts, lengths):
+    """Concatenation of ``arange(start, start + length)`` for each run, vectorised."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    shift = np.repeat(starts - (ends - lengths), lengths)
+    return (np.arange(ends[-1], dtype=np.int64) + shift).astype(np.int32)
+
+
+def _cut(segs, begin, end):
+    """Rows ``begin:end`` (``0 <= begin < end``) of a segment list."""
+    out, pos = [], 0
+    for array, start, stop in segs:
+        length = stop - start
+        lo, hi = max(begin, pos), min(end, pos + length)
+        if lo < hi:
+            out.append((array, start + lo - pos, start + hi - pos))
+        pos += length
+        if pos >= end:
+            break
+    return out
+
+
+class Lowering(SegmentWalker):
+    """Walks a plan, producing its structure key and its feeds.
+
+    Sources are integers: leaves (parameters, input arrays) and step outputs.
+    """
+
+    def __init__(self, ctx, slices=False, tables=None):
+        super().__init__()
+        self.ctx = ctx or mx.current_context()
+        self.slices = slices      # allow ("slice", sid, start, stop): not for caching
+        # What a take reads: the sources its rows come from ("present"), or
+        # every source so far of their families ("family": whole-plan keys
+        # that do not depend on the trees).
+        self.tables = tables or ("present" if slices else "family")
+        self.matrix_parts = []    # (variable name, numpy array) extra inputs of segment steps
+        self.source_desc = []     # per source: hashable description
+        self.families = []        # per source: what kind of value it holds
+        self.source_rows = []
+        self.leaf_ids = {}
+        self.feeds = {}           # variable name -> NDArray (leaves, segment matrices)
+        self.param_names = set()
+        self.index_parts = []     # (variable name, int32 numpy array)
+        self.steps = []           # (kind, node0, nodes, input descriptions, output sources)
+        self.outputs = []         # (group description, [(node, idx, lazy)])
+        self.step_outputs = {}    # (first node, j) -> (sid, nodes) of each step output
+        self.key_parts = []
+
+    # -- sources ------------------------------------------------------------------
+    def _new_source(self, desc, rows, family=None):
+        self.families.append(family if family is not None else ("leaf", len(self.families)))
+        self.source_desc.append(desc)
+        self.source_rows.append(rows)
+        return len(self.source_desc) - 1
+
+    def leaf_source(self, node):
+        sid = self.leaf_ids.get(node)
+        if sid is not None:
+            return sid
+        rows = node.out_shapes[0][0]
+        if node.param is not None:
+            param = node.param
+            sid = self._new_source(("param", param.name, id(param), tuple(param.shape),
+                                    np.dtype(param.dtype).name), rows)
+            name = "s%d" % sid
+            self.feeds[name] = param.data(self.ctx)
+            self.param_names.add(name)
+        else:
+            value = node.value
+            sid = self._new_source(("leaf", np.dtype(value.dtype).name, len(value.shape)),
+                                   rows)
+            self.feeds["s%d" % sid] = value
+        self.leaf_ids[node] = sid
+        return sid
+
+    def _gather_desc(self, segs, force_take=False):
+        """('direct', sid) for a whole source in order, else ('take', sids, var)."""
+        merged = merge_segments(segs)
+        if not force_take and len(merged) == 1:
+            sid, start, stop = merged[0]
+            if start == 0 and stop == self.source_rows[sid]:
+                return ("direct", sid)
+            if self.slices:
+                return ("slice", sid, start, stop)
+        sids, starts, stops = (np.array(column, dtype=np.int64) for column in zip(*merged))
+        return self._take(sids, starts, stops - starts)
+
+    def _take(self, sids, starts, lengths):
+        """('take', sources, var): runs of rows of ``sids`` (numpy arrays) as one take.
+
+        The take reads the concatenation of its sources, in table order (see
+        ``_table_sources``); its index array goes to ``index_parts``.
+        """
+        order = self._table_sources(sids)
+        offsets = np.zeros(len(self.source_rows), dtype=np.int64)
+        base = 0
+        for sid in order:
+            offsets[sid] = base
+            base += self.source_rows[sid]
+        starts = starts + offsets[sids]
+        if (lengths == 1).all():
+            index = starts.astype(np.int32)
+        else:
+            index = run_indices(starts, lengths)
+        name = "i%d" % len(self.index_parts)
+        self.index_parts.append((name, index))
+        return ("take", tuple(order), name)
+
+    def _gather_rows(self, nodes, k, role, force_take=False):
+        """``_gather_desc`` of input ``k`` of ``nodes``, vectorised where it can be.
+
+        Each node's input is a short list of segments (one for a row of an
+        earlier step's output or of a table, one per child for a
+        concatenation); their sources and starts go to numpy at once instead
+        of through Python loops over segments.
+        """
+        if role == BROW:
+            return self._gather_desc(self.input_segments(nodes, k, role), force_take)
+        values = [n.inputs[k] for n in nodes]
+        sids, starts, stops = self._row_slices(values) or self._rows_of(values)
+        lengths = stops - starts
+        first = sids[0]
+        if (sids == first).all() and (starts[1:] == starts[:-1] + lengths[:-1]).all():
+            # One run of one source: as the general path decides.
+            return self._gather_desc([(int(first), int(starts[0]), stops[-1])], force_take)
+        return self._take(sids, starts, lengths)
+
+    def _rows_of(self, values):
+        """(sids, starts, stops) of the segments of ``values``, in order, as numpy arrays."""
+        first = values[0][0]
+        if first.kind == VIEW and first.op.name in _CONCATS:
+            found = self._stacked_rows(values)
+            if found is not None:
+                return found
+        known = self.segs.get
+        parts = [known(v) or self.segments(*v) for v in values]
+        if max(map(len, parts)) == 1:
+            columns = zip(*[p[0] for p in parts])
+        else:
+            columns = zip(*chain.from_iterable(parts))
+        return tuple(np.array(column, dtype=np.int64) for column in columns)
+
+    def _stacked_rows(self, values):
+        """``_rows_of`` for concatenations of one-row step outputs (a node's
+        children's states), read from the outputs' ``node.at`` without
+        resolving view by view; None if any value is something else."""
+        token = self.token
+        sids, starts = [], []
+        for view, _ in values:
+            if view.kind != VIEW or view.op.name not in _CONCATS:
+                return None
+            for src, idx in view.inputs:
+                at = src.at
+                if at is None or at[0][0] is not token:
+                    return None
+                sids.append(at[0][idx + 1])
+                starts.append(at[1])
+        starts = np.array(starts, dtype=np.int64)
+        return np.array(sids, dtype=np.int64), starts, starts + 1
+
+    def _row_slices(self, values):
+        """(sids, starts, stops) when every value is a row slice (``x[i:j]``) of one
+        array held in one segment, else None.
+
+        Each tree node's word row of an embedding table is such a view: its rows
+        come from the slices' bounds at once, without resolving view by view.
+        """
+        first = values[0][0]
+        if first.kind != VIEW or first.op.name != "slice_axis":
+            return None
+        op, base = first.op, first.inputs[0]
+        begins, ends = [], []
+        for view, idx in values:
+            if idx or view.kind != VIEW or view.op is not op or view.inputs[0] != base:
+                return None
+            kwargs = view.kwargs
+            begins.append(kwargs["begin"])
+            ends.append(kwargs["end"])
+        segs = self.segs.get(base) or self.segments(*base)
+        if len(segs) != 1:
+            return None
+        begins = np.array(begins)
+        ends = np.array(ends)
+        if begins.dtype.kind != "i" or ends.dtype.kind != "i" or not (
+                (begins >= 0).all() and (ends > begins).all()):
+            return None     # open (None) or negative bounds: resolved one by one
+        sid, start, _ = segs[0]
+        return np.full(len(values), sid, dtype=np.int64), begins + start, ends + start
+
+    def _table_sources(self, sids):
+        """The sources a take of rows of ``sids`` reads, in table order.
+
+        Compiled plans read every source so far of the families needed, so
+        the graph does not depend on which earlier step (tree level) each row
+        came from, only on the sequence of steps.
+        """
+        present = np.flatnonzero(np.bincount(sids))     # sorted, as np.unique
+        if self.tables == "present":
+            return [int(sid) for sid in present]
+        wanted = {self.families[sid] for sid in present.tolist()}
+        return [sid for sid, family in enumerate(self.families) if family in wanted]
+
+    def _whole_output(self, nodes, k, role):
+        """('direct', sid) when input ``k`` of ``nodes`` is exactly output j of one
+        earlier step, node for node in order, else None.
+
+        The common case (a chain of operators over the same nodes) is found
+        without building segment lists: comparing tuples of nodes runs in C.
+        """
+        src0, j = nodes[0].inputs[k]
+        found = self.step_outputs.get((src0, j))
+        if found is None:
+            return None
+        sid, producers = found
+        if len(producers) != len(nodes):
+            return None
+        values = [n.inputs[k] for n in nodes]
+        if tuple([v[0] for v in values]) != producers or any(v[1] != j for v in values):
+            return None
+        # A one-row BROW input repeated to more rows is not the producer's layout.
+        if role == BROW and any(n.out_shapes[0][0] > 1 and p.out_shapes[j][0] == 1
+                                for n, p in zip(nodes, producers)):
+            return None
+        return ("direct", sid)
+
+    # -- walking the plan -----------------------------------------------------------
+    def walk(self, plan, live):
+        """Describe every step and the delivery of the ``live`` outputs."""
+        for step in plan.steps:
+            self._walk_step(step.nodes)
+        self._walk_outputs(live)
+        return (tuple(self.key_parts), tuple(self.source_desc[:]),
+                tuple(sorted(self.param_names)))
+
+    def _walk_step(self, nodes):
+        node0 = nodes[0]
+        variant = None
+        if node0.rule.batching == "alone":
+            kind = "alone"
+            ins = tuple(self._gather_desc(self.segments(src, i)) for src, i in node0.inputs)
+            key = (kind, node0.op.name, node0.attrs, ins)
+        else:
+            kind = node0.rule.batching
+            ins = []
+            shared = shared_inputs(nodes)
+            for k, role in enumerate(node0.meta):
+                if role == KNOWN:               # read by the rule (segment_arrays)
+                    continue
+                if shared[k]:
+                    ins.append(self._gather_desc(self.segments(*node0.inputs[k])))
+                elif kind == "program" and not self.slices:
+                    # Compiled: whether a call's rows lie in order in one earlier
+                    # output depends on the trees; a take always keeps the
+                    # plan's key the same for batches of the same shape.
+                    ins.append(self._gather_rows(nodes, k, role, force_take=True))
+                else:
+                    ins.append(self._whole_output(nodes, k, role)
+                               or self._gather_rows(nodes, k, role))
+            variant, extra = _extra_arrays(node0, nodes, sticky=not self.slices)
+            for k, array in enumerate(extra):
+                name = "m%d_%d" % (len(self.steps), k)
+                self.matrix_parts.append((name, array))
+                ins.append(("direct_var", name))
+            ins = tuple(ins)
+            attrs = node0.attrs if node0.rule.keyed_attrs else None
+            key = (kind, node0.op.name, attrs, tuple(node0.meta), type(node0.rule).__name__,
+                   ins, variant)
+        tails = (tuple(src.out_shapes[i][1:] if role != KNOWN else None
+                       for (src, i), role in zip(node0.inputs, node0.meta or _NO_ROLES)),
+                 tuple(shape[1:] for shape in node0.out_shapes),
+                 tuple(np.dtype(d).name for d in node0.out_dtypes))
+        key = key + (tails, node0.rule.step_key(node0))
+        family = (kind, node0.op.name, node0.attrs if node0.rule.keyed_attrs else None,
+                  node0.meta, tails)
+        if kind == "program":
+            # Calls of different programs (a leaf's cell and an internal
+            # node's) feed the same consumers; whether a batch's consumers
+            # read both depends on its trees, so their outputs form one family
+            # per position, trailing shape and dtype.
+            family = (kind, tails[1:])
+        outs = [self._new_source(("step", len(self.steps), j), 0, family + (j,))
+                for j in range(len(node0.out_shapes))]
+        for j, (sid, rows) in enumerate(zip(outs, self.assign(nodes, outs))):
+            self.source_rows[sid] = rows
+            self.step_outputs[(node0, j)] = (sid, nodes)
+        self.steps.append((kind, node0, ins, outs, len(nodes), variant))
+        self.key_parts.append(key)
+
+    def _walk_outputs(self, live):
+        groups = {}
+        for node, idx, lazy in live:
+            gkey = (node.out_dtypes[idx], node.out_shapes[idx][1:])
+            groups.setdefault(gkey, []).append((node, idx, lazy))
+        for gkey, members in groups.items():
+            segs = []
+            for node, idx, _ in members:
+                segs.extend(self.segments(node, idx))
+            desc = self._gather_desc(segs, force_take=True)
+            self.outputs.append((desc, members))
+            self.key_parts.append(("out", gkey, desc))
+
+    # -- building and running ----------------------------------------------------------
+    def inputs(self, names):
+        """NDArrays for the symbol's input ``names``."""
+        feeds = self.feed_arrays()
+        return [feeds[n] for n in names]
+
+    def feed_arrays(self):
+        """Every feed by name; index arrays and segment matrices copied once per dtype.
+
+        Each ``mx.nd.array`` is a synchronous copy, so one per gather would
+        cost more than the gathers themselves; the copy is then cut into the
+        parts (views, see ``_view``).
+        """
+        feeds = dict(self.feeds)
+        parts = self.index_parts + self.matrix_parts
+        for dtype in {array.dtype for _, array in parts}:
+            group = [(name, array) for name, array in parts if array.dtype == dtype]
+            flat = mx.nd.array(np.concatenate([array.ravel() for _, array in group]),
+                               ctx=self.ctx, dtype=dtype)
+            if len(group) == 1:
+                feeds[group[0][0]] = _view(flat, 0, flat.shape[0], group[0][1].shape)
+                continue
+            start = 0
+            for name, array in group:
+                feeds[name] = _view(flat, start, start + array.size, array.shape)
+                start += array.size
+        return feeds
+
+    def deliver(self, results):
+        """Split each output group and hand the pieces to their LazyArrays."""
+        for (desc, members), array in zip(self.outputs, results):
+            pieces = _split_rows(array, [node.out_shapes[idx][0] for node, idx, _ in members])
+            # A group's rows have one trailing shape, so each piece has its
+            # value's shape already: no per-piece check (a ctypes call each).
+            for (_, _, lazy), piece in zip(members, pieces):
+                lazy._set_result(piece)  # pylint: disable=protected-access
+
+
+def _split_rows(array, counts):
+    """``array`` cut along axis 0 into pieces of ``counts`` rows (one recorded op).
+
+    Pieces of equal size (every tree's root state: one row) use ``split``,
+    whose forward and backward take a third of ``split_v2``'s engine time here.
+    """
+    if len(counts) == 1:
+        return [array]
+    if counts.count(counts[0]) == len(counts):
+        return mx.nd.split(array, num_outputs=len(counts), axis=0)
+    bounds = np.cumsum(counts)[:-1]
+    return mx.nd.split_v2(array, tuple(int(b) for b in bounds), axis=0)
+
+
+def _view(flat, start, stop, shape):
+    """Elements ``start:stop`` of 1-D ``flat`` as an array of ``shape``, sharing its memory.
+
+    The index arrays of a walk reach MXNet in one copy; each is then a view
+    of it, made through MXNet's C API directly (``NDArray.reshape`` and
+    ``split_v2`` spend 10-15 times as long in Python per piece).  Index
+    arrays take no gradient, so views of one buffer are safe.
+    """
+    handle = NDArrayHandle()
+    check_call(_LIB.MXNDArraySlice(flat.handle, mx_uint(start), mx_uint(stop),
+                                   ctypes.byref(handle)))
+    if len(shape) > 1:
+        piece, handle = handle, NDArrayHandle()
+        check_call(_LIB.MXNDArrayReshape64(piece, len(shape), c_array(ctypes.c_int64, shape),
+                                           False, ctypes.byref(handle)))
+        check_call(_LIB.MXNDArrayFree(piece))
+    return mx.nd.NDArray(handle)
+
+
+def _extra_arrays(node0, nodes, sticky=False):
+    """(variant, arrays): the index arrays a batched step reads besides its inputs.
+
+    Ragged sums read a padded index (and counts); program nodes (``programs.py``)
+    read repeats and padded indices, and their variant says which (with
+    ``sticky``, every repeat a program ever needed, for stable plan keys).
+    """
+    kind = node0.rule.batching
+    if kind == "segment":
+        return None, node0.rule.segment_arrays(nodes, node0.out_dtypes[0])
+    if kind == "program":
+        return node0.rule.batch_arrays(nodes, sticky)
+    return None, []
