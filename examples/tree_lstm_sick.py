@@ -14,7 +14,7 @@ Run from the repository root::
 
 ``--workers N`` trains data-parallel on MXNet's parameter server: N worker
 processes and one server on this machine, started by
-:mod:`gluon_dynbatch.launch` (``--kvstore dist_sync``); see
+:mod:`gluon_dynbatch.distributed.launch` (``--kvstore dist_sync``); see
 ``docs/distributed.md``.
 """
 import argparse
@@ -169,13 +169,15 @@ def _add_distributed_flags(parser):
     add = group.add_argument
     add("--kvstore", default="local", choices=data_parallel.KVSTORES,
         help="local: one process (default); dist_sync / dist_async: this "
-             "process is a worker of a job started by gluon_dynbatch.launch; "
+             "process is a worker of a job started by "
+             "gluon_dynbatch.distributed.launch; "
              "each worker trains on its slice of every global batch of "
              "--batch-size pairs per worker, rank 0 evaluates, saves and "
              "reports")
     add("--workers", type=int, default=0, metavar="N",
         help="start N workers and --servers servers on this machine "
-             "(127.0.0.1) through gluon_dynbatch.launch and train with "
+             "(127.0.0.1) through gluon_dynbatch.distributed.launch and "
+             "train with "
              "--kvstore dist_sync (unless dist_async is given); logs go to "
              "SAVE_DIR/logs (default: 0, one process)")
     add("--servers", type=int, default=1, metavar="N",
@@ -962,11 +964,11 @@ def distributed_error(args):
 def launch_workers(args, argv):
     """Run this script as every process of a one-machine job.
 
-    ``gluon_dynbatch.launch`` starts a scheduler, ``--servers`` servers and
-    ``--workers`` workers on 127.0.0.1, each running this script with the
-    same arguments (``--kvstore dist_sync`` added unless a ``dist_*`` one is
-    given; inside the job ``--workers`` starts nothing).  Their logs go to
-    ``SAVE_DIR/logs``; the workers' output is shown here.
+    ``gluon_dynbatch.distributed.launch`` starts a scheduler, ``--servers``
+    servers and ``--workers`` workers on 127.0.0.1, each running this script
+    with the same arguments (``--kvstore dist_sync`` added unless a
+    ``dist_*`` one is given; inside the job ``--workers`` starts nothing).
+    Their logs go to ``SAVE_DIR/logs``; the workers' output is shown here.
 
     Returns
     -------
@@ -974,7 +976,7 @@ def launch_workers(args, argv):
         The launcher's exit code: 0, or non-zero when a process failed or
         the deadline passed.
     """
-    from gluon_dynbatch import launch
+    from gluon_dynbatch.distributed import launch
     child_argv = list(sys.argv[1:] if argv is None else argv)
     if args.kvstore == "local":
         child_argv += ["--kvstore", "dist_sync"]

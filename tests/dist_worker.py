@@ -1,6 +1,6 @@
 """A node of the parameter-server jobs of ``tests/test_distributed.py``.
 
-``gluon_dynbatch.launch`` runs this file as every node of a job::
+``gluon_dynbatch.distributed.launch`` runs this file as every node of a job::
 
     python tests/dist_worker.py OUT_DIR EPOCHS
 

@@ -1,11 +1,11 @@
 """Data-parallel training on MXNet's parameter server, on loopback.
 
-First the launcher (``gluon_dynbatch.launch``) with small programs that
-import nothing, then jobs of 2 workers and 1 server training the SICK
+First the launcher (``gluon_dynbatch.distributed.launch``) with small programs
+that import nothing, then jobs of 2 workers and 1 server training the SICK
 example's model: parity with one process, a worker killed mid-run, and the
-example's ``--workers`` flag.  Every process a test starts carries a tag in
-its environment; the tests look for tagged processes in /proc afterwards,
-and kill any they find.
+example's ``--workers`` flag.  Every process a test starts carries a tag in its
+environment; the tests look for tagged processes in /proc afterwards, and kill
+any they find.
 """
 import json
 import os
@@ -29,7 +29,7 @@ from examples import data_parallel  # noqa: E402
 from examples import tree_lstm_sick as script  # noqa: E402
 from examples.sick_data import random_corpus, write_split  # noqa: E402
 from examples.sick_model import make_loss  # noqa: E402
-from gluon_dynbatch import launch  # noqa: E402
+from gluon_dynbatch.distributed import launch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/environ").exists(),
@@ -281,9 +281,10 @@ def test_two_workers_equal_one_process(tmp_path, job_tag):
 @needs_dist_kvstore
 def test_killed_worker_ends_the_job(tmp_path, job_tag):
     deadline = JOB_DEADLINE
-    command = [sys.executable, "-m", "gluon_dynbatch.launch", "--workers",
-               "2", "--deadline", str(deadline), "--kill-grace", "3",
-               "--log-dir", str(tmp_path / "logs"), "--quiet", "--",
+    command = [sys.executable, "-m", "gluon_dynbatch.distributed.launch",
+               "--workers", "2", "--deadline", str(deadline),
+               "--kill-grace", "3", "--log-dir", str(tmp_path / "logs"),
+               "--quiet", "--",
                sys.executable, WORKER, str(tmp_path), "0"]
     start = time.monotonic()
     proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE,
@@ -355,7 +356,7 @@ def test_example_distributed_flags(tmp_path, capsys, monkeypatch):
     base = ["--data-dir", str(tmp_path / "none"), "--save-dir",
             str(tmp_path / "run")]
     assert script.main(base + ["--kvstore", "dist_sync"]) == 2
-    assert "gluon_dynbatch.launch" in capsys.readouterr().err
+    assert "gluon_dynbatch.distributed.launch" in capsys.readouterr().err
     for extra in (["--compare", "2"], ["--ensemble", "2"]):
         assert script.main(base + ["--workers", "2", *extra]) == 2
         assert "--workers" in capsys.readouterr().err

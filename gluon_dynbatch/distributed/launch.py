@@ -3,7 +3,7 @@
 One machine: a scheduler, ``--servers`` servers and ``--workers`` workers on
 127.0.0.1, on a free port::
 
-    python -m gluon_dynbatch.launch --workers 2 -- \\
+    python -m gluon_dynbatch.distributed.launch --workers 2 -- \\
         python examples/tree_lstm_sick.py --kvstore dist_sync
 
 Every process runs the same command; MXNet tells them apart by the
@@ -381,14 +381,14 @@ def run_job(command, cluster, workers, servers, run_scheduler=True,
 
 
 def build_parser():
-    """Return the command-line parser of ``python -m gluon_dynbatch.launch``.
+    """Return the parser of ``python -m gluon_dynbatch.distributed.launch``.
 
     Returns
     -------
     argparse.ArgumentParser
     """
     parser = argparse.ArgumentParser(
-        prog="python -m gluon_dynbatch.launch",
+        prog="python -m gluon_dynbatch.distributed.launch",
         description="Run COMMAND as the scheduler, servers and workers of "
                     "an MXNet parameter-server job (kvstore dist_sync or "
                     "dist_async). Without --scheduler, the whole job runs "
