@@ -37,7 +37,8 @@ from mxnet import autograd, gluon  # noqa: E402
 from scipy import stats  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from examples import data_parallel, sick_data  # noqa: E402
+from examples import data_parallel, data_sources, sick_data  # noqa: E402
+from examples.data_sources import DataUnavailable  # noqa: E402
 from examples.progress_logging import setup_logging  # noqa: E402
 from examples.sick_data import SickDataError  # noqa: E402
 from examples.sick_model import (SimilarityModel, batch_targets,  # noqa: E402
@@ -45,33 +46,15 @@ from examples.sick_model import (SimilarityModel, batch_targets,  # noqa: E402
 
 LOG = logging.getLogger("tree_lstm_sick")
 
-DEFAULT_GLOVE = (REPO_ROOT.parent / "shared" / "data" / "glove"
-                 / "glove.6B.50d.sick-subset.txt")
 RANDOM_EMBED_DIM = 50
 EVAL_BATCH_SIZE = 100
 BANNER = "!" * 78
+#: ``--glove`` value for random word vectors.
+RANDOM_GLOVE = "random"
 
 #: Settings of ``--full``, the best full run (selected on dev Pearson).
 FULL_PRESET = {"epochs": 8, "tune_embeddings": True, "embed_lr": 0.01,
                "ensemble": 2}
-
-SICK_HELP = """\
-SICK data not found.
-
-Get SICK (CC BY-NC-SA 3.0) from the SemEval-2014 Task 1 page
-(https://alt.qcri.org/semeval2014/task1/) and preprocess it as Tai et al.
-(2015) did (tokenise and dependency-parse with Stanford CoreNLP); the
-scripts of github.com/stanfordnlp/treelstm (fetch_and_preprocess.sh) produce
-exactly this layout:
-
-    DATA_DIR/{train,dev,test}/a.toks     tokens of sentence a, one a line
-    DATA_DIR/{train,dev,test}/b.toks     tokens of sentence b
-    DATA_DIR/{train,dev,test}/a.parents  1-based head of each token, 0 = root
-    DATA_DIR/{train,dev,test}/b.parents
-    DATA_DIR/{train,dev,test}/sim.txt    relatedness score in [1, 5]
-
-then pass --data-dir DATA_DIR (default: ../shared/data/sick from the
-repository root, else ./data/sick)."""
 
 
 def build_parser():
@@ -86,13 +69,21 @@ def build_parser():
                     "(Tai et al. 2015) with gluon_dynbatch.")
     add = parser.add_argument
     add("--data-dir", default=None,
-        help="SICK directory with train/ dev/ test/ "
-             "(default: ../shared/data/sick, else ./data/sick)")
-    add("--glove", default=None,
-        help="GloVe text file (word v1 ... vD), held fixed unless "
-             "--tune-embeddings (default: "
-             "../shared/data/glove/glove.6B.50d.sick-subset.txt if present, "
-             "else random vectors)")
+        help="SICK directory with train/ dev/ test/ (default: "
+             "../shared/data/sick if present, else "
+             "$MXNET_HOME/datasets/sick, fetched when missing)")
+    add("--glove", default=None, metavar="NAME|FILE|random",
+        help="word vectors, held fixed unless --tune-embeddings: one of "
+             "gluonnlp's GloVe names (glove.6B.50d ... glove.840B.300d, "
+             "fetched into $MXNET_HOME/embedding/glove), a GloVe file "
+             "(text or gluonnlp .npz) or 'random' (default: "
+             "../shared/data/glove/" + data_sources.LOCAL_GLOVE_NAME
+             + " if present, else glove.6B.50d)")
+    add("--offline", action="store_true",
+        help="never download: data missing locally is an error")
+    add("--synthetic", action="store_true",
+        help="a smoke run on a generated corpus with random vectors; its "
+             "scores mean nothing")
     add("--epochs", type=int, default=2,
         help="training epochs (default: %(default)s, a run of a few "
              "minutes; Tai et al.'s code trains 10, with 300-d GloVe 840B)")
@@ -229,33 +220,35 @@ def loud(message):
 
 
 def load_data(args):
-    """Load SICK, or a random corpus if it is absent.
+    """Load SICK (fetched if need be), or the generated corpus.
 
     Returns
     -------
     dict
         ``train``, ``dev``, ``test`` lists of pairs (capped by
         ``--max-pairs`` / ``--max-eval-pairs``), ``train_all`` (the uncapped
-        training pairs, for the vocabulary) and ``source`` (``"sick"`` or
-        ``"random"``).
+        training pairs, for the vocabulary), ``source`` (``"sick"`` or
+        ``"synthetic"``) and ``data_dir``.
+
+    Raises
+    ------
+    DataUnavailable
+        SICK is absent and cannot be fetched.
     """
-    data_dir = args.data_dir or sick_data.default_data_dir()
-    if data_dir is not None and Path(data_dir).is_dir():
-        splits = {name: sick_data.load_split(data_dir, name)
-                  for name in ("train", "dev", "test")}
-        splits["source"] = "sick"
-        LOG.info("SICK from %s: %s", data_dir, ", ".join(
-            f"{k} {len(splits[k])}" for k in ("train", "dev", "test")))
-    else:
-        print(SICK_HELP if data_dir is None else
-              f"{data_dir} is not a directory.\n\n{SICK_HELP}",
-              file=sys.stderr)
-        loud("NO SICK DATA: training on a RANDOM synthetic corpus.\n"
+    if args.synthetic:
+        loud("--synthetic: training on a GENERATED corpus.\n"
              "Scores, correlations and errors below MEAN NOTHING.")
         splits = {"train": sick_data.random_corpus(2000, args.seed),
                   "dev": sick_data.random_corpus(300, args.seed + 1),
                   "test": sick_data.random_corpus(300, args.seed + 2),
-                  "source": "random"}
+                  "source": "synthetic", "data_dir": None}
+    else:
+        data_dir = find_sick(args)
+        splits = {name: sick_data.load_split(data_dir, name)
+                  for name in ("train", "dev", "test")}
+        splits.update(source="sick", data_dir=str(data_dir))
+        LOG.info("SICK from %s: %s", data_dir, ", ".join(
+            f"{k} {len(splits[k])}" for k in ("train", "dev", "test")))
     splits["train_all"] = splits["train"]
     if args.max_pairs is not None:
         splits["train"] = splits["train"][:args.max_pairs]
@@ -263,6 +256,24 @@ def load_data(args):
         for name in ("dev", "test"):
             splits[name] = splits[name][:args.max_eval_pairs]
     return splits
+
+
+def find_sick(args):
+    """The SICK directory: ``--data-dir``, the local copy or the cache.
+
+    Raises
+    ------
+    DataUnavailable
+    """
+    if args.data_dir is not None:
+        if not Path(args.data_dir).is_dir():
+            raise DataUnavailable(
+                f"--data-dir {args.data_dir} is not a directory")
+        return Path(args.data_dir)
+    local = data_sources.local_sick_dir()
+    if local is not None:
+        return local
+    return data_sources.ensure_sick(args.offline)
 
 
 def _tokens(pairs):
@@ -335,66 +346,83 @@ def attach_vocab(pairs, vocab):
     return n_unknown
 
 
-def resolve_glove(path):
-    """Return the GloVe file to use, or None for random vectors.
+def resolve_glove(args):
+    """The GloVe file of ``--glove``, fetched if need be; None for random.
 
     Raises
     ------
     FileNotFoundError
-        An explicitly given file does not exist.
+        ``--glove`` names neither a file nor one of gluonnlp's GloVe names.
+    DataUnavailable
+        The vectors are absent and cannot be fetched.
     """
-    if path is not None:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"--glove file not found: {path}")
-        return Path(path)
-    return DEFAULT_GLOVE if DEFAULT_GLOVE.is_file() else None
+    choice = args.glove
+    if choice == RANDOM_GLOVE or (choice is None and args.synthetic):
+        return None
+    if choice is None:
+        local = data_sources.local_glove_file()
+        if local is not None:
+            return local
+        choice = data_sources.DEFAULT_GLOVE
+    if choice in data_sources.glove_sources():
+        return data_sources.ensure_glove(choice, args.offline)
+    if not Path(choice).is_file():
+        names = ", ".join(sorted(data_sources.glove_sources()))
+        raise FileNotFoundError(
+            f"--glove {choice}: no such file, nor one of gluonnlp's GloVe "
+            f"names ({names}) or '{RANDOM_GLOVE}'")
+    return Path(choice)
 
 
-def load_glove(glove_path):
-    """Read a GloVe text file, or return None when ``glove_path`` is None.
+def load_glove(glove_path, pairs):
+    """The vectors of the tokens of ``pairs``, or None without a file.
+
+    Parameters
+    ----------
+    glove_path : pathlib.Path or None
+    pairs : list of SickPair
+        Every pair whose words may need a vector (all splits).
 
     Returns
     -------
-    gluonnlp.embedding.TokenEmbedding or None
+    data_sources.PretrainedVectors or None
     """
     if glove_path is None:
         return None
-    import gluonnlp as nlp
-    return nlp.embedding.TokenEmbedding.from_file(str(glove_path))
+    return data_sources.load_vectors(glove_path, _tokens(pairs))
 
 
-def build_embeddings(vocab, glove, rng, glove_path=None):
+def build_embeddings(vocab, glove, rng):
     """Return the (V, D) embedding table for ``vocab``.
 
     Words missing from GloVe (and all words when ``glove`` is None) get
-    vectors drawn uniformly from [-0.05, 0.05], as in Tai et al.'s code.
+    vectors drawn uniformly from [-0.05, 0.05], as in Tai et al.'s code;
+    with GloVe, the unknown word's vector is zero (as gluonnlp's
+    ``TokenEmbedding`` gives it).
 
     Parameters
     ----------
     vocab : gluonnlp.Vocab
-    glove : gluonnlp.embedding.TokenEmbedding or None
+    glove : data_sources.PretrainedVectors or None
         Pretrained vectors, e.g. from :func:`load_glove`.
     rng : numpy.random.RandomState
-    glove_path : str or os.PathLike, optional
-        Only named in the log.
 
     Returns
     -------
     mxnet.nd.NDArray
     """
     if glove is None:
-        loud("NO GLOVE FILE: word vectors are RANDOM (pass --glove FILE).\n"
-             "Expect far worse results than with pretrained vectors.")
+        LOG.info("word vectors: random, %d-d", RANDOM_EMBED_DIM)
         table = rng.uniform(-0.05, 0.05, (len(vocab), RANDOM_EMBED_DIM))
         return mx.nd.array(table)
-    dim = glove.idx_to_vec.shape[1]
-    table = rng.uniform(-0.05, 0.05, (len(vocab), dim))
+    table = rng.uniform(-0.05, 0.05, (len(vocab), glove.dim))
     found = [i for i, tok in enumerate(vocab.idx_to_token) if tok in glove]
     if found:
-        vectors = glove[[vocab.idx_to_token[i] for i in found]].asnumpy()
-        table[found] = vectors.reshape(len(found), dim)
+        table[found] = np.stack([glove[vocab.idx_to_token[i]]
+                                 for i in found])
+    table[vocab[vocab.unknown_token]] = 0.0
     LOG.info("GloVe %s: %d-d, %d of %d vocabulary words found",
-             glove_path, dim, len(found), len(vocab))
+             glove.path, glove.dim, len(found), len(vocab))
     return mx.nd.array(table)
 
 
@@ -808,11 +836,9 @@ def run(args):
     workers = join_job(args)
     seed_everything(args.seed)
     data = load_data(args)
-    if data["source"] == "random" and args.glove is None:
-        glove = None  # GloVe means nothing for synthetic tokens
-    else:
-        glove = resolve_glove(args.glove)
-    vectors = load_glove(glove)
+    glove = resolve_glove(args)
+    vectors = load_glove(glove, data["train_all"] + data["dev"]
+                         + data["test"])
     vocab = build_vocab(data["train_all"], pretrained_eval_tokens(
         data["dev"] + data["test"], vectors))
     unknown = {}
@@ -821,7 +847,7 @@ def run(args):
     LOG.info("vocabulary %d words; tokens mapped to <unk>: %s", len(vocab),
              ", ".join(f"{k} {v}" for k, v in unknown.items()))
     embeddings = build_embeddings(vocab, vectors,
-                                  np.random.RandomState(args.seed), glove)
+                                  np.random.RandomState(args.seed))
     ctx = mx.cpu()
     if args.tune_embeddings:
         feed = None  # every model trains its own copy of the table
@@ -854,10 +880,10 @@ def run(args):
                               else None),
         "train_seconds": train_seconds,
         "vocab_size": len(vocab), "unknown_tokens": unknown,
-        "glove": glove,
+        "glove": glove, "data_dir": data["data_dir"],
         "args": vars(args)})
-    if data["source"] == "random":
-        loud("These scores come from a RANDOM corpus and MEAN NOTHING.")
+    if data["source"] == "synthetic":
+        loud("These scores come from a GENERATED corpus and MEAN NOTHING.")
     write_summary(save_dir, summary)
     return summary
 
@@ -1002,6 +1028,8 @@ def run_worker(args):
         return 2
     except (SickDataError, FileNotFoundError) as err:
         _exit_now(f"error: {err}", 2)
+    except DataUnavailable as err:
+        _exit_now(data_error_text(err), 2)
     except BaseException:  # noqa: B036 - any failure ends the worker
         _exit_now(traceback.format_exc(), 1)
     return 0
@@ -1050,6 +1078,13 @@ def main(argv=None):
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.workers and "DMLC_ROLE" not in os.environ:
+        try:  # fetch once, here, rather than in every worker
+            load_data(args)
+            resolve_glove(args)
+        except (DataUnavailable, FileNotFoundError, SickDataError) as err:
+            print(data_error_text(err) if isinstance(err, DataUnavailable)
+                  else f"error: {err}", file=sys.stderr)
+            return 2
         return launch_workers(args, argv)
     if args.kvstore != "local":
         return run_worker(args)
@@ -1061,7 +1096,16 @@ def main(argv=None):
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except DataUnavailable as err:
+        print(data_error_text(err), file=sys.stderr)
+        return 2
     return 0
+
+
+def data_error_text(err):
+    """The message of a :class:`DataUnavailable`, with the instructions."""
+    return (f"error: the data cannot be had: {err}\n\n"
+            f"{data_sources.manual_instructions()}")
 
 
 if __name__ == "__main__":

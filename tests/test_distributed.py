@@ -327,8 +327,8 @@ def test_example_trains_with_two_workers(tiny_sick, tmp_path, job_tag,
     code = script.main(["--data-dir", str(tiny_sick), "--save-dir",
                         str(save_dir), "--epochs", "1", "--batch-size", "4",
                         "--memory", "12", "--hidden", "6", "--log-interval",
-                        "1", "--workers", "2", "--deadline",
-                        str(JOB_DEADLINE)])
+                        "1", "--glove", "random", "--workers", "2",
+                        "--deadline", str(JOB_DEADLINE)])
     assert code == 0, job_logs(save_dir / "logs")
     assert tagged_processes(job_tag) == []
     summary = json.loads((save_dir / "summary.json").read_text())
