@@ -2,7 +2,11 @@
 
 :mod:`gluon_dynbatch.distributed.launch` starts and watches the processes of
 a job on MXNet's parameter server (``python -m
-gluon_dynbatch.distributed.launch``).
+gluon_dynbatch.distributed.launch``) and restarts it from its last complete
+checkpoint when a process dies (``--max-restarts``).
+:mod:`gluon_dynbatch.distributed.checkpoint` writes checkpoints that no
+crash can leave half-written; :mod:`gluon_dynbatch.distributed.server_state`
+saves and restores the optimiser state that parameter servers hold.
 
 Nothing here is part of the batching pipeline: the engine never imports
 this package, and a worker batches its samples like any other process.
