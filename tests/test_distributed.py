@@ -153,7 +153,8 @@ def test_launcher_deadline_escalates_to_sigkill(tmp_path, job_tag, caplog):
 def test_launcher_command_line():
     parser = launch.build_parser()
     for flag in ("--workers", "--servers", "--deadline", "--log-dir",
-                 "--scheduler", "--host", "--num-workers", "--run-scheduler"):
+                 "--scheduler", "--host", "--num-workers", "--run-scheduler",
+                 "--max-restarts", "--checkpoint-dir"):
         assert flag in parser.format_help()
     args = parser.parse_args(["--workers", "3", "--", "python", "x.py"])
     cluster, run_scheduler = launch.cluster_from_args(args, parser)
@@ -175,12 +176,70 @@ def test_launcher_command_line():
         "DMLC_NUM_SERVER": "2", "DMLC_NODE_HOST": "10.0.0.2"}
 
 
+#: The first worker of the first run writes a checkpoint manifest and
+#: dies; every node of a restarted run records the checkpoint it was given
+#: and succeeds.  (Nothing imports mxnet, which would run a node.)
+RESTARTED_JOB = """
+import json, os, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+role, restart = os.environ["DMLC_ROLE"], os.environ["GLUON_DYNBATCH_RESTART"]
+if restart == "0":
+    if role == "worker":
+        try:
+            os.close(os.open(out / "first", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            time.sleep(300)
+        (out / "ckpt" / "checkpoint.json").write_text(json.dumps(
+            {"files": {}, "epoch": 2, "step": 7}))
+        sys.exit(5)
+    time.sleep(300)
+(out / f"{role}-{os.getpid()}").write_text(
+    os.environ.get("GLUON_DYNBATCH_RESUME", "none"))
+"""
+
+
+def test_launcher_restarts_a_failed_job(tmp_path, job_tag, caplog):
+    (tmp_path / "ckpt").mkdir()
+    code = launch.run_job(
+        [sys.executable, "-c", RESTARTED_JOB, str(tmp_path)],
+        launch.Cluster.local(2, 1), 2, 1, deadline=60.0, kill_grace=2.0,
+        log_dir=tmp_path / "logs", echo=False, max_restarts=2,
+        checkpoint_dir=tmp_path / "ckpt")
+    assert code == 0, caplog.text
+    assert "exit code 5" in caplog.text and "restart 1 of 2" in caplog.text
+    assert "from the checkpoint of epoch 2, step 7" in caplog.text
+    assert "restart 2 of 2" not in caplog.text
+    records = {p.name.split("-")[0]: p.read_text()
+               for p in tmp_path.iterdir() if "-" in p.name}
+    assert sorted(records) == ["scheduler", "server", "worker"]
+    assert set(records.values()) == {str(tmp_path / "ckpt")}
+    assert (tmp_path / "logs" / "restart1" / "worker1.log").is_file()
+    assert tagged_processes(job_tag) == []
+
+
+def test_launcher_gives_up_after_its_restarts(tmp_path, job_tag, caplog):
+    code = launch.run_job(
+        [sys.executable, "-c", "import sys, os; sys.exit("
+         "3 if os.environ['DMLC_ROLE'] == 'worker' else 0)"],
+        launch.Cluster.local(1, 1), 1, 1, deadline=60.0, kill_grace=2.0,
+        log_dir=tmp_path, echo=False, max_restarts=1,
+        checkpoint_dir=tmp_path / "none")
+    assert code == launch.EXIT_FAILED
+    assert "restart 1 of 1" in caplog.text and "from the start" in caplog.text
+    assert caplog.text.count("exit code 3") == 2
+    assert tagged_processes(job_tag) == []
+
+
 @pytest.mark.parametrize("argv", [
     ["--workers", "2"],
     ["--scheduler", "10.0.0.1:9091", "--", "python", "x.py"],
     ["--scheduler", "10.0.0.1", "--host", "10.0.0.2", "--", "python"],
     ["--num-workers", "4", "--", "python", "x.py"],
     ["--workers", "0", "--", "python", "x.py"],
+    ["--max-restarts", "-1", "--", "python", "x.py"],
+    ["--scheduler", "10.0.0.1:9091", "--host", "10.0.0.2", "--max-restarts",
+     "1", "--", "python", "x.py"],
 ])
 def test_launcher_rejects_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as info:
