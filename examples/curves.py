@@ -36,6 +36,7 @@ def _running_mean(values, width):
 
 def _draw(figure, series):
     """Draw the loss and dev panels of every model in ``series``."""
+    from matplotlib.ticker import MaxNLocator
     loss_ax, pearson_ax = figure.subplots(1, 2)
     mse_ax = pearson_ax.twinx()
     for k, member in enumerate(series):
@@ -56,6 +57,7 @@ def _draw(figure, series):
     pearson_ax.set(title="dev after each epoch", xlabel="epoch",
                    ylabel="Pearson r (circles)")
     mse_ax.set_ylabel("MSE (squares, dashed)")
+    pearson_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if len(series) > 1:
         loss_ax.legend(fontsize="small")
     figure.tight_layout()
