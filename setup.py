@@ -11,7 +11,8 @@ setup(
     extras_require={
         "test": ["pytest", "hypothesis", "scipy", "gluonnlp==0.10.0", "tqdm", "dynet38",
                  "matplotlib"],
-        "examples": ["gluonnlp==0.10.0", "tqdm", "scipy"],
+        "examples": ["gluonnlp==0.10.0", "tqdm", "scipy", "matplotlib"],
+        "plots": ["matplotlib"],
         "bench": ["matplotlib", "tqdm", "scipy", "gluonnlp==0.10.0", "dynet38"],
     },
 )

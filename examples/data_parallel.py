@@ -2,11 +2,11 @@
 
 Every worker runs the same training script.  It joins the job with
 :func:`join`, which creates the ``dist_sync`` or ``dist_async`` kvstore from
-the ``DMLC_*`` environment that :mod:`gluon_dynbatch.distributed.launch` sets, and hands
-the kvstore to ``gluon.Trainer``.  The parameters then live on the servers:
-each ``trainer.step`` pushes this worker's gradients and pulls the updated
-weights.  With ``dist_sync`` the servers sum the gradients of all workers
-before one update, so a worker divides by the global batch size
+the ``DMLC_*`` environment that :mod:`gluon_dynbatch.distributed.launch` sets,
+and hands the kvstore to ``gluon.Trainer``.  The parameters then live on the
+servers: each ``trainer.step`` pushes this worker's gradients and pulls the
+updated weights.  With ``dist_sync`` the servers sum the gradients of all
+workers before one update, so a worker divides by the global batch size
 (:meth:`Workers.step_size`); with ``dist_async`` every push is an update of
 its own.
 
@@ -140,8 +140,8 @@ def join(kvstore="local"):
     if os.environ.get("DMLC_ROLE") != "worker":
         raise LaunchError(
             f"--kvstore {kvstore} runs inside a parameter-server job: start "
-            "it with `python -m gluon_dynbatch.distributed.launch --workers N -- "
-            "COMMAND` (or give the example --workers N)")
+            "it with `python -m gluon_dynbatch.distributed.launch --workers "
+            "N -- COMMAND` (or give the example --workers N)")
     store = mx.kv.create(kvstore)
     return Workers(store, store.rank, store.num_workers)
 

@@ -25,8 +25,6 @@ SPLIT_FILES = ("a.toks", "b.toks", "a.parents", "b.parents", "sim.txt")
 #: Relatedness scores range over [1, NUM_CLASSES].
 NUM_CLASSES = 5
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
 
 class SickDataError(ValueError):
     """A SICK data file is missing or malformed.
@@ -413,23 +411,24 @@ def load_split(data_dir, split):
 
 
 def default_data_dir():
-    """Return the SICK directory to use when none is given.
+    """Return the SICK directory to use when none is given, if any.
 
-    Looks for ``../shared/data/sick`` relative to the repository root, then
-    ``data/sick`` relative to the working directory, then relative to the
-    repository root.
+    The local copy (``../shared/data/sick`` beside the repository, or
+    ``$GLUON_DYNBATCH_LOCAL_DATA/sick``), else the cache
+    (``$MXNET_HOME/datasets/sick``) when it holds every file.  Nothing is
+    downloaded: :func:`examples.data_sources.ensure_sick` does that.
 
     Returns
     -------
     pathlib.Path or None
-        The first candidate that is a directory, or None.
     """
-    candidates = [REPO_ROOT.parent / "shared" / "data" / "sick",
-                  Path("data") / "sick",
-                  REPO_ROOT / "data" / "sick"]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
+    from examples import data_sources
+    local = data_sources.local_sick_dir()
+    if local is not None:
+        return local
+    cache = data_sources.sick_cache_dir()
+    if all((cache / rel).is_file() for rel in data_sources.SICK_FILES):
+        return cache
     return None
 
 

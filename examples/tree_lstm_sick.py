@@ -18,6 +18,7 @@ processes and one server on this machine, started by
 ``docs/distributed.md``.
 """
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -37,41 +38,27 @@ from mxnet import autograd, gluon  # noqa: E402
 from scipy import stats  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from examples import data_parallel, sick_data  # noqa: E402
+from examples import curves, data_parallel, data_sources  # noqa: E402
+from examples import run_state, sick_data  # noqa: E402
+from examples.data_sources import DataUnavailable  # noqa: E402
 from examples.progress_logging import setup_logging  # noqa: E402
 from examples.sick_data import SickDataError  # noqa: E402
+from gluon_dynbatch.distributed import (checkpoint, launch,  # noqa: E402
+                                        server_state)
 from examples.sick_model import (SimilarityModel, batch_targets,  # noqa: E402
                                  make_loss)
 
 LOG = logging.getLogger("tree_lstm_sick")
 
-DEFAULT_GLOVE = (REPO_ROOT.parent / "shared" / "data" / "glove"
-                 / "glove.6B.50d.sick-subset.txt")
 RANDOM_EMBED_DIM = 50
 EVAL_BATCH_SIZE = 100
 BANNER = "!" * 78
+#: ``--glove`` value for random word vectors.
+RANDOM_GLOVE = "random"
 
 #: Settings of ``--full``, the best full run (selected on dev Pearson).
 FULL_PRESET = {"epochs": 8, "tune_embeddings": True, "embed_lr": 0.01,
                "ensemble": 2}
-
-SICK_HELP = """\
-SICK data not found.
-
-Get SICK (CC BY-NC-SA 3.0) from the SemEval-2014 Task 1 page
-(https://alt.qcri.org/semeval2014/task1/) and preprocess it as Tai et al.
-(2015) did (tokenise and dependency-parse with Stanford CoreNLP); the
-scripts of github.com/stanfordnlp/treelstm (fetch_and_preprocess.sh) produce
-exactly this layout:
-
-    DATA_DIR/{train,dev,test}/a.toks     tokens of sentence a, one a line
-    DATA_DIR/{train,dev,test}/b.toks     tokens of sentence b
-    DATA_DIR/{train,dev,test}/a.parents  1-based head of each token, 0 = root
-    DATA_DIR/{train,dev,test}/b.parents
-    DATA_DIR/{train,dev,test}/sim.txt    relatedness score in [1, 5]
-
-then pass --data-dir DATA_DIR (default: ../shared/data/sick from the
-repository root, else ./data/sick)."""
 
 
 def build_parser():
@@ -86,13 +73,21 @@ def build_parser():
                     "(Tai et al. 2015) with gluon_dynbatch.")
     add = parser.add_argument
     add("--data-dir", default=None,
-        help="SICK directory with train/ dev/ test/ "
-             "(default: ../shared/data/sick, else ./data/sick)")
-    add("--glove", default=None,
-        help="GloVe text file (word v1 ... vD), held fixed unless "
-             "--tune-embeddings (default: "
-             "../shared/data/glove/glove.6B.50d.sick-subset.txt if present, "
-             "else random vectors)")
+        help="SICK directory with train/ dev/ test/ (default: "
+             "../shared/data/sick if present, else "
+             "$MXNET_HOME/datasets/sick, fetched when missing)")
+    add("--glove", default=None, metavar="NAME|FILE|random",
+        help="word vectors, held fixed unless --tune-embeddings: one of "
+             "gluonnlp's GloVe names (glove.6B.50d ... glove.840B.300d, "
+             "fetched into $MXNET_HOME/embedding/glove), a GloVe file "
+             "(text or gluonnlp .npz) or 'random' (default: "
+             "../shared/data/glove/" + data_sources.LOCAL_GLOVE_NAME
+             + " if present, else glove.6B.50d)")
+    add("--offline", action="store_true",
+        help="never download: data missing locally is an error")
+    add("--synthetic", action="store_true",
+        help="a smoke run on a generated corpus with random vectors; its "
+             "scores mean nothing")
     add("--epochs", type=int, default=2,
         help="training epochs (default: %(default)s, a run of a few "
              "minutes; Tai et al.'s code trains 10, with 300-d GloVe 840B)")
@@ -141,12 +136,20 @@ def build_parser():
     add("--compare", type=int, default=0, metavar="N",
         help="time N training batches with and without dynbatch, print "
              "the speedup and exit")
-    add("--resume", default=None, metavar="FILE",
-        help="load parameters (and FILE.states, the optimiser state, if "
-             "present) before training; with --epochs 0 only evaluates")
+    add("--resume", default=None, metavar="DIR",
+        help="continue the run in DIR (an earlier --save-dir) from its "
+             "last checkpoint, with its own settings; --epochs may extend "
+             "it")
+    add("--evaluate", default=None, metavar="CHECKPOINT",
+        help="score dev and test with CHECKPOINT (a run directory's "
+             "best.params, or a .params file) without training, and write "
+             "the predictions beside it")
     add("--save-dir", default="runs/sick",
-        help="where best.params, last.params and summary.json go "
-             "(default: %(default)s)")
+        help="the run directory: checkpoints, best.params, summary.json, "
+             "curves.png (default: %(default)s)")
+    add("--checkpoint-every", type=int, default=50, metavar="N",
+        help="checkpoint every N batches as well as after every epoch; "
+             "0 = after epochs only (default: %(default)s)")
     add("--log-interval", type=int, default=20,
         help="log the training loss every this many batches, 0 = never "
              "(default: %(default)s)")
@@ -169,13 +172,15 @@ def _add_distributed_flags(parser):
     add = group.add_argument
     add("--kvstore", default="local", choices=data_parallel.KVSTORES,
         help="local: one process (default); dist_sync / dist_async: this "
-             "process is a worker of a job started by gluon_dynbatch.distributed.launch; "
+             "process is a worker of a job started by "
+             "gluon_dynbatch.distributed.launch; "
              "each worker trains on its slice of every global batch of "
              "--batch-size pairs per worker, rank 0 evaluates, saves and "
              "reports")
     add("--workers", type=int, default=0, metavar="N",
         help="start N workers and --servers servers on this machine "
-             "(127.0.0.1) through gluon_dynbatch.distributed.launch and train with "
+             "(127.0.0.1) through gluon_dynbatch.distributed.launch and "
+             "train with "
              "--kvstore dist_sync (unless dist_async is given); logs go to "
              "SAVE_DIR/logs (default: 0, one process)")
     add("--servers", type=int, default=1, metavar="N",
@@ -183,6 +188,10 @@ def _add_distributed_flags(parser):
     add("--deadline", type=float, default=3600.0, metavar="SECONDS",
         help="with --workers: stop every process and fail after this long "
              "(default: %(default)g)")
+    add("--max-restarts", type=int, default=0, metavar="N",
+        help="with --workers: when a process dies, stop the job and start "
+             "it again from the last checkpoint, up to N times (default: "
+             "%(default)s)")
 
 
 def _preset_text():
@@ -227,33 +236,35 @@ def loud(message):
 
 
 def load_data(args):
-    """Load SICK, or a random corpus if it is absent.
+    """Load SICK (fetched if need be), or the generated corpus.
 
     Returns
     -------
     dict
         ``train``, ``dev``, ``test`` lists of pairs (capped by
         ``--max-pairs`` / ``--max-eval-pairs``), ``train_all`` (the uncapped
-        training pairs, for the vocabulary) and ``source`` (``"sick"`` or
-        ``"random"``).
+        training pairs, for the vocabulary), ``source`` (``"sick"`` or
+        ``"synthetic"``) and ``data_dir``.
+
+    Raises
+    ------
+    DataUnavailable
+        SICK is absent and cannot be fetched.
     """
-    data_dir = args.data_dir or sick_data.default_data_dir()
-    if data_dir is not None and Path(data_dir).is_dir():
-        splits = {name: sick_data.load_split(data_dir, name)
-                  for name in ("train", "dev", "test")}
-        splits["source"] = "sick"
-        LOG.info("SICK from %s: %s", data_dir, ", ".join(
-            f"{k} {len(splits[k])}" for k in ("train", "dev", "test")))
-    else:
-        print(SICK_HELP if data_dir is None else
-              f"{data_dir} is not a directory.\n\n{SICK_HELP}",
-              file=sys.stderr)
-        loud("NO SICK DATA: training on a RANDOM synthetic corpus.\n"
+    if args.synthetic:
+        loud("--synthetic: training on a GENERATED corpus.\n"
              "Scores, correlations and errors below MEAN NOTHING.")
         splits = {"train": sick_data.random_corpus(2000, args.seed),
                   "dev": sick_data.random_corpus(300, args.seed + 1),
                   "test": sick_data.random_corpus(300, args.seed + 2),
-                  "source": "random"}
+                  "source": "synthetic", "data_dir": None}
+    else:
+        data_dir = find_sick(args)
+        splits = {name: sick_data.load_split(data_dir, name)
+                  for name in ("train", "dev", "test")}
+        splits.update(source="sick", data_dir=str(data_dir))
+        LOG.info("SICK from %s: %s", data_dir, ", ".join(
+            f"{k} {len(splits[k])}" for k in ("train", "dev", "test")))
     splits["train_all"] = splits["train"]
     if args.max_pairs is not None:
         splits["train"] = splits["train"][:args.max_pairs]
@@ -261,6 +272,24 @@ def load_data(args):
         for name in ("dev", "test"):
             splits[name] = splits[name][:args.max_eval_pairs]
     return splits
+
+
+def find_sick(args):
+    """The SICK directory: ``--data-dir``, the local copy or the cache.
+
+    Raises
+    ------
+    DataUnavailable
+    """
+    if args.data_dir is not None:
+        if not Path(args.data_dir).is_dir():
+            raise DataUnavailable(
+                f"--data-dir {args.data_dir} is not a directory")
+        return Path(args.data_dir)
+    local = data_sources.local_sick_dir()
+    if local is not None:
+        return local
+    return data_sources.ensure_sick(args.offline)
 
 
 def _tokens(pairs):
@@ -333,66 +362,83 @@ def attach_vocab(pairs, vocab):
     return n_unknown
 
 
-def resolve_glove(path):
-    """Return the GloVe file to use, or None for random vectors.
+def resolve_glove(args):
+    """The GloVe file of ``--glove``, fetched if need be; None for random.
 
     Raises
     ------
     FileNotFoundError
-        An explicitly given file does not exist.
+        ``--glove`` names neither a file nor one of gluonnlp's GloVe names.
+    DataUnavailable
+        The vectors are absent and cannot be fetched.
     """
-    if path is not None:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"--glove file not found: {path}")
-        return Path(path)
-    return DEFAULT_GLOVE if DEFAULT_GLOVE.is_file() else None
+    choice = args.glove
+    if choice == RANDOM_GLOVE or (choice is None and args.synthetic):
+        return None
+    if choice is None:
+        local = data_sources.local_glove_file()
+        if local is not None:
+            return local
+        choice = data_sources.DEFAULT_GLOVE
+    if choice in data_sources.glove_sources():
+        return data_sources.ensure_glove(choice, args.offline)
+    if not Path(choice).is_file():
+        names = ", ".join(sorted(data_sources.glove_sources()))
+        raise FileNotFoundError(
+            f"--glove {choice}: no such file, nor one of gluonnlp's GloVe "
+            f"names ({names}) or '{RANDOM_GLOVE}'")
+    return Path(choice)
 
 
-def load_glove(glove_path):
-    """Read a GloVe text file, or return None when ``glove_path`` is None.
+def load_glove(glove_path, pairs):
+    """The vectors of the tokens of ``pairs``, or None without a file.
+
+    Parameters
+    ----------
+    glove_path : pathlib.Path or None
+    pairs : list of SickPair
+        Every pair whose words may need a vector (all splits).
 
     Returns
     -------
-    gluonnlp.embedding.TokenEmbedding or None
+    data_sources.PretrainedVectors or None
     """
     if glove_path is None:
         return None
-    import gluonnlp as nlp
-    return nlp.embedding.TokenEmbedding.from_file(str(glove_path))
+    return data_sources.load_vectors(glove_path, _tokens(pairs))
 
 
-def build_embeddings(vocab, glove, rng, glove_path=None):
+def build_embeddings(vocab, glove, rng):
     """Return the (V, D) embedding table for ``vocab``.
 
     Words missing from GloVe (and all words when ``glove`` is None) get
-    vectors drawn uniformly from [-0.05, 0.05], as in Tai et al.'s code.
+    vectors drawn uniformly from [-0.05, 0.05], as in Tai et al.'s code;
+    with GloVe, the unknown word's vector is zero (as gluonnlp's
+    ``TokenEmbedding`` gives it).
 
     Parameters
     ----------
     vocab : gluonnlp.Vocab
-    glove : gluonnlp.embedding.TokenEmbedding or None
+    glove : data_sources.PretrainedVectors or None
         Pretrained vectors, e.g. from :func:`load_glove`.
     rng : numpy.random.RandomState
-    glove_path : str or os.PathLike, optional
-        Only named in the log.
 
     Returns
     -------
     mxnet.nd.NDArray
     """
     if glove is None:
-        loud("NO GLOVE FILE: word vectors are RANDOM (pass --glove FILE).\n"
-             "Expect far worse results than with pretrained vectors.")
+        LOG.info("word vectors: random, %d-d", RANDOM_EMBED_DIM)
         table = rng.uniform(-0.05, 0.05, (len(vocab), RANDOM_EMBED_DIM))
         return mx.nd.array(table)
-    dim = glove.idx_to_vec.shape[1]
-    table = rng.uniform(-0.05, 0.05, (len(vocab), dim))
+    table = rng.uniform(-0.05, 0.05, (len(vocab), glove.dim))
     found = [i for i, tok in enumerate(vocab.idx_to_token) if tok in glove]
     if found:
-        vectors = glove[[vocab.idx_to_token[i] for i in found]].asnumpy()
-        table[found] = vectors.reshape(len(found), dim)
+        table[found] = np.stack([glove[vocab.idx_to_token[i]]
+                                 for i in found])
+    table[vocab[vocab.unknown_token]] = 0.0
     LOG.info("GloVe %s: %d-d, %d of %d vocabulary words found",
-             glove_path, dim, len(found), len(vocab))
+             glove.path, glove.dim, len(found), len(vocab))
     return mx.nd.array(table)
 
 
@@ -527,64 +573,116 @@ def iter_batches(pairs, batch_size, rng):
 
 
 def epoch_batches(pairs, batch_size, rng, workers):
-    """This process's batches of one epoch and the pairs all workers train.
+    """This process's batches of one epoch, their number and the pairs all
+    workers train.
 
     One process: every pair, shuffled.  A distributed job: this worker's
     slice of every complete global batch (:func:`data_parallel.shard_batches`).
 
     Returns
     -------
-    tuple of (iterator of list of SickPair, int)
+    tuple of (iterator of list of SickPair, int, int)
     """
     if not workers.distributed:
-        return iter_batches(pairs, batch_size, rng), len(pairs)
+        steps = -(-len(pairs) // batch_size)
+        return iter_batches(pairs, batch_size, rng), steps, len(pairs)
     steps = data_parallel.global_steps(len(pairs), batch_size, workers)
     return (data_parallel.shard_batches(pairs, batch_size, rng, workers),
-            steps * batch_size * workers.count)
+            steps, steps * batch_size * workers.count)
 
 
-def train_epoch(model, trainer, loss_fn, pairs, embeddings, args, epoch,
-                rng, workers=None):
-    """Train one epoch with a progress bar (rank 0's only).
+class LossLog:
+    """The training loss of every batch, read without stalling MXNet.
+
+    Batch losses stay NDArrays until :meth:`flush` (at a log line, a
+    checkpoint, an epoch's end), which records them in ``progress``.
+    """
+
+    def __init__(self, progress, interval, bar):
+        self.progress, self.interval, self.bar = progress, interval, bar
+        self.pending, self.window = [], [0.0, 0]
+
+    def add(self, loss, pairs):
+        """Record the summed loss of a batch of ``pairs`` pairs."""
+        self.pending.append((loss, pairs))
+        if self.interval and self.progress.batch % self.interval == 0:
+            self.flush()
+            mean = self.window[0] / max(self.window[1], 1)
+            self.bar.set_postfix(loss=f"{mean:.4f}")
+            LOG.info("epoch %d batch %d: loss %.4f", self.progress.epoch,
+                     self.progress.batch, mean)
+            self.window = [0.0, 0]
+
+    def flush(self):
+        """Move the pending losses into ``progress``."""
+        for loss, pairs in self.pending:
+            value = float(loss.asscalar())
+            self.progress.train_loss.append(value / pairs)
+            self.progress.epoch_loss += value
+            self.progress.epoch_pairs += pairs
+            self.window[0] += value
+            self.window[1] += pairs
+        self.pending = []
+
+
+def train_epoch(model, trainer, loss_fn, pairs, embeddings, args, progress,
+                rng, workers=None, on_checkpoint=None):
+    """Train the rest of epoch ``progress.epoch``, with a progress bar.
+
+    The epoch's order is drawn from ``rng``; the ``progress.batch`` batches
+    already done are skipped.  Every ``--checkpoint-every`` steps (not at
+    the epoch's last batch) ``on_checkpoint()`` is called.  Only rank 0
+    shows a bar.
 
     Parameters
     ----------
+    progress : run_state.Progress
+        Advanced batch by batch.
     workers : data_parallel.Workers, optional
         This process's place in a data-parallel job (default: one
         process).
+    on_checkpoint : callable, optional
 
     Returns
     -------
-    tuple of (float, float, int)
-        Mean loss per pair of this process's batches, training seconds and
-        the pairs trained by all workers.
+    float
+        Mean loss per pair of this process's batches of the epoch.
     """
     workers = workers or data_parallel.Workers()
-    batches, global_pairs = epoch_batches(pairs, args.batch_size, rng,
-                                          workers)
-    total = mx.nd.zeros((1,))
-    window, window_pairs, local_pairs = mx.nd.zeros((1,)), 0, 0
-    start = time.perf_counter()
-    bar = tqdm(total=global_pairs, unit="pair", desc=f"epoch {epoch}",
-               leave=False, dynamic_ncols=True, disable=not workers.chief)
-    for step, batch in enumerate(batches, start=1):
+    batches, steps, global_pairs = epoch_batches(pairs, args.batch_size,
+                                                 rng, workers)
+    done = progress.batch * args.batch_size * workers.count
+    bar = tqdm(total=global_pairs, initial=min(done, global_pairs),
+               unit="pair", desc=f"epoch {progress.epoch}", leave=False,
+               dynamic_ncols=True, disable=not workers.chief)
+    losses = LossLog(progress, args.log_interval, bar)
+    clock = time.perf_counter()
+    for batch in itertools.islice(batches, progress.batch, None):
         loss = train_step(model, trainer, loss_fn, batch, embeddings,
                           args.l2, workers.step_size(len(batch)))
-        total += loss
-        window += loss
-        window_pairs += len(batch)
-        local_pairs += len(batch)
+        progress.batch += 1
+        progress.step += 1
+        progress.train_pairs += len(batch) * workers.count
         bar.update(len(batch) * workers.count)
-        if args.log_interval and step % args.log_interval == 0:
-            mean = window.asscalar() / window_pairs
-            bar.set_postfix(loss=f"{mean:.4f}")
-            LOG.info("epoch %d batch %d: loss %.4f", epoch, step, mean)
-            window, window_pairs = mx.nd.zeros((1,)), 0
-    mean_loss = total.asscalar() / max(local_pairs, 1)
-    mx.nd.waitall()
-    seconds = time.perf_counter() - start
+        losses.add(loss, len(batch))
+        if (on_checkpoint is not None and args.checkpoint_every
+                and progress.step % args.checkpoint_every == 0
+                and progress.batch < steps):
+            clock = _pause_clock(losses, progress, clock)
+            on_checkpoint()
+            clock = time.perf_counter()
+    _pause_clock(losses, progress, clock)
     bar.close()
-    return mean_loss, seconds, global_pairs
+    return progress.epoch_loss / max(progress.epoch_pairs, 1)
+
+
+def _pause_clock(losses, progress, clock):
+    """Flush the losses, wait for MXNet and count the time since ``clock``."""
+    losses.flush()
+    mx.nd.waitall()
+    now = time.perf_counter()
+    progress.train_seconds += now - clock
+    return now
 
 
 def log_metrics(name, metrics):
@@ -638,25 +736,9 @@ def compare_speed(model, trainer, loss_fn, pairs, embeddings, args):
     return result
 
 
-def build_model(args, embeddings, ctx, workers=None):
-    """Create and initialise the model and its AdaGrad trainer.
-
-    Parameters
-    ----------
-    args : argparse.Namespace
-    embeddings : NDArray
-        The (V, D) word vectors; with ``--tune-embeddings`` they initialise
-        the model's own table, with learning rate ``--embed-lr``.
-    ctx : mxnet.Context
-    workers : data_parallel.Workers, optional
-        In a distributed job the trainer updates the parameters on the
-        servers; their optimiser state stays there (``--resume`` then
-        loads the parameters only).
-
-    Returns
-    -------
-    tuple of (SimilarityModel, mxnet.gluon.Trainer)
-    """
+def make_model(args, embeddings, ctx):
+    """The initialised model of ``args``, its word table from
+    ``embeddings`` when it trains one."""
     num_words, input_size = embeddings.shape
     model = SimilarityModel(input_size, memory_size=args.memory,
                             hidden_size=args.hidden,
@@ -670,33 +752,57 @@ def build_model(args, embeddings, ctx, workers=None):
     if model.embedding is not None:
         model.embedding.set_data(embeddings)
         model.embedding.lr_mult = args.embed_lr / args.lr
-    if args.resume:
-        if not Path(args.resume).is_file():
-            raise FileNotFoundError(f"--resume file not found: {args.resume}")
-        model.load_parameters(args.resume, ctx=ctx)
-        LOG.info("resumed parameters from %s", args.resume)
+    return model
+
+
+def build_model(args, embeddings, ctx, workers=None, resume_files=None):
+    """Create and initialise the model and its AdaGrad trainer.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+    embeddings : NDArray
+        The (V, D) word vectors; with ``--tune-embeddings`` they initialise
+        the model's own table, with learning rate ``--embed-lr``.
+    ctx : mxnet.Context
+    workers : data_parallel.Workers, optional
+        The servers update the parameters and keep the optimiser state;
+        with ``dist_sync`` they write it at each checkpoint
+        (:mod:`gluon_dynbatch.distributed.server_state`).
+    resume_files : dict, optional
+        A checkpoint's ``params`` and ``states`` files to start from.
+
+    Returns
+    -------
+    tuple of (SimilarityModel, mxnet.gluon.Trainer)
+    """
+    model = make_model(args, embeddings, ctx)
+    if resume_files:
+        model.load_parameters(str(resume_files["params"]), ctx=ctx)
     workers = workers or data_parallel.Workers()
     kvstore = {"kvstore": workers.kvstore} if workers.distributed else {}
     trainer = gluon.Trainer(model.collect_params(), "adagrad",
                             {"learning_rate": args.lr, "wd": args.wd},
                             **kvstore)
+    resume_files = resume_files or {}
     if workers.distributed:
         data_parallel.keep_multipliers_on_servers(trainer,
                                                   model.collect_params())
-    states = Path(str(args.resume) + ".states") if args.resume else None
-    if states is not None and states.is_file():
-        if workers.distributed:
-            LOG.warning("optimiser state %s not loaded: on a distributed "
-                        "kvstore it lives on the servers", states)
-        else:
-            trainer.load_states(str(states))
-            LOG.info("resumed optimiser state from %s", states)
+    if workers.distributed and workers.sync:
+        server_state.track(trainer, workers,
+                           workers.step_size(args.batch_size),
+                           run_state.server_state_files(resume_files))
+    elif "states" in resume_files:
+        trainer.load_states(str(resume_files["states"]))
+    elif resume_files:
+        LOG.warning("the checkpoint has no optimiser state (dist_async "
+                    "keeps it on the servers): AdaGrad starts afresh")
     return model, trainer
 
 
 def fit(model, trainer, data, embeddings, args, save_dir, seed=None,
-        workers=None):
-    """Train for ``args.epochs``, keeping the best-dev parameters.
+        workers=None, progress=None):
+    """Train until ``args.epochs``, checkpointing, keeping the best dev epoch.
 
     Parameters
     ----------
@@ -708,75 +814,109 @@ def fit(model, trainer, data, embeddings, args, save_dir, seed=None,
         Fixed table, or None for the model's own table.
     args : argparse.Namespace
     save_dir : pathlib.Path
-        Where best.params and last.params go.
+        Where the checkpoints and best.params go.
     seed : int, optional
         Seed of the batch order (default: ``args.seed``).
     workers : data_parallel.Workers, optional
         In a distributed job only rank 0 evaluates and saves.
+    progress : run_state.Progress, optional
+        Where a resumed run stands (default: at the start).
 
     Returns
     -------
     dict
-        Training statistics (best epoch, best dev metrics, pairs/s).
+        Training statistics (best epoch, best dev metrics, pairs/s) and the
+        ``curves`` (loss of every batch, dev metrics of every epoch).
     """
     workers = workers or data_parallel.Workers()
+    seed = args.seed if seed is None else seed
+    progress = progress or run_state.Progress()
+    rng = np.random.RandomState(seed)
+    if progress.order_state is not None:
+        rng.set_state(run_state.random_state_from_json(progress.order_state))
     loss_fn = make_loss()
-    rng = np.random.RandomState(args.seed if seed is None else seed)
-    best = {"epoch": None, "pearson": -np.inf}
-    train_seconds, train_pairs = 0.0, 0
-    for epoch in range(1, args.epochs + 1):
-        loss, seconds, pairs = train_epoch(model, trainer, loss_fn,
-                                           data["train"], embeddings, args,
-                                           epoch, rng, workers)
-        train_seconds += seconds
-        train_pairs += pairs
-        LOG.info("epoch %d: train loss %.4f, %.1f s, %.1f pairs/s", epoch,
-                 loss, seconds, pairs / seconds)
-        if workers.chief:
-            best = checkpoint(model, trainer, data["dev"], embeddings,
-                              save_dir, epoch, best, workers)
-    if best["epoch"] is not None and not workers.distributed:
-        model.load_parameters(str(save_dir / "best.params"))
-        LOG.info("reloaded best parameters (epoch %d)", best["epoch"])
-    pairs_per_s = train_pairs / train_seconds if train_seconds else None
-    return {"best_dev": best, "train_pairs_per_s": pairs_per_s,
-            "train_seconds": train_seconds, "train_pairs": train_pairs,
-            "seed": args.seed if seed is None else seed}
+
+    def on_checkpoint():
+        save_checkpoint(model, trainer, progress, seed, save_dir, workers)
+
+    while progress.epoch <= args.epochs:
+        if progress.batch == 0:
+            progress.order_state = run_state.random_state_to_json(
+                rng.get_state())
+        seconds, pairs = progress.train_seconds, progress.train_pairs
+        loss = train_epoch(model, trainer, loss_fn, data["train"],
+                           embeddings, args, progress, rng, workers,
+                           on_checkpoint)
+        seconds = progress.train_seconds - seconds
+        LOG.info("epoch %d: train loss %.4f, %.1f s, %.1f pairs/s",
+                 progress.epoch, loss, seconds,
+                 (progress.train_pairs - pairs) / max(seconds, 1e-9))
+        end_epoch(model, data["dev"], embeddings, progress, rng, workers,
+                  save_dir)
+        on_checkpoint()
+    if progress.best["epoch"] is not None and not workers.distributed:
+        model.load_parameters(str(save_dir / run_state.BEST_FILE))
+        LOG.info("reloaded best parameters (epoch %d)",
+                 progress.best["epoch"])
+    return fit_stats(progress, seed)
 
 
-def checkpoint(model, trainer, dev_pairs, embeddings, save_dir, epoch, best,
-               workers):
-    """Evaluate on dev after ``epoch`` and save; return the best so far.
+def fit_stats(progress, seed):
+    """What :func:`fit` returns, from a run's ``progress``."""
+    seconds = progress.train_seconds
+    return {"best_dev": progress.best, "seed": seed,
+            "train_pairs_per_s": (progress.train_pairs / seconds
+                                  if seconds else None),
+            "train_seconds": seconds, "train_pairs": progress.train_pairs,
+            "curves": {"train_loss": progress.train_loss,
+                       "dev": progress.dev}}
 
-    Saves ``last.params`` (with ``last.params.states`` in one process; a
-    distributed kvstore keeps the optimiser state on the servers) and, when
-    dev Pearson improves on ``best``, ``best.params``.
+
+def end_epoch(model, dev_pairs, embeddings, progress, rng, workers,
+              save_dir):
+    """Close epoch ``progress.epoch``: rank 0 scores dev and keeps the best.
+
+    When dev Pearson improves, ``best.params`` is written (atomically).
+    ``progress`` then points at the next epoch's start.
     """
-    dev = evaluate(model, dev_pairs, embeddings)
-    log_metrics(f"epoch {epoch} dev", dev)
-    model.save_parameters(str(save_dir / "last.params"))
-    if not workers.distributed:
-        trainer.save_states(str(save_dir / "last.params.states"))
-    if dev["pearson"] > best["pearson"]:
-        best = {"epoch": epoch, "pearson": dev["pearson"],
-                "spearman": dev["spearman"], "mse": dev["mse"]}
-        best_file = save_dir / "best.params"
-        model.save_parameters(str(best_file))
-        LOG.info("new best dev pearson; saved %s", best_file)
-    return best
+    if workers.chief:
+        dev = evaluate(model, dev_pairs, embeddings)
+        log_metrics(f"epoch {progress.epoch} dev", dev)
+        metrics = {k: dev[k] for k in ("pearson", "spearman", "mse")}
+        progress.dev.append({"epoch": progress.epoch, **metrics})
+        if progress.improves(dev["pearson"]):
+            progress.best = {"epoch": progress.epoch, **metrics}
+            best_file = save_dir / run_state.BEST_FILE
+            checkpoint.atomic_write(best_file, model.save_parameters)
+            LOG.info("new best dev pearson; saved %s", best_file)
+    progress.epoch += 1
+    progress.batch = 0
+    progress.epoch_loss, progress.epoch_pairs = 0.0, 0
+    progress.order_state = run_state.random_state_to_json(rng.get_state())
+
+
+def save_checkpoint(model, trainer, progress, seed, save_dir, workers):
+    """Reseed MXNet as a resumed run will, and (rank 0) write a checkpoint.
+
+    In a ``dist_sync`` job the servers write the optimiser state; with
+    ``dist_async`` it is not saved.
+    """
+    progress.mxnet_seed = run_state.reseed_mxnet(seed, progress.step)
+    if workers.chief:
+        run_state.save(save_dir, model, trainer, progress, workers)
 
 
 def write_summary(save_dir, summary):
-    """Print the summary and write it to ``save_dir/summary.json``."""
-    path = save_dir / "summary.json"
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(summary, handle, indent=2, default=str)
+    """Print the summary; write ``summary.json`` and ``curves.png``."""
+    path = checkpoint.write_json(save_dir / run_state.SUMMARY_FILE, summary)
+    figure = curves.write(save_dir / run_state.CURVES_FILE,
+                          summary["curves"])
     test = summary["test"]
     print(f"test ({summary['data']}): pearson {test['pearson']:.4f}  "
           f"spearman {test['spearman']:.4f}  mse {test['mse']:.4f}  "
           f"| wall {summary['wall_time_s']:.1f} s  "
           f"train {summary['train_pairs_per_s'] or 0:.1f} pairs/s  "
-          f"| summary: {path}")
+          f"| summary: {path}" + (f", curves: {figure}" if figure else ""))
     return path
 
 
@@ -796,44 +936,102 @@ def join_job(args):
     return workers
 
 
+def prepare_inputs(args, data):
+    """Build the vocabulary and the word vectors of a new run.
+
+    Returns
+    -------
+    tuple of (gluonnlp.Vocab, NDArray, pathlib.Path or None)
+        The vocabulary, the (V, D) table and the GloVe file used.
+    """
+    glove = resolve_glove(args)
+    vectors = load_glove(glove, data["train_all"] + data["dev"]
+                         + data["test"])
+    vocab = build_vocab(data["train_all"], pretrained_eval_tokens(
+        data["dev"] + data["test"], vectors))
+    embeddings = build_embeddings(vocab, vectors,
+                                  np.random.RandomState(args.seed))
+    return vocab, embeddings, glove
+
+
+def save_inputs(save_dir, args, vocab, embeddings, glove):
+    """Write a new run's settings, vocabulary and word vectors."""
+    save_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_json(save_dir / run_state.RUN_FILE,
+                          {"args": vars(args), "glove": glove})
+    checkpoint.atomic_write(save_dir / run_state.VOCAB_FILE,
+                            lambda path: Path(path).write_text(
+                                vocab.to_json(), encoding="utf-8"))
+    checkpoint.atomic_write(save_dir / run_state.EMBEDDINGS_FILE,
+                            lambda path: mx.nd.save(
+                                path, {"embeddings": embeddings}))
+
+
+def load_inputs(run_dir):
+    """The vocabulary, word vectors and GloVe file of the run in
+    ``run_dir`` (see :func:`save_inputs`)."""
+    import gluonnlp as nlp
+    run_dir = Path(run_dir)
+    vocab = nlp.Vocab.from_json(
+        (run_dir / run_state.VOCAB_FILE).read_text(encoding="utf-8"))
+    table = mx.nd.load(str(run_dir / run_state.EMBEDDINGS_FILE))
+    settings = json.loads((run_dir / run_state.RUN_FILE).read_text())
+    return vocab, table["embeddings"], settings.get("glove")
+
+
+def attach_all(data, vocab):
+    """Attach word ids to every split; log and return the unknown counts."""
+    unknown = {name: attach_vocab(data[name], vocab)
+               for name in ("train", "dev", "test")}
+    LOG.info("vocabulary %d words; tokens mapped to <unk>: %s", len(vocab),
+             ", ".join(f"{k} {v}" for k, v in unknown.items()))
+    return unknown
+
+
 def run(args):
     """Train and evaluate as configured by ``args``; return the summary.
 
-    On a worker of rank above 0 of a distributed job, returns
-    ``{"rank": rank}`` after training.
+    A new run writes its inputs and checkpoints to ``--save-dir``; with
+    ``--resume`` it continues from the checkpoints there.  On a worker of
+    rank above 0 of a distributed job, returns ``{"rank": rank}`` after
+    training.
     """
     wall_start = time.perf_counter()
     workers = join_job(args)
     seed_everything(args.seed)
     data = load_data(args)
-    if data["source"] == "random" and args.glove is None:
-        glove = None  # GloVe means nothing for synthetic tokens
+    save_dir = Path(args.save_dir)
+    if args.resume:
+        vocab, embeddings, glove = load_inputs(save_dir)
     else:
-        glove = resolve_glove(args.glove)
-    vectors = load_glove(glove)
-    vocab = build_vocab(data["train_all"], pretrained_eval_tokens(
-        data["dev"] + data["test"], vectors))
-    unknown = {}
-    for name in ("train", "dev", "test"):
-        unknown[name] = attach_vocab(data[name], vocab)
-    LOG.info("vocabulary %d words; tokens mapped to <unk>: %s", len(vocab),
-             ", ".join(f"{k} {v}" for k, v in unknown.items()))
-    embeddings = build_embeddings(vocab, vectors,
-                                  np.random.RandomState(args.seed), glove)
+        vocab, embeddings, glove = prepare_inputs(args, data)
+    unknown = attach_all(data, vocab)
     ctx = mx.cpu()
-    if args.tune_embeddings:
-        feed = None  # every model trains its own copy of the table
-    else:
-        feed = embeddings
+    feed = None if args.tune_embeddings else embeddings
     if args.compare:
         model, trainer = build_model(args, embeddings, ctx)
         return {"compare": compare_speed(model, trainer, make_loss(),
                                          data["train"], feed, args)}
-    save_dir = Path(args.save_dir)
+    if workers.chief and not args.resume:
+        run_state.clear(save_dir)
+        save_inputs(save_dir, args, vocab, embeddings, glove)
     models, member_stats = train_members(args, data, embeddings, feed, ctx,
                                          save_dir, workers)
     if not workers.chief:
         return {"rank": workers.rank}
+    summary = summarize(args, data, models, member_stats, feed)
+    summary.update({
+        "workers": workers.count, "vocab_size": len(vocab),
+        "unknown_tokens": unknown, "glove": glove,
+        "wall_time_s": time.perf_counter() - wall_start})
+    if data["source"] == "synthetic":
+        loud("These scores come from a GENERATED corpus and MEAN NOTHING.")
+    write_summary(save_dir, summary)
+    return summary
+
+
+def summarize(args, data, models, member_stats, feed):
+    """Test metrics and training statistics of the trained ``models``."""
     summary = {"data": data["source"]}
     if len(models) == 1:
         test = evaluate(models[0], data["test"], feed)
@@ -845,18 +1043,13 @@ def run(args):
     train_seconds = sum(m["train_seconds"] for m in member_stats)
     train_pairs = sum(m["train_pairs"] for m in member_stats)
     summary.update({
-        "kvstore": args.kvstore, "workers": workers.count,
+        "kvstore": args.kvstore,
         "test": {k: test[k] for k in ("pearson", "spearman", "mse")},
-        "wall_time_s": time.perf_counter() - wall_start,
         "train_pairs_per_s": (train_pairs / train_seconds if train_seconds
                               else None),
         "train_seconds": train_seconds,
-        "vocab_size": len(vocab), "unknown_tokens": unknown,
-        "glove": glove,
-        "args": vars(args)})
-    if data["source"] == "random":
-        loud("These scores come from a RANDOM corpus and MEAN NOTHING.")
-    write_summary(save_dir, summary)
+        "curves": [dict(m["curves"], seed=m["seed"]) for m in member_stats],
+        "data_dir": data["data_dir"], "args": vars(args)})
     return summary
 
 
@@ -867,7 +1060,9 @@ def train_members(args, data, embeddings, feed, ctx, save_dir,
     Member ``k`` (from 0) uses seed ``args.seed + k`` and saves to
     ``save_dir/member{k + 1}``; a single model saves to ``save_dir``.  The
     first member is exactly the model a run without ``--ensemble`` trains.
-    In a distributed job (``workers``; one member) only rank 0 saves.
+    With ``--resume`` each member continues from its own last checkpoint
+    (a member without one starts afresh).  In a distributed job
+    (``workers``; one member) only rank 0 saves.
 
     Returns
     -------
@@ -875,6 +1070,7 @@ def train_members(args, data, embeddings, feed, ctx, save_dir,
         The models, at their best dev epoch, and their :func:`fit`
         statistics.
     """
+    workers = workers or data_parallel.Workers()
     models, member_stats = [], []
     for k in range(args.ensemble):
         member_dir = save_dir
@@ -884,16 +1080,39 @@ def train_members(args, data, embeddings, feed, ctx, save_dir,
                      args.ensemble, args.seed + k)
         if k:
             seed_everything(args.seed + k)
-        if workers is None or workers.chief:
+        if workers.chief:
             member_dir.mkdir(parents=True, exist_ok=True)
-        model, trainer = build_model(args, embeddings, ctx, workers)
-        member_stats.append(fit(model, trainer, data, feed, args,
-                                member_dir, args.seed + k, workers))
-        del trainer  # leave_job needs the distributed trainer unreachable
-        if workers is not None and workers.distributed:
-            leave_job(model, member_dir, member_stats[-1], workers)
+        model, stats_ = train_member(args, data, embeddings, feed, ctx,
+                                     member_dir, args.seed + k, workers)
+        member_stats.append(stats_)
         models.append(model)
     return models, member_stats
+
+
+def train_member(args, data, embeddings, feed, ctx, member_dir, seed,
+                 workers):
+    """Train (or go on training) one model in ``member_dir``.
+
+    Returns
+    -------
+    tuple of (SimilarityModel, dict)
+    """
+    resumed = run_state.load(member_dir) if args.resume else None
+    if resumed is None and workers.chief and member_dir != Path(
+            args.save_dir):
+        run_state.clear(member_dir)
+    files = resumed[1] if resumed else None
+    model, trainer = build_model(args, embeddings, ctx, workers, files)
+    progress = None
+    if resumed:
+        progress = resumed[0]
+        run_state.restore_generators(progress, resumed[2])
+    stats_ = fit(model, trainer, data, feed, args, member_dir, seed,
+                 workers, progress)
+    del trainer  # leave_job needs the distributed trainer unreachable
+    if workers.distributed:
+        leave_job(model, member_dir, stats_, workers)
+    return model, stats_
 
 
 def leave_job(model, save_dir, stats, workers):
@@ -962,11 +1181,14 @@ def distributed_error(args):
 def launch_workers(args, argv):
     """Run this script as every process of a one-machine job.
 
-    ``gluon_dynbatch.distributed.launch`` starts a scheduler, ``--servers`` servers and
-    ``--workers`` workers on 127.0.0.1, each running this script with the
-    same arguments (``--kvstore dist_sync`` added unless a ``dist_*`` one is
-    given; inside the job ``--workers`` starts nothing).  Their logs go to
-    ``SAVE_DIR/logs``; the workers' output is shown here.
+    The data is fetched here first, once.  Then
+    ``gluon_dynbatch.distributed.launch`` starts a scheduler, ``--servers``
+    servers and ``--workers`` workers on 127.0.0.1, each running this script
+    with the same arguments (``--kvstore dist_sync`` added unless a
+    ``dist_*`` one is given; inside the job ``--workers`` starts nothing).
+    Their logs go to ``SAVE_DIR/logs``; the workers' output is shown here.
+    With ``--max-restarts N`` a job that loses a process is started again
+    from the last checkpoint in ``SAVE_DIR``, up to N times.
 
     Returns
     -------
@@ -974,15 +1196,22 @@ def launch_workers(args, argv):
         The launcher's exit code: 0, or non-zero when a process failed or
         the deadline passed.
     """
-    from gluon_dynbatch.distributed import launch
-    child_argv = list(sys.argv[1:] if argv is None else argv)
+    load_data(args)
+    if not args.resume:
+        resolve_glove(args)
+    child_argv = list(argv)
     if args.kvstore == "local":
         child_argv += ["--kvstore", "dist_sync"]
     command = [sys.executable, str(Path(__file__).resolve()), *child_argv]
+    # each parameter on one server, as server_state's files need
+    os.environ.setdefault("MXNET_KVSTORE_BIGARRAY_BOUND",
+                          server_state.NO_SPLIT)
     cluster = launch.Cluster.local(args.workers, args.servers)
     return launch.run_job(command, cluster, args.workers, args.servers,
                           deadline=args.deadline,
-                          log_dir=Path(args.save_dir) / "logs")
+                          log_dir=Path(args.save_dir) / "logs",
+                          max_restarts=args.max_restarts,
+                          checkpoint_dir=Path(args.save_dir))
 
 
 def run_worker(args):
@@ -1000,6 +1229,8 @@ def run_worker(args):
         return 2
     except (SickDataError, FileNotFoundError) as err:
         _exit_now(f"error: {err}", 2)
+    except DataUnavailable as err:
+        _exit_now(data_error_text(err), 2)
     except BaseException:  # noqa: B036 - any failure ends the worker
         _exit_now(traceback.format_exc(), 1)
     return 0
@@ -1013,6 +1244,174 @@ def _exit_now(message, code):
     os._exit(code)
 
 
+#: Flags ``--evaluate`` takes from the command line; the rest come from the
+#: checkpoint's run directory when it has one.
+EVALUATE_FLAGS = frozenset({"data_dir", "offline", "max_eval_pairs",
+                            "verbose", "evaluate", "strategy",
+                            "no_dynbatch"})
+
+
+def checkpoint_files(target):
+    """The parameter files and run directory of ``--evaluate TARGET``.
+
+    A run directory gives its ``best.params`` (an ensemble's, every
+    member's); a file gives itself, its run directory being the folder (or
+    the folder above, for a member's file) that holds ``run.json``.
+
+    Returns
+    -------
+    tuple of (list of pathlib.Path, pathlib.Path or None, pathlib.Path)
+        The parameter files, the run directory and the stem of the files
+        written (``<stem>.dev.predictions.txt`` ...).
+    """
+    target = Path(target)
+    if target.is_dir():
+        best = target / run_state.BEST_FILE
+        members = sorted(target.glob(f"member*/{run_state.BEST_FILE}"))
+        files = [best] if best.is_file() else members
+        if not files:
+            raise FileNotFoundError(f"--evaluate {target}: no "
+                                    f"{run_state.BEST_FILE} in it")
+        stem = target / ("best" if best.is_file() else "ensemble")
+        return files, target, stem
+    if not target.is_file():
+        raise FileNotFoundError(f"--evaluate {target}: no such file")
+    run_dir = next((d for d in (target.parent, target.parent.parent)
+                    if (d / run_state.RUN_FILE).is_file()), None)
+    return [target], run_dir, target.with_suffix("")
+
+
+def evaluate_main(args, argv):
+    """Score dev and test with ``--evaluate``'s checkpoint; write the
+    predictions (one score a line, in the pairs' order) and metrics.
+
+    Returns
+    -------
+    dict
+        ``dev`` and ``test`` metrics and the files written.
+    """
+    files, run_dir, stem = checkpoint_files(args.evaluate)
+    if run_dir is not None:
+        saved = json.loads((run_dir / run_state.RUN_FILE).read_text())
+        given = explicit_flags(argv) & EVALUATE_FLAGS
+        args = argparse.Namespace(**{**vars(args), **saved["args"], **{
+            k: getattr(args, k) for k in given}})
+        args.max_pairs = None  # the vocabulary comes from the run
+    data = load_data(args)
+    if run_dir is not None:
+        vocab, embeddings, _ = load_inputs(run_dir)
+    else:
+        vocab, embeddings, _ = prepare_inputs(args, data)
+    attach_all(data, vocab)
+    models = [load_model(args, embeddings, path) for path in files]
+    feed = None if args.tune_embeddings else embeddings
+    result = {"checkpoint": [str(f) for f in files]}
+    for split in ("dev", "test"):
+        metrics = evaluate(models, data[split], feed)
+        log_metrics(split, metrics)
+        out = Path(f"{stem}.{split}.predictions.txt")
+        checkpoint.atomic_write(out, lambda path, m=metrics: np.savetxt(
+            path, m["predictions"], fmt="%.8f"))
+        result[split] = {k: metrics[k] for k in ("pearson", "spearman",
+                                                 "mse")}
+        result[f"{split}_predictions"] = str(out)
+        print(f"{split}: pearson {metrics['pearson']:.4f}  spearman "
+              f"{metrics['spearman']:.4f}  mse {metrics['mse']:.4f}  "
+              f"| predictions: {out}")
+    checkpoint.write_json(Path(f"{stem}.evaluation.json"), result)
+    return result
+
+
+def load_model(args, embeddings, path):
+    """The model of ``args`` with the parameters of ``path``.
+
+    Raises
+    ------
+    UsageError
+        The parameters do not fit the model these settings describe.
+    """
+    model = make_model(args, embeddings, mx.cpu())
+    try:
+        model.load_parameters(str(path), ctx=mx.cpu())
+    except (AssertionError, ValueError, mx.base.MXNetError) as err:
+        first = str(err).strip().splitlines()[0] if str(err) else ""
+        raise UsageError(f"{path} does not fit the model of these "
+                         f"settings (--memory, --hidden, --encoder, "
+                         f"--tune-embeddings, the vocabulary): {first}") \
+            from None
+    return model
+
+
+#: Flags a resumed run may change; every other one is the run's own.
+RESUME_MAY_CHANGE = frozenset({
+    "epochs", "log_interval", "verbose", "resume", "save_dir", "data_dir",
+    "glove", "offline", "deadline", "max_restarts", "servers"})
+
+
+class UsageError(ValueError):
+    """Flags that do not go together, or a path that is not what it
+    should be."""
+
+
+def explicit_flags(argv):
+    """The destinations of the flags given in ``argv`` (not defaults)."""
+    parser = build_parser()
+    for action in parser._actions:  # noqa: SLF001 - argparse has no API
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def resume_args(args, argv, run_dir):
+    """The settings of the run in ``run_dir``, with the flags a resumed run
+    may change taken from ``args``.
+
+    Raises
+    ------
+    UsageError
+        ``run_dir`` holds no run, or ``argv`` changes one of its settings.
+    """
+    run_dir = Path(run_dir)
+    settings = run_dir / run_state.RUN_FILE
+    if not settings.is_file():
+        raise UsageError(f"--resume {run_dir}: not a run directory (no "
+                         f"{run_state.RUN_FILE}); --evaluate scores a "
+                         ".params file")
+    saved = json.loads(settings.read_text(encoding="utf-8"))["args"]
+    given = explicit_flags(argv)
+    clashes = [f"--{k.replace('_', '-')} {getattr(args, k)} (the run's: "
+               f"{saved[k]})" for k in sorted(given - RESUME_MAY_CHANGE)
+               if k in saved and getattr(args, k) != saved[k]]
+    if clashes:
+        raise UsageError("--resume continues a run with its own settings; "
+                         "these differ: " + ", ".join(clashes))
+    if "save_dir" in given and Path(args.save_dir).resolve() != \
+            run_dir.resolve():
+        raise UsageError("--resume writes into the run directory; drop "
+                         "--save-dir")
+    merged = {**vars(args), **saved}
+    merged.update({k: getattr(args, k) for k in given})
+    merged.update(resume=str(run_dir), save_dir=str(run_dir))
+    return argparse.Namespace(**merged)
+
+
+def check_args(args):
+    """What is wrong with the flags of ``args``, or None."""
+    for name in ("epochs", "batch_size", "compare", "log_interval",
+                 "ensemble", "checkpoint_every", "max_restarts"):
+        if getattr(args, name) < (1 if name in ("batch_size", "ensemble")
+                                  else 0):
+            return f"--{name.replace('_', '-')} out of range"
+    for name in ("l2", "embed_lr"):
+        if getattr(args, name) < 0:
+            return f"--{name.replace('_', '-')} must not be negative"
+    if args.tune_embeddings and args.lr <= 0:
+        return "--tune-embeddings needs --lr > 0"
+    if args.evaluate and (args.resume or args.workers or args.compare):
+        return "--evaluate does not train: drop --resume, --workers, " \
+               "--compare"
+    return distributed_error(args)
+
+
 def main(argv=None):
     """Command-line entry point.
 
@@ -1022,44 +1421,57 @@ def main(argv=None):
         0 on success, 2 on bad data, a missing file or bad arguments; with
         ``--workers``, the launcher's exit code.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     setup_logging(args.verbose, "%(asctime)s %(levelname)s %(message)s")
-    for name in ("epochs", "batch_size", "compare", "log_interval",
-                 "ensemble"):
-        if getattr(args, name) < (1 if name in ("batch_size", "ensemble")
-                                  else 0):
-            print(f"error: --{name.replace('_', '-')} out of range",
-                  file=sys.stderr)
-            return 2
-    for name in ("l2", "embed_lr"):
-        if getattr(args, name) < 0:
-            print(f"error: --{name.replace('_', '-')} must not be negative",
-                  file=sys.stderr)
-            return 2
-    if args.tune_embeddings and args.lr <= 0:
-        print("error: --tune-embeddings needs --lr > 0", file=sys.stderr)
-        return 2
-    if args.ensemble > 1 and args.resume:
-        print("error: --resume loads one model; it does not combine with "
-              "--ensemble", file=sys.stderr)
-        return 2
-    error = distributed_error(args)
+    error = check_args(args)
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.evaluate:
+        return guarded(evaluate_main, args, argv)
+    resume = args.resume or os.environ.get(launch.RESUME_ENV)
+    if resume:
+        try:
+            args = resume_args(args, argv, resume)
+        except UsageError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     if args.workers and "DMLC_ROLE" not in os.environ:
-        return launch_workers(args, argv)
+        return guarded(launch_workers, args, argv)
     if args.kvstore != "local":
         return run_worker(args)
+    return guarded(run, args)
+
+
+def guarded(function, *call_args):
+    """Call ``function``; an expected failure becomes a message and 2.
+
+    Returns
+    -------
+    int
+        2 after bad data, missing data or a bad path; else what
+        ``function`` returned when it is an int, else 0.
+    """
     try:
-        run(args)
+        result = function(*call_args)
     except SickDataError as err:
         print(f"error: malformed SICK data: {err}", file=sys.stderr)
         return 2
-    except FileNotFoundError as err:
+    except (FileNotFoundError, UsageError,
+            checkpoint.CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return 0
+    except DataUnavailable as err:
+        print(data_error_text(err), file=sys.stderr)
+        return 2
+    return result if isinstance(result, int) else 0
+
+
+def data_error_text(err):
+    """The message of a :class:`DataUnavailable`, with the instructions."""
+    return (f"error: the data cannot be had: {err}\n\n"
+            f"{data_sources.manual_instructions()}")
 
 
 if __name__ == "__main__":

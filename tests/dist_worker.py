@@ -28,6 +28,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from examples import data_parallel  # noqa: E402
+from examples import run_state  # noqa: E402
 from examples import tree_lstm_sick as script  # noqa: E402
 from examples.sick_data import attach_words, random_corpus  # noqa: E402
 from examples.sick_model import SimilarityModel, make_loss  # noqa: E402
@@ -94,7 +95,7 @@ def main(out_dir, epochs):
     rounds = range(1, epochs + 1) if epochs else itertools.count(1)
     for epoch in rounds:
         script.train_epoch(model, trainer, make_loss(), pairs, None, args,
-                           epoch, rng, workers)
+                           run_state.Progress(epoch=epoch), rng, workers)
         if epoch == 1:
             part = out_dir / f"rank{workers.rank}.pid.part"
             part.write_text(str(os.getpid()))

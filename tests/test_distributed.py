@@ -1,14 +1,15 @@
 """Data-parallel training on MXNet's parameter server, on loopback.
 
-First the launcher (``gluon_dynbatch.distributed.launch``) with small programs that
-import nothing, then jobs of 2 workers and 1 server training the SICK
+First the launcher (``gluon_dynbatch.distributed.launch``) with small programs
+that import nothing, then jobs of 2 workers and 1 server training the SICK
 example's model: parity with one process, a worker killed mid-run, and the
-example's ``--workers`` flag.  Every process a test starts carries a tag in
-its environment; the tests look for tagged processes in /proc afterwards,
-and kill any they find.
+example's ``--workers`` flag.  Every process a test starts carries a tag in its
+environment; the tests look for tagged processes in /proc afterwards, and kill
+any they find.
 """
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from examples import data_parallel  # noqa: E402
 from examples import tree_lstm_sick as script  # noqa: E402
 from examples.sick_data import random_corpus, write_split  # noqa: E402
 from examples.sick_model import make_loss  # noqa: E402
-from gluon_dynbatch.distributed import launch  # noqa: E402
+from gluon_dynbatch.distributed import checkpoint, launch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/environ").exists(),
@@ -152,7 +153,8 @@ def test_launcher_deadline_escalates_to_sigkill(tmp_path, job_tag, caplog):
 def test_launcher_command_line():
     parser = launch.build_parser()
     for flag in ("--workers", "--servers", "--deadline", "--log-dir",
-                 "--scheduler", "--host", "--num-workers", "--run-scheduler"):
+                 "--scheduler", "--host", "--num-workers", "--run-scheduler",
+                 "--max-restarts", "--checkpoint-dir"):
         assert flag in parser.format_help()
     args = parser.parse_args(["--workers", "3", "--", "python", "x.py"])
     cluster, run_scheduler = launch.cluster_from_args(args, parser)
@@ -174,12 +176,70 @@ def test_launcher_command_line():
         "DMLC_NUM_SERVER": "2", "DMLC_NODE_HOST": "10.0.0.2"}
 
 
+#: The first worker of the first run writes a checkpoint manifest and
+#: dies; every node of a restarted run records the checkpoint it was given
+#: and succeeds.  (Nothing imports mxnet, which would run a node.)
+RESTARTED_JOB = """
+import json, os, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+role, restart = os.environ["DMLC_ROLE"], os.environ["GLUON_DYNBATCH_RESTART"]
+if restart == "0":
+    if role == "worker":
+        try:
+            os.close(os.open(out / "first", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            time.sleep(300)
+        (out / "ckpt" / "checkpoint.json").write_text(json.dumps(
+            {"files": {}, "epoch": 2, "step": 7}))
+        sys.exit(5)
+    time.sleep(300)
+(out / f"{role}-{os.getpid()}").write_text(
+    os.environ.get("GLUON_DYNBATCH_RESUME", "none"))
+"""
+
+
+def test_launcher_restarts_a_failed_job(tmp_path, job_tag, caplog):
+    (tmp_path / "ckpt").mkdir()
+    code = launch.run_job(
+        [sys.executable, "-c", RESTARTED_JOB, str(tmp_path)],
+        launch.Cluster.local(2, 1), 2, 1, deadline=60.0, kill_grace=2.0,
+        log_dir=tmp_path / "logs", echo=False, max_restarts=2,
+        checkpoint_dir=tmp_path / "ckpt")
+    assert code == 0, caplog.text
+    assert "exit code 5" in caplog.text and "restart 1 of 2" in caplog.text
+    assert "from the checkpoint of epoch 2, step 7" in caplog.text
+    assert "restart 2 of 2" not in caplog.text
+    records = {p.name.split("-")[0]: p.read_text()
+               for p in tmp_path.iterdir() if "-" in p.name}
+    assert sorted(records) == ["scheduler", "server", "worker"]
+    assert set(records.values()) == {str(tmp_path / "ckpt")}
+    assert (tmp_path / "logs" / "restart1" / "worker1.log").is_file()
+    assert tagged_processes(job_tag) == []
+
+
+def test_launcher_gives_up_after_its_restarts(tmp_path, job_tag, caplog):
+    code = launch.run_job(
+        [sys.executable, "-c", "import sys, os; sys.exit("
+         "3 if os.environ['DMLC_ROLE'] == 'worker' else 0)"],
+        launch.Cluster.local(1, 1), 1, 1, deadline=60.0, kill_grace=2.0,
+        log_dir=tmp_path, echo=False, max_restarts=1,
+        checkpoint_dir=tmp_path / "none")
+    assert code == launch.EXIT_FAILED
+    assert "restart 1 of 1" in caplog.text and "from the start" in caplog.text
+    assert caplog.text.count("exit code 3") == 2
+    assert tagged_processes(job_tag) == []
+
+
 @pytest.mark.parametrize("argv", [
     ["--workers", "2"],
     ["--scheduler", "10.0.0.1:9091", "--", "python", "x.py"],
     ["--scheduler", "10.0.0.1", "--host", "10.0.0.2", "--", "python"],
     ["--num-workers", "4", "--", "python", "x.py"],
     ["--workers", "0", "--", "python", "x.py"],
+    ["--max-restarts", "-1", "--", "python", "x.py"],
+    ["--scheduler", "10.0.0.1:9091", "--host", "10.0.0.2", "--max-restarts",
+     "1", "--", "python", "x.py"],
 ])
 def test_launcher_rejects_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as info:
@@ -281,9 +341,10 @@ def test_two_workers_equal_one_process(tmp_path, job_tag):
 @needs_dist_kvstore
 def test_killed_worker_ends_the_job(tmp_path, job_tag):
     deadline = JOB_DEADLINE
-    command = [sys.executable, "-m", "gluon_dynbatch.distributed.launch", "--workers",
-               "2", "--deadline", str(deadline), "--kill-grace", "3",
-               "--log-dir", str(tmp_path / "logs"), "--quiet", "--",
+    command = [sys.executable, "-m", "gluon_dynbatch.distributed.launch",
+               "--workers", "2", "--deadline", str(deadline),
+               "--kill-grace", "3", "--log-dir", str(tmp_path / "logs"),
+               "--quiet", "--",
                sys.executable, WORKER, str(tmp_path), "0"]
     start = time.monotonic()
     proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE,
@@ -310,39 +371,141 @@ def test_killed_worker_ends_the_job(tmp_path, job_tag):
     assert tagged_processes(job_tag) == []
 
 
-@pytest.fixture
-def tiny_sick(tmp_path):
-    root = tmp_path / "sick"
-    for split, n, seed in (("train", 16, 10), ("dev", 8, 11),
-                           ("test", 8, 12)):
+@pytest.fixture(scope="module")
+def job_sick(tmp_path_factory):
+    """A small generated SICK: 16 training pairs."""
+    root = tmp_path_factory.mktemp("sick")
+    for split, n, seed in (("train", 16, 40), ("dev", 8, 41),
+                           ("test", 8, 42)):
         write_split(random_corpus(n, seed=seed), root, split)
     return root
 
 
+def job_flags(sick_dir, save_dir):
+    """The example's flags for a job of 2 workers of 2 pairs (global
+    batches of 4, 4 steps an epoch), 3 epochs, a checkpoint every step."""
+    return ["--data-dir", str(sick_dir), "--save-dir", str(save_dir),
+            "--epochs", "3", "--batch-size", "2", "--memory", "10",
+            "--hidden", "6", "--glove", "random", "--log-interval", "1",
+            "--checkpoint-every", "1", "--tune-embeddings", "--lr", "0.3",
+            "--workers", "2", "--max-restarts", "1", "--deadline",
+            str(JOB_DEADLINE)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_job(job_sick, tmp_path_factory):
+    """``script.main(... --workers 2)``: exit code, run directory and the
+    processes it left behind."""
+    save_dir = tmp_path_factory.mktemp("job") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        tag = uuid.uuid4().hex
+        patch.setenv(TAG, tag)
+        code = script.main(job_flags(job_sick, save_dir))
+        left = tagged_processes(tag)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    return code, save_dir, left
+
+
 @needs_dist_kvstore
-def test_example_trains_with_two_workers(tiny_sick, tmp_path, job_tag,
-                                         capsys):
-    save_dir = tmp_path / "run"
-    code = script.main(["--data-dir", str(tiny_sick), "--save-dir",
-                        str(save_dir), "--epochs", "1", "--batch-size", "4",
-                        "--memory", "12", "--hidden", "6", "--log-interval",
-                        "1", "--workers", "2", "--deadline",
-                        str(JOB_DEADLINE)])
+def test_example_trains_with_two_workers(uninterrupted_job):
+    code, save_dir, left = uninterrupted_job
     assert code == 0, job_logs(save_dir / "logs")
-    assert tagged_processes(job_tag) == []
+    assert left == []
     summary = json.loads((save_dir / "summary.json").read_text())
     assert (summary["kvstore"], summary["workers"]) == ("dist_sync", 2)
-    assert summary["best_dev"]["epoch"] == 1
+    assert summary["best_dev"]["epoch"] in (1, 2, 3)
     assert set(summary["test"]) == {"pearson", "spearman", "mse"}
     assert summary["train_pairs_per_s"] > 0
+    assert summary["curves"][0]["train_loss"] and len(
+        summary["curves"][0]["dev"]) == 3
     assert (save_dir / "best.params").is_file()
-    assert not (save_dir / "last.params.states").exists()
-    assert "test (sick): pearson" in capsys.readouterr().out
+    assert (save_dir / "curves.png").is_file()
+    # The server wrote its optimiser state (AdaGrad's history of every
+    # parameter) into the checkpoint.
+    files = checkpoint.latest(save_dir)["files"]
+    assert sorted(files) == ["params", "server_states0"]
+    with open(files["server_states0"], "rb") as handle:
+        states = pickle.load(handle)["states"]
+    params = mx.nd.load(str(files["params"]))
+    assert sorted(int(np.prod(shape)) for _, shape in states) == sorted(
+        v.size for v in params.values())  # a server's arrays are flat
+    assert all(np.abs(v).max() > 0 for v in states.values())
+    assert not (save_dir / "logs" / "restart1").exists()
     # Rank 0 reports; the other worker logs no INFO line.
     logs = [(save_dir / "logs" / f"worker{i}.log").read_text()
             for i in (0, 1)]
     assert sorted("rank 0 of 2" in log for log in logs) == [False, True]
     assert sum(" INFO " in log for log in logs) == 1
+    assert sum("test (sick): pearson" in log for log in logs) == 1
+
+
+def worker_pids(tag):
+    """Pids of the live workers among the processes tagged ``tag``."""
+    found = []
+    for pid in tagged_processes(tag):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"DMLC_ROLE=worker" in environ:
+            found.append(pid)
+    return found
+
+
+def wait_for_step(proc, save_dir, step):
+    """Wait until the job in ``save_dir`` has checkpointed ``step``."""
+    start = time.monotonic()
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - start < JOB_DEADLINE / 2, "no training"
+        if (save_dir / "checkpoint.json").exists():
+            if checkpoint.read_manifest(save_dir)["step"] >= step:
+                return
+        time.sleep(0.1)
+
+
+@pytest.mark.slow  # two starts of a 4-process job: about 25 s here
+@needs_dist_kvstore
+def test_lost_worker_job_restarts_from_its_checkpoint(
+        job_sick, uninterrupted_job, tmp_path, job_tag):
+    save_dir = tmp_path / "run"
+    # Each checkpoint pauses, so that the job is still training at the kill.
+    env = {**os.environ, checkpoint.HOOK_ENV: "sleep=0.3:checkpoint.json"}
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "examples" / "tree_lstm_sick.py"),
+         *job_flags(job_sick, save_dir)], cwd=REPO_ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        wait_for_step(proc, save_dir, 3)
+        os.kill(worker_pids(job_tag)[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=JOB_DEADLINE)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err + job_logs(save_dir / "logs")
+    assert "killed by SIGKILL" in err and "restart 1 of 1" in err, err
+    assert "from the checkpoint of epoch" in err, err
+    assert (save_dir / "logs" / "restart1" / "worker0.log").is_file()
+    assert tagged_processes(job_tag) == []
+    assert "test (sick): pearson" in out
+    # The same job, never interrupted: the same parameters and figures.
+    _, reference, _ = uninterrupted_job
+    final = {name: mx.nd.load(str(checkpoint.latest(d)["files"]["params"]))
+             for name, d in (("restarted", save_dir), ("once", reference))}
+    for key, value in final["once"].items():
+        np.testing.assert_allclose(final["restarted"][key].asnumpy(),
+                                   value.asnumpy(), rtol=0, atol=1e-6,
+                                   err_msg=key)
+    job, once = (json.loads((d / "summary.json").read_text())
+                 for d in (save_dir, reference))
+    assert [d["epoch"] for d in job["curves"][0]["dev"]] == [1, 2, 3]
+    for got, want in zip(job["curves"][0]["dev"], once["curves"][0]["dev"]):
+        for key in ("pearson", "spearman", "mse"):
+            assert got[key] == pytest.approx(want[key], abs=1e-6), key
+    assert job["test"] == pytest.approx(once["test"], abs=1e-6)
 
 
 def test_example_distributed_flags(tmp_path, capsys, monkeypatch):

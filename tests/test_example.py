@@ -325,7 +325,8 @@ def tiny_sick(tmp_path_factory):
 def run_script(data_dir, save_dir, *extra):
     argv = ["--data-dir", str(data_dir), "--save-dir", str(save_dir),
             "--epochs", "2", "--batch-size", "8", "--memory", "20",
-            "--hidden", "10", "--log-interval", "1", *extra]
+            "--hidden", "10", "--log-interval", "1", "--glove", "random",
+            *extra]
     return script.main(argv)
 
 
@@ -339,7 +340,8 @@ def test_help_lists_flags(capsys):
         script.main(["--help"])
     assert info.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--data-dir", "--glove", "--epochs", "--batch-size", "--lr",
+    for flag in ("--data-dir", "--glove", "--offline", "--synthetic",
+                 "--epochs", "--batch-size", "--lr",
                  "--wd", "--hidden", "--max-pairs", "--seed", "--strategy",
                  "--no-dynbatch", "--compare", "--resume", "--save-dir",
                  "--log-interval", "--l2", "--tune-embeddings",
@@ -375,11 +377,10 @@ def test_script_tuned_embeddings_l2_no_output_gate(tiny_sick, tmp_path):
     assert summary["unknown_tokens"]["train"] == 0
     saved = mx.nd.load(str(run_a / "best.params"))
     assert any(key.endswith("embedding") for key in saved)
-    assert run_script(tiny_sick, tmp_path / "b", "--epochs", "0",
-                      "--resume", str(run_a / "best.params"), *extra) == 0
+    assert script.main(["--evaluate", str(run_a / "best.params")]) == 0
+    scores = json.loads((run_a / "best.evaluation.json").read_text())
     for key, value in summary["test"].items():
-        assert read_summary(tmp_path / "b")["test"][key] == pytest.approx(
-            value, abs=1e-6)
+        assert scores["test"][key] == pytest.approx(value, abs=1e-6)
 
 
 def test_script_end_to_end_resume_and_eager(tiny_sick, tmp_path, capsys):
@@ -394,12 +395,12 @@ def test_script_end_to_end_resume_and_eager(tiny_sick, tmp_path, capsys):
     assert (run_a / "best.params").is_file()
     assert "pearson" in capsys.readouterr().out
 
-    run_b = tmp_path / "b"
-    assert run_script(tiny_sick, run_b, "--epochs", "0", "--resume",
-                      str(run_a / "best.params")) == 0
+    assert script.main(["--evaluate", str(run_a)]) == 0
+    scores = json.loads((run_a / "best.evaluation.json").read_text())
     for key, value in summary["test"].items():
-        assert read_summary(run_b)["test"][key] == pytest.approx(value,
-                                                                 abs=1e-6)
+        assert scores["test"][key] == pytest.approx(value, abs=1e-6)
+    assert scores["dev"]["pearson"] == pytest.approx(
+        summary["best_dev"]["pearson"], abs=1e-6)
 
     run_c = tmp_path / "c"
     assert run_script(tiny_sick, run_c, "--no-dynbatch") == 0
@@ -465,15 +466,31 @@ def test_script_malformed_data_exits_2(tiny_sick, tmp_path, capsys):
     assert "root" in err or "cycle" in err
 
 
-def test_script_missing_data_falls_back_to_random(tmp_path, capsys):
+def test_script_missing_data_dir_exits_2(tmp_path, capsys):
     code = run_script(tmp_path / "nowhere", tmp_path / "run",
-                      "--max-pairs", "16", "--max-eval-pairs", "8",
-                      "--epochs", "1")
-    assert code == 0
+                      "--max-pairs", "16", "--epochs", "1")
+    assert code == 2
     err = capsys.readouterr().err
-    assert "SICK data not found" in err and "a.parents" in err
-    assert "MEAN NOTHING" in err
-    assert read_summary(tmp_path / "run")["data"] == "random"
+    assert "nowhere is not a directory" in err and "a.parents" in err
+    assert "--synthetic" in err and "Traceback" not in err
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_script_synthetic_smoke_run(tmp_path, capsys):
+    code = script.main(["--synthetic", "--save-dir", str(tmp_path / "run"),
+                        "--max-pairs", "16", "--max-eval-pairs", "8",
+                        "--epochs", "1", "--memory", "10", "--hidden", "6"])
+    assert code == 0
+    assert "MEAN NOTHING" in capsys.readouterr().err
+    summary = read_summary(tmp_path / "run")
+    assert summary["data"] == "synthetic" and summary["glove"] is None
+
+
+def test_script_unknown_glove_exits_2(tiny_sick, tmp_path, capsys):
+    assert run_script(tiny_sick, tmp_path / "run", "--glove",
+                      "glove.7B.51d") == 2
+    err = capsys.readouterr().err
+    assert "glove.7B.51d" in err and "glove.840B.300d" in err
 
 
 def test_script_compare(tiny_sick, tmp_path, capsys):

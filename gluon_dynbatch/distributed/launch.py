@@ -21,8 +21,18 @@ forever.  So the launcher watches its processes, each in its own process
 group.  As soon as one fails, or the ``--deadline`` passes, it ends every
 group it started (SIGTERM, then SIGKILL after ``--kill-grace`` seconds),
 prints the tail of the failing node's log and exits non-zero.
+
+With ``--max-restarts N`` (one machine), a job that loses a process is
+started again, every process anew on a new port, up to N times, within the
+same deadline.  When ``--checkpoint-dir DIR`` holds a complete checkpoint
+written during this job (:mod:`gluon_dynbatch.distributed.checkpoint`), the
+new processes find ``GLUON_DYNBATCH_RESUME=DIR`` in their environment and
+resume from it; the log names what died and the checkpoint used.  Every
+process sees the restart count in ``GLUON_DYNBATCH_RESTART``.  A restart's
+logs go to ``LOG_DIR/restart<k>/``.
 """
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -35,6 +45,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gluon_dynbatch.distributed import checkpoint
+
 LOG = logging.getLogger(__name__)
 
 #: Exit code when the deadline passes (as ``timeout(1)``).
@@ -44,6 +56,11 @@ EXIT_FAILED = 1
 #: Lines of a log shown when its node fails.
 TAIL_LINES = 25
 LOOPBACK = "127.0.0.1"
+#: Set in the processes of a restarted job: the checkpoint directory to
+#: resume from.
+RESUME_ENV = "GLUON_DYNBATCH_RESUME"
+#: Set in every process of a job: how many times it was restarted.
+RESTART_ENV = "GLUON_DYNBATCH_RESTART"
 POLL_SECONDS = 0.1
 
 
@@ -314,7 +331,7 @@ def node_names(workers, servers, run_scheduler):
 
 def run_job(command, cluster, workers, servers, run_scheduler=True,
             deadline=3600.0, log_dir=None, kill_grace=5.0, echo=True,
-            shutdown_grace=30.0):
+            shutdown_grace=30.0, max_restarts=0, checkpoint_dir=None):
     """Start this machine's nodes of a job, watch them, stop them all.
 
     Parameters
@@ -338,23 +355,97 @@ def run_job(command, cluster, workers, servers, run_scheduler=True,
         Copy the workers' output to this process's stdout and stderr.
     shutdown_grace : float, optional
         Seconds servers and the scheduler may outlive the last worker.
+    max_restarts : int, optional
+        Times to start the job again when one of its processes fails (not
+        at the deadline, nor when the launcher is interrupted).  Only for a
+        job wholly on this machine (``run_scheduler`` and
+        ``cluster.num_workers == workers``).
+    checkpoint_dir : str or os.PathLike, optional
+        Where the job writes its checkpoints; a restart resumes from the
+        last complete one written since the job started.
 
     Returns
     -------
     int
         0 when every process succeeded; :data:`EXIT_FAILED` when one
-        failed or the launcher was interrupted; :data:`EXIT_DEADLINE` when
-        the deadline passed.
+        failed (after the last restart) or the launcher was interrupted;
+        :data:`EXIT_DEADLINE` when the deadline passed.
     """
+    if max_restarts and not (run_scheduler and
+                             cluster.num_workers == workers and
+                             cluster.num_servers == servers):
+        raise ValueError("max_restarts restarts a job that runs wholly on "
+                         "this machine")
     if log_dir is None:
         log_dir = tempfile.mkdtemp(prefix="gluon_dynbatch-launch-")
+    started, restarts, extra_env = time.time(), 0, {RESTART_ENV: "0"}
+    end = time.monotonic() + deadline
+    while True:
+        attempt_dir = Path(log_dir) / (f"restart{restarts}" if restarts
+                                       else "")
+        failed, why, code = run_attempt(
+            command, cluster, workers, servers, run_scheduler,
+            end - time.monotonic(), attempt_dir, kill_grace, echo,
+            shutdown_grace, extra_env)
+        if failed is None or code != EXIT_FAILED or restarts >= \
+                max_restarts:
+            if failed is not None:
+                report(failed, why)
+            return code
+        restarts += 1
+        extra_env = restart_env(failed, why, restarts, max_restarts,
+                                checkpoint_dir, started)
+        cluster = dataclasses.replace(cluster,
+                                      root_port=free_port(cluster.host))
+
+
+def restart_env(failed, why, restarts, max_restarts, checkpoint_dir,
+                since):
+    """Log the failure and the checkpoint a restart resumes from; return
+    the environment the restarted processes get."""
+    manifest = None
+    if checkpoint_dir is not None:
+        try:
+            manifest = checkpoint.latest(checkpoint_dir)
+        except checkpoint.CheckpointError as err:
+            LOG.error("%s; the job starts over", err)
+        path = Path(checkpoint_dir) / checkpoint.MANIFEST
+        if manifest is not None and path.stat().st_mtime < since:
+            manifest = None  # an earlier job's
+    if manifest is None:
+        source = "from the start (no complete checkpoint of this job)"
+    else:
+        source = (f"from the {checkpoint.describe(manifest)} in "
+                  f"{Path(checkpoint_dir) / checkpoint.MANIFEST}")
+    LOG.error("%s (pid %d) %s; its log %s ends:\n%s", failed.name,
+              failed.process.pid, why, failed.log_path,
+              log_tail(failed.log_path))
+    LOG.warning("restart %d of %d: every process stopped; starting the "
+                "job again %s", restarts, max_restarts, source)
+    env = {RESTART_ENV: str(restarts)}
+    if manifest is not None:
+        env[RESUME_ENV] = str(Path(checkpoint_dir))
+    return env
+
+
+def run_attempt(command, cluster, workers, servers, run_scheduler,
+                deadline, log_dir, kill_grace, echo, shutdown_grace,
+                extra_env):
+    """Start the nodes once, watch them, stop them all.
+
+    Returns
+    -------
+    tuple of (Node or None, str or None, int)
+        As :func:`watch`; ``(None, None, EXIT_FAILED)`` when interrupted or
+        a process could not start.
+    """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     LOG.info("scheduler %s:%d, %d worker(s) and %d server(s) in all; "
              "here %d worker(s), %d server(s)%s; logs in %s",
              cluster.root_host, cluster.root_port, cluster.num_workers,
              cluster.num_servers, workers, servers,
              " and the scheduler" if run_scheduler else "", log_dir)
-    env = dict(os.environ)
+    env = {**os.environ, **extra_env}
     env.setdefault("PYTHONUNBUFFERED", "1")
     nodes = []
     failed, why, code = None, None, EXIT_FAILED
@@ -364,7 +455,7 @@ def run_job(command, cluster, workers, servers, run_scheduler=True,
             nodes.append(start_node(
                 command, name, role, {**env, **cluster.environ(role)},
                 log_dir, echo and role == "worker"))
-        failed, why, code = watch(nodes, deadline, shutdown_grace)
+        failed, why, code = watch(nodes, max(deadline, 0.0), shutdown_grace)
     except Interrupted as err:
         LOG.error("interrupted by %s; stopping every process", err)
     except OSError as err:
@@ -375,13 +466,11 @@ def run_job(command, cluster, workers, servers, run_scheduler=True,
             stop_all(nodes, kill_grace)
         finally:
             _restore_signal_handlers(saved)
-    if failed is not None:
-        report(failed, why)
-    return code
+    return failed, why, code
 
 
 def build_parser():
-    """Return the command-line parser of ``python -m gluon_dynbatch.distributed.launch``.
+    """Return the parser of ``python -m gluon_dynbatch.distributed.launch``.
 
     Returns
     -------
@@ -411,6 +500,14 @@ def build_parser():
         help="wait between SIGTERM and SIGKILL (default: %(default)g)")
     add("--quiet", action="store_true",
         help="do not copy the workers' output here; logs only")
+    add("--max-restarts", type=int, default=0, metavar="N",
+        help="when a process of the job dies, stop every process and "
+             "start the job again, up to N times (one machine only; "
+             "default: %(default)s)")
+    add("--checkpoint-dir", default=None, metavar="DIR",
+        help="where the job writes its checkpoints (checkpoint.json): a "
+             "restart resumes from the last complete one, passed to the "
+             "processes as " + RESUME_ENV + "=DIR")
     add("--scheduler", default=None, metavar="HOST:PORT",
         help="address of the job's scheduler, for a job on several "
              "machines (default: start one here on 127.0.0.1)")
@@ -445,6 +542,8 @@ def cluster_from_args(args, parser):
             total_s < args.servers:
         parser.error("a job needs at least one worker and one server, and "
                      "--num-workers/--num-servers count every machine's")
+    if args.max_restarts < 0:
+        parser.error("--max-restarts must not be negative")
     if args.scheduler is None:
         if args.run_scheduler or (total_w, total_s) != (args.workers,
                                                         args.servers):
@@ -456,6 +555,10 @@ def cluster_from_args(args, parser):
         parser.error(f"--scheduler wants HOST:PORT, not {args.scheduler!r}")
     if args.host is None:
         parser.error("--scheduler needs --host, this machine's address")
+    if args.max_restarts:
+        parser.error("--max-restarts restarts a job on one machine; each "
+                     "launcher of a job on several machines sees only its "
+                     "own processes")
     return (Cluster(root, int(port), total_w, total_s, args.host),
             args.run_scheduler)
 
@@ -471,7 +574,8 @@ def main(argv=None):
     return run_job(args.command, cluster, args.workers, args.servers,
                    run_scheduler=run_scheduler, deadline=args.deadline,
                    log_dir=args.log_dir, kill_grace=args.kill_grace,
-                   echo=not args.quiet)
+                   echo=not args.quiet, max_restarts=args.max_restarts,
+                   checkpoint_dir=args.checkpoint_dir)
 
 
 if __name__ == "__main__":
