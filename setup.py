@@ -1,11 +1,41 @@
-"""Packaging for gluon_dynbatch."""
+"""Packaging for gluon_dynbatch: the Python package and its compiled recording core.
+
+``pip install .`` (or ``pip install -e .``) compiles ``gluon_dynbatch/record/_core.pyx``
+with Cython (installed by pip as a build requirement).  It needs a C compiler
+and the Python headers: on Debian or Ubuntu ``apt install gcc python3-dev``.
+"""
+import sys
+
 from setuptools import find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+
+class BuildCore(build_ext):
+    """``build_ext`` that says what to install when the compiler or headers are missing."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as err:  # CompileError, LinkError, DistutilsExecError
+            sys.stderr.write(
+                "\ngluon_dynbatch: compiling its recording core (Cython) failed: %s\n"
+                "It needs a C compiler and the Python headers, e.g. on Debian/Ubuntu:\n"
+                "    apt install gcc python3-dev\n\n" % err)
+            raise
+
+
+def extensions():
+    from Cython.Build import cythonize
+    return cythonize(["gluon_dynbatch/record/_core.pyx"], language_level=3, quiet=True)
+
 
 setup(
     name="gluon_dynbatch",
     version="0.1.0",
     description="Automatic dynamic batching for MXNet Gluon models written one sample at a time",
     packages=find_packages(include=["gluon_dynbatch", "gluon_dynbatch.*"]),
+    ext_modules=extensions(),
+    cmdclass={"build_ext": BuildCore},
     python_requires=">=3.8",
     install_requires=["mxnet==1.9.1", "numpy<1.24"],
     extras_require={

@@ -12,6 +12,7 @@ import mxnet as mx
 from mxnet import autograd, nd
 from mxnet.base import MXNetError
 
+from . import _core
 from . import context
 from . import passes
 from . import weights as weight_calls
@@ -69,44 +70,15 @@ PYTHON_HELPERS["true_divide"] = PYTHON_HELPERS["divide"]
 
 
 def _dunder(name, reflected=False):
-    """``x op y`` (or ``y op x``) on a LazyArray.
-
-    Inside a frame, with a number or another array, the call is keyed here
-    as ``Frame._op`` would key it (the arrays' key items from ``Frame.ref``)
-    and follows the frame's trie directly; anything else goes through the
-    helper.
-    """
-    fn = PYTHON_HELPERS[name]
+    """``x op y`` (or ``y op x``) on a LazyArray: inside a frame, with a number or
+    another array, keyed as ``Frame.op`` keys it, on the compiled path
+    (``_core.binary_method``); anything else through the helper."""
     array_op, lscalar, rscalar, _ = _BINARY[name]
-    aop = opdef(array_op)
     sop = opdef("_internal", (rscalar or lscalar) if reflected else lscalar)
-    tls, modes = context.TLS, context.MODE_CHANGES
-
-    def dunder(self, other):
-        rec = tls.recorder
-        if rec is not None and self._base is None:     # (a base: see passes.ON_BASES)
-            frame = rec.frame
-            if frame is not None and rec._mode_seen == modes[0] \
-                    and not _on_weights(rec, frame, self, other):
-                kind = type(other)
-                if kind is float or kind is int:
-                    mine = self._idx if self._node is frame else frame.ref(self)
-                    key = (sop, mine, (float, float(other)))
-                    nxt = frame.state.next.get(key)
-                    if nxt is not None and nxt.single:
-                        return frame.push(nxt)
-                    return frame.call(sop, (self, float(other)), {}, key,
-                                      (mine, (float, float(other))), None)
-                if kind is LazyArray and not reflected and other._base is None:
-                    mine = self._idx if self._node is frame else frame.ref(self)
-                    theirs = other._idx if other._node is frame else frame.ref(other)
-                    key = (aop, mine, theirs)
-                    nxt = frame.state.next.get(key)
-                    if nxt is not None and nxt.single:
-                        return frame.push(nxt)
-                    return frame.call(aop, (self, other), {}, key, (mine, theirs), None)
-        return fn(other, self) if reflected else fn(self, other)
-    return dunder
+    method = _core.binary_method(PYTHON_HELPERS[name], opdef(array_op), sop, reflected,
+                                 context.TLS, _on_weights)
+    method.__name__ = "__%s__" % name
+    return method
 
 
 def _on_weights(rec, frame, a, b):
@@ -159,10 +131,10 @@ for _dn, _name in [("eq", "equal"), ("ne", "not_equal"), ("gt", "greater"),
 
 
 def _neg(self):
-    rec = current()
-    if rec is None:
+    """``-x``: ``x * -1.0``, as NDArray computes it (``_mul_scalar``)."""
+    if current() is None:
         return nd.NDArray.__neg__(self)
-    return rec.record(opdef("_internal", "_mul_scalar"), (self, -1.0), {})
+    return LazyArray.__mul__(self, -1.0)
 
 
 def _abs(self):
@@ -362,4 +334,4 @@ def _indexed(rec, x, begins, ends, shape, whole_rows):
     return None
 
 
-LazyArray.__getitem__ = _getitem
+LazyArray.__getitem__ = _core.getitem_method(_getitem)

@@ -46,38 +46,54 @@ def note(rec, out, source):
     return out
 
 
-def forget_bases(frame):
-    """Drop the bases of ``frame``'s values before their references are counted
-    (``Frame.finish``, ``cut``): a base must not keep a value alive (exported
-    from the frame) that nothing else reads."""
-    for lazy in frame.based:
-        lazy._base = None
-    frame.based = None
+def _flat(out):
+    return out if isinstance(out, (list, tuple)) else (out,)
 
 
-def bases_made(frame, out, start):
-    """``((output offset, base offset), ...)`` of the values ``out`` that a child
-    block's call, traced from position ``start`` of ``frame``, returned as
-    reshapes of its own values; None if it returned none.  Its replays
-    (``Frame._replay``) give their outputs the same bases."""
+def bases_made(frame, out, start, args):
+    """How a replay of a call gives its outputs ``out`` the bases they have now:
+    ``((output position, source), ...)`` with source ``("new", position)`` (a
+    value the call made, from position ``start`` of ``frame``), ``("arg", k)``
+    (its array argument ``k``) or ``("argbase", k)`` (that argument's base);
+    None if no output has a base, False if a base is none of these."""
     found = []
-    for lazy in (out if isinstance(out, (list, tuple)) else (out,)):
+    for lazy in _flat(out):
         base = base_of(lazy)
-        if base is not None and lazy._node is frame and base._node is frame \
-                and base._idx >= start:
-            found.append((lazy._idx - start, base._idx - start))
+        if base is None or lazy._node is not frame or lazy._idx < start:
+            continue                    # (an argument handed back keeps its own base)
+        if base._node is frame and base._idx >= start:
+            found.append((lazy._idx, ("new", base._idx)))
+            continue
+        for k, arg in enumerate(args):
+            if arg is base:
+                found.append((lazy._idx, ("arg", k)))
+                break
+            if base_of(arg) is base:
+                found.append((lazy._idx, ("argbase", k)))
+                break
+        else:
+            return False
     return tuple(found) or None
 
 
-def replay_bases(frame, out, bases, start):
+def replay_bases(frame, out, bases, args):
     """Give the outputs ``out`` of a replayed call the bases ``bases_made`` found."""
-    wanted = {start + o: start + b for o, b in bases}
+    wanted = dict(bases)
     made = {}
-    for lazy in (out if isinstance(out, (list, tuple)) else (out,)):
-        if type(lazy) is LazyArray and lazy._node is frame and lazy._idx in wanted:
-            pos = wanted[lazy._idx]
-            base = made.get(pos)
+    for lazy in _flat(out):
+        if type(lazy) is not LazyArray or lazy._node is not frame:
+            continue
+        source = wanted.get(lazy._idx)
+        if source is None:
+            continue
+        kind, where = source
+        if kind == "arg":
+            base = args[where]
+        elif kind == "argbase":
+            base = base_of(args[where])
+        else:
+            base = made.get(where)
             if base is None:
-                base = made[pos] = frame._new_lazy(pos)  # pylint: disable=protected-access
+                base = made[where] = frame.new_lazy(where)
                 frame.lazies.append(base)
-            note(frame.rec, lazy, base)
+        note(frame.rec, lazy, base)

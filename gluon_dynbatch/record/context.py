@@ -13,6 +13,7 @@ import threading
 from mxnet import autograd
 from mxnet.ndarray import NDArray
 
+from . import _core
 from . import lazy as lazy_mod
 
 
@@ -73,3 +74,6 @@ def install():
 def autograd_mode():
     """(is_recording, is_training) of this thread, read from MXNet."""
     return (autograd.is_recording(), autograd.is_training())
+
+
+_core.bind(lazy_mod.LazyArray, NDArray, MODE_CHANGES)

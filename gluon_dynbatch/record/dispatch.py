@@ -26,6 +26,7 @@ import logging
 import mxnet as mx
 from mxnet import gluon
 
+from . import _core
 from . import context
 from .frames import NOT_RECORDED, Frame
 from .lazy import LazyArray
@@ -36,62 +37,40 @@ log = logging.getLogger("gluon_dynbatch.record")
 
 
 def record_call(self, rec, args):
-    """Record one call of DynBatchBlock ``self`` inside a scope: a frame
-    (``frames.py``) around its ``hybrid_forward``; a top-level call is a sample."""
-    top = rec.depth == 0
-    if top and rec.eager:
+    """Record a top-level call of DynBatchBlock ``self`` inside a scope: a sample,
+    recorded as a frame (``_core.record_frame``, which records the calls below it)."""
+    if rec.eager:
         return eager_call(self, rec, args)
-    if top:
-        rec.sample = rec.num_samples
-        rec.num_samples += 1
-        if getattr(rec, "strategy", None) is None:
-            rec.strategy = self.strategy
-            rec.compiled = self.compiled
-            rec.cache = self.plan_cache
-            rec.owner = self
-            if self.max_pending_nodes is not None and rec.scope is not None \
-                    and rec.scope.max_pending_nodes is None:
-                rec.max_pending = self.max_pending_nodes
-        args = rec.wrap_arguments(args)
-    rec.depth += 1
-    outer_path = rec.path
-    rec.path = outer_path + (self._name,)
-    outer_frame = rec.frame
-    frame = None
-    if rec.frames_on():
-        root = rec.frame_root(self)
-        if not root.usage.irregular:
-            frame = Frame(rec, root, self, rec.path)
-        elif not root.usage.told:
-            root.usage.told = True
-            log.info("%s: calls take a new path through the code almost every time (a "
-                     "structure of each sample's own); recording them operator by operator",
-                     type(self).__name__)
-    rec.frame = frame
-    tracer = watch_closures(self, self._closure_codes) \
-        if self._closure_codes and rec.frames_on() else None
+    rec.sample = rec.num_samples
+    rec.num_samples += 1
+    if getattr(rec, "strategy", None) is None:
+        rec.strategy = self.strategy
+        rec.compiled = self.compiled
+        rec.cache = self.plan_cache
+        rec.owner = self
+        if self.max_pending_nodes is not None and rec.scope is not None \
+                and rec.scope.max_pending_nodes is None:
+            rec.max_pending = self.max_pending_nodes
     try:
-        if not self._reg_params:        # a recursive model's own block often has none
-            out = self.hybrid_forward(rec.F, *args)
-        else:
-            out = self.hybrid_forward(rec.F, *args, **rec.params_of(self))
-        if frame is not None:
-            frame.finish()              # ``out`` holds what the call returns
-        return out
+        return _core.record_frame(self, rec, rec.wrap_arguments(args))
     except BatchingError:
         raise
     except Exception as err:
-        if top and hasattr(err, "add_note"):
+        if hasattr(err, "add_note"):
             err.add_note("gluon_dynbatch: raised while recording %s"
-                         % describe_call(rec.sample, rec.path))
+                         % describe_call(rec.sample, rec.path + (self._name,)))
         raise
     finally:
-        stop_watching(tracer)
-        rec.frame = outer_frame
-        rec.depth -= 1
-        rec.path = outer_path
-        if top:
-            rec.sample = None
+        rec.sample = None
+
+
+def tell_irregular(block, root):
+    """Say once per block that its calls are recorded operator by operator (``usage.py``)."""
+    if not root.usage.told:
+        root.usage.told = True
+        log.info("%s: calls take a new path through the code almost every time (a "
+                 "structure of each sample's own); recording them operator by operator",
+                 type(block).__name__)
 
 
 def record_helper(self, rec, function, args, kwargs):
@@ -180,17 +159,16 @@ def _kind(cls):
 _ORIGINAL_CALL = gluon.Block.__call__
 
 
-def _dispatching_call(self, *args):
-    """``Block.__call__`` that records inside a batching scope."""
-    rec = context.TLS.recorder
-    if rec is None:
-        return _ORIGINAL_CALL(self, *args)
-    kind = _KINDS.get(type(self)) or _kind(type(self))
-    if kind is _DYNBATCH:
-        return record_call(self, rec, args)
+def dispatch(self, rec, kind, args):
+    """A call of a block other than a DynBatchBlock inside a scope (see the module
+    docstring); ``kind`` is how its class is recorded (``_kind``)."""
     if kind is _CELL:
         self._counter += 1          # as RecurrentCell.forward counts its calls
         kind = _TRACED
+    elif kind == _TRACED and rec.frame is not None and not (
+            self._forward_pre_hooks or self._forward_hooks):
+        # ``_core.dispatching_call`` asked the frame already (and counted a cell's call).
+        rec.frame.fallback("a child block that templates cannot hold")
     hooked = kind is not _PLAIN and (self._forward_pre_hooks or self._forward_hooks)
     frame = rec.frame
     if frame is not None and kind is not _PLAIN:
@@ -295,7 +273,11 @@ def _layer_hybrid_forward(self, F, inputs, states, sequence_length=None, **kwarg
 
 def install():
     """Replace ``Block.__call__`` and Gluon's RNN begin states and layer calls."""
-    gluon.Block.__call__ = _dispatching_call
+    gluon.Block.__call__ = _core.dispatching_call
     gluon.rnn.RecurrentCell.begin_state = _begin_state
     gluon.rnn.rnn_layer._RNNLayer.begin_state = _layer_begin_state
     gluon.rnn.rnn_layer._RNNLayer.hybrid_forward = _layer_hybrid_forward
+
+
+_core.bind_dispatch(context.TLS, _KINDS, _kind, _ORIGINAL_CALL, dispatch, record_call, Frame,
+                    tell_irregular, watch_closures, stop_watching, NOT_RECORDED)

@@ -26,8 +26,6 @@ block with hooks); recording goes on in a new segment.  A frame that meets
 something templates cannot describe falls back: it is cut and the rest of its
 calls are recorded one node per operator, as outside frames.
 """
-import sys
-
 from mxnet.ndarray import NDArray
 
 from . import sites
@@ -35,11 +33,12 @@ from . import weights as weight_calls
 from ..ir.graph import LEAF
 from .lazy import LazyArray
 from .literals import key_item
-from .bases import bases_made, forget_bases, replay_bases
+from ._core import FrameCore
+from .bases import base_of, bases_made, replay_bases
 from .trie import MAX_STATES, Macro, State, flatten_args, learn_call
 
 NOT_RECORDED = object()    # ``Frame.block_call``: the call is left to the caller
-POOL_SIZE = 4096           # dead provisional LazyArrays kept for reuse, per recorder
+MAX_WRITTEN = 64           # calls as written learned per trie state
 
 
 class _FrameGraph:
@@ -53,66 +52,18 @@ class _FrameGraph:
         self.read_fn = read_fn
 
 
-def _refcount_baseline():
-    """References ``_scan`` itself holds to a value it scans (list, loop, call)."""
-    probe = [LazyArray(None, 0)]
-    return _scan(probe, 0, None)[1]
-
-
-def _scan(lazies, baseline, pool):
-    """(values referenced from elsewhere than ``lazies``, the largest count seen).
-
-    The others are dead: nobody can read them any more.  They go to ``pool``
-    (when given, and not full), to serve as later provisional values:
-    making and freeing a LazyArray costs more than a frame's bookkeeping
-    of one call.
-    """
-    alive = []
-    most = 0
-    getrefcount = sys.getrefcount
-    for lazy in lazies:
-        count = getrefcount(lazy)
-        if count > baseline:
-            alive.append(lazy)
-        elif pool is not None and len(pool) < POOL_SIZE:
-            lazy._node = lazy._base = None
-            pool.append(lazy)
-        if count > most:
-            most = count
-    return alive, most
-
-
-class Frame:
+class Frame(FrameCore):
     """The recording state of one DynBatchBlock call (see the module docstring).
 
-    Attributes read through provisional LazyArrays: ``kind`` ("frame"),
-    ``graph`` (a stand-in with the context), ``out_shapes`` and
-    ``out_dtypes`` (per position).
+    The matched path (``op``, ``push``) is compiled (``_core.FrameCore``);
+    what is learned, cut or falls back is here.  Attributes read through
+    provisional LazyArrays: ``kind`` ("frame"), ``graph`` (a stand-in with
+    the context), ``out_shapes`` and ``out_dtypes`` (per position).
     """
 
-    __slots__ = ("rec", "state", "block", "path", "sample", "out_shapes", "out_dtypes",
-                 "vals", "ext", "lazies", "pool", "direct", "macro_ok", "caller",
-                 "call_start", "based")
+    __slots__ = ()
     kind = "frame"
     depth = 0
-
-    def __init__(self, rec, root, block, path):
-        self.caller = id(sys._getframe(1))  # pylint: disable=protected-access
-        self.rec = rec
-        self.state = root
-        root.usage.frames += 1      # calls of the block (or helper), for ``usage.Usage``
-        self.block = block
-        self.path = path
-        self.sample = rec.sample
-        self.out_shapes, self.out_dtypes = [], []
-        self.vals = {}              # position -> the outside array read there
-        self.ext = {}               # id(outside array) -> its position
-        self.lazies = []            # provisional LazyArrays of this frame
-        self.pool = rec.lazy_pool   # dead ones, reused (see ``_scan``)
-        self.direct = False         # fallen back: calls go to the graph directly
-        self.macro_ok = True        # no cut since the current child-block trace began
-        self.call_start = None      # first position of the child-block call being traced
-        self.based = None           # values given a base (reshapes.py), forgotten at scans
 
     @property
     def graph(self):
@@ -121,12 +72,14 @@ class Frame:
         return _FrameGraph(self.rec.ctx, self.read)
 
     # -- keys ---------------------------------------------------------------------
-    def ref(self, a):
+    def ref(self, a, read=True):
         """The key item of array ``a`` read by a call of this frame.
 
         A value of this frame is its position; a parameter or constant is
         named by identity; any other array gets the next position the first
-        time it is read (its key item then carries its shape).
+        time it is read (its key item then carries its shape).  Without
+        ``read``, an array not read yet keeps no position (its key item is the
+        one a read would give), and None answers a value of another frame.
         """
         if type(a) is LazyArray:
             node = a._node
@@ -140,8 +93,12 @@ class Frame:
                 found = rec.graph.derived.get(node.id)      # a value of weights alone
                 if found is not None:
                     return ("p", found[a._idx])
+                if not read:
+                    return key_item(rec, a, node.out_shapes[a._idx], node.out_dtypes[a._idx])
                 return self._read(a, node.out_shapes[a._idx], node.out_dtypes[a._idx])
             if type(node) is Frame:
+                if not read:
+                    return None
                 node.cut("a value of an enclosing call is used here")
         else:
             found = self.ext.get(id(a))
@@ -162,6 +119,8 @@ class Frame:
                 if node.graph is rec.graph and (type(a) is not LazyArray or a._node is node):
                     shared[id(a)] = found       # ``a`` is kept alive by the graph
                 return found
+        if not read:
+            return key_item(rec, a, a.shape, a.dtype)
         return self._read(a, a.shape, a.dtype)
 
     def _read(self, a, shape, dtype):
@@ -173,103 +132,12 @@ class Frame:
         self.ext[id(a)] = pos
         return key_item(self.rec, a, shape, dtype)    # marks values rules may read
 
-    def op(self, op, args, kwargs):
-        """Record ``op(*args, **kwargs)`` in this frame; its provisional output(s).
-
-        This runs for every operator call of every frame.  A call whose
-        arrays are values of this frame, arrays read before, parameters,
-        constants, or outputs of other calls of the graph (read here for the
-        first time), whose other arguments are numbers and whose keywords are
-        plain constants, takes the short path here: it builds the key
-        ``_op`` would build, ``(op, *refs)`` without keywords, else ``(op,
-        refs, kwargs)``, and follows the trie edge.  Anything else goes to
-        ``_op``.
-        """
-        if kwargs:
-            for value in kwargs.values():
-                if isinstance(value, NDArray):  # its ``==`` records: keep it out of keys
-                    return self._op(op, args, kwargs)
-            if "name" in kwargs:
-                return self._op(op, args, kwargs)
-        refs = []
-        ext = self.ext
-        first_reads = None
-        arrays = False
-        for a in args:
-            kind = type(a)
-            if kind is LazyArray:
-                arrays = True
-                node = a._node
-                if node is self:
-                    refs.append(a._idx)
-                    continue
-                found = ext.get(id(a))
-                if found is None:
-                    found = self.rec.graph.shared_items.get(id(a))
-                    if found is None:
-                        if not self._plain_output(node):
-                            return self._op(op, args, kwargs)
-                        # A call reading it is no call on weights: read it below,
-                        # once nothing can send the call to ``_op`` any more.
-                        if first_reads is None:
-                            first_reads = []
-                        first_reads.append(len(refs))
-                refs.append(found)
-                continue
-            if kind is float or kind is int:
-                refs.append((kind, a))      # a constant (a type never names an array)
-                continue
-            # As ``ref`` (the id of a live int never names a live array).
-            found = ext.get(id(a))
-            if found is None:
-                found = self.rec.graph.shared_items.get(id(a))
-                if found is None:
-                    return self._op(op, args, kwargs)
-            arrays = True
-            refs.append(found)
-        if not arrays:
-            return self._op(op, args, kwargs)
-        if first_reads is not None:
-            for k in first_reads:
-                refs[k] = self.ref(args[k])
-        if kwargs:
-            kw = tuple(kwargs.items())
-            key = (op, tuple(refs), kw)
-        else:
-            kw = None
-            key = (op, *refs)
-        try:
-            nxt = self.state.next.get(key)
-        except TypeError:                   # an unhashable constant
-            return self.fallback_op(op, args, kwargs, "an unhashable argument")
-        if nxt is None:
-            if first_reads is None:         # ``_op`` tells calls on weights apart
-                return self._op(op, args, kwargs)
-            return self.call(op, args, kwargs, key, tuple(refs), kw)
-        return self.push(nxt) if nxt.single else self._outputs(nxt)
-
     def _plain_output(self, node):
         """Whether ``node`` is an operator node of this graph computed from more
         than weights: ``ref`` gives its output the next position."""
         graph = self.rec.graph
         return node is not None and type(node) is not Frame and node.graph is graph \
             and node.kind is not LEAF and node.id not in graph.weight_nodes
-
-    def push(self, nxt):
-        """Move to state ``nxt`` (a one-output call); its provisional output."""
-        self.state = nxt
-        pos = len(self.out_shapes)
-        self.out_shapes.append(nxt.shape)
-        self.out_dtypes.append(nxt.dtype)
-        pool = self.pool
-        if pool:
-            lazy = pool.pop()
-            lazy._node = self
-            lazy._idx = pos
-        else:
-            lazy = LazyArray(self, pos)
-        self.lazies.append(lazy)
-        return lazy
 
     def _op(self, op, args, kwargs):
         if self._on_weights(op, args, kwargs):
@@ -349,19 +217,9 @@ class Frame:
         info = state.step.info
         self.out_shapes.extend(info.out_shapes)
         self.out_dtypes.extend(info.out_dtypes)
-        outs = [self._new_lazy(pos + k) for k in range(len(info.out_shapes))]
+        outs = [self.new_lazy(pos + k) for k in range(len(info.out_shapes))]
         self.lazies.extend(outs)
         return outs
-
-    def _new_lazy(self, pos):
-        """A provisional LazyArray for position ``pos`` (from the pool if it can)."""
-        pool = self.pool
-        if pool:
-            lazy = pool.pop()
-            lazy._node = self
-            lazy._idx = pos
-            return lazy
-        return LazyArray(self, pos)
 
     def _learn_step(self, op, args, kwargs, refs, kw):
         """The :class:`LearnedCall` of a call, with its place in the user's code.
@@ -420,23 +278,33 @@ class Frame:
         return self._learn_block(block, args, key)
 
     def _replay(self, macro, arrays, refs):
-        """Follow ``macro``: the block's outputs, without running its code."""
+        """Follow ``macro``: the call's outputs, without running its code (a child
+        block's, or a call a pass rewrote: ``written``)."""
         start = len(self.out_shapes)
         self.out_shapes.extend(macro.shapes)
         self.out_dtypes.extend(macro.dtypes)
         self.state = macro.target
+        for k, pos in macro.reads:          # arrays the call read from outside first
+            self.vals[pos] = arrays[k]
+            self.ext[id(arrays[k])] = pos
         simple = macro.simple
         if simple is None:
             given = {ref: a for a, ref in zip(arrays, refs) if type(ref) is int}
+            for k, pos in macro.reads:
+                given[pos] = arrays[k]
+            for a in arrays:                # an argument's base, handed back
+                base = base_of(a)
+                if base is not None and base._node is self:
+                    given.setdefault(base._idx, base)
             out = self._build(macro.outputs, start, given)
         elif simple[0] is None:
-            out = self._new_lazy(start + simple[1])
+            out = self.new_lazy(start + simple[1])
             self.lazies.append(out)
         else:
-            out = simple[0]([self._new_lazy(start + k) for k in simple[1]])
+            out = simple[0]([self.new_lazy(start + k) for k in simple[1]])
             self.lazies.extend(out)
         if macro.bases is not None:         # outputs that reshape values of the call
-            replay_bases(self, out, macro.bases, start)
+            replay_bases(self, out, macro.bases, arrays)
         return out
 
     def _build(self, obj, start, made):
@@ -450,7 +318,7 @@ class Frame:
             if lazy is None:
                 if pos < start:                 # an array read from outside
                     return self.vals[pos]
-                lazy = made[pos] = self._new_lazy(pos)
+                lazy = made[pos] = self.new_lazy(pos)
                 self.lazies.append(lazy)
             return lazy
         items = [self._build(o, start, made) for o in obj[1]]
@@ -483,22 +351,106 @@ class Frame:
             self.call_start = outer_call
         new_ext = len(self.ext) - ext_before
         if ok and new_ext == 0 and rec.replay:
-            outputs = self._map_out(out, start)
+            arrays = flatten_args(args)[0] or ()
+            outputs = self._map_out(out, start, arrays)
             if outputs is not None:
-                before.calls[key] = Macro(self.state, tuple(self.out_shapes[start:]),
-                                          tuple(self.out_dtypes[start:]), outputs, start,
-                                          bases_made(self, out, start))
+                bases = bases_made(self, out, start, arrays)
+                if bases is not False:
+                    before.calls[key] = Macro(self.state, tuple(self.out_shapes[start:]),
+                                              tuple(self.out_dtypes[start:]), outputs, start,
+                                              bases)
         return out
 
-    def _map_out(self, obj, start):
-        """The returned structure with positions for arrays; None if not describable."""
+    # -- calls a pass rewrites -----------------------------------------------------
+    def written(self, op, args, kwargs):
+        """Record ``op(*args, **kwargs)``, a call as written that a pass may rewrite
+        (``Recorder.record``), and learn what it recorded as a :class:`Macro` under
+        the call's key (``State.written``), so that a later frame on this path
+        replays it without running the passes (``_core.FrameCore.call_written``).
+
+        What a pass records depends on the call's key (its operator, constants
+        and where its arrays come from: positions of this frame, whose shapes
+        and bases the path fixes, outside arrays by shape) unless it reads a
+        value known before the graph runs (``rec.tainted``), reads arrays
+        other than the call's own from outside, cuts or falls back: then
+        nothing is learned.  The call's arrays it reads from outside for the
+        first time are read again by the replay, at the same positions.
+        """
+        rec = self.rec
+        key, unread = self._written_key(op, args, kwargs)
+        if key is None:
+            return rec.record(op, args, kwargs)
+        before = self.state
+        start = len(self.out_shapes)
+        ext_before = len(self.ext)
+        outer_ok, self.macro_ok = self.macro_ok, True
+        outer_taint, rec.tainted = rec.tainted, False
+        try:
+            out = rec.record(op, args, kwargs)
+        finally:
+            ok = self.macro_ok and not self.direct and self.state.start is before.start \
+                and not rec.tainted and rec.frame is self
+            self.macro_ok = outer_ok and self.macro_ok
+            rec.tainted = outer_taint or rec.tainted
+        if ok and len(before.written) < MAX_WRITTEN:
+            reads = []
+            for ident, pos in list(self.ext.items())[ext_before:]:
+                k = unread.get(ident)
+                if k is None:
+                    return out                  # it read something else from outside
+                reads.append((k, pos))
+            outputs = self._map_out(out, start, args)
+            bases = bases_made(self, out, start, args) if outputs is not None else False
+            if bases is not False:
+                before.written[key] = Macro(self.state, tuple(self.out_shapes[start:]),
+                                            tuple(self.out_dtypes[start:]), outputs, start,
+                                            bases, tuple(reads))
+        return out
+
+    def _written_key(self, op, args, kwargs):
+        """(the key of a call as written, as ``_core.FrameCore`` builds it, its
+        array arguments not read yet by position in ``args``); (None, None) when
+        it cannot have one: arrays among the keywords, values with bases from
+        outside the frame, weights alone, unhashable constants."""
+        refs, unread = [], {}
+        arrays = False
+        for k, a in enumerate(args):
+            if isinstance(a, NDArray):
+                if type(a) is LazyArray and a._node is not self and a._base is not None:
+                    return None, None
+                ref = self.ref(a, read=False)
+                if ref is None:
+                    return None, None
+                if type(ref) is tuple and ref[0] == "x":
+                    unread[id(a)] = k
+                arrays = arrays or type(ref) is int or ref[0] == "x"
+                refs.append(ref)
+            else:
+                refs.append((type(a), a))
+        if not arrays or kwargs and ("name" in kwargs or any(
+                isinstance(v, NDArray) for v in kwargs.values())):
+            return None, None
+        key = (op, tuple(refs), tuple(kwargs.items())) if kwargs else (op,) + tuple(refs)
+        try:
+            hash(key)
+        except TypeError:                   # an unhashable constant
+            return None, None
+        return key, unread
+
+    def _map_out(self, obj, start, arrays):
+        """The returned structure with positions for arrays; None if not describable:
+        a value made before ``start`` must be an outside array, one of the call's
+        ``arrays`` or one's base (what a replay finds again)."""
         if isinstance(obj, LazyArray):
             if obj._node is self:
-                return ("pos", obj._idx)
+                if obj._idx >= start or any(
+                        a is obj or base_of(a) is obj for a in arrays):
+                    return ("pos", obj._idx)
+                return None
             pos = self.ext.get(id(obj))
             return ("pos", pos) if pos is not None and pos < start else None
         if isinstance(obj, (list, tuple)):
-            inner = [self._map_out(o, start) for o in obj]
+            inner = [self._map_out(o, start, arrays) for o in obj]
             if any(i is None for i in inner):
                 return None
             return (type(obj), inner)
@@ -507,45 +459,11 @@ class Frame:
         return None
 
     # -- ending -----------------------------------------------------------------
-    def finish(self):
-        """Put what the frame recorded into the graph (at the end of its call).
-
-        Runs at the end of every frame; ``_scan`` and ``_emit`` written out.
-        """
-        if self.direct:
-            return
-        if self.based is not None:
-            forget_bases(self)
-        alive = []
-        pool = self.pool
-        getrefcount = sys.getrefcount
-        for lazy in self.lazies:
-            if getrefcount(lazy) > _BASELINE:
-                alive.append(lazy)
-            elif len(pool) < POOL_SIZE:
-                lazy._node = None
-                pool.append(lazy)
-        self.lazies = []
-        if not alive:
-            return
-        if len(alive) > 1:
-            alive.sort(key=_position)
-            positions = tuple([lazy._idx for lazy in alive])
-        else:
-            positions = (alive[0]._idx,)
-        recipe = self.state.recipes.get(positions)
-        if recipe is None:
-            recipe = self.state.recipes[positions] = self.rec.recipe_for(self, positions)
-        recipe.apply(self, alive)
-
     def cut(self, why):
         """Put what the frame recorded so far into the graph; go on in a new segment."""
         if self.direct:
             return
-        if self.based is not None:
-            forget_bases(self)
-        alive, _ = _scan(self.lazies, _BASELINE, self.pool)
-        positions = self._emit(alive)
+        positions = self._emit(self.scan())
         nxt = self.state.cuts.get(positions)
         if nxt is None:
             nxt = self.state.cuts[positions] = State(None, self.state, None, self.state.counter)
@@ -553,16 +471,11 @@ class Frame:
         self.macro_ok = False
 
     def _emit(self, alive):
-        """Put the current segment into the graph, exporting ``alive``; their positions.
-
-        Exports are ordered by position, so frames that made their values
-        in another order (a child block replayed instead of traced) share
-        the recipe.
+        """Put the current segment into the graph, exporting ``alive`` (in order of
+        position, so that frames that made their values in another order, a
+        child block replayed instead of traced, share the recipe); their positions.
         """
-        if len(alive) > 1:
-            alive.sort(key=_position)
         positions = tuple([lazy._idx for lazy in alive])
-        self.lazies = []
         if not alive:
             return positions
         recipe = self.state.recipes.get(positions)
@@ -604,10 +517,3 @@ def one_call(rec, function, *args):
         return function(*args)
     finally:
         frame.call_start = None
-
-
-def _position(lazy):
-    return lazy._idx
-
-
-_BASELINE = _refcount_baseline()

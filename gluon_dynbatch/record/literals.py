@@ -70,7 +70,10 @@ def is_known(rec, x):
 def known_values(rec, x):
     """The numpy values of array ``x`` if they are known (``is_known``), else None."""
     source = _known_source(rec, x)
-    return None if source is None else values_of(source)
+    if source is None:
+        return None
+    rec.tainted = True          # what is recorded depends on these values
+    return values_of(source)
 
 
 def fill(graph):

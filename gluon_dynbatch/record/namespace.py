@@ -20,6 +20,8 @@ from mxnet.ndarray import register as _register
 from . import context
 from . import arithmetic
 from . import literals
+from . import passes
+from ._core import Operator
 from .lazy import LazyArray
 from ..ir.ops import opdef
 from ..ir.rules import RULES
@@ -47,21 +49,17 @@ class RecordingNamespace:
             else:
                 value = target
         elif _generated(target):
-            value = _operator(rec, opdef(*_canonical(path)))
-            value.__name__ = name
+            value = _operator(rec, opdef(*_canonical(path)), name)
         else:
             value = _python_function(rec, target, path)
         self.__dict__[name] = value      # later lookups skip __getattr__
         return value
 
 
-def _operator(rec, op):
-    """``F.<op>``: the call as written goes to the recorder (``Recorder.record``)."""
-    record = rec.record
-
-    def operator(*args, **kwargs):
-        return record(op, args, kwargs)
-    return operator
+def _operator(rec, op, name):
+    """``F.<op>``: the call as written goes to the recorder (``Recorder.record``),
+    or, on the compiled path, straight to the frame recording now (``_core.Operator``)."""
+    return Operator(rec, op, name, op.name not in passes.BY_NAME)
 
 
 def _array(rec, fn):

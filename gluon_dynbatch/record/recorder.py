@@ -27,13 +27,16 @@ from . import trie
 from . import weights as weight_calls
 from ..errors import BatchingError, describe_call
 from ..logs import warn_once
+from . import _core
+from ._core import RecorderCore
 from .frames import NOT_RECORDED, Frame
-from ..ir.graph import (LEAF, OP, VIEW, Graph, Node, analysed_node, slot,
+from ..ir.graph import (LEAF, NO_KWARGS, OP, VIEW, Graph, Node, analysed_node, slot,
                     slots_of)
 from .lazy import LazyArray
 from .namespace import DETERMINISTIC, RecordingNamespace
 from ..ir.ops import opdef
 
+_core.bind_nodes(Node, NO_KWARGS)
 DEFAULT_MAX_PENDING = 500000    # pending nodes after which a scope flushes by itself
 MAX_ROW_CONCAT = 4096           # longer row concatenations take the generic path
 _SLICE_AXIS = opdef("slice_axis")
@@ -43,7 +46,7 @@ _DIM0_ITEMS = (("dim", 0),)
 _ROW_SLICES = {}    # (begin, end, shape, dtype) -> (CallInfo, kwargs) of a row-slice view
 
 
-class Recorder:
+class Recorder(RecorderCore):
     """Records the calls of one batching scope on this thread."""
 
     def __init__(self, flush, ctx=None, read=None, recipe_for=None):
@@ -63,12 +66,14 @@ class Recorder:
         self.num_recorded = 0       # nodes made since the last flush
         self.num_calls = 0          # operator calls recorded (in frames or not)
         self.max_pending = DEFAULT_MAX_PENDING
+        self.row_views = _ROW_SLICES    # row views whose analysis is known (``row_slice``)
         self.replay = True          # child blocks replayed from their first trace
         self.owner = None           # the first top-level DynBatchBlock called
         self.last_stateful = None   # last stateful node recorded (calls.STATEFUL)
         self.frame = None           # the Frame recording now, if any
         self.frames = None          # whether calls are recorded as frames (frames_on)
         self._faithful = None       # whether no pass rewrites calls (``faithful``)
+        self.tainted = False        # a pass read known values (``Frame.written``)
         self.lazy_pool = []         # dead provisional LazyArrays, reused by frames
         self.eager = False          # reads flush every sample: run the rest eagerly
         self.mode = None            # autograd's (recording, training) of new calls
@@ -355,7 +360,7 @@ class Recorder:
             return weight_calls.shared_call(self, op, inputs, tuple(targs), tkw)
         return self.add_node(op, inputs, tuple(targs), tkw)
 
-    def row_slice(self, x, begin, end):
+    def slow_row_slice(self, x, begin, end):
         """Rows ``begin:end`` of array ``x``: ``x[i:j]`` and ``F.slice_axis(x, axis=0, ...)``.
 
         A word's row of an embedding table, a label's row of a constant table:
@@ -392,8 +397,9 @@ class Recorder:
             if info is None or info.kind != VIEW:
                 return self.add_node(_SLICE_AXIS, [value], _ONE_SLOT, kwargs)
             # Nodes never change their kwargs: views of the same rows share one dict.
-            found = _ROW_SLICES[(begin, end, shape, src.out_dtypes[idx])] = (info, kwargs)
-        info, kwargs = found
+            found = _ROW_SLICES[(begin, end, shape, src.out_dtypes[idx])] = (
+                info, kwargs, _SLICE_AXIS, _ONE_SLOT)
+        info, kwargs = found[:2]
         if graph.mode is None:
             graph.mode = self.mode
         node = analysed_node(graph, VIEW, _SLICE_AXIS, (value,), _ONE_SLOT, kwargs, info,

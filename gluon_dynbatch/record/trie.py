@@ -17,9 +17,9 @@ from mxnet.ndarray import NDArray
 
 from ..ir.graph import slot
 from ..ir.ops import Stand
+from ._core import MAX_STATES, Macro, State  # noqa: F401  (compiled: nodes, macro edges)
 from .usage import Usage
 
-MAX_STATES = 200000        # states of one trie before it is dropped and learned anew
 
 
 class LearnedCall:
@@ -53,94 +53,6 @@ class LearnedCall:
         self.refs, self.info, self.outs, self.path = refs, info, outs, path
         self.site = None            # where the user's code made the call (sites.py)
         self.call = None
-
-
-class Macro:
-    """A child-block call learned once: where it leads and what it returns."""
-
-    __slots__ = ("target", "shapes", "dtypes", "outputs", "simple", "bases")
-
-    def __init__(self, target, shapes, dtypes, outputs, start, bases=None):
-        self.target = target        # the State after the block's last call
-        self.shapes = shapes        # shapes and dtypes of the positions it adds
-        self.dtypes = dtypes
-        self.outputs = outputs      # returned structure, positions in place of arrays
-        self.simple = _simple_outputs(outputs, start)
-        self.bases = bases          # (output, its base) offsets (reshapes.bases_made)
-
-
-def _simple_outputs(outputs, start):
-    """``(None, offset)`` for one new value returned, ``(tuple or list,
-    offsets)`` for several distinct new values; None for anything else."""
-    if outputs[0] == "pos":
-        return (None, outputs[1] - start) if outputs[1] >= start else None
-    kind, items = outputs
-    if kind not in (tuple, list) or any(item[0] != "pos" for item in items):
-        return None
-    offsets = [item[1] - start for item in items]
-    if min(offsets, default=-1) < 0 or len(set(offsets)) < len(offsets):
-        return None
-    return kind, offsets
-
-
-class State:
-    """A node of the template trie: the calls of a frame so far.
-
-    ``next`` maps an operator call's key to the next state, ``calls`` a
-    child-block call's key to a :class:`Macro`, ``cuts`` the exports of a
-    cut to the state after it.  ``recipes`` caches, per tuple of exported
-    positions, how to put the segment ending here into the graph.
-    """
-
-    __slots__ = ("next", "calls", "cuts", "step", "_parent", "_start", "recipes", "counter",
-                 "single", "shape", "dtype", "usage", "__weakref__")
-
-    def __init__(self, step=None, parent=None, start=None, counter=None):
-        self.single = step is not None and len(step.info.out_shapes) == 1
-        self.shape = self.dtype = None
-        if self.single:                 # read on every match: kept at hand
-            self.shape, self.dtype = step.info.out_shapes[0], step.info.out_dtypes[0]
-        self.next = {}
-        self.calls = {}
-        self.cuts = {}
-        self.step = step
-        # Links back up the trie are weak, so a trie whose block has gone is
-        # freed at once (its states are held from the root down).
-        self._parent = None if parent is None else weakref.ref(parent)
-        self._start = None if start is None or start is self else weakref.ref(start)
-        self.recipes = {}
-        self.counter = counter if counter is not None else (parent.counter if parent else [0])
-        self.counter[0] += 1
-        self.usage = None               # a root's Usage
-
-    @property
-    def parent(self):
-        """The state before this one (None at a root)."""
-        return None if self._parent is None else self._parent()
-
-    @property
-    def start(self):
-        """The state where this state's segment began (a root or a cut)."""
-        return self if self._start is None else self._start()
-
-    def root(self):
-        """The root of this state's trie."""
-        state = self
-        while state.parent is not None:
-            state = state.parent
-        return state
-
-    def steps(self):
-        """The steps from the start of this state's segment to it, in order."""
-        out = []
-        state = self
-        start = self.start
-        while state is not start:
-            if state.step is not None:         # None: entering a child-block call
-                out.append(state.step)
-            state = state.parent
-        out.reverse()
-        return out
 
 
 _SIMPLE = (int, float, str, bool, type(None))

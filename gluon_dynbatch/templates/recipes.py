@@ -18,6 +18,7 @@ from . import programs
 from ..record import sites
 from ..record import weights as weight_calls
 from ..ir.graph import NO_KWARGS, OP, VIEW, analysed_node, slot
+from ..record._core import apply_program
 from ..record.lazy import LazyArray
 from ..ir.ops import Stand, opdef
 from ..ir.rules import SHARED
@@ -323,6 +324,9 @@ class ProgramRecipe:
             below = max([src.depth for src, _ in external], default=0)
             found = graph.externals[id(self)] = (self, external, sig, below)
         external, sig = found[1], found[2]
+        if self.positions is not None and sig is not None and self.whole:
+            apply_program(frame, alive, self, found)      # the common case, compiled
+            return
         if self.positions is not None:
             vals = frame.vals
             args = []

@@ -1,0 +1,971 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""The compiled hot path of recording: an operator call matched against a frame's trie.
+
+Every operator call of every frame of every sample passes here, so this path
+is compiled, typed and allocates little: it reads LazyArray's slots at their
+offsets (no attribute lookups), builds the call's key as one tuple, looks it
+up in the frame's current trie state and hands out a provisional LazyArray
+from a pool.  Anything it does not know (a first call, an array read for the
+first time, keywords holding arrays, a changed autograd mode) goes to the
+Python methods of ``frames.Frame`` and ``recorder.Recorder``, which learn it.
+
+* :class:`State`: a node of the template trie (``trie.py``);
+* :class:`FrameCore`: a frame's recording state and its matched path
+  (``Frame.op``, ``push``);
+* :class:`RecorderCore`: what the hot path reads of the recorder;
+* :class:`Operator`: ``F.<op>`` of the recording namespace;
+* :func:`binary`: the arithmetic operators of LazyArray.
+"""
+import weakref
+
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.dict cimport PyDict_GetItem
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+
+cdef extern from "Python.h":
+    PyObject* PyType_GenericAlloc(PyTypeObject* type, Py_ssize_t nitems) except NULL
+    Py_ssize_t Py_REFCNT(PyObject* o)
+    PyObject* PyEval_GetFrame()
+
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        const char* name
+        int type
+        Py_ssize_t offset
+
+cdef extern from "descrobject.h":
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+
+# -- LazyArray's slots, read and written at their offsets -----------------------------
+cdef object LAZY = None            # the LazyArray class (``bind``)
+cdef object NDARRAY = None         # mxnet.nd.NDArray
+cdef list MODES = None             # context.MODE_CHANGES
+cdef Py_ssize_t OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_WRITABLE
+cdef object FLOAT = float
+cdef object INT = int
+
+
+cdef Py_ssize_t _offset(cls, name) except -1:
+    descr = None
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            descr = klass.__dict__[name]
+            break
+    if type(descr).__name__ != "member_descriptor":
+        raise TypeError("%s.%s is not a slot" % (cls.__name__, name))
+    return (<PyMemberDescrObject*>descr).d_member.offset
+
+
+def bind(lazy_class, ndarray_class, mode_changes):
+    """Learn where ``lazy_class`` (LazyArray) keeps its slots; the NDArray class
+    and the counter of autograd's mode changes (``context.MODE_CHANGES``)."""
+    global LAZY, NDARRAY, MODES, OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_WRITABLE
+    OFF_H = _offset(lazy_class, "_h")
+    OFF_NODE = _offset(lazy_class, "_node")
+    OFF_IDX = _offset(lazy_class, "_idx")
+    OFF_BASE = _offset(lazy_class, "_base")
+    OFF_WRITABLE = _offset(lazy_class, "writable")
+    LAZY, NDARRAY, MODES = lazy_class, ndarray_class, mode_changes
+
+
+cdef inline PyObject* _peek(object o, Py_ssize_t off):
+    """The slot at ``off`` of ``o``, borrowed (NULL when never set)."""
+    return (<PyObject**>((<char*><PyObject*>o) + off))[0]
+
+
+cdef inline object _get(object o, Py_ssize_t off):
+    cdef PyObject* p = _peek(o, off)
+    if p == NULL:
+        return None
+    return <object>p
+
+
+cdef inline void _set(object o, Py_ssize_t off, object value):
+    cdef PyObject** slot = <PyObject**>((<char*><PyObject*>o) + off)
+    cdef PyObject* old = slot[0]
+    Py_INCREF(value)
+    slot[0] = <PyObject*>value
+    Py_XDECREF(old)
+
+
+cdef object _fresh_lazy(object node, object idx):
+    """A new LazyArray standing for output ``idx`` of ``node``, without ``__init__``."""
+    cdef object lazy = <object>PyType_GenericAlloc(<PyTypeObject*>LAZY, 0)
+    Py_XDECREF(<PyObject*>lazy)        # PyType_GenericAlloc's reference, now the variable's
+    _set(lazy, OFF_H, None)
+    _set(lazy, OFF_NODE, node)
+    _set(lazy, OFF_IDX, idx)
+    _set(lazy, OFF_BASE, None)
+    _set(lazy, OFF_WRITABLE, True)
+    return lazy
+
+
+def fresh_lazy(node, idx):
+    """A new LazyArray for output ``idx`` of ``node`` (``_fresh_lazy``)."""
+    return _fresh_lazy(node, idx)
+
+
+def node_of(lazy):
+    """``lazy._node``, read at its offset."""
+    return _get(lazy, OFF_NODE)
+
+
+POOL_SIZE = 4096           # dead provisional LazyArrays kept for reuse, per recorder
+MAX_STATES = 200000        # states of one trie before it is dropped and learned anew
+
+
+def _position(lazy):
+    return _get(lazy, OFF_IDX)
+
+
+# -- graph nodes, made at their slots' offsets -----------------------------------------------
+cdef object NODE = None             # ir.graph.Node
+cdef object WEAKREF = weakref.ref
+cdef dict NO_KWARGS = None          # ir.graph.NO_KWARGS
+cdef tuple NODE_SLOTS = ("id", "graph", "kind", "op", "inputs", "args", "kwargs", "out_shapes",
+                         "out_dtypes", "sig", "rule", "deps", "depth", "sample", "path",
+                         "value", "param", "outs", "meta", "attrs", "info", "at")
+cdef Py_ssize_t N_ID, N_GRAPH, N_KIND, N_OP, N_INPUTS, N_ARGS, N_KWARGS, N_SHAPES, N_DTYPES
+cdef Py_ssize_t N_SIG, N_RULE, N_DEPS, N_DEPTH, N_SAMPLE, N_PATH, N_VALUE, N_PARAM, N_OUTS
+cdef Py_ssize_t N_META, N_ATTRS, N_INFO, N_AT
+
+
+def bind_nodes(node_class, no_kwargs):
+    """Learn where ``ir.graph.Node`` keeps its slots."""
+    global NODE, NO_KWARGS, N_ID, N_GRAPH, N_KIND, N_OP, N_INPUTS, N_ARGS, N_KWARGS, N_SHAPES
+    global N_DTYPES, N_SIG, N_RULE, N_DEPS, N_DEPTH, N_SAMPLE, N_PATH, N_VALUE, N_PARAM
+    global N_OUTS, N_META, N_ATTRS, N_INFO, N_AT
+    NODE, NO_KWARGS = node_class, no_kwargs
+    (N_ID, N_GRAPH, N_KIND, N_OP, N_INPUTS, N_ARGS, N_KWARGS, N_SHAPES, N_DTYPES, N_SIG,
+     N_RULE, N_DEPS, N_DEPTH, N_SAMPLE, N_PATH, N_VALUE, N_PARAM, N_OUTS, N_META, N_ATTRS,
+     N_INFO, N_AT) = [_offset(node_class, name) for name in NODE_SLOTS]
+
+
+cdef object make_node(object graph, list nodes, object kind, object op, object inputs,
+                      object args, object kwargs, object info, object sample, object path):
+    """A node of ``graph`` for a call whose analysis ``info`` is known, every slot
+    set once (as ``ir.graph.analysed_node``); not yet appended to ``nodes``."""
+    cdef object node = <object>PyType_GenericAlloc(<PyTypeObject*>NODE, 0)
+    Py_XDECREF(<PyObject*>node)
+    _set(node, N_ID, len(nodes))
+    _set(node, N_GRAPH, graph)
+    _set(node, N_KIND, kind)
+    _set(node, N_OP, op)
+    _set(node, N_INPUTS, inputs)
+    _set(node, N_ARGS, args)
+    _set(node, N_KWARGS, kwargs)
+    _set(node, N_SHAPES, info.out_shapes)
+    _set(node, N_DTYPES, info.out_dtypes)
+    _set(node, N_SIG, None)
+    _set(node, N_RULE, info.rule)
+    _set(node, N_DEPS, ())
+    _set(node, N_DEPTH, 0)
+    _set(node, N_SAMPLE, sample)
+    _set(node, N_PATH, path)
+    _set(node, N_VALUE, None)
+    _set(node, N_PARAM, None)
+    _set(node, N_OUTS, None)
+    _set(node, N_META, info.meta)
+    _set(node, N_ATTRS, info.attrs)
+    _set(node, N_INFO, info)
+    _set(node, N_AT, None)
+    return node
+
+
+def apply_program(FrameCore frame, list alive, object recipe, tuple found):
+    """Record ``recipe``'s program node for ``frame`` (a ``templates.ProgramRecipe``
+    whose inputs are all positions and whose exports are whole outputs: the
+    common case) and point ``alive``, its exported values in order, at it.
+    ``found``: the recipe's ``(recipe, external values, signature, depth below)``
+    in this graph."""
+    cdef RecorderCore rec = frame.rec
+    cdef object graph = rec.graph, array, src, node, value, external = found[1]
+    cdef list nodes = graph.nodes, args = [], inputs, outs
+    cdef dict vals = frame.vals
+    cdef Py_ssize_t depth = found[3], d, k
+    for pos in recipe.positions:
+        array = vals[pos]
+        src = _get(array, OFF_NODE) if type(array) is LAZY else None
+        if src is not None and getattr(src, "graph", None) is graph:
+            value = (src, _get(array, OFF_IDX))
+        else:
+            value = rec.value_of(array)
+            src = value[0]
+        args.append(value)
+        d = <object>_peek(src, N_DEPTH)
+        if d > depth:
+            depth = d
+    inputs = [args[k] if from_arg else external[k] for from_arg, k in recipe.order]
+    info = recipe.info
+    node = make_node(graph, nodes, "op", recipe.op, inputs, (), NO_KWARGS, info,
+                     rec.sample, frame.path)
+    _set(node, N_DEPTH, depth + 1)
+    _set(node, N_SIG, found[2])
+    nodes.append(node)
+    rec.num_recorded += 1
+    rec.num_calls += recipe.num_calls
+    outs = [None] * len(info.out_shapes)
+    for lazy, export in zip(alive, recipe.exports):
+        out = export[0]
+        _set(lazy, OFF_NODE, node)
+        _set(lazy, OFF_IDX, out)
+        outs[out] = WEAKREF(lazy)
+    _set(node, N_OUTS, outs)
+
+
+# -- the template trie ------------------------------------------------------------------
+cdef class State:
+    """A node of the template trie: the calls of a frame so far (see ``trie.py``).
+
+    ``next`` maps an operator call's key to the next state, ``calls`` a
+    child-block call's key to a ``Macro``, ``written`` a call as written that
+    a pass rewrote to a ``Macro``, ``cuts`` the exports of a cut to the state
+    after it.  ``recipes`` caches, per tuple of exported positions, how to put
+    the segment ending here into the graph.
+    """
+
+    cdef public dict next, calls, written, cuts, recipes
+    cdef public object step, usage, counter
+    cdef public bint single
+    cdef public object shape, dtype
+    cdef object _parent, _start
+    cdef object __weakref__
+
+    def __init__(self, step=None, State parent=None, State start=None, counter=None):
+        self.single = step is not None and len(step.info.out_shapes) == 1
+        self.shape = self.dtype = None
+        if self.single:                 # read on every match: kept at hand
+            self.shape, self.dtype = step.info.out_shapes[0], step.info.out_dtypes[0]
+        self.next, self.calls, self.written, self.cuts, self.recipes = {}, {}, {}, {}, {}
+        self.step = step
+        # Links back up the trie are weak, so a trie whose block has gone is
+        # freed at once (its states are held from the root down).
+        self._parent = None if parent is None else weakref.ref(parent)
+        self._start = None if start is None or start is self else weakref.ref(start)
+        self.counter = counter if counter is not None else (
+            parent.counter if parent is not None else [0])
+        self.counter[0] += 1
+        self.usage = None               # a root's Usage
+
+    @property
+    def parent(self):
+        """The state before this one (None at a root)."""
+        return None if self._parent is None else self._parent()
+
+    @property
+    def start(self):
+        """The state where this state's segment began (a root or a cut)."""
+        return self if self._start is None else self._start()
+
+    def root(self):
+        """The root of this state's trie."""
+        state = self
+        while state.parent is not None:
+            state = state.parent
+        return state
+
+    def steps(self):
+        """The learned calls from the start of this state's segment to it, in order."""
+        out = []
+        state = self
+        start = self.start
+        while state is not start:
+            if state.step is not None:         # None: entering a child-block call
+                out.append(state.step)
+            state = state.parent
+        out.reverse()
+        return out
+
+
+cdef class Macro:
+    """A call learned once that stands for several recorded calls: a child
+    block's call (``State.calls``) or a call as written that a pass rewrote
+    (``State.written``).  Where it leads, the shapes and dtypes of the
+    positions it adds, what it returns (positions in place of arrays) and the
+    bases of its outputs (``bases.bases_made``)."""
+
+    cdef public State target
+    cdef public tuple shapes, dtypes
+    cdef public object outputs, simple, bases
+    cdef public tuple reads            # (argument, position) of arrays read from outside
+    cdef Py_ssize_t single             # offset of a one new value returned, else -1
+
+    def __init__(self, State target, tuple shapes, tuple dtypes, outputs, Py_ssize_t start,
+                 bases=None, tuple reads=()):
+        self.target = target
+        self.reads = reads
+        self.shapes, self.dtypes = shapes, dtypes
+        self.outputs = outputs
+        self.simple = _simple_outputs(outputs, start)
+        self.bases = bases
+        self.single = self.simple[1] if self.simple is not None and self.simple[0] is None \
+            and bases is None else -1
+
+
+def _simple_outputs(outputs, start):
+    """``(None, offset)`` for one new value returned, ``(tuple or list,
+    offsets)`` for several distinct new values; None for anything else."""
+    if outputs[0] == "pos":
+        return (None, outputs[1] - start) if outputs[1] >= start else None
+    kind, items = outputs
+    if kind not in (tuple, list) or any(item[0] != "pos" for item in items):
+        return None
+    offsets = [item[1] - start for item in items]
+    if min(offsets, default=-1) < 0 or len(set(offsets)) < len(offsets):
+        return None
+    return kind, offsets
+
+
+# -- the recorder and its frames ----------------------------------------------------------
+cdef class RecorderCore:
+    """What the hot path reads of a scope's recorder (``recorder.Recorder``)."""
+
+    cdef public object frame         # the Frame recording now, if any
+    cdef public object _mode_seen    # MODE_CHANGES[0] when ``mode`` was read
+    cdef public object graph
+    cdef public object F             # the recording namespace
+    cdef public object path          # block names being recorded, for messages
+    cdef public object sample        # index of the current top-level call
+    cdef public list lazy_pool       # dead provisional LazyArrays, reused by frames
+    cdef public Py_ssize_t depth     # nesting of DynBatchBlock calls
+    cdef public Py_ssize_t num_recorded   # nodes made since the last flush
+    cdef public Py_ssize_t num_calls      # operator calls recorded (in frames or not)
+    cdef public Py_ssize_t max_pending    # pending nodes after which a scope flushes
+    cdef public object mode              # autograd's (recording, training) of new calls
+    cdef public dict row_views           # (begin, end, shape, dtype) -> (info, kwargs)
+    cdef public dict _tokens             # id(block) -> ``Recorder.block_token``, per scope
+    cdef public dict _roots              # (id(block), modes, helper) -> trie root, per scope
+    cdef public object frames            # whether calls are recorded as frames, once known
+
+    cdef object root_of(self, object block):
+        """``Recorder.frame_root(block)``: this scope's root while the modes hold."""
+        cdef PyObject* hit
+        if self._mode_seen == MODES[0]:
+            hit = PyDict_GetItem(self._roots, (id(block), self.mode, None))
+            if hit != NULL and (<State>hit).counter[0] < MAX_STATES:
+                return <object>hit
+        return self.frame_root(block)
+
+    cdef object params_dict(self, object block):
+        """``Recorder.params_of(block)``: its parameters as lazy values, by name."""
+        cdef PyObject* hit = PyDict_GetItem(self.graph.param_dicts, id(block))
+        if hit != NULL and (<tuple><object>hit)[0] is block:
+            return (<tuple><object>hit)[1]
+        return self.params_of(block)
+
+    cpdef object row_slice(self, object x, object begin, object end):
+        """Rows ``begin:end`` of array ``x`` (``x[i:j]``, ``F.slice_axis(x, axis=0,
+        ...)``): a view node of the graph, made here when the rows are in range of
+        a value of this graph and their call shape is known; else
+        ``Recorder.slow_row_slice``."""
+        cdef object graph = self.graph, src, idx, shape, found, node, lazy, dtype
+        cdef list nodes
+        cdef PyObject* hit
+        if type(begin) is not INT or type(end) is not INT or self._mode_seen != MODES[0]:
+            return self.slow_row_slice(x, begin, end)
+        if type(x) is LAZY:
+            src = _get(x, OFF_NODE)
+        else:                       # an outside array, a leaf of this graph already
+            hit = PyDict_GetItem(graph.leaf_by_id, id(x))
+            if hit == NULL or (<tuple><object>hit)[2] is not x:
+                return self.slow_row_slice(x, begin, end)
+            x = (<tuple><object>hit)[1]
+            src = _get(x, OFF_NODE)
+        if src is None or src is self.frame or getattr(src, "graph", None) is not graph:
+            return self.slow_row_slice(x, begin, end)
+        nodes = graph.nodes
+        if len(nodes) >= self.max_pending:
+            return self.slow_row_slice(x, begin, end)
+        idx = _get(x, OFF_IDX)
+        shape = (<object>_peek(src, N_SHAPES))[idx]
+        dtype = (<object>_peek(src, N_DTYPES))[idx]
+        if not (0 <= begin < end <= shape[0]):
+            return self.slow_row_slice(x, begin, end)
+        hit = PyDict_GetItem(self.row_views, (begin, end, shape, dtype))
+        if hit == NULL:
+            return self.slow_row_slice(x, begin, end)
+        found = <object>hit
+        if graph.mode is None:
+            graph.mode = self.mode
+        self.num_calls += 1
+        node = make_node(graph, nodes, "view", found[2], [(src, idx)], found[3], found[1],
+                         found[0], self.sample, self.path)
+        _set(node, N_DEPTH, <object>_peek(src, N_DEPTH))
+        nodes.append(node)
+        self.num_recorded += 1
+        lazy = _fresh_lazy(node, 0)
+        _set(node, N_OUTS, [WEAKREF(lazy)])
+        return lazy
+
+
+cdef class FrameCore:
+    """A frame's recording state (``frames.Frame`` adds what is not on the hot path).
+
+    Values of a frame are numbered by *position*: outputs of its calls, and
+    the arrays it reads from outside, numbered when first read.
+    """
+
+    cdef public RecorderCore rec
+    cdef public State state
+    cdef public object block, path, sample, caller, call_start, based
+    cdef public list out_shapes, out_dtypes, lazies, pool
+    cdef public dict vals, ext
+    cdef public bint direct, macro_ok
+
+    def __init__(self, RecorderCore rec, State root, block, path):
+        # The Python frame that calls the block's ``hybrid_forward`` (``sites.capture``).
+        self.caller = id(<object>PyEval_GetFrame())
+        self.rec = rec
+        self.state = root
+        root.usage.frames += 1      # calls of the block (or helper), for ``usage.Usage``
+        self.block = block
+        self.path = path
+        self.sample = rec.sample
+        self.out_shapes, self.out_dtypes = [], []
+        self.vals = {}              # position -> the outside array read there
+        self.ext = {}               # id(outside array) -> its position
+        self.lazies = []            # provisional LazyArrays of this frame
+        self.pool = rec.lazy_pool   # dead ones, reused (see ``scan``)
+        self.direct = False         # fallen back: calls go to the graph directly
+        self.macro_ok = True        # no cut since the current child-block trace began
+        self.call_start = None      # first position of the child-block call being traced
+        self.based = None           # values given a base (``bases.py``), forgotten at scans
+
+    cpdef list scan(self):
+        """The frame's provisional values referenced from elsewhere than its list
+        (sorted by position), its list emptied.
+
+        The others are dead: nobody can read them any more.  They go to the
+        pool (up to ``POOL_SIZE``) to serve as later provisional values:
+        making and freeing a LazyArray costs more than a frame's bookkeeping
+        of one call.  Bases are dropped first (``bases.forget_bases``): a base
+        must not keep alive a value nothing else reads.
+        """
+        cdef list lazies = self.lazies, pool = self.pool, alive = []
+        cdef Py_ssize_t k, n = PyList_GET_SIZE(lazies)
+        cdef PyObject* item
+        cdef object lazy
+        if self.based is not None:
+            for lazy in self.based:
+                _set(lazy, OFF_BASE, None)
+            self.based = None
+        for k in range(n):
+            item = PyList_GET_ITEM(lazies, k)
+            if Py_REFCNT(item) > 1:             # only the list holds a dead one
+                alive.append(<object>item)
+            elif PyList_GET_SIZE(pool) < POOL_SIZE:
+                lazy = <object>item
+                _set(lazy, OFF_NODE, None)
+                pool.append(lazy)
+        self.lazies = []
+        if len(alive) > 1:
+            alive.sort(key=_position)
+        return alive
+
+    cpdef finish(self):
+        """Put what the frame recorded into the graph (at the end of its call)."""
+        if self.direct:
+            return
+        cdef list alive = self.scan()
+        if not alive:
+            return
+        cdef tuple positions = tuple([_get(lazy, OFF_IDX) for lazy in alive])
+        cdef PyObject* hit = PyDict_GetItem(self.state.recipes, positions)
+        if hit == NULL:
+            recipe = self.state.recipes[positions] = self.rec.recipe_for(self, positions)
+        else:
+            recipe = <object>hit
+        recipe.apply(self, alive)
+
+    cpdef object push(self, State nxt):
+        """Move to state ``nxt`` (a one-output call); its provisional output."""
+        self.state = nxt
+        cdef Py_ssize_t pos = len(self.out_shapes)
+        self.out_shapes.append(nxt.shape)
+        self.out_dtypes.append(nxt.dtype)
+        return self._lazy_at(pos)
+
+    cdef object _lazy_at(self, Py_ssize_t pos):
+        cdef object lazy
+        if self.pool:
+            lazy = self.pool.pop()
+            _set(lazy, OFF_NODE, self)
+            _set(lazy, OFF_IDX, pos)
+        else:
+            lazy = _fresh_lazy(self, pos)
+        self.lazies.append(lazy)
+        return lazy
+
+    def new_lazy(self, Py_ssize_t pos):
+        """A provisional LazyArray for position ``pos`` (from the pool if it can),
+        not yet among the frame's lazies."""
+        cdef object lazy
+        if self.pool:
+            lazy = self.pool.pop()
+            _set(lazy, OFF_NODE, self)
+            _set(lazy, OFF_IDX, pos)
+            return lazy
+        return _fresh_lazy(self, pos)
+
+    cpdef object op(self, object op, tuple args, dict kwargs):
+        """Record ``op(*args, **kwargs)`` in this frame; its provisional output(s).
+
+        This runs for every operator call of every frame.  A call whose
+        arrays are values of this frame, arrays read before, parameters or
+        constants, whose other arguments are numbers and whose keywords are
+        plain constants, follows the trie edge of its key: ``(op, *refs)``
+        without keywords, else ``(op, refs, kwargs items)``.  Anything else,
+        and any call met for the first time, goes to ``Frame._op``.
+        """
+        cdef object a, kind, node, found, value, key, kw
+        cdef list items
+        cdef State nxt
+        cdef Py_ssize_t n = len(args), k
+        cdef tuple refs
+        cdef list first_reads = None
+        cdef bint arrays = False
+        cdef PyObject* hit
+        cdef dict ext = self.ext
+        cdef dict shared
+        if kwargs:
+            for value in kwargs.values():
+                if isinstance(value, NDARRAY):  # its ``==`` records: keep it out of keys
+                    return self._op(op, args, kwargs)
+            if "name" in kwargs:
+                return self._op(op, args, kwargs)
+        refs = PyTuple_New(n)
+        for k in range(n):
+            a = args[k]
+            kind = type(a)
+            if kind is LAZY:
+                arrays = True
+                node = _get(a, OFF_NODE)
+                if node is self:
+                    found = _get(a, OFF_IDX)
+                else:
+                    hit = PyDict_GetItem(ext, id(a))
+                    if hit == NULL:
+                        shared = self.rec.graph.shared_items
+                        hit = PyDict_GetItem(shared, id(a))
+                    if hit != NULL:
+                        found = <object>hit
+                    else:
+                        if not self._plain_output(node):
+                            return self._op(op, args, kwargs)
+                        # A call reading it is no call on weights: read it below,
+                        # once nothing can send the call to ``_op`` any more.
+                        if first_reads is None:
+                            first_reads = []
+                        first_reads.append(k)
+                        found = None
+            elif kind is FLOAT or kind is INT:
+                found = (kind, a)      # a constant (a type never names an array)
+            else:
+                hit = PyDict_GetItem(ext, id(a))
+                if hit == NULL:
+                    hit = PyDict_GetItem(self.rec.graph.shared_items, id(a))
+                    if hit == NULL:
+                        return self._op(op, args, kwargs)
+                arrays = True
+                found = <object>hit
+            Py_INCREF(found)
+            PyTuple_SET_ITEM(refs, k, found)
+        if not arrays:
+            return self._op(op, args, kwargs)
+        if first_reads is not None:
+            items = list(refs)
+            for k in first_reads:
+                a = args[k]
+                found = self._unread(a, _get(a, OFF_NODE))
+                if found is not None:       # an operator's output: the next position
+                    self._read(a, found)
+                else:
+                    found = self.ref(a)
+                items[k] = found
+            refs = tuple(items)
+        if kwargs:
+            kw = tuple(kwargs.items())
+            key = (op, refs, kw)
+        else:
+            kw = None
+            key = (op,) + refs
+        hit = PyDict_GetItem(self.state.next, key)     # NULL too for an unhashable key
+        if hit == NULL:
+            if first_reads is None:         # ``_op`` tells calls on weights apart
+                return self._op(op, args, kwargs)
+            return self.call(op, args, kwargs, key, refs, kw)
+        nxt = <State>hit
+        if nxt.single:
+            return self.push(nxt)
+        return self._outputs(nxt)
+
+
+    cdef object _known_ref(self, object a):
+        """The key item of outside array ``a`` read before, or of a parameter or
+        constant; None for an array not read yet."""
+        cdef PyObject* hit = PyDict_GetItem(self.ext, id(a))
+        if hit == NULL:
+            hit = PyDict_GetItem(self.rec.graph.shared_items, id(a))
+            if hit == NULL:
+                return None
+        return <object>hit
+
+    cdef object ref_fast(self, object a):
+        """``Frame.ref(a)`` of an array not of this frame: read before, a parameter
+        or constant, or an operator's output or view of the graph read now; the
+        rest in Python."""
+        cdef object found = self._known_ref(a)
+        if found is not None:
+            return found
+        if type(a) is LAZY:
+            found = self._unread(a, _get(a, OFF_NODE))
+            if found is not None:
+                self._read(a, found)
+                return found
+        return self.ref(a)
+
+    cpdef object call_block(self, object block, tuple args):
+        """A child HybridBlock's call inside this frame whose arguments are all
+        arrays: the replay of its first trace on this path (``Frame._replay``), or
+        its trace (``Frame._learn_block``); nested arguments go to ``Frame.block_call``."""
+        cdef Py_ssize_t n = len(args), k, start
+        cdef tuple refs = PyTuple_New(n)
+        cdef object a, found, token, key, kind
+        cdef PyObject* hit
+        cdef Macro macro
+        cdef list made
+        for a in args:                      # (before anything is read)
+            if not isinstance(a, NDARRAY):
+                return self.block_call(block, args)
+        for k in range(n):
+            a = args[k]
+            if type(a) is LAZY and _get(a, OFF_NODE) is self:
+                found = _get(a, OFF_IDX)
+            else:
+                found = self.ref_fast(a)
+            Py_INCREF(found)
+            PyTuple_SET_ITEM(refs, k, found)
+        hit = PyDict_GetItem(self.rec._tokens, id(block))
+        token = <object>hit if hit != NULL else self.rec.block_token(block)
+        key = (token,) + refs
+        hit = PyDict_GetItem(self.state.calls, key)
+        if hit == NULL:
+            return self._learn_block(block, args, key)
+        macro = <Macro>hit
+        if macro.simple is None or macro.bases is not None or macro.reads:
+            return self._replay(macro, args, refs)
+        start = len(self.out_shapes)
+        self.out_shapes.extend(macro.shapes)
+        self.out_dtypes.extend(macro.dtypes)
+        self.state = macro.target
+        kind = macro.simple[0]
+        if kind is None:
+            return self._lazy_at(start + macro.simple[1])
+        made = [self._lazy_at(start + offset) for offset in macro.simple[1]]
+        return tuple(made) if kind is tuple else made
+
+    cdef void _read(self, object a, tuple item):
+        """Give outside array ``a`` the next position (``item``: its key item)."""
+        cdef Py_ssize_t pos = len(self.out_shapes)
+        self.out_shapes.append(item[1])
+        self.out_dtypes.append(item[2])
+        self.vals[pos] = a
+        self.ext[id(a)] = pos
+
+    cdef object _unread(self, object a, object node):
+        """The key item an operator's output or a view of this graph (not a value
+        of weights alone) gets when read: ``("x", shape, dtype)``, a view's with
+        whether its values are known (a literal's rows, ``literals.key_item``);
+        else None."""
+        cdef object graph = self.rec.graph
+        cdef object idx, kind
+        if node is None or getattr(node, "graph", None) is not graph:
+            return None
+        kind = getattr(node, "kind", None)
+        if kind == "leaf" or node.id in graph.derived:
+            return None
+        idx = _get(a, OFF_IDX)
+        if kind == "op":
+            return ("x", node.out_shapes[idx], node.out_dtypes[idx])
+        if kind == "view":
+            return ("x", node.out_shapes[idx], node.out_dtypes[idx],
+                    node.inputs[0][0].id in graph.literal_ids)
+        return None
+
+    cpdef object call_written(self, object op, tuple args, dict kwargs):
+        """``op(*args, **kwargs)``, a call as written that a pass may rewrite: the
+        replay of what it recorded the first time on this path (``Frame.written``
+        learns it), without running the passes."""
+        cdef Py_ssize_t n = len(args), k, start
+        cdef tuple refs = PyTuple_New(n)
+        cdef object a, kind, found, key, value, node
+        cdef PyObject* hit
+        cdef Macro macro
+        cdef list shapes
+        cdef bint arrays = False
+        if kwargs:
+            for value in kwargs.values():
+                if isinstance(value, NDARRAY):
+                    return self.written(op, args, kwargs)
+            if "name" in kwargs:
+                return self.written(op, args, kwargs)
+        for k in range(n):
+            a = args[k]
+            kind = type(a)
+            if kind is LAZY:
+                node = _get(a, OFF_NODE)
+                if node is self:
+                    found = _get(a, OFF_IDX)
+                    arrays = True
+                else:
+                    if _get(a, OFF_BASE) is not None:
+                        return self.written(op, args, kwargs)
+                    found = self._known_ref(a)
+                    if found is None:
+                        found = self._unread(a, node)
+                        if found is None:
+                            return self.written(op, args, kwargs)
+                    arrays = arrays or type(found) is INT or found[0] == "x"
+            elif kind is FLOAT or kind is INT:
+                found = (kind, a)
+            elif isinstance(a, NDARRAY):
+                found = self._known_ref(a)
+                if found is None:
+                    return self.written(op, args, kwargs)
+                arrays = arrays or type(found) is INT
+            else:
+                return self.written(op, args, kwargs)
+            Py_INCREF(found)
+            PyTuple_SET_ITEM(refs, k, found)
+        if not arrays:
+            return self.written(op, args, kwargs)
+        key = (op, refs, tuple(kwargs.items())) if kwargs else (op,) + refs
+        hit = PyDict_GetItem(self.state.written, key)
+        if hit == NULL:
+            return self.written(op, args, kwargs)
+        macro = <Macro>hit
+        if macro.single < 0:
+            return self._replay(macro, args, refs)
+        start = len(self.out_shapes)
+        self.out_shapes.extend(macro.shapes)
+        self.out_dtypes.extend(macro.dtypes)
+        self.state = macro.target
+        for k, pos in macro.reads:          # arrays the call read from outside first
+            a = args[k]
+            self.vals[pos] = a
+            self.ext[id(a)] = pos
+        return self._lazy_at(start + macro.single)
+
+
+# -- the recording F ------------------------------------------------------------------------
+cdef class Operator:
+    """``F.<op>`` of the recording namespace: a call as written, to the recorder.
+
+    In a frame, with autograd's modes unchanged, an operator that no pass
+    rewrites, called on values without bases, goes straight to the frame's
+    trie (``FrameCore.op``); one that a pass may rewrite replays what it
+    recorded the first time on the frame's path (``FrameCore.call_written``);
+    anything else goes to ``Recorder.record``.
+    """
+
+    cdef RecorderCore rec
+    cdef object record
+    cdef public object op
+    cdef public object __name__
+    cdef bint plain                  # no pass rewrites its calls
+    cdef int form                    # 1: slice_axis (rows along axis 0 are a view)
+    cdef Py_ssize_t arrays           # array arguments before attributes (-1: any)
+
+    def __init__(self, RecorderCore rec, op, name, bint plain):
+        self.rec = rec
+        self.record = rec.record
+        self.op = op
+        self.__name__ = name
+        self.plain = plain
+        self.form = 1 if op.name == "slice_axis" else 0
+        self.arrays = -1 if op.arrays is None else op.arrays
+
+    def __call__(self, *args, **kwargs):
+        cdef RecorderCore rec = self.rec
+        cdef object frame = rec.frame
+        cdef object a
+        cdef PyObject* base
+        if frame is None or rec._mode_seen != MODES[0] or 0 <= self.arrays < len(args):
+            return self.record(self.op, args, kwargs)
+        if self.form == 1 and len(args) == 1 and len(kwargs) == 3 \
+                and kwargs.get("axis", None) == 0 and type(kwargs.get("begin", None)) is INT \
+                and type(kwargs.get("end", None)) is INT:
+            return rec.row_slice(args[0], kwargs["begin"], kwargs["end"])
+        if not self.plain:
+            return (<FrameCore>frame).call_written(self.op, args, kwargs)
+        for a in args:
+            if type(a) is LAZY:
+                base = _peek(a, OFF_BASE)
+                if base != NULL and <object>base is not None:
+                    return self.record(self.op, args, kwargs)
+        return (<FrameCore>frame).op(self.op, args, kwargs)
+
+
+# -- LazyArray's arithmetic ------------------------------------------------------------------
+def binary_method(fn, aop, sop, bint reflected, tls, on_weights):
+    """``LazyArray.__add__`` and its kind: ``x op y`` (or ``y op x``, ``reflected``).
+
+    Inside a frame, with a number or another array without a base, the call
+    is keyed as ``FrameCore.op`` would key it and follows the frame's trie;
+    anything else goes through ``fn`` (the recording ``F``'s helper), which
+    also runs it eagerly outside a scope.  ``aop`` and ``sop`` are the
+    operators of an array and of a number on the other side; ``on_weights``
+    says whether the call reads weights only (recorded once per graph).
+    """
+    def method(self, other):
+        cdef object rec_obj = tls.recorder
+        cdef RecorderCore rec
+        cdef object frame, mine, theirs, kind, key, number
+        cdef PyObject* hit
+        cdef State nxt
+        if rec_obj is None or _get(self, OFF_BASE) is not None:
+            return fn(other, self) if reflected else fn(self, other)
+        rec = <RecorderCore>rec_obj
+        frame = rec.frame
+        if frame is None or rec._mode_seen != MODES[0]:
+            return fn(other, self) if reflected else fn(self, other)
+        if _get(self, OFF_NODE) is frame:
+            mine = _get(self, OFF_IDX)
+        elif on_weights(rec, frame, self, other):
+            return fn(other, self) if reflected else fn(self, other)
+        else:
+            mine = (<FrameCore>frame).ref_fast(self)
+        kind = type(other)
+        if kind is FLOAT or kind is INT:
+            number = (FLOAT, float(other))
+            key = (sop, mine, number)
+            hit = PyDict_GetItem((<FrameCore>frame).state.next, key)
+            if hit != NULL:
+                nxt = <State>hit
+                if nxt.single:
+                    return (<FrameCore>frame).push(nxt)
+            return frame.call(sop, (self, float(other)), {}, key, (mine, number), None)
+        if kind is LAZY and not reflected and _get(other, OFF_BASE) is None:
+            if _get(other, OFF_NODE) is frame:
+                theirs = _get(other, OFF_IDX)
+            else:
+                theirs = (<FrameCore>frame).ref_fast(other)
+            key = (aop, mine, theirs)
+            hit = PyDict_GetItem((<FrameCore>frame).state.next, key)
+            if hit != NULL:
+                nxt = <State>hit
+                if nxt.single:
+                    return (<FrameCore>frame).push(nxt)
+            return frame.call(aop, (self, other), {}, key, (mine, theirs), None)
+        return fn(other, self) if reflected else fn(self, other)
+    return method
+
+
+# -- block calls ---------------------------------------------------------------------------
+cdef object TLS = None             # context.TLS
+cdef dict KINDS = None             # dispatch._KINDS: block class -> how it is recorded
+cdef object KIND_OF = None         # dispatch._kind
+cdef object ORIGINAL_CALL = None   # Gluon's Block.__call__
+cdef object DISPATCH = None        # dispatch.dispatch: calls of other blocks
+cdef object TOP_CALL = None        # dispatch.record_call: top-level calls
+cdef object FRAME = None           # frames.Frame
+cdef object IRREGULAR = None       # dispatch.tell_irregular
+cdef object WATCH = None           # recursion.watch_closures
+cdef object STOP = None            # recursion.stop_watching
+cdef object NOT_RECORDED = None    # frames.NOT_RECORDED
+
+
+def bind_dispatch(tls, kinds, kind_of, original_call, dispatch, top_call, frame_class,
+                  irregular, watch, stop, not_recorded):
+    """What the compiled ``Block.__call__`` needs of ``dispatch.py`` and its neighbours."""
+    global TLS, KINDS, KIND_OF, ORIGINAL_CALL, DISPATCH, TOP_CALL, FRAME, IRREGULAR
+    global WATCH, STOP, NOT_RECORDED
+    NOT_RECORDED = not_recorded
+    TLS, KINDS, KIND_OF, ORIGINAL_CALL = tls, kinds, kind_of, original_call
+    DISPATCH, TOP_CALL, FRAME, IRREGULAR, WATCH, STOP = (dispatch, top_call, frame_class,
+                                                         irregular, watch, stop)
+
+
+def dispatching_call(self, *args):
+    """``Block.__call__`` inside a batching scope: a DynBatchBlock's call below the
+    top level is a frame (``record_frame``); top-level calls and other blocks go
+    to ``dispatch.py``.  Outside a scope, Gluon's own."""
+    cdef object rec = TLS.recorder
+    cdef object cls, kind, frame, out
+    cdef PyObject* hit
+    if rec is None:
+        return ORIGINAL_CALL(self, *args)
+    cls = type(self)
+    hit = PyDict_GetItem(KINDS, cls)
+    kind = <object>hit if hit != NULL else KIND_OF(cls)
+    if kind == "dynbatch":
+        if (<RecorderCore>rec).depth > 0:
+            return record_frame(self, <RecorderCore>rec, args)
+        return TOP_CALL(self, rec, args)
+    frame = (<RecorderCore>rec).frame
+    if (kind == "traced" or kind == "cell") and frame is not None \
+            and not self._forward_pre_hooks and not self._forward_hooks:
+        if kind == "cell":
+            self._counter += 1          # as RecurrentCell.forward counts its calls
+            kind = "traced"
+        out = (<FrameCore>frame).call_block(self, args)
+        if out is not NOT_RECORDED:
+            return out
+    return DISPATCH(self, rec, kind, args)
+
+
+cpdef object record_frame(object block, RecorderCore rec, tuple args):
+    """One call of DynBatchBlock ``block`` inside a scope: a frame (``frames.py``)
+    around its ``hybrid_forward``, which runs with the recording ``F``."""
+    cdef object outer_path = rec.path, outer_frame = rec.frame
+    cdef object frame = None, root, out, tracer = None, params
+    rec.depth += 1
+    rec.path = outer_path + (block._name,)
+    try:
+        if rec.frames is True or rec.frames is None and rec.frames_on():
+            root = rec.root_of(block)
+            if not root.usage.irregular:
+                frame = FRAME(rec, root, block, rec.path)
+            else:
+                IRREGULAR(block, root)
+            if block._closure_codes:
+                tracer = WATCH(block, block._closure_codes)
+        rec.frame = frame
+        params = block._reg_params
+        if not params:          # a recursive model's own block often has none
+            out = block.hybrid_forward(rec.F, *args)
+        else:
+            out = block.hybrid_forward(rec.F, *args, **rec.params_dict(block))
+        if frame is not None:
+            (<FrameCore>frame).finish()     # ``out`` holds what the call returns
+        return out
+    finally:
+        if tracer is not None:
+            STOP(tracer)
+        rec.frame = outer_frame
+        rec.depth -= 1
+        rec.path = outer_path
+
+
+def getitem_method(slow):
+    """``LazyArray.__getitem__``: ``x[i:j]`` of a pending value without a base, rows
+    of it in range, is a row view (``RecorderCore.row_slice``); anything else
+    goes to ``slow`` (``arithmetic._getitem``), also outside a scope."""
+    def getitem(self, key):
+        cdef object rec = TLS.recorder, node, shape, begin, end
+        if rec is None or type(key) is not slice:
+            return slow(self, key)
+        begin, end = key.start, key.stop
+        node = _get(self, OFF_NODE)
+        if key.step is not None or type(begin) is not INT or type(end) is not INT \
+                or node is None or _get(self, OFF_BASE) is not None:
+            return slow(self, key)
+        shape = node.out_shapes[_get(self, OFF_IDX)]
+        if not (0 <= begin < end <= shape[0]) or (begin == 0 and end == shape[0]):
+            return slow(self, key)
+        return (<RecorderCore>rec).row_slice(self, begin, end)
+    return getitem
