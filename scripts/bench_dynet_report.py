@@ -11,7 +11,7 @@ import json
 import os
 import platform
 
-from bench_dynet import DYNET_SKIP, MODES, STAT_MS, SWEEP_DIMS
+from bench_dynet_common import DYNET_SKIP, MODES, STAT_MS, SWEEP_DIMS
 
 REFERENCES = (("eager", "x_eager"), ("dynet-1", "x_dynet"),
               ("hand-sparse", "x_hand_sparse"))

@@ -21,11 +21,11 @@ dynet. Then it reads requests from stdin, one JSON object per line
     Initial weights, a fresh optimiser and block, a batch stream of ``size``
     from its start, ``warmup`` untimed batches.
 ``run(key, count, each)``
-    The next ``count`` batches, timed (see ``bench_dynet.run_block``).
+    The next ``count`` batches, timed (see ``bench_dynet_common.run_block``).
 ``profile(key)``, ``env()``, ``quit()``.
 
 A DyNet worker that cannot import dynet exits with status
-``bench_dynet.DYNET_MISSING``.
+``bench_dynet_common.DYNET_MISSING``.
 """
 import argparse
 import gc
@@ -41,7 +41,7 @@ import time
 import traceback
 import types
 
-from bench_dynet import (DYNET_MISSING, DYNET_SKIP, ROOT, THREAD_VARS,  # noqa: E402
+from bench_dynet_common import (DYNET_MISSING, DYNET_SKIP, ROOT, THREAD_VARS,  # noqa: E402
                          apply_threads, batch_stream, load_sst_trees, os_threads,
                          parse_config, run_block, summarize_stats, tagged_sentences)
 from examples.progress_logging import setup_logging  # noqa: E402
@@ -52,7 +52,7 @@ _TREES = {}
 
 
 def cached_trees(data_dir, max_trees):
-    """:func:`bench_dynet.load_sst_trees`, loaded once per process."""
+    """:func:`bench_dynet_common.load_sst_trees`, loaded once per process."""
     key = (data_dir, max_trees)
     if key not in _TREES:
         _TREES[key] = load_sst_trees(data_dir, max_trees)
