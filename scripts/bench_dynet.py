@@ -126,6 +126,7 @@ from examples.progress_logging import setup_logging  # noqa: E402
 LOG = logging.getLogger("bench_dynet")
 
 WORKER = Path(__file__).resolve().parent / "bench_dynet_worker.py"
+SCRIPT = "scripts/bench_dynet.py"
 WORKLOADS = ("treelstm", "tagger", "sick", "batchsize")
 DEFAULT_CONFIG = "depth:imperative"
 """gluon_dynbatch's defaults: ``gdb.batching()`` with nothing changed."""
@@ -753,6 +754,7 @@ def parse_args(argv=None):
     add("--out-dir", default="results/dynet",
         help="where CSV, Markdown, JSON and PNG go")
     add("--verbose", action="store_true", help="debug logging")
+    benchlib.add_record_arguments(parser)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.quick:
@@ -871,9 +873,19 @@ def plan_workloads(args, notes):
     return plan
 
 
+def settings_of(args):
+    """The run's settings, for the record."""
+    keep = ("workloads", "dims", "sizes", "batches", "warmup", "round_batches", "configs",
+            "encoders", "threads", "gluon_processes", "train_back_to_back", "tree_batch",
+            "tagger_batch", "tagger_dims", "max_trees", "seed", "quick", "skip_dynet",
+            "no_hand", "no_eager")
+    return {key: getattr(args, key) for key in keep}
+
+
 def orchestrate(args):
-    """Run every workload, write the outputs, return the report dict."""
+    """Run every workload, write the outputs and the record; return the report dict."""
     from examples.sst_data import default_sst_dir  # noqa  pylint: disable=import-outside-toplevel
+    record = benchlib.start_record("dynet_race", SCRIPT, args.argv, settings_of(args))
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir = tempfile.mkdtemp(prefix="bench_dynet_")
@@ -902,6 +914,9 @@ def orchestrate(args):
         "workload_loads": list(LOADS)})
     report_mod.write_outputs(out_dir, report)
     print(report_mod.markdown(report))
+    benchlib.save_if_asked(args, "dynet_race", SCRIPT, args.argv, settings_of(args),
+                           report_mod.record_tables(report), notes=report["notes"],
+                           record=record)
     return report
 
 

@@ -386,6 +386,18 @@ def write_csv(path, report):
                     writer.writerow(dict(row, table=table))
 
 
+def record_tables(report):
+    """The report's tables for the run's record: named lists of rows.
+
+    ``summary`` holds every workload's rows (each names its workload),
+    ``processes`` how each system ran, ``gluon_dynbatch`` the library's own
+    figures per training batch and ``batch_size`` the sweep.
+    """
+    return {"summary": [row for rows in report["workloads"].values() for row in rows],
+            "processes": [row for rows in report["processes"].values() for row in rows],
+            "gluon_dynbatch": list(report["gdb"]), "batch_size": list(report["sweep"])}
+
+
 def plot_sweep(path, rows):
     """Sentences/s against batch size, one panel per mode (PNG)."""
     import matplotlib  # pylint: disable=import-outside-toplevel
