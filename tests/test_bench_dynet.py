@@ -259,13 +259,13 @@ def test_run_block_waits_once_unless_each_batch_is_timed():
         return float(loss)
 
     block = bench_dynet_common.run_block(step, [[1, 2], [3]], lambda: events.append("sync"),
-                                  each=False, value=value)
+                                         each=False, value=value)
     assert events == ["sync", "step", "step", "sync", "read", "read"]
     assert block["sentences"] == [2, 1] and block["losses"] == [1.0, 3.0]
     assert block["batch_ms"] == [] and block["block_ms"] > 0
     events.clear()
     block = bench_dynet_common.run_block(step, [[1, 2], [3]], lambda: events.append("sync"),
-                                  each=True, value=value)
+                                         each=True, value=value)
     assert events == ["sync", "step", "sync", "step", "sync", "sync", "read", "read"]
     assert len(block["batch_ms"]) == 2
 
