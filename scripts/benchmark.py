@@ -886,7 +886,7 @@ def epoch_row(system, records):
     overhead = sum(r["plan_ms"] + r["compile_ms"] for r in records)
     return {
         "system": system.name, "model": system.model, "kind": system.kind,
-        "batches": len(records),
+        "strategy": system.strategy, "budget": system.budget, "batches": len(records),
         "trees_per_s": 1000.0 * sum(r["trees"] for r in records) / total,
         "total_s": total / 1000.0,
         "hits_after_skip": hits, "misses_after_skip": misses,

@@ -88,6 +88,15 @@ def hits(hit_key, miss_key):
     return text
 
 
+def batched(key, fmt="%.1f"):
+    """A cell function: ``row[key]`` for a gluon_dynbatch system, ``-`` for the others.
+
+    Eager and hand-batched rows have no ``scope.stats`` (no mean batch size).
+    """
+    return lambda row: "-" if row.get("mean_batch_size") is None else benchlib.cell(
+        row.get(key), fmt)
+
+
 def escape(text):
     """Text safe inside a Markdown table cell."""
     return str(text).replace("|", "\\|")
@@ -145,7 +154,7 @@ SICK_COLUMNS = [
     Column("record", field("record_ms", "%.1f")), Column("plan", field("plan_ms", "%.1f")),
     Column("compile", field("compile_ms", "%.1f")),
     Column("launch", field("launch_ms", "%.1f")), Column("other", field("other_ms", "%.1f")),
-    Column("steps", field("steps_per_batch", "%.1f")),
+    Column("steps", batched("steps_per_batch")),
     Column("mean batch", field("mean_batch_size", "%.1f")),
     Column("plan-cache hits", hits("cache_hits", "cache_misses")),
     Column("trees/s again (batches seen before)", field("trees_per_s_again", "%.1f")),
@@ -164,7 +173,7 @@ BUDGET_COLUMNS = [
     Column("model", field("model")), Column("system", sick_system),
     Column("trees/s", field("trees_per_s", "%.1f")),
     Column("plan ms", field("plan_ms", "%.1f")),
-    Column("steps", field("steps_per_batch", "%.1f")),
+    Column("steps", batched("steps_per_batch")),
     Column("mean batch", field("mean_batch_size", "%.1f")),
     Column("planner", field("planners")), Column("reused", field("reused_choices", "%d")),
 ]
