@@ -69,18 +69,37 @@ def case_row(name, args, model):
     -------
     dict
         ``case``, and for each granularity ``g``: ``bound_g``, and for each
-        planner ``p``: ``p_g`` (steps) and ``p_cost_ms_g``.
+        planner ``p``: ``p_g`` (steps) and ``p_cost_ms_g``; or, when recording
+        or running the case fails, ``failed_g`` (the error).
     """
     row = {"case": name}
     for granularity in args.granularity:
-        plans = {p: plan_of(user_models.CASES[name](n=args.samples, hidden=args.hidden),
-                            p, granularity)
-                 for p in PLANNERS}
+        try:
+            plans = {p: plan_of(user_models.CASES[name](n=args.samples, hidden=args.hidden),
+                                p, granularity)
+                     for p in PLANNERS}
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.error("%s, granularity %s: %s: %s", name, granularity, type(err).__name__, err)
+            row["failed_" + granularity] = failure_text(err)
+            row["note"] = "; ".join(filter(None, [row.get("note"), "granularity %s failed: %s"
+                                                  % (granularity, row["failed_" + granularity])]))
+            continue
         row["bound_" + granularity] = lower_bound(plans["depth"])
         for planner, plan in plans.items():
             row["%s_%s" % (planner, granularity)] = len(plan.steps)
             row["%s_cost_ms_%s" % (planner, granularity)] = 1000.0 * model.cost(plan)
     return row
+
+
+def failure_text(err, limit=160):
+    """An error's type and last line, shortened: what the table says of a failed plan.
+
+    The last line of an error MXNet raised holds its message (the lines before
+    are its C++ traceback).
+    """
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = "%s (%s)" % (type(err).__name__, lines[-1] if lines else "")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def text_columns(granularities):
@@ -91,7 +110,7 @@ def text_columns(granularities):
         for p in PLANNERS:
             columns += [("%s_%s" % (p, g), "%s steps" % p, "%d"),
                         ("%s_cost_ms_%s" % (p, g), "%s ms" % p, "%.2f")]
-    return columns
+    return columns + [("note", "note", "%s")]
 
 
 def build_parser():

@@ -215,6 +215,7 @@ PLAN_COLUMNS = [
     Column("bound, per operator", field("bound_op", "%d")),
     Column("depth, per operator", field("depth_op", "%d")),
     Column("agenda, per operator", field("agenda_op", "%d")),
+    Column("note", lambda row: row.get("note") or ""),
 ]
 
 
