@@ -179,9 +179,7 @@ def main(argv=None):
     argv = benchlib.script_argv(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
+    quick = benchlib.apply_quick(args, QUICK)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -193,7 +191,7 @@ def main(argv=None):
         parser.error("--rounds and --pairs must be at least 1, --warmup at least 0")
     settings = {"pairs": args.pairs, "rounds": args.rounds, "warmup": args.warmup,
                 "modes": modes, "input_size": INPUT_SIZE, "hidden_size": HIDDEN_SIZE,
-                "quick": args.quick}
+                "quick": quick}
     record = benchlib.start_record("bench_core", SCRIPT, argv, settings)
     batches, vocab_size = load_batches(args.pairs, args.warmup + args.rounds)
     models, emb = build_models(modes, vocab_size)

@@ -757,14 +757,8 @@ def parse_args(argv=None):
     benchlib.add_record_arguments(parser)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if args.quick:
-        args.batches = min(args.batches, 2)
-        args.warmup = min(args.warmup, 1)
-        args.round_batches = 1
-        if args.max_trees is None:
-            args.max_trees = 1000
-        if args.sizes == parser.get_default("sizes"):
-            args.sizes = "1,4,16"
+    args.quick_settings = quick_settings(args, parser) if args.quick else {}
+    benchlib.apply_quick(args, args.quick_settings)
     try:
         args.workloads = _names(args.workloads, WORKLOADS)
         args.encoders = _names(args.encoders, ENCODERS)
@@ -787,6 +781,18 @@ def parse_args(argv=None):
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be positive")
     return args
+
+
+def quick_settings(args, parser):
+    """What ``--quick`` changes: 2 timed batches in rounds of 1, 1 warm-up, the
+    first 1000 trees, sizes 1,4,16 (each unless the command line asks for less)."""
+    out = {"batches": min(args.batches, 2), "warmup": min(args.warmup, 1),
+           "round_batches": 1}
+    if args.max_trees is None:
+        out["max_trees"] = 1000
+    if args.sizes == parser.get_default("sizes"):
+        out["sizes"] = "1,4,16"
+    return out
 
 
 def _names(text, known):
@@ -877,9 +883,9 @@ def settings_of(args):
     """The run's settings, for the record."""
     keep = ("workloads", "dims", "sizes", "batches", "warmup", "round_batches", "configs",
             "encoders", "threads", "gluon_processes", "train_back_to_back", "tree_batch",
-            "tagger_batch", "tagger_dims", "max_trees", "seed", "quick", "skip_dynet",
+            "tagger_batch", "tagger_dims", "max_trees", "seed", "skip_dynet",
             "no_hand", "no_eager")
-    return {key: getattr(args, key) for key in keep}
+    return dict({key: getattr(args, key) for key in keep}, quick=args.quick_settings)
 
 
 def orchestrate(args):

@@ -507,6 +507,28 @@ def markdown_table(header, body):
     return lines
 
 
+def apply_quick(args, overrides):
+    """Apply the settings of ``--quick`` to ``args`` when it asks for them.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        With a ``quick`` flag.
+    overrides : dict
+        Attribute -> value of the short settings.
+
+    Returns
+    -------
+    dict
+        The settings applied (empty without ``--quick``), for the record.
+    """
+    if not getattr(args, "quick", False):
+        return {}
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return dict(overrides)
+
+
 def script_argv(argv):
     """``argv`` as given to ``main``, else the process's own arguments."""
     return list(sys.argv[1:] if argv is None else argv)

@@ -1249,9 +1249,7 @@ def run_all(args, selected, batches, bench):
 def parse_args(argv):
     """Parse the command line and apply ``--quick``."""
     args = build_parser().parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
+    args.quick_settings = benchlib.apply_quick(args, QUICK)
     return args
 
 
@@ -1259,8 +1257,9 @@ def settings_of(args, features):
     """The run's settings, for the record."""
     keep = ("systems", "model", "batches", "eager_batches", "warmup", "round_batches",
             "budgets", "no_back_to_back", "no_second_pass", "epoch_check",
-            "epoch_batches", "seed", "threads", "engine_threads", "quick")
+            "epoch_batches", "seed", "threads", "engine_threads")
     settings = {key: getattr(args, key) for key in keep}
+    settings["quick"] = args.quick_settings
     settings.update(pairs_per_batch=PAIRS_PER_BATCH, input_size=INPUT_SIZE,
                     hidden_size=HIDDEN_SIZE, features={
                         k: v for k, v in features.items() if k != "notes"})

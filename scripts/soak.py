@@ -129,9 +129,7 @@ def parse_args(argv=None):
                             "--%s %s" % item for item in QUICK.items()))
     benchlib.add_record_arguments(parser)
     args = parser.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
+    args.quick_settings = benchlib.apply_quick(args, QUICK)
     if args.batches < 1 or not 0 <= args.warmup < args.batches:
         parser.error("need --batches >= 1 and 0 <= --warmup < --batches")
     if not 1 <= args.min_len <= args.max_len:
@@ -144,8 +142,8 @@ def parse_args(argv=None):
 def settings_of(args):
     """The run's settings, for the record."""
     keep = ("batches", "warmup", "batch_size", "min_len", "max_len", "hidden",
-            "input_size", "vocab", "strategy", "compiled", "bound_mb", "seed", "quick")
-    return {key: getattr(args, key) for key in keep}
+            "input_size", "vocab", "strategy", "compiled", "bound_mb", "seed")
+    return dict({key: getattr(args, key) for key in keep}, quick=args.quick_settings)
 
 
 def main(argv=None):

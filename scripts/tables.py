@@ -354,8 +354,14 @@ def source_line(name, record, link):
     text = "Measured on %s by `%s` (%s); record [%s](%s)." % (
         str(record.get("date", "?"))[:10], record.get("command", "?"), "; ".join(facts),
         name, link)
-    if (record.get("settings") or {}).get("quick"):
-        text += " Quick settings (`--quick`): a short run showing the script works."
+    quick = (record.get("settings") or {}).get("quick")
+    if quick:
+        given = ""
+        if isinstance(quick, dict):
+            given = ", which sets %s" % " ".join(
+                "`--%s %s`" % (k.replace("_", "-"), v) for k, v in quick.items())
+        text += (" Quick settings (`--quick`%s): a short run showing that the script "
+                 "works, not final figures." % given)
     if record.get("dirty"):
         text += " The code had changes not committed."
     return text

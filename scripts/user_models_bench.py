@@ -100,9 +100,7 @@ def parse_args(argv=None):
     """Parse the command line, apply ``--quick`` and check the counts."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
+    args.quick_settings = benchlib.apply_quick(args, QUICK)
     if args.rounds < 1 or args.warmup < 1 or args.samples < 1:
         parser.error("--rounds, --warmup and --samples must be at least 1")
     return args
@@ -228,8 +226,9 @@ def bench_case(name, args):
 
 def settings_of(args):
     """The run's settings, for the record."""
-    return {key: getattr(args, key) for key in
-            ("samples", "hidden", "seed", "rounds", "warmup", "analysis_budget", "quick")}
+    settings = {key: getattr(args, key) for key in
+                ("samples", "hidden", "seed", "rounds", "warmup", "analysis_budget")}
+    return dict(settings, quick=args.quick_settings)
 
 
 def main(argv=None):
