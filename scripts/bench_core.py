@@ -34,7 +34,7 @@ from mxnet import autograd, nd  # noqa: E402
 
 import benchlib  # noqa: E402
 import gluon_dynbatch as gdb  # noqa: E402
-from examples.sick_data import attach_words, default_data_dir, load_split  # noqa: E402
+from examples.sick_data import default_data_dir, load_split  # noqa: E402
 from examples.sick_model import ChildSumTreeLSTM  # noqa: E402
 
 LOG = logging.getLogger("bench_core")
@@ -61,15 +61,11 @@ def load_batches(pairs, count):
     if pairs * count > len(split):
         sys.exit("--pairs x (--warmup + --rounds) exceeds the %d pairs of SICK train"
                  % len(split))
-    vocab, batches = {}, []
-    for k in range(count):
-        trees = []
-        for pair in split[k * pairs:(k + 1) * pairs]:
-            for tokens, tree in ((pair.a_tokens, pair.a_tree), (pair.b_tokens, pair.b_tree)):
-                ids = [vocab.setdefault(t.lower(), len(vocab)) for t in tokens]
-                trees.append(attach_words(tree, ids))
-        batches.append(trees)
-    return batches, len(vocab)
+    split = split[:pairs * count]
+    vocab_size = benchlib.number_sick_words(split)
+    batches = [[tree for pair in split[k * pairs:(k + 1) * pairs]
+                for tree in (pair.a_tree, pair.b_tree)] for k in range(count)]
+    return batches, vocab_size
 
 
 def parse_mode(mode):

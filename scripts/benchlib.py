@@ -358,6 +358,33 @@ def save_if_asked(args, benchmark, script, argv, settings, tables, notes=(),
 
 
 # --------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------
+
+def number_sick_words(pairs):
+    """Give every token of SICK pairs a vocabulary id, in place.
+
+    Tokens are lower-cased; ids are given in order of first appearance, so
+    the same pairs in the same order always get the same ids.
+
+    Parameters
+    ----------
+    pairs : list of examples.sick_data.SickPair
+
+    Returns
+    -------
+    int
+        The vocabulary size.
+    """
+    from examples.sick_data import attach_words  # pylint: disable=import-outside-toplevel
+    vocab = {}
+    for pair in pairs:
+        for tokens, tree in ((pair.a_tokens, pair.a_tree), (pair.b_tokens, pair.b_tree)):
+            attach_words(tree, [vocab.setdefault(t.lower(), len(vocab)) for t in tokens])
+    return len(vocab)
+
+
+# --------------------------------------------------------------------------
 # Rounds, fresh batches, timing
 # --------------------------------------------------------------------------
 

@@ -415,18 +415,13 @@ def load_batches(data_dir, seed):
     vocab_size : int
     """
     pairs = sick_data.load_split(data_dir, "train")
-    vocab = {}
-    for pair in pairs:
-        for tokens, tree in ((pair.a_tokens, pair.a_tree),
-                             (pair.b_tokens, pair.b_tree)):
-            ids = [vocab.setdefault(t.lower(), len(vocab)) for t in tokens]
-            sick_data.attach_words(tree, ids)
+    vocab_size = benchlib.number_sick_words(pairs)
     random.Random(seed).shuffle(pairs)
     batches = [pairs[i:i + PAIRS_PER_BATCH]
                for i in range(0, len(pairs), PAIRS_PER_BATCH)]
     LOG.info("SICK train from %s: %d pairs, %d batches of %d, vocabulary %d",
-             data_dir, len(pairs), len(batches), PAIRS_PER_BATCH, len(vocab))
-    return batches, len(vocab)
+             data_dir, len(pairs), len(batches), PAIRS_PER_BATCH, vocab_size)
+    return batches, vocab_size
 
 
 def batch_trees(pairs):

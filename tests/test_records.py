@@ -378,3 +378,14 @@ def test_quick_settings_are_applied_and_named_above_the_table():
     assert "which sets `--round-batches 1`" in line and "not committed" in line
     record["settings"], record["dirty"] = {"quick": {}}, False
     assert "Quick" not in tables.source_line("x", record, "x.json")
+
+
+def test_sick_words_get_one_id_per_lower_cased_token():
+    from examples.sick_data import SickPair, parse_parents
+    two = [2, 0]
+    pairs = [SickPair(["A", "dog"], ["a", "cat"], parse_parents(two), parse_parents(two), 3.0),
+             SickPair(["The", "Dog"], ["dog"], parse_parents(two), parse_parents([0]), 1.0)]
+    assert benchlib.number_sick_words(pairs) == 4
+    words = [sorted((n.index, n.word) for n in tree.postorder())
+             for pair in pairs for tree in (pair.a_tree, pair.b_tree)]
+    assert words == [[(0, 0), (1, 1)], [(0, 0), (1, 2)], [(0, 3), (1, 1)], [(0, 1)]]
