@@ -101,7 +101,6 @@ import json
 import logging
 import math
 import os
-import random
 import select
 import shutil
 import statistics
@@ -118,182 +117,34 @@ for _path in (ROOT, ROOT / "scripts"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import benchlib  # noqa: E402
+import bench_dynet_report as report_mod  # noqa: E402
+from bench_dynet_common import (  # noqa: E402
+    DYNET_MISSING, DYNET_SKIP, MODES, SWEEP_DIMS, parse_config, summarize_stats)
 from examples.progress_logging import setup_logging  # noqa: E402
 
 LOG = logging.getLogger("bench_dynet")
 
 WORKER = Path(__file__).resolve().parent / "bench_dynet_worker.py"
+SCRIPT = "scripts/bench_dynet.py"
 WORKLOADS = ("treelstm", "tagger", "sick", "batchsize")
-MODES = ("train", "infer")
 DEFAULT_CONFIG = "depth:imperative"
 """gluon_dynbatch's defaults: ``gdb.batching()`` with nothing changed."""
 ALL_CONFIGS = ("depth:imperative", "agenda:imperative", "depth:step",
                "agenda:step", "depth:compiled", "agenda:compiled")
-_COMPILED = {"imperative": False, "step": "step", "compiled": True}
 ENCODERS = ("cell", "op")
 ENCODER_NAMES = {"cell": "cell-written", "op": "op-by-op"}
 TREE_BATCH = 50
 TAGGER_BATCH = 64
 TAGGER_DIMS = (128, 128)
 SICK_INPUT, SICK_HIDDEN = 300, 150
-SWEEP_DIMS = (128, 128)
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-               "MXNET_CPU_WORKER_NTHREADS")
-STAT_MS = ("record_ms", "plan_ms", "execute_ms", "compile_ms")
-STAT_COUNTS = ("nodes", "steps", "planned_nodes", "cache_hits",
-               "cache_misses")
-DYNET_MISSING = 3
-"""Exit status of a DyNet worker that cannot import dynet."""
-DYNET_SKIP = "skipped: dynet38 not installed (pip install dynet38)"
 SETUP_TIMEOUT = 900.0
 """Seconds a worker may take to start, load its data and build its models."""
 
 
 # --------------------------------------------------------------------------
-# Shared with the workers (no mxnet, no dynet)
+# Batch counts
 # --------------------------------------------------------------------------
-
-def parse_config(text):
-    """Turn ``"strategy:mode"`` into arguments of ``gdb.batching``.
-
-    Parameters
-    ----------
-    text : str
-        ``depth`` or ``agenda``, a colon, then ``imperative``, ``step`` or
-        ``compiled``.
-
-    Returns
-    -------
-    dict
-        ``strategy`` and ``compiled``.
-
-    Raises
-    ------
-    ValueError
-        On an unknown strategy or mode.
-    """
-    strategy, _, mode = text.strip().partition(":")
-    mode = mode or "imperative"
-    if strategy not in ("depth", "agenda") or mode not in _COMPILED:
-        raise ValueError("bad gluon_dynbatch setting %r: expected "
-                         "depth|agenda:imperative|step|compiled" % text)
-    return {"strategy": strategy, "compiled": _COMPILED[mode]}
-
-
-def load_sst_trees(data_dir, max_trees=None):
-    """SST train trees with word ids, and the vocabulary built from them.
-
-    Parameters
-    ----------
-    data_dir : str
-        Folder with ``train.txt``.
-    max_trees : int, optional
-        Read only the first ``max_trees`` trees (quick runs).
-
-    Returns
-    -------
-    trees : list of SSTTree
-    vocab : dict
-    """
-    from examples.sst_data import (  # pylint: disable=import-outside-toplevel
-        assign_ids, build_vocab, load_sst, parse_sst_line)
-    if max_trees is None:
-        trees = load_sst(data_dir, "train")
-    else:
-        path = os.path.join(data_dir, "train.txt")
-        trees = []
-        with open(path, encoding="utf-8") as handle:
-            for lineno, line in enumerate(handle, start=1):
-                if len(trees) >= max_trees:
-                    break
-                if line.strip():
-                    trees.append(parse_sst_line(line, "%s:%d"
-                                                % (path, lineno)))
-    vocab = build_vocab(trees)
-    return assign_ids(trees, vocab), vocab
-
-
-def tagged_sentences(trees):
-    """Sentences for the tagger: word ids and a tag per token.
-
-    Parameters
-    ----------
-    trees : list of SSTTree
-        Trees with word ids.
-
-    Returns
-    -------
-    list of tuple
-        Per tree ``(word_ids, tags)``, two tuples of ints, left to right;
-        a token's tag is the sentiment label of its pre-terminal.
-    """
-    out = []
-    for tree in trees:
-        leaves = [n for n in tree.postorder() if n.is_preterminal]
-        out.append((tuple(n.word_id for n in leaves),
-                    tuple(n.label for n in leaves)))
-    return out
-
-
-def batch_stream(items, size, seed):
-    """Endless stream of batches of ``items``, reshuffled on every pass.
-
-    Every system calls this with the same seed and so sees the same batches
-    in the same order.
-
-    Parameters
-    ----------
-    items : list
-    size : int
-        Items per batch; a pass drops its incomplete tail (unless there are
-        fewer than ``size`` items, then each batch is all of them).
-    seed : int
-
-    Yields
-    ------
-    list
-    """
-    if not items:
-        raise ValueError("nothing to batch")
-    rng = random.Random(seed)
-    order = list(range(len(items)))
-    while True:
-        rng.shuffle(order)
-        if len(order) < size:
-            yield [items[i] for i in order]
-            continue
-        for start in range(0, len(order) - size + 1, size):
-            yield [items[i] for i in order[start:start + size]]
-
-
-def apply_threads(threads):
-    """Pin this process to ``threads`` cores and set the thread variables.
-
-    Must run before mxnet (or dynet) is imported. ``None`` leaves the
-    machine defaults alone.
-
-    Returns
-    -------
-    list of int
-        The cores the process may run on.
-    """
-    if threads:
-        for var in THREAD_VARS:
-            os.environ[var] = str(threads)
-        if hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return []
-
-
-def os_threads():
-    """Number of OS threads of this process (Linux), else None."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return None
-
 
 def sweep_batches(batches, size, quick):
     """Timed batches at batch size ``size`` in the batch-size sweep.
@@ -304,50 +155,6 @@ def sweep_batches(batches, size, quick):
     low = 2 if quick else 3
     want = math.ceil(batches * TREE_BATCH / size)
     return max(low, min(want, 4 * max(batches, 1)))
-
-
-def run_block(step, batches, sync, each, value=float, count=len):
-    """Run ``step`` on every batch of ``batches``; time them.
-
-    Parameters
-    ----------
-    step : callable
-        ``step(batch) -> (loss, stats)``; ``stats`` a dict or None.
-    batches : list
-        Drawn before the clock starts.
-    sync : callable
-        Waits for all pending computation (``mx.nd.waitall``).
-    each : bool
-        Wait after every batch and time each alone (``batch_ms``); otherwise
-        the batches run back to back and only the block is timed.
-    value : callable, optional
-        Loss object -> float, called after the block's final wait.
-    count : callable, optional
-        Sentences in a batch.
-
-    Returns
-    -------
-    dict
-        ``block_ms``, ``batch_ms`` (empty unless ``each``), ``sentences``,
-        ``losses`` and ``stats`` (per batch).
-    """
-    losses, stats, batch_ms = [], [], []
-    sync()
-    start = time.perf_counter()
-    for batch in batches:
-        began = time.perf_counter()
-        loss, figures = step(batch)
-        if each:
-            sync()
-            batch_ms.append(1000.0 * (time.perf_counter() - began))
-        losses.append(loss)
-        if figures is not None:
-            stats.append(figures)
-    sync()
-    block_ms = 1000.0 * (time.perf_counter() - start)
-    return {"block_ms": block_ms, "batch_ms": batch_ms,
-            "sentences": [count(b) for b in batches],
-            "losses": [value(loss) for loss in losses], "stats": stats}
 
 
 # --------------------------------------------------------------------------
@@ -440,20 +247,12 @@ class Entry:
         return self.failure is None
 
 
-def rotation(items, round_index):
-    """``items`` rotated left by ``round_index`` (mod their number)."""
-    if not items:
-        return []
-    k = round_index % len(items)
-    return items[k:] + items[:k]
-
-
 def time_in_rounds(entries, total, block, run, timeout=None, progress=None):
     """Time ``total`` batches of every entry in rounds of ``block`` batches.
 
     Round ``r`` runs batches ``r * block`` to ``(r + 1) * block - 1`` of
     every entry, one entry after another in the order of
-    ``rotation(entries, r)``.  An entry whose ``run`` raises drops out there
+    ``benchlib.rotation(entries, r)``.  An entry whose ``run`` raises drops out there
     (``failure``), the others go on; an entry that has spent more than
     ``timeout`` seconds in timed blocks gets no more rounds (``cut``), after
     at least one block.
@@ -472,27 +271,27 @@ def time_in_rounds(entries, total, block, run, timeout=None, progress=None):
     progress : tqdm, optional
         Advanced by one per block.
     """
-    for r, first in enumerate(range(0, total, block)):
-        count = min(block, total - first)
-        for entry in rotation(entries, r):
-            if progress is not None:
-                progress.update(1)
-            if not entry.alive or entry.cut:
-                continue
-            if timeout is not None and entry.blocks and entry.seconds > timeout:
-                entry.cut = True
-                LOG.warning("%s: no more rounds after %d timed batches "
-                            "(--system-timeout %.0f s)", entry.spec["label"],
-                            first, timeout)
-                continue
-            try:
-                result = run(entry, first, count)
-            except Exception as err:  # pylint: disable=broad-except
-                entry.failure = "failed in round %d: %s" % (r + 1, err)
-                LOG.error("%s %s", entry.spec["label"], entry.failure)
-                continue
-            entry.blocks.append(result)
-            entry.seconds += result["block_ms"] / 1000.0
+    starts = list(range(0, total, block))
+    for r, entry in benchlib.interleaved(entries, len(starts)):
+        first = starts[r]
+        if progress is not None:
+            progress.update(1)
+        if not entry.alive or entry.cut:
+            continue
+        if timeout is not None and entry.blocks and entry.seconds > timeout:
+            entry.cut = True
+            LOG.warning("%s: no more rounds after %d timed batches "
+                        "(--system-timeout %.0f s)", entry.spec["label"],
+                        first, timeout)
+            continue
+        try:
+            result = run(entry, first, min(block, total - first))
+        except Exception as err:  # pylint: disable=broad-except
+            entry.failure = "failed in round %d: %s" % (r + 1, err)
+            LOG.error("%s %s", entry.spec["label"], entry.failure)
+            continue
+        entry.blocks.append(result)
+        entry.seconds += result["block_ms"] / 1000.0
 
 
 def summarize(entry, each):
@@ -536,16 +335,6 @@ def summarize(entry, each):
     if stats:
         res["stats"] = summarize_stats(stats)
     return res
-
-
-def summarize_stats(stats):
-    """Medians (ms) and sums (counts) of per-batch ``scope.stats`` dicts."""
-    out = {name: statistics.median(s[name] for s in stats) for name in STAT_MS}
-    for name in STAT_COUNTS:
-        out[name] = sum(s[name] for s in stats)
-    out["mean_batch_size"] = (out["planned_nodes"] / out["steps"]
-                              if out["steps"] else 0.0)
-    return out
 
 
 # --------------------------------------------------------------------------
@@ -965,16 +754,11 @@ def parse_args(argv=None):
     add("--out-dir", default="results/dynet",
         help="where CSV, Markdown, JSON and PNG go")
     add("--verbose", action="store_true", help="debug logging")
+    benchlib.add_record_arguments(parser)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if args.quick:
-        args.batches = min(args.batches, 2)
-        args.warmup = min(args.warmup, 1)
-        args.round_batches = 1
-        if args.max_trees is None:
-            args.max_trees = 1000
-        if args.sizes == parser.get_default("sizes"):
-            args.sizes = "1,4,16"
+    args.quick_settings = quick_settings(args, parser) if args.quick else {}
+    benchlib.apply_quick(args, args.quick_settings)
     try:
         args.workloads = _names(args.workloads, WORKLOADS)
         args.encoders = _names(args.encoders, ENCODERS)
@@ -997,6 +781,18 @@ def parse_args(argv=None):
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be positive")
     return args
+
+
+def quick_settings(args, parser):
+    """What ``--quick`` changes: 2 timed batches in rounds of 1, 1 warm-up, the
+    first 1000 trees, sizes 1,4,16 (each unless the command line asks for less)."""
+    out = {"batches": min(args.batches, 2), "warmup": min(args.warmup, 1),
+           "round_batches": 1}
+    if args.max_trees is None:
+        out["max_trees"] = 1000
+    if args.sizes == parser.get_default("sizes"):
+        out["sizes"] = "1,4,16"
+    return out
 
 
 def _names(text, known):
@@ -1027,10 +823,8 @@ LOADS = []
 
 def load_average():
     """The 1-minute load average as text ('?' where unknown)."""
-    try:
-        return "%.1f" % os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return "?"
+    loads = benchlib.load_average()
+    return "?" if loads is None else "%.1f" % loads[0]
 
 
 def base_job(args, workload, dims, batch_size, data_dir):
@@ -1085,10 +879,19 @@ def plan_workloads(args, notes):
     return plan
 
 
+def settings_of(args):
+    """The run's settings, for the record."""
+    keep = ("workloads", "dims", "sizes", "batches", "warmup", "round_batches", "configs",
+            "encoders", "threads", "gluon_processes", "train_back_to_back", "tree_batch",
+            "tagger_batch", "tagger_dims", "max_trees", "seed", "skip_dynet",
+            "no_hand", "no_eager")
+    return dict({key: getattr(args, key) for key in keep}, quick=args.quick_settings)
+
+
 def orchestrate(args):
-    """Run every workload, write the outputs, return the report dict."""
-    import bench_dynet_report as report_mod  # pylint: disable=import-outside-toplevel
+    """Run every workload, write the outputs and the record; return the report dict."""
     from examples.sst_data import default_sst_dir  # noqa  pylint: disable=import-outside-toplevel
+    record = benchlib.start_record("dynet_race", SCRIPT, args.argv, settings_of(args))
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir = tempfile.mkdtemp(prefix="bench_dynet_")
@@ -1117,6 +920,9 @@ def orchestrate(args):
         "workload_loads": list(LOADS)})
     report_mod.write_outputs(out_dir, report)
     print(report_mod.markdown(report))
+    benchlib.save_if_asked(args, "dynet_race", SCRIPT, args.argv, settings_of(args),
+                           report_mod.record_tables(report), notes=report["notes"],
+                           record=record)
     return report
 
 

@@ -11,7 +11,8 @@ import json
 import os
 import platform
 
-from bench_dynet import DYNET_SKIP, MODES, STAT_MS, SWEEP_DIMS
+import benchlib
+from bench_dynet_common import DYNET_SKIP, MODES, STAT_MS, SWEEP_DIMS
 
 REFERENCES = (("eager", "x_eager"), ("dynet-1", "x_dynet"),
               ("hand-sparse", "x_hand_sparse"))
@@ -266,12 +267,6 @@ def _gaps(row):
     return "%.1e / %.1e" % (max(firsts), max(largest))
 
 
-def _table(header, rows):
-    """Markdown table lines."""
-    return (["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-            + ["| " + " | ".join(row) + " |" for row in rows])
-
-
 REFERENCE_NAMES = {"x_eager": "eager", "x_dynet": "DyNet-ab",
                    "x_hand_sparse": "hand-sparse"}
 
@@ -291,7 +286,7 @@ def _summary_lines(rows):
         name = row["system"] + cut + (" (%s)" % row["note"] if row["note"] else "")
         body.append([name, _fmt(row["train"]), _fmt(row["infer"])]
                     + [_ratio(row["%s_%s" % pair]) for pair in ratios] + [_gaps(row)])
-    return _table(header, body)
+    return benchlib.markdown_table(header, body)
 
 
 def _process_lines(rows):
@@ -312,7 +307,7 @@ def _process_lines(rows):
                      "%d / %d" % (row["train_rounds"], row["infer_rounds"]),
                      "%s / %s" % (_timing(row["train_timing"]),
                                   _timing(row["infer_timing"]))])
-    return _table(header, body)
+    return benchlib.markdown_table(header, body)
 
 
 def _timing(kind):
@@ -337,20 +332,20 @@ def markdown(report):
         lines += _process_lines(report["processes"][name]) + [""]
     if report["gdb"]:
         lines += ["## gluon_dynbatch per training batch (medians)", ""]
-        lines += _table(["workload", "system", "record ms", "plan ms",
-                         "execute ms", "compile ms", "nodes", "mean batch"],
-                        [[r["workload"], r["system"], _fmt(r["record_ms"]),
-                          _fmt(r["plan_ms"]), _fmt(r["execute_ms"]),
-                          _fmt(r["compile_ms"]), _fmt(r["nodes"], 0),
-                          _fmt(r["mean_batch_size"])] for r in report["gdb"]])
+        header = ["workload", "system", "record ms", "plan ms", "execute ms",
+                  "compile ms", "nodes", "mean batch"]
+        lines += benchlib.markdown_table(header, [
+            [r["workload"], r["system"], _fmt(r["record_ms"]), _fmt(r["plan_ms"]),
+             _fmt(r["execute_ms"]), _fmt(r["compile_ms"]), _fmt(r["nodes"], 0),
+             _fmt(r["mean_batch_size"])] for r in report["gdb"]])
         lines.append("")
     if report["sweep"]:
         lines += ["## Batch size (treelstm %d/%d)" % SWEEP_DIMS, ""]
-        lines += _table(["trees per batch", "system", "train sent/s",
-                         "infer sent/s", "train x DyNet-ab", "infer x DyNet-ab"],
-                        [[str(r["size"]), r["system"], _fmt(r["train"]),
-                          _fmt(r["infer"]), _ratio(r["train_x_dynet"]),
-                          _ratio(r["infer_x_dynet"])] for r in report["sweep"]])
+        header = ["trees per batch", "system", "train sent/s", "infer sent/s",
+                  "train x DyNet-ab", "infer x DyNet-ab"]
+        lines += benchlib.markdown_table(header, [
+            [str(r["size"]), r["system"], _fmt(r["train"]), _fmt(r["infer"]),
+             _ratio(r["train_x_dynet"]), _ratio(r["infer_x_dynet"])] for r in report["sweep"]])
         lines += ["", "How each system ran:", ""]
         lines += _process_lines(report["processes"]["batchsize"]) + [""]
     if report["notes"]:
@@ -384,6 +379,18 @@ def write_csv(path, report):
             for rows in groups:
                 for row in rows:
                     writer.writerow(dict(row, table=table))
+
+
+def record_tables(report):
+    """The report's tables for the run's record: named lists of rows.
+
+    ``summary`` holds every workload's rows (each names its workload),
+    ``processes`` how each system ran, ``gluon_dynbatch`` the library's own
+    figures per training batch and ``batch_size`` the sweep.
+    """
+    return {"summary": [row for rows in report["workloads"].values() for row in rows],
+            "processes": [row for rows in report["processes"].values() for row in rows],
+            "gluon_dynbatch": list(report["gdb"]), "batch_size": list(report["sweep"])}
 
 
 def plot_sweep(path, rows):

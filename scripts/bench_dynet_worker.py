@@ -21,11 +21,11 @@ dynet. Then it reads requests from stdin, one JSON object per line
     Initial weights, a fresh optimiser and block, a batch stream of ``size``
     from its start, ``warmup`` untimed batches.
 ``run(key, count, each)``
-    The next ``count`` batches, timed (see ``bench_dynet.run_block``).
+    The next ``count`` batches, timed (see ``bench_dynet_common.run_block``).
 ``profile(key)``, ``env()``, ``quit()``.
 
 A DyNet worker that cannot import dynet exits with status
-``bench_dynet.DYNET_MISSING``.
+``bench_dynet_common.DYNET_MISSING``.
 """
 import argparse
 import gc
@@ -41,9 +41,10 @@ import time
 import traceback
 import types
 
-from bench_dynet import (DYNET_MISSING, DYNET_SKIP, ROOT, THREAD_VARS,  # noqa: E402
+from bench_dynet_common import (DYNET_MISSING, DYNET_SKIP, ROOT, THREAD_VARS,  # noqa: E402
                          apply_threads, batch_stream, load_sst_trees, os_threads,
                          parse_config, run_block, summarize_stats, tagged_sentences)
+import benchlib  # noqa: E402
 from examples.progress_logging import setup_logging  # noqa: E402
 
 LOG = logging.getLogger("bench_dynet_worker")
@@ -52,7 +53,7 @@ _TREES = {}
 
 
 def cached_trees(data_dir, max_trees):
-    """:func:`bench_dynet.load_sst_trees`, loaded once per process."""
+    """:func:`bench_dynet_common.load_sst_trees`, loaded once per process."""
     key = (data_dir, max_trees)
     if key not in _TREES:
         _TREES[key] = load_sst_trees(data_dir, max_trees)
@@ -262,12 +263,7 @@ class SickTask(GluonTask):
         pairs = self.data.load_split(job["data_dir"], "train")
         if job.get("max_trees"):
             pairs = pairs[:max(1, job["max_trees"] // 2)]
-        vocab = {}
-        for pair in pairs:
-            for tokens, tree in ((pair.a_tokens, pair.a_tree),
-                                 (pair.b_tokens, pair.b_tree)):
-                ids = [vocab.setdefault(t.lower(), len(vocab)) for t in tokens]
-                self.data.attach_words(tree, ids)
+        vocab_size = benchlib.number_sick_words(pairs)
         self.items = pairs
         mx.random.seed(self.seed)
         self.encoder = self.model_mod.ChildSumTreeLSTM(job["hidden"], job["embed"])
@@ -275,7 +271,7 @@ class SickTask(GluonTask):
         self.encoder.initialize(mx.init.Xavier())
         self.head.initialize(mx.init.Xavier())
         self.embeddings = mx.nd.random.uniform(-0.05, 0.05,
-                                               shape=(len(vocab), job["embed"]))
+                                               shape=(vocab_size, job["embed"]))
         self.loss_fn = self.model_mod.make_loss()
         self.params = self.encoder.collect_params()
         self.params.update(self.head.collect_params())

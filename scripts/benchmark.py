@@ -26,16 +26,27 @@ random embeddings), the example's similarity head and KL loss, backward and
 ``Trainer.step``.  Medians over ``--batches`` batches, each one seen for the
 first time by the timed system (warm-up batches come before them), are
 reported as trees/s and as ratios to the same model's eager run and to
-hand-batched (which computes the same function).  The systems'
-timed batches run in interleaved rounds (``--round-batches`` batches of every
-system, then the next ones), so that the machine's drift in speed during the
-run does not skew the ratios.
-Results go
-to ``--out-dir`` as CSV, Markdown, JSON and (after the budget sweep) a PNG.
+hand-batched (which computes the same function).
+
+Method.  Every system, eager included, first trains on the same
+``--warmup`` batches, untimed.  The timed batches follow them, the same ones
+for every system; they run in interleaved rounds (``--round-batches``
+batches of every system, the systems' order rotating each round), so that
+the machine's drift in speed during the run does not skew the ratios.  The
+further passes are interleaved the same way: the systems with a plan cache
+run the timed batches a second time (``again``: batches seen before, plans
+cached), and every system runs the batches that follow the timed ones back
+to back, without a wait per step (``b2b``: batches new to it).  The epoch
+check trains every epoch-check system on SICK train from empty caches, the
+systems again taking turns in rounds.
+
+Results go to ``--out-dir`` as CSV, Markdown, JSON and (after the budget
+sweep) a PNG; ``--record NAME`` (or ``--json PATH``) writes the run's record
+for ``scripts/tables.py``.
 
 Run from the repository root::
 
-    .venv/bin/python scripts/benchmark.py --batches 10 --epoch-check
+    .venv/bin/python scripts/benchmark.py --batches 10 --epoch-check --record sick_training
 """
 import argparse
 import csv
@@ -43,6 +54,7 @@ import gc
 import inspect
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -59,6 +71,7 @@ for _path in (ROOT, ROOT / "scripts"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import benchlib  # noqa: E402
 from examples.progress_logging import setup_logging  # noqa: E402
 
 LOG = logging.getLogger("benchmark")
@@ -80,6 +93,9 @@ SPLIT_FIELDS = ("record_ms", "plan_ms", "compile_ms", "launch_ms", "gc_ms",
 COUNT_FIELDS = ("cache_hits", "cache_misses", "evictions", "steps",
                 "planned_nodes", "nodes", "calls", "reused_choices")
 EPOCH_SKIP = 5
+SCRIPT = "scripts/benchmark.py"
+QUICK = {"batches": 2, "warmup": 1, "round_batches": 1, "epoch_batches": 20}
+"""Settings of ``--quick`` (a smoke run)."""
 #: Systems with a plan cache, timed a second time on the same batches.
 CACHING_KINDS = ("compiled", "step", "handbatched")
 
@@ -167,7 +183,8 @@ def build_parser():
     add("--batches", type=int, default=10,
         help="timed batches per system (default: %(default)s)")
     add("--warmup", type=int, default=3,
-        help="untimed batches before the timed ones (default: %(default)s)")
+        help="untimed batches every system runs before the timed ones, the same "
+             "ones for every system (default: %(default)s)")
     add("--eager-batches", type=int, default=None,
         help="timed batches for eager, ~1 s each (default: as --batches, so that "
              "eager is timed on the same batches as every other system and the "
@@ -186,16 +203,22 @@ def build_parser():
         help="analysis_budget values of the sweep, seconds or 'auto' "
              "(default: %(default)s)")
     add("--no-back-to-back", action="store_true",
-        help="do not run the timed batches back to back (no per-step wait) "
-             "a further time")
+        help="do not run the batches after the timed ones back to back (no "
+             "per-step wait)")
     add("--no-second-pass", action="store_true",
-        help="do not time the batches a second time (all plans cached) "
-             "for the systems with a plan cache")
+        help="do not time the batches a second time (seen before, all plans "
+             "cached) for the systems with a plan cache")
     add("--epoch-check", action="store_true",
         help="also train one whole epoch of SICK train (180 batches) with "
              "the compiled configs of each model timed (and "
              "hand-batched) and report the cache hit rate and the "
              "analysis+compile share")
+    add("--epoch-batches", type=int, default=None,
+        help="train only the first N batches of the epoch in --epoch-check "
+             "(default: all)")
+    add("--quick", action="store_true",
+        help="short settings for a smoke run: %s" % ", ".join(
+            "--%s %s" % (k.replace("_", "-"), v) for k, v in QUICK.items()))
     add("--out-dir", default="results/benchmark",
         help="where CSV, Markdown, JSON and PNG go (default: %(default)s)")
     add("--seed", type=int, default=0,
@@ -205,6 +228,7 @@ def build_parser():
     add("--engine-threads", type=int, default=None,
         help="set MXNET_CPU_WORKER_NTHREADS before importing mxnet")
     add("--verbose", action="store_true", help="debug logging")
+    benchlib.add_record_arguments(parser)
     return parser
 
 
@@ -391,18 +415,13 @@ def load_batches(data_dir, seed):
     vocab_size : int
     """
     pairs = sick_data.load_split(data_dir, "train")
-    vocab = {}
-    for pair in pairs:
-        for tokens, tree in ((pair.a_tokens, pair.a_tree),
-                             (pair.b_tokens, pair.b_tree)):
-            ids = [vocab.setdefault(t.lower(), len(vocab)) for t in tokens]
-            sick_data.attach_words(tree, ids)
+    vocab_size = benchlib.number_sick_words(pairs)
     random.Random(seed).shuffle(pairs)
     batches = [pairs[i:i + PAIRS_PER_BATCH]
                for i in range(0, len(pairs), PAIRS_PER_BATCH)]
     LOG.info("SICK train from %s: %d pairs, %d batches of %d, vocabulary %d",
-             data_dir, len(pairs), len(batches), PAIRS_PER_BATCH, len(vocab))
-    return batches, len(vocab)
+             data_dir, len(pairs), len(batches), PAIRS_PER_BATCH, vocab_size)
+    return batches, vocab_size
 
 
 def batch_trees(pairs):
@@ -581,8 +600,8 @@ def run_batches(runner, batches, label):
                               disable=None)]
 
 
-def run_back_to_back(runner, batches, label):
-    """ms per batch of ``batches`` run back to back, waiting only at the end.
+def run_back_to_back(runner, batches):
+    """Milliseconds of ``batches`` run back to back, waiting only at the end.
 
     This is how a training loop runs: MXNet computes a step's backward and
     update while Python already prepares (records, plans) the next one, so
@@ -590,11 +609,10 @@ def run_back_to_back(runner, batches, label):
     """
     nd.waitall()
     start = time.perf_counter()
-    for pairs in tqdm(batches, desc=label, leave=False, unit="batch",
-                      disable=None):
+    for pairs in batches:
         runner.step(pairs, sync=False)
     nd.waitall()
-    return 1000.0 * (time.perf_counter() - start) / len(batches)
+    return 1000.0 * (time.perf_counter() - start)
 
 
 def unavailable_row(system, note):
@@ -618,9 +636,10 @@ def summarize(system, records, again=None, back_to_back_ms=None):
     records : list of dict
         Per-batch figures of the timed batches, each new to the system.
     again : list of dict, optional
-        The same batches timed a second time (plans cached).
+        The same batches timed a second time (seen before: plans cached).
     back_to_back_ms : float, optional
-        From :func:`run_back_to_back` on the same batches.
+        Mean ms per batch of further new batches run back to back
+        (:func:`run_back_to_back`).
 
     Returns
     -------
@@ -665,16 +684,17 @@ def _planners(records):
 
 
 def system_batches(system, args, batches):
-    """(warm-up batches, timed batches) of a system.
+    """(warm-up, timed, back-to-back) batches of a system.
 
-    Timed batches follow the ``--warmup`` first ones, so each is new to the
-    system; eager (slow, nothing to cache) warms up on one batch at most.
+    Every system warms up on the same ``--warmup`` first batches.  The timed
+    batches follow them and the back-to-back ones follow the timed ones, so
+    both are new to the system when they run.
     """
-    eager = system.kind == "eager"
-    timed = args.eager_batches if eager else args.batches
-    warm = min(args.warmup, 1) if eager else args.warmup
-    return (batches[args.warmup - warm:args.warmup],
-            batches[args.warmup:args.warmup + timed])
+    timed = args.eager_batches if system.kind == "eager" else args.batches
+    start = args.warmup
+    b2b = 0 if args.no_back_to_back else timed
+    return (batches[:start], batches[start:start + timed],
+            batches[start + timed:start + timed + b2b])
 
 
 class Timed:
@@ -687,13 +707,24 @@ class Timed:
     timed : list
         Its timed batches (the same ones for every system, eager included,
         unless ``--eager-batches`` says otherwise).
+    fresh : list, optional
+        Further batches, new to it, for the back-to-back pass.
+
+    Attributes
+    ----------
+    records, again : list of dict
+        Per-batch figures of the timed batches, first seen and seen again.
+    b2b : list of tuple
+        ``(ms, batches)`` of each back-to-back block.
+    failure : str or None
     """
 
-    def __init__(self, system, runner, timed):
+    def __init__(self, system, runner, timed, fresh=()):
         self.system = system
         self.runner = runner
         self.timed = timed
-        self.records = []
+        self.fresh = list(fresh)
+        self.records, self.again, self.b2b = [], [], []
         self.failure = None
 
 
@@ -719,63 +750,93 @@ def prepare_system(bench, system, args, batches):
         return unavailable_row(system, why)
     clear_engine_caches()
     gc.collect()
-    warm, timed = system_batches(system, args, batches)
+    warm, timed, fresh = system_batches(system, args, batches)
     try:
         runner = Runner(bench, system)
         run_batches(runner, warm, system.name + " (warm-up)")
     except Exception as err:  # pylint: disable=broad-except
         return unavailable_row(system, _failed(system, err))
-    return Timed(system, runner, timed)
+    return Timed(system, runner, timed, fresh)
 
 
-def time_interleaved(entries, block):
+def _pass_new(entry, batches):
+    for pairs in batches:
+        entry.records.append(entry.runner.step(pairs))
+
+
+def _pass_again(entry, batches):
+    for pairs in batches:
+        entry.again.append(entry.runner.step(pairs))
+
+
+def _pass_b2b(entry, batches):
+    entry.b2b.append((run_back_to_back(entry.runner, batches), len(batches)))
+
+
+PASSES = {"new": ("timed", _pass_new), "again": ("timed", _pass_again),
+          "b2b": ("fresh", _pass_b2b)}
+"""Timing passes: the batches each runs (a :class:`Timed` attribute) and how."""
+
+
+def time_interleaved(entries, block, kind="new"):
     """Time every system's batches in rounds, ``block`` batches per system each.
 
     Round ``r`` runs batches ``r*block`` to ``(r+1)*block - 1`` of every
-    system, one system after another, the order rotating from round to round.
-    A drift of the machine's speed during the run (this machine's speed
-    varies by up to 2x within minutes) so reaches every system alike, while
-    each system still runs several steps in a row as a training loop does
-    (alternating single steps would leave every step of a fast system with
-    caches cold from the eager one).  A garbage collection precedes each
-    block, so no system pays for another's garbage.
+    system, one system after another, the order rotating from round to round
+    (``benchlib.interleaved``).  A drift of the machine's speed during the run
+    so reaches every system alike, while each system still runs several steps
+    in a row as a training loop does (alternating single steps would leave
+    every step of a fast system with caches cold from the eager one).  A
+    garbage collection precedes each block, so no system pays for another's
+    garbage.  A system that fails stops there; the others go on.
+
+    Parameters
+    ----------
+    entries : list of Timed
+    block : int
+    kind : {"new", "again", "b2b"}, optional
+        The pass (:data:`PASSES`): the timed batches first seen, the same
+        batches again, or the fresh batches back to back.
     """
-    longest = max((len(e.timed) for e in entries), default=0)
-    rounds = range(0, longest, block)
-    for r, first in enumerate(tqdm(rounds, desc="timed rounds", leave=False,
-                                   unit="round", disable=None)):
-        turn = entries[r % len(entries):] + entries[:r % len(entries)]
-        for entry in turn:
-            if entry.failure is not None or first >= len(entry.timed):
-                continue
-            gc.collect()
-            try:
-                for pairs in entry.timed[first:first + block]:
-                    entry.records.append(entry.runner.step(pairs))
-            except Exception as err:  # pylint: disable=broad-except
-                entry.failure = _failed(entry.system, err)
+    source, run = PASSES[kind]
+    longest = max((len(getattr(e, source)) for e in entries), default=0)
+    order = list(benchlib.interleaved(entries, math.ceil(longest / block)))
+    for r, entry in tqdm(order, desc="rounds (%s)" % kind, leave=False, unit="block",
+                         disable=None):
+        batches = getattr(entry, source)[r * block:(r + 1) * block]
+        if entry.failure is not None or not batches:
+            continue
+        gc.collect()
+        try:
+            run(entry, batches)
+        except Exception as err:  # pylint: disable=broad-except
+            entry.failure = _failed(entry.system, err)
 
 
-def finish_system(entry, args):
-    """The second and back-to-back passes of one system, then its summary row."""
-    system, runner = entry.system, entry.runner
+def time_all_passes(entries, args):
+    """The timed pass, then the second and back-to-back ones, each interleaved."""
+    time_interleaved(entries, args.round_batches, "new")
+    if not args.no_second_pass:
+        caching = [e for e in entries if e.system.kind in CACHING_KINDS]
+        time_interleaved(caching, args.round_batches, "again")
+    if not args.no_back_to_back:
+        time_interleaved(entries, args.round_batches, "b2b")
+
+
+def finish_system(entry):
+    """The summary row of one timed system, and its per-batch records."""
+    system = entry.system
     if entry.failure is not None:
         return unavailable_row(system, entry.failure), []
-    try:
-        again = None
-        if system.kind in CACHING_KINDS and not args.no_second_pass:
-            again = run_batches(runner, entry.timed, system.name + " (again)")
-        b2b = None
-        if not args.no_back_to_back:
-            b2b = run_back_to_back(runner, entry.timed, system.name + " (back to back)")
-    except Exception as err:  # pylint: disable=broad-except
-        return unavailable_row(system, _failed(system, err)), []
-    row = summarize(system, entry.records, again, b2b)
+    b2b = None
+    if entry.b2b:
+        b2b = sum(ms for ms, _ in entry.b2b) / sum(n for _, n in entry.b2b)
+    row = summarize(system, entry.records, entry.again or None, b2b)
     LOG.info("%-24s %7.1f ms/batch %7.1f trees/s%s", system.name,
              row["total_ms"], row["trees_per_s"],
-             "" if again is None else ", again %.1f trees/s"
+             "" if not entry.again else ", again %.1f trees/s"
              % row["trees_per_s_again"])
-    return row, {"new": entry.records, "again": again}
+    return row, {"new": entry.records, "again": entry.again or None}
 
 
 def add_ratios(rows):
@@ -806,24 +867,21 @@ def add_ratios(rows):
 # Epoch check
 # --------------------------------------------------------------------------
 
-def epoch_check(bench, system, batches):
-    """Train one whole epoch; return its summary row and per-batch records.
+def epoch_row(system, records):
+    """The epoch check's row of one system from its per-batch records.
 
     The row holds the cache hit rate over the batches after the first
     ``EPOCH_SKIP`` and the share of analysis+compile (and of garbage
     collection) in the total time.
     """
-    clear_engine_caches()
-    gc.collect()
-    runner = Runner(bench, system)
-    records = run_batches(runner, batches, "epoch " + system.name)
     later = records[EPOCH_SKIP:]
     hits = sum(r["cache_hits"] for r in later)
     misses = sum(r["cache_misses"] for r in later)
     total = sum(r["total_ms"] for r in records)
     overhead = sum(r["plan_ms"] + r["compile_ms"] for r in records)
-    row = {
-        "system": system.name, "batches": len(records),
+    return {
+        "system": system.name, "model": system.model, "kind": system.kind,
+        "strategy": system.strategy, "budget": system.budget, "batches": len(records),
         "trees_per_s": 1000.0 * sum(r["trees"] for r in records) / total,
         "total_s": total / 1000.0,
         "hits_after_skip": hits, "misses_after_skip": misses,
@@ -837,19 +895,12 @@ def epoch_check(bench, system, batches):
         "evictions": sum(r["evictions"] for r in records),
         "planners": _planners(records),
     }
-    return row, records
 
 
-def run_epoch_checks(bench, selected, batches):
-    """Epoch check of the compiled default config, hand-batched, and (with the
-    budget sweep) ``analysis_budget="auto"``.
-
-    Returns
-    -------
-    rows : list of dict
-    raw : dict
-        System name -> per-batch records.
-    """
+def epoch_systems(bench, selected):
+    """The systems of the epoch check: the compiled default config, compiled
+    per step, (with the budget sweep) ``analysis_budget="auto"``, per model
+    of ``selected``, and hand-batched when selected."""
     systems = []
     if bench.features["compiled"]:
         systems.append(System("compiled (default)", "compiled", None, None))
@@ -863,9 +914,32 @@ def run_epoch_checks(bench, selected, batches):
     systems = for_models(systems, models)
     if any(s.kind == "handbatched" for s in selected):
         systems.append(System("handbatched", "handbatched", None, None))
+    return systems
+
+
+def run_epoch_checks(bench, selected, batches, block):
+    """Train the epoch's ``batches`` with every epoch-check system, interleaved.
+
+    Each system starts with empty caches; the systems take turns in rotating
+    rounds of ``block`` batches (:func:`time_interleaved`).
+
+    Returns
+    -------
+    rows : list of dict
+    raw : dict
+        System name -> per-batch records.
+    """
+    clear_engine_caches()
+    gc.collect()
+    entries = [Timed(system, Runner(bench, system), batches)
+               for system in epoch_systems(bench, selected)]
+    time_interleaved(entries, block, "new")
     rows, raw = [], {}
-    for system in systems:
-        row, raw[system.name] = epoch_check(bench, system, batches)
+    for entry in entries:
+        if entry.failure is not None:
+            continue
+        row = epoch_row(entry.system, entry.records)
+        raw[entry.system.name] = entry.records
         rows.append(row)
         LOG.info("epoch %-20s %6.1f trees/s, hit rate after %d batches %s, "
                  "analysis+compile %.1f%%, gc %.1f%%", row["system"],
@@ -934,14 +1008,6 @@ def table_lines(rows):
     return lines + notes
 
 
-def markdown_table(header, body):
-    """A Markdown table from a header list and rows of strings."""
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join(" --- " for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    return lines
-
-
 def write_csv(path, rows):
     """Write dict rows as CSV with the union of their keys as columns."""
     columns = []
@@ -962,7 +1028,7 @@ def write_markdown(path, context, rows, epoch_rows, plot_name):
                 context["setup"]), ""]
     header = [t for _, t, _ in TABLE_COLUMNS]
     body = [[_cell(r, k, f) for k, _, f in TABLE_COLUMNS] for r in rows]
-    lines += markdown_table(header, body) + [""]
+    lines += benchlib.markdown_table(header, body) + [""]
     lines += [
         "`trees/s` and `ms/batch`: median over the timed batches, each seen "
         "for the first time by that system; `mean ms` is the mean, which "
@@ -985,12 +1051,12 @@ def write_markdown(path, context, rows, epoch_rows, plot_name):
         "`other` is the rest of the step: the engine finishing the forward, "
         "the head and loss, backward and `Trainer.step`. `hits`: plan-cache "
         "hit rate over the timed batches. `trees/s again`: the same batches "
-        "timed a second time, their plans cached (as in later epochs). "
-        "`b2b` (back to back): the same batches run once more as a training "
-        "loop runs them, without waiting for each step to finish (one "
-        "`waitall` at the end), so that MXNet computes a step's backward and "
-        "update while Python prepares the next; its ratios compare every "
-        "system run that way (plans cached for the systems that cache).",
+        "timed a second time (batches seen before, their plans cached, as in "
+        "later epochs). `b2b` (back to back): the batches that follow the "
+        "timed ones, new to the system, run as a training loop runs them, "
+        "without waiting for each step to finish (one `waitall` per round), "
+        "so that MXNet computes a step's backward and update while Python "
+        "prepares the next; its ratios compare every system run that way.",
         ""]
     lines += _epoch_markdown(epoch_rows)
     if plot_name:
@@ -1016,7 +1082,7 @@ def _epoch_markdown(epoch_rows):
              "%.1f%%" % (100.0 * r["analysis_compile_share"]),
              "%.1f%%" % (100.0 * r["gc_share"]),
              str(r["evictions"])] for r in epoch_rows]
-    return (["## One epoch of SICK train", ""] + markdown_table(header, body)
+    return (["## One epoch of SICK train", ""] + benchlib.markdown_table(header, body)
             + [""])
 
 
@@ -1118,9 +1184,10 @@ def seed_everything(seed):
 def describe_setup(args, features):
     """Context of the run for the report."""
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
-    setup = ("models: %s; %s batches timed per system (eager %d) after %d "
-             "warm-up, each new to the system, the systems taking turns in "
-             "rounds of %d batches; OMP_NUM_THREADS=%s, %d CPUs, mxnet %s, "
+    setup = ("models: %s; %s batches timed per system (eager %d) after the "
+             "same %d warm-up batches for every system, each new to the system, "
+             "the systems taking turns in rounds of %d batches; "
+             "OMP_NUM_THREADS=%s, %d CPUs, mxnet %s, "
              "Python %s" % (args.model, args.batches, args.eager_batches,
                             args.warmup, args.round_batches, threads,
                             os.cpu_count(), mx.__version__,
@@ -1140,9 +1207,10 @@ def check_args(args, num_batches):
             sys.exit("--%s must be >= 0" % name.replace("_", "-"))
     if args.batches < 1 or args.eager_batches < 1 or args.round_batches < 1:
         sys.exit("--batches, --eager-batches and --round-batches must be at least 1")
-    if args.warmup + max(args.batches, args.eager_batches) > num_batches:
-        sys.exit("--warmup + --batches exceed the %d batches of SICK train"
-                 % num_batches)
+    passes = 1 if args.no_back_to_back else 2
+    if args.warmup + passes * max(args.batches, args.eager_batches) > num_batches:
+        sys.exit("--warmup + --batches (twice with the back-to-back pass) exceed "
+                 "the %d batches of SICK train" % num_batches)
 
 
 def run_all(args, selected, batches, bench):
@@ -1157,24 +1225,46 @@ def run_all(args, selected, batches, bench):
         Per-batch records by system name (and ``"epoch"``).
     """
     prepared = [prepare_system(bench, system, args, batches) for system in selected]
-    time_interleaved([p for p in prepared if isinstance(p, Timed)], args.round_batches)
+    time_all_passes([p for p in prepared if isinstance(p, Timed)], args)
     rows, raw = [], {}
     for system, entry in zip(selected, prepared):
         if isinstance(entry, Timed):
-            row, raw[system.name] = finish_system(entry, args)
+            row, raw[system.name] = finish_system(entry)
         else:
             row, raw[system.name] = entry, []
         rows.append(row)
     add_ratios(rows)
     epoch_rows = []
     if args.epoch_check:
-        epoch_rows, raw["epoch"] = run_epoch_checks(bench, selected, batches)
+        epoch_rows, raw["epoch"] = run_epoch_checks(
+            bench, selected, batches[:args.epoch_batches], args.round_batches)
     return rows, epoch_rows, raw
+
+
+def parse_args(argv):
+    """Parse the command line and apply ``--quick``."""
+    args = build_parser().parse_args(argv)
+    args.quick_settings = benchlib.apply_quick(args, QUICK)
+    return args
+
+
+def settings_of(args, features):
+    """The run's settings, for the record."""
+    keep = ("systems", "model", "batches", "eager_batches", "warmup", "round_batches",
+            "budgets", "no_back_to_back", "no_second_pass", "epoch_check",
+            "epoch_batches", "seed", "threads", "engine_threads")
+    settings = {key: getattr(args, key) for key in keep}
+    settings["quick"] = args.quick_settings
+    settings.update(pairs_per_batch=PAIRS_PER_BATCH, input_size=INPUT_SIZE,
+                    hidden_size=HIDDEN_SIZE, features={
+                        k: v for k, v in features.items() if k != "notes"})
+    return settings
 
 
 def main(argv=None):
     """Run the benchmark; return the summary rows."""
-    args = build_parser().parse_args(argv)
+    argv = benchlib.script_argv(argv)
+    args = parse_args(argv)
     setup_logging(args.verbose)
     set_threads(args.threads, args.engine_threads)
     import_runtime()
@@ -1187,6 +1277,7 @@ def main(argv=None):
     for note in features["notes"]:
         LOG.warning(note)
     seed_everything(args.seed)
+    record = benchlib.start_record("sick_training", SCRIPT, argv, {})
     GC_TIMER.install()
     try:
         models = sorted({s.model for s in selected})
@@ -1197,6 +1288,10 @@ def main(argv=None):
     context = describe_setup(args, features)
     print("\n".join(table_lines(rows)))
     write_outputs(Path(args.out_dir), context, rows, epoch_rows, raw)
+    record["settings"] = settings_of(args, features)
+    benchlib.save_if_asked(args, "sick_training", SCRIPT, argv, record["settings"],
+                           {"systems": rows, "epoch": epoch_rows},
+                           notes=context["notes"], record=record)
     return rows
 
 

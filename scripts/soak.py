@@ -7,6 +7,8 @@ resident set size (``VmRSS`` of ``/proc/self/status``) is read after a
 warm-up and at the end; the growth between the two is compared with a bound
 (50 MB by default) and a one-line verdict is printed.  RSS over time goes to a
 small CSV file.  The exit status is 0 when the growth is within the bound.
+``--record NAME`` (or ``--json PATH``) also writes the figures as a record
+for ``scripts/tables.py``.
 
 Run from the repository root::
 
@@ -27,14 +29,19 @@ from mxnet import autograd, gluon, nd
 from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for _path in (ROOT, os.path.join(ROOT, "scripts")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
+import benchlib  # noqa: E402
 import gluon_dynbatch as gdb  # noqa: E402
 from examples.sick_data import attach_words, parse_parents, random_parents  # noqa: E402
 from examples.sick_model import ChildSumTreeLSTM  # noqa: E402
 
 COMPILED = {"off": False, "plan": True, "step": "step"}
+SCRIPT = "scripts/soak.py"
+QUICK = {"batches": 600, "warmup": 100}
+"""Settings of ``--quick``."""
 
 
 def rss_mb():
@@ -87,6 +94,7 @@ def train_step(model, trainer, trees, targets, emb):
 
 
 def parse_args(argv=None):
+    """Parse and check the command line; apply ``--quick``."""
     parser = argparse.ArgumentParser(
         description="Train a tiny Tree-LSTM on random trees for many batches and check "
                     "that resident memory stays bounded.")
@@ -116,7 +124,12 @@ def parse_args(argv=None):
                         help="where to write batch,seconds,rss_mb (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--quick", action="store_true",
+                        help="short settings: %s" % ", ".join(
+                            "--%s %s" % item for item in QUICK.items()))
+    benchlib.add_record_arguments(parser)
     args = parser.parse_args(argv)
+    args.quick_settings = benchlib.apply_quick(args, QUICK)
     if args.batches < 1 or not 0 <= args.warmup < args.batches:
         parser.error("need --batches >= 1 and 0 <= --warmup < --batches")
     if not 1 <= args.min_len <= args.max_len:
@@ -126,8 +139,18 @@ def parse_args(argv=None):
     return args
 
 
+def settings_of(args):
+    """The run's settings, for the record."""
+    keep = ("batches", "warmup", "batch_size", "min_len", "max_len", "hidden",
+            "input_size", "vocab", "strategy", "compiled", "bound_mb", "seed")
+    return dict({key: getattr(args, key) for key in keep}, quick=args.quick_settings)
+
+
 def main(argv=None):
+    """Train for ``--batches`` batches; print the verdict; 0 when RSS stayed bounded."""
+    argv = benchlib.script_argv(argv)
     args = parse_args(argv)
+    record = benchlib.start_record("soak", SCRIPT, argv, settings_of(args))
     rng = random.Random(args.seed)
     mx.random.seed(args.seed)
     model = SoakModel(args.hidden, args.input_size, args.strategy, COMPILED[args.compiled])
@@ -174,6 +197,16 @@ def main(argv=None):
     verdict = "PASS" if growth <= args.bound_mb else "FAIL"
     print("%s: RSS grew %+.1f MB over %d batches after warm-up (bound %.0f MB)"
           % (verdict, growth, args.batches - max(args.warmup, 1), args.bound_mb))
+    summary = {"batches": args.batches, "batch_size": args.batch_size,
+               "strategy": args.strategy, "compiled": args.compiled,
+               "ms_per_batch": 1000.0 * elapsed / args.batches,
+               "rss_start_mb": rows[0][2], "rss_warm_mb": baseline, "rss_end_mb": final,
+               "growth_mb": growth, "bound_mb": args.bound_mb, "verdict": verdict,
+               "plan_cache_hits": cache.hits if args.compiled != "off" else None,
+               "plan_cache_misses": cache.misses if args.compiled != "off" else None}
+    samples = [{"batch": b, "seconds": sec, "rss_mb": rss} for b, sec, rss in rows]
+    benchlib.save_if_asked(args, "soak", SCRIPT, argv, settings_of(args),
+                           {"soak": [summary], "rss": samples}, record=record)
     return 0 if verdict == "PASS" else 1
 
 

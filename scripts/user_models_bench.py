@@ -1,16 +1,23 @@
-"""One-batch timings of the user-style models of tests/user_models.py.
+"""Eager against batched training steps of the user-style models, on fresh batches.
 
-For every case (a model written the way Gluon and DyNet users write it, with
-its samples) this times one training batch -- forward of every sample,
-the loss, backward -- eagerly, one sample at a time, and inside one
-``gdb.batching()`` scope with the library's default settings, and prints the
-two times, their ratio and figures of ``scope.stats``: mean batch size
-(operator nodes per launched step), steps, flushes and recording time per
-operator call.  The loss is one computation over every output concatenated.
-Each is the median of ``--repeats`` runs after two untimed
-runs of the same batch (the first initialises deferred parameters, the
-second learns the templates), waiting for MXNet before and after.  It is a benchmark, not a
-test: the machine's load moves the figures; read the ratios of one run.
+For every case of ``tests/user_models.py`` (a model written the way Gluon
+and DyNet users write it, with its samples) this times one training batch --
+forward of every sample, one loss over all outputs concatenated, backward --
+eagerly, one sample at a time, and inside one ``gdb.batching()`` scope with
+the library's default settings.
+
+Method.  The case's model and shared inputs are built once from ``--seed``.
+Every batch, warm-up or timed, holds new samples, generated with a seed of its
+own (``benchlib.batch_seed``), so the batched side never replays a batch it
+has seen.  Both systems first run the same ``--warmup`` batches untimed (the
+first initialises deferred parameters, the next ones let the library learn
+its templates).  Then ``--rounds`` rounds: round k times eager on batch k,
+then batched on the same batch k, each between two waits for MXNet, then
+round k + 1.  The figures are medians over rounds: ``eager_ms``,
+``batched_ms`` and ``x_eager``, the median of the per-round ratios (both
+halves of a ratio ran back to back, so a drift of the machine's speed cancels
+out).  ``steps``, ``mean_batch``, ``nodes`` and ``us_per_call`` are means over
+the timed batches of ``scope.stats``.
 
 A model that reads a value inside most samples (``float(x.asscalar())``,
 branching on a computed score) cannot batch: its first scope runs a few
@@ -19,53 +26,84 @@ first read (``mid_sample_reads``).
 
 Run from the repository root::
 
-    .venv/bin/python scripts/user_models_bench.py --samples 8
+    .venv/bin/python scripts/user_models_bench.py --samples 64 --hidden 128 \\
+        --record user_models
 """
 import argparse
-import json
 import logging
 import sys
-import time
 from pathlib import Path
 
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT, ROOT / "tests"):
+for _path in (ROOT, ROOT / "tests", ROOT / "scripts"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
 import mxnet as mx  # noqa: E402
 
+import benchlib  # noqa: E402
 import user_models as um  # noqa: E402
 
 LOG = logging.getLogger("user_models_bench")
+SCRIPT = "scripts/user_models_bench.py"
+SYSTEMS = ("eager", "batched")
+QUICK = {"samples": 16, "hidden": 32, "rounds": 2, "warmup": 2}
+"""Settings of ``--quick``: a smoke run of every case in a few minutes."""
 
-COLUMNS = (("case", "%s"), ("samples", "%d"), ("eager_ms", "%.1f"), ("batched_ms", "%.1f"),
-           ("x_eager", "%.2f"), ("mean_batch", "%.1f"), ("steps", "%d"), ("flushes", "%d"),
-           ("nodes", "%d"), ("us_per_call", "%.2f"), ("planner", "%s"), ("notes", "%s"))
+COLUMNS = (("case", "case", "%s"), ("samples", "samples", "%d"),
+           ("eager_ms", "eager ms", "%.1f"), ("batched_ms", "batched ms", "%.1f"),
+           ("x_eager", "x eager", "%.2f"), ("steps", "steps", "%.1f"),
+           ("mean_batch", "mean batch", "%.1f"), ("nodes", "nodes", "%.0f"),
+           ("us_per_call", "us/call", "%.2f"), ("planner", "planner", "%s"),
+           ("notes", "notes", "%s"))
 
 
 def build_parser():
-    """Return the command-line parser."""
+    """Return the command-line parser.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+    """
     parser = argparse.ArgumentParser(
-        description="Eager against batched time of one batch of each user-style model.")
+        description="Eager against batched time of a training batch of each user-style "
+                    "model, on batches new to both, the two timed in alternating rounds.")
     parser.add_argument("--cases", default=",".join(um.CASES),
-                        help="comma list of cases (default: all: %(default)s)")
+                        help="comma list of cases (default: all)")
     parser.add_argument("--samples", type=int, default=16,
                         help="samples per batch (default: %(default)s)")
     parser.add_argument("--hidden", type=int, default=um.HIDDEN,
                         help="hidden size (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="timed runs per case and mode; the median is shown "
-                             "(default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the weights and of the batches' seeds (default: "
+                             "%(default)s)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="timed rounds, each on a new batch, eager then batched; "
+                             "medians are shown (default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed batches each system runs first, the same ones "
+                             "for both (default: %(default)s)")
     parser.add_argument("--analysis-budget", default=None,
                         help="the scopes' analysis_budget: seconds, or 'auto' (default: each "
                              "model's own, \"auto\" with the depth strategy); 0 never "
                              "searches past the depth plan")
-    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--quick", action="store_true",
+                        help="short settings for a smoke run: %s" % ", ".join(
+                            "--%s %s" % item for item in QUICK.items()))
+    benchlib.add_record_arguments(parser)
     return parser
+
+
+def parse_args(argv=None):
+    """Parse the command line, apply ``--quick`` and check the counts."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.quick_settings = benchlib.apply_quick(args, QUICK)
+    if args.rounds < 1 or args.warmup < 1 or args.samples < 1:
+        parser.error("--rounds, --warmup and --samples must be at least 1")
+    return args
 
 
 def parse_budget(text):
@@ -75,50 +113,128 @@ def parse_budget(text):
     return float(text)
 
 
-def time_batch(case, batching):
-    """Milliseconds of one forward and backward of ``case``, and its stats."""
-    mx.nd.waitall()
-    start = time.perf_counter()
-    _, stats = um.forward_backward(case, batching, loss_fn=um.concat_loss)
-    mx.nd.waitall()
-    return 1000.0 * (time.perf_counter() - start), stats
+def fresh_batch(case, name, seed, samples, hidden):
+    """``case``'s model and shared inputs on new samples, drawn with ``seed``.
+
+    Parameters
+    ----------
+    case : user_models.Case
+        The case whose model is timed.
+    name : str
+        Its name in ``user_models.CASES``.
+    seed : int
+        Seed of the new samples.
+    samples, hidden : int
+
+    Returns
+    -------
+    user_models.Case
+    """
+    drawn = um.CASES[name](seed=seed, n=samples, hidden=hidden)
+    return um.Case(case.model, drawn.samples, case.inputs, call=case.call,
+                   notes=case.notes)
 
 
-def bench_case(name, samples, hidden, seed, repeats=3, analysis_budget=None):
-    """Figures of one case: eager and batched ms (medians), ratio, stats."""
-    case = um.CASES[name](seed=seed, n=samples, hidden=hidden)
+def time_batch(batch, batching, clock=None):
+    """Milliseconds of one forward and backward of ``batch``, and its stats.
+
+    Parameters
+    ----------
+    batch : user_models.Case
+    batching : dict or None
+        Arguments of ``gdb.batching``; None runs eagerly.
+    clock : callable, optional
+        Seconds (``time.perf_counter`` by default).
+    """
+    def step():
+        return um.forward_backward(batch, batching, loss_fn=um.concat_loss)[1]
+    kwargs = {} if clock is None else {"clock": clock}
+    return benchlib.time_call(step, sync=mx.nd.waitall, **kwargs)
+
+
+def run_rounds(batches, run, warmup):
+    """Warm both systems up, then time them in alternating rounds.
+
+    Parameters
+    ----------
+    batches : list
+        ``warmup`` warm-up batches, then one batch per timed round.
+    run : callable
+        ``run(system, batch) -> (ms, stats)``, ``system`` one of :data:`SYSTEMS`.
+    warmup : int
+
+    Returns
+    -------
+    dict
+        System -> list of ``(ms, stats)``, one per timed round, in order.
+    """
+    for batch in batches[:warmup]:
+        for system in SYSTEMS:
+            run(system, batch)
+    timed = batches[warmup:]
+    out = {system: [] for system in SYSTEMS}
+    for r, system in benchlib.interleaved(SYSTEMS, len(timed), rotate=False):
+        out[system].append(run(system, timed[r]))
+    return out
+
+
+def summarize(name, samples, notes, runs):
+    """The row of one case from its timed rounds.
+
+    Parameters
+    ----------
+    name : str
+    samples : int
+    notes : str
+    runs : dict
+        From :func:`run_rounds`.
+
+    Returns
+    -------
+    dict
+    """
+    eager = [ms for ms, _ in runs["eager"]]
+    batched = [ms for ms, _ in runs["batched"]]
+    stats = [s for _, s in runs["batched"]]
+    planners = sorted({p for s in stats for p in s.planners})
+    return {"case": name, "samples": samples, "notes": notes, "rounds": len(eager),
+            "eager_ms": benchlib.median(eager), "batched_ms": benchlib.median(batched),
+            "x_eager": benchlib.median(e / b for e, b in zip(eager, batched)),
+            "steps": benchlib.mean(s.steps for s in stats),
+            "mean_batch": benchlib.mean(s.mean_batch_size for s in stats),
+            "flushes": benchlib.mean(s.flushes for s in stats),
+            "nodes": benchlib.mean(s.nodes for s in stats),
+            "us_per_call": benchlib.mean(s.us_per_call for s in stats),
+            "planner": ",".join(planners) or "-"}
+
+
+def bench_case(name, args):
+    """Figures of one case (see the module docstring)."""
+    case = um.CASES[name](seed=args.seed, n=args.samples, hidden=args.hidden)
     for array in case.inputs:
         array.attach_grad()
-    row = {"case": name, "samples": len(case.samples), "notes": case.notes}
-    scoped = {} if analysis_budget is None else {"analysis_budget": analysis_budget}
-    for label, batching in (("eager", None), ("batched", scoped)):
-        for _ in range(2):                              # untimed: shapes, templates
-            time_batch(case, batching)
-        runs = sorted((time_batch(case, batching) for _ in range(max(1, repeats))),
-                      key=lambda run: run[0])
-        row[label + "_ms"], stats = runs[len(runs) // 2]
-    row["x_eager"] = row["eager_ms"] / row["batched_ms"]
-    row.update(mean_batch=stats.mean_batch_size, steps=stats.steps,
-               flushes=stats.flushes, nodes=stats.nodes,
-               us_per_call=stats.us_per_call,
-               planner=",".join(sorted(stats.planners)) or "-")
-    return row
+    seeds = ([benchlib.batch_seed(args.seed, "warmup", i) for i in range(args.warmup)]
+             + [benchlib.batch_seed(args.seed, "timed", i) for i in range(args.rounds)])
+    batches = [fresh_batch(case, name, seed, args.samples, args.hidden) for seed in seeds]
+    budget = parse_budget(args.analysis_budget)
+    scoped = {} if budget is None else {"analysis_budget": budget}
+    settings = {"eager": None, "batched": scoped}
+    runs = run_rounds(batches, lambda system, batch: time_batch(batch, settings[system]),
+                      args.warmup)
+    return summarize(name, args.samples, case.notes, runs)
 
 
-def table(rows):
-    """The rows as aligned text lines."""
-    cells = [[key for key, _ in COLUMNS]]
-    cells += [[fmt % row[key] for key, fmt in COLUMNS] for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) if i in (0, len(COLUMNS) - 1) else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(line, widths))).rstrip()
-             for line in cells]
-    return lines[:1] + ["-" * len(lines[0])] + lines[1:]
+def settings_of(args):
+    """The run's settings, for the record."""
+    settings = {key: getattr(args, key) for key in
+                ("samples", "hidden", "seed", "rounds", "warmup", "analysis_budget")}
+    return dict(settings, quick=args.quick_settings)
 
 
 def main(argv=None):
     """Run the timings; print and return the rows."""
-    args = build_parser().parse_args(argv)
+    argv = benchlib.script_argv(argv)
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
     names = [n.strip() for n in args.cases.split(",") if n.strip()]
@@ -126,15 +242,15 @@ def main(argv=None):
     if unknown:
         sys.exit("unknown case(s) %s; choose from %s" % (", ".join(unknown),
                                                          ", ".join(um.CASES)))
+    record = benchlib.start_record("user_models", SCRIPT, argv, settings_of(args))
     rows = []
     for name in tqdm(names, desc="cases", unit="case", leave=False, disable=None):
-        rows.append(bench_case(name, args.samples, args.hidden, args.seed, args.repeats,
-                               parse_budget(args.analysis_budget)))
+        rows.append(bench_case(name, args))
         LOG.info("%-18s eager %8.1f ms  batched %7.1f ms  x%.2f", name,
                  rows[-1]["eager_ms"], rows[-1]["batched_ms"], rows[-1]["x_eager"])
-    print("\n".join(table(rows)))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    print("\n".join(benchlib.text_table(rows, COLUMNS)))
+    benchlib.save_if_asked(args, "user_models", SCRIPT, argv, settings_of(args),
+                           {"cases": rows}, record=record)
     return rows
 
 

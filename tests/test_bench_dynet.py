@@ -33,6 +33,7 @@ from mxnet import autograd, gluon  # noqa: E402
 
 import gluon_dynbatch as gdb  # noqa: E402
 import bench_dynet  # noqa: E402
+import bench_dynet_common  # noqa: E402
 import bench_dynet_worker  # noqa: E402
 from examples import bilstm_tagger  # noqa: E402
 from examples.sst_data import default_sst_dir  # noqa: E402
@@ -80,7 +81,7 @@ def loss_and_grads(model, sentences, config):
         if config is None:
             logits = [model.tagger(s, emb) for s in ids]
         else:
-            with gdb.batching(**bench_dynet.parse_config(config)):
+            with gdb.batching(**bench_dynet_common.parse_config(config)):
                 logits = [model.tagger(s, emb) for s in ids]
         loss = bilstm_tagger.tagger_loss(logits, tags)
     loss.backward()
@@ -90,27 +91,27 @@ def loss_and_grads(model, sentences, config):
 
 
 def test_tagged_sentences_and_stream(sst_dir):
-    trees, vocab = bench_dynet.load_sst_trees(sst_dir)
-    sentences = bench_dynet.tagged_sentences(trees)
+    trees, vocab = bench_dynet_common.load_sst_trees(sst_dir)
+    sentences = bench_dynet_common.tagged_sentences(trees)
     assert sentences[0] == ((vocab["The"], vocab["good"], vocab["film"]),
                             (2, 3, 2))
     assert sentences[3] == ((vocab["film"],), (2,))
-    first = bench_dynet.batch_stream(sentences, 2, seed=7)
-    second = bench_dynet.batch_stream(sentences, 2, seed=7)
+    first = bench_dynet_common.batch_stream(sentences, 2, seed=7)
+    second = bench_dynet_common.batch_stream(sentences, 2, seed=7)
     drawn = [next(first) for _ in range(4)]
     assert drawn == [next(second) for _ in range(4)]
     assert all(len(b) == 2 for b in drawn)
-    assert bench_dynet.parse_config("agenda:step") == {
+    assert bench_dynet_common.parse_config("agenda:step") == {
         "strategy": "agenda", "compiled": "step"}
     with pytest.raises(ValueError):
-        bench_dynet.parse_config("depth:fast")
+        bench_dynet_common.parse_config("depth:fast")
 
 
 @pytest.mark.parametrize("config", ["depth:imperative", "agenda:imperative",
                                     "depth:step", "agenda:compiled"])
 def test_tagger_batched_equals_eager(sst_dir, config):
-    trees, vocab = bench_dynet.load_sst_trees(sst_dir)
-    sentences = bench_dynet.tagged_sentences(trees)
+    trees, vocab = bench_dynet_common.load_sst_trees(sst_dir)
+    sentences = bench_dynet_common.tagged_sentences(trees)
     model = sensitive_model(len(vocab))
     eager_loss, eager_grads = loss_and_grads(model, sentences, None)
     loss, grads = loss_and_grads(model, sentences, config)
@@ -143,8 +144,8 @@ def test_dynet_weights_fold_forget_bias():
 @pytest.mark.skipif(not HAVE_DYNET, reason="dynet not installed "
                     "(pip install dynet38)")
 def test_dynet_tagger_matches_gluon(sst_dir, tmp_path):
-    trees, vocab = bench_dynet.load_sst_trees(sst_dir)
-    sentences = bench_dynet.tagged_sentences(trees)
+    trees, vocab = bench_dynet_common.load_sst_trees(sst_dir)
+    sentences = bench_dynet_common.tagged_sentences(trees)
     model = sensitive_model(len(vocab), embed=6, hidden=4)
     weights_file = str(tmp_path / "tagger.npz")
     np.savez(weights_file, **bilstm_tagger.dynet_weights(
@@ -257,14 +258,14 @@ def test_run_block_waits_once_unless_each_batch_is_timed():
         events.append("read")
         return float(loss)
 
-    block = bench_dynet.run_block(step, [[1, 2], [3]], lambda: events.append("sync"),
-                                  each=False, value=value)
+    block = bench_dynet_common.run_block(step, [[1, 2], [3]], lambda: events.append("sync"),
+                                         each=False, value=value)
     assert events == ["sync", "step", "step", "sync", "read", "read"]
     assert block["sentences"] == [2, 1] and block["losses"] == [1.0, 3.0]
     assert block["batch_ms"] == [] and block["block_ms"] > 0
     events.clear()
-    block = bench_dynet.run_block(step, [[1, 2], [3]], lambda: events.append("sync"),
-                                  each=True, value=value)
+    block = bench_dynet_common.run_block(step, [[1, 2], [3]], lambda: events.append("sync"),
+                                         each=True, value=value)
     assert events == ["sync", "step", "sync", "step", "sync", "sync", "read", "read"]
     assert len(block["batch_ms"]) == 2
 

@@ -151,8 +151,9 @@ def test_no_stage_imports_a_later_one():
     assert _violations(_graph(PACKAGE, "gluon_dynbatch")) == []
 
 
-def test_no_import_circles_in_the_package_or_examples():
-    for folder, prefix in ((PACKAGE, "gluon_dynbatch"), (os.path.join(ROOT, "examples"), "examples")):
+def test_no_import_circles_in_the_package_scripts_or_examples():
+    for folder, prefix in ((PACKAGE, "gluon_dynbatch"), (os.path.join(ROOT, "scripts"), "scripts"),
+                           (os.path.join(ROOT, "examples"), "examples")):
         graph = _graph(folder, prefix)
         if prefix != "gluon_dynbatch":      # scripts import each other by bare name
             names = {name.rpartition(".")[2]: name for name in graph}
