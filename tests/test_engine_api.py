@@ -346,3 +346,17 @@ def test_autograd_modes_changed_inside_a_call_are_kept(how):
     trees = [random_tree(r, 10, 3) for _ in range(5)]
     table = nd.array(np.random.RandomState(3).uniform(-1, 1, (10, 4)))
     check_all_strategies(make_model(ModeSwitch, how=how), trees, [table])
+
+
+def test_mxnet_dispatching_through_its_cython_modules_is_refused_with_a_way_out():
+    from gluon_dynbatch.record.lazy import check_dispatch
+
+    class Base:
+        pass
+    Base.__module__ = "mxnet._cy3.ndarray"
+
+    class NDArray(Base):
+        pass
+    with pytest.raises(ImportError, match="MXNET_ENABLE_CYTHON=0"):
+        check_dispatch(NDArray)
+    check_dispatch(nd.NDArray)          # this MXNet: its ctypes dispatch

@@ -134,8 +134,13 @@ cdef Py_ssize_t N_SIG, N_RULE, N_DEPS, N_DEPTH, N_SAMPLE, N_PATH, N_VALUE, N_PAR
 cdef Py_ssize_t N_META, N_ATTRS, N_INFO, N_AT
 
 
-def bind_nodes(node_class, no_kwargs):
-    """Learn where ``ir.graph.Node`` keeps its slots."""
+cdef dict DIM0 = {"dim": 0}         # the keywords of row concatenations (never mutated)
+
+
+def bind_nodes(node_class, no_kwargs, concat):
+    """Learn where ``ir.graph.Node`` keeps its slots; the OpDef of ``concat``."""
+    global CONCAT
+    CONCAT = concat
     global NODE, NO_KWARGS, N_ID, N_GRAPH, N_KIND, N_OP, N_INPUTS, N_ARGS, N_KWARGS, N_SHAPES
     global N_DTYPES, N_SIG, N_RULE, N_DEPS, N_DEPTH, N_SAMPLE, N_PATH, N_VALUE, N_PARAM
     global N_OUTS, N_META, N_ATTRS, N_INFO, N_AT
@@ -176,29 +181,30 @@ cdef object make_node(object graph, list nodes, object kind, object op, object i
     return node
 
 
+cdef object CONCAT = None            # the OpDef of ``concat`` (a row concatenation view)
+
+
 def apply_program(FrameCore frame, list alive, object recipe, tuple found):
-    """Record ``recipe``'s program node for ``frame`` (a ``templates.ProgramRecipe``
-    whose inputs are all positions and whose exports are whole outputs: the
-    common case) and point ``alive``, its exported values in order, at it.
-    ``found``: the recipe's ``(recipe, external values, signature, depth below)``
-    in this graph."""
+    """Record ``recipe``'s program node for ``frame`` and point ``alive``, its
+    exported values in order, at the node's outputs (a ``templates.ProgramRecipe``
+    exporting whole outputs, with a signature: the common case).
+
+    ``recipe.sources`` says where each of the program's inputs comes from:
+    ``(0, position)`` an array the frame read, ``(1, value)`` a constant's
+    graph value, ``(2, (args, info), sources)`` those stacked along axis 0 by a
+    view.  ``found``: the recipe's ``(recipe, external values, signature,
+    depth below)`` in this graph.
+    """
     cdef RecorderCore rec = frame.rec
-    cdef object graph = rec.graph, array, src, node, value, external = found[1]
+    cdef object graph = rec.graph, node, external = found[1]
     cdef list nodes = graph.nodes, args = [], inputs, outs
-    cdef dict vals = frame.vals
-    cdef Py_ssize_t depth = found[3], d, k
-    for pos in recipe.positions:
-        array = vals[pos]
-        src = _get(array, OFF_NODE) if type(array) is LAZY else None
-        if src is not None and getattr(src, "graph", None) is graph:
-            value = (src, _get(array, OFF_IDX))
-        else:
-            value = rec.value_of(array)
-            src = value[0]
+    cdef Py_ssize_t depth = found[3], k
+    cdef tuple value
+    for source in recipe.sources:
+        value = _program_input(frame, rec, graph, nodes, source)
         args.append(value)
-        d = <object>_peek(src, N_DEPTH)
-        if d > depth:
-            depth = d
+        if <object>_peek(value[0], N_DEPTH) > depth:
+            depth = <object>_peek(value[0], N_DEPTH)
     inputs = [args[k] if from_arg else external[k] for from_arg, k in recipe.order]
     info = recipe.info
     node = make_node(graph, nodes, "op", recipe.op, inputs, (), NO_KWARGS, info,
@@ -215,6 +221,34 @@ def apply_program(FrameCore frame, list alive, object recipe, tuple found):
         _set(lazy, OFF_IDX, out)
         outs[out] = WEAKREF(lazy)
     _set(node, N_OUTS, outs)
+
+
+cdef tuple _program_input(FrameCore frame, RecorderCore rec, object graph, list nodes,
+                          tuple source):
+    """The graph value ``(node, idx)`` of one of a program's inputs (``apply_program``)."""
+    cdef int kind = source[0]
+    cdef object array, src, node, value
+    cdef list values
+    cdef Py_ssize_t depth = 0
+    if kind == 0:
+        array = frame.vals[source[1]]
+        src = _get(array, OFF_NODE) if type(array) is LAZY else None
+        if src is not None and getattr(src, "graph", None) is graph:
+            return (src, _get(array, OFF_IDX))
+        return rec.value_of(array)
+    if kind == 1:
+        return source[1](rec)
+    values = [_program_input(frame, rec, graph, nodes, sub) for sub in source[2]]
+    for value in values:
+        if <object>_peek(value[0], N_DEPTH) > depth:
+            depth = <object>_peek(value[0], N_DEPTH)
+    args, info = source[1]
+    node = make_node(graph, nodes, "view", CONCAT, values, args, DIM0, info, frame.sample,
+                     frame.path)
+    _set(node, N_DEPTH, depth)
+    nodes.append(node)
+    rec.num_recorded += 1
+    return (node, 0)
 
 
 # -- the template trie ------------------------------------------------------------------

@@ -15,6 +15,25 @@ from mxnet.base import _LIB, check_call
 
 from ..errors import BatchingError
 
+def check_dispatch(ndarray_class):
+    """Raise ImportError when MXNet dispatches operators through its own Cython
+    modules (``mxnet._cy3``, used when present: source builds).
+
+    That dispatch reads an NDArray's C handle field directly, never the Python
+    ``handle`` property through which a LazyArray is computed when first read:
+    a pending value would reach MXNet as a NULL handle.
+    """
+    modules = [klass.__module__ for klass in ndarray_class.__mro__]
+    if any(module.startswith("mxnet._cy") for module in modules):
+        raise ImportError(
+            "gluon_dynbatch needs MXNet's ctypes operator dispatch, but this MXNet "
+            "dispatches through its Cython modules (%s). Set MXNET_ENABLE_CYTHON=0 in the "
+            "environment before importing mxnet (it changes nothing in results)."
+            % ", ".join(m for m in modules if m.startswith("mxnet._cy")))
+
+
+check_dispatch(nd.NDArray)
+
 # Backward passes that freed their graph so far (``retain_graph=False``),
 # counted by context.py's wrappers of MXNet's backward functions.
 BACKWARD_EPOCH = [0]

@@ -36,7 +36,7 @@ from .lazy import LazyArray
 from .namespace import DETERMINISTIC, RecordingNamespace
 from ..ir.ops import opdef
 
-_core.bind_nodes(Node, NO_KWARGS)
+_core.bind_nodes(Node, NO_KWARGS, opdef("concat"))
 DEFAULT_MAX_PENDING = 500000    # pending nodes after which a scope flushes by itself
 MAX_ROW_CONCAT = 4096           # longer row concatenations take the generic path
 _SLICE_AXIS = opdef("slice_axis")

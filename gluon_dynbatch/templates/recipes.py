@@ -304,6 +304,7 @@ class ProgramRecipe:
         self.order = tuple((ref[0] == "a", ref[1]) for ref in info.inputs)
         self.positions = tuple(spec[1] for spec in plan.inputs) \
             if all(spec[0] == "pos" for spec in plan.inputs) else None
+        self.sources = tuple(self._source(k, spec) for k, spec in enumerate(plan.inputs))
         self.whole = all(view is None for _, view in self.exports)
 
     def apply(self, frame, alive):
@@ -324,7 +325,7 @@ class ProgramRecipe:
             below = max([src.depth for src, _ in external], default=0)
             found = graph.externals[id(self)] = (self, external, sig, below)
         external, sig = found[1], found[2]
-        if self.positions is not None and sig is not None and self.whole:
+        if sig is not None and self.whole:
             apply_program(frame, alive, self, found)      # the common case, compiled
             return
         if self.positions is not None:
@@ -370,6 +371,16 @@ class ProgramRecipe:
                 places.append((_view_node(rec, frame, _slice_axis(), [(node, out)],
                                           (slot(0),), kwargs, info), 0))
         _rebind(alive, places)
+
+    def _source(self, k, spec):
+        """Where input ``k`` of the program comes from, as ``_core.apply_program``
+        reads it."""
+        kind = spec[0]
+        if kind == "pos":
+            return (0, spec[1])
+        if kind == "c":
+            return (1, lambda rec: _leaf_value(rec, spec))
+        return (2, self.views[k], tuple(self._source(None, s) for s in spec[1]))
 
     def _input(self, rec, frame, k, spec):
         kind = spec[0]
