@@ -37,7 +37,7 @@ setup(
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildCore},
     python_requires=">=3.8",
-    install_requires=["mxnet==1.9.1", "numpy<1.24"],
+    install_requires=["mxnet==1.9.1", "numpy<1.24", "greenlet>=2.0"],
     extras_require={
         "test": ["pytest", "hypothesis", "scipy", "gluonnlp==0.10.0", "tqdm", "dynet38",
                  "matplotlib"],

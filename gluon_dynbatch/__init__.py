@@ -16,10 +16,10 @@ from . import rules as _rules  # noqa: F401  (registers the batching rules)
 from .block import DynBatchBlock
 from .errors import BatchingError
 from .record.lazy import LazyArray
-from .scope import STRATEGIES, BatchingScope, batching
+from .scope import STRATEGIES, BatchingScope, batching, map  # pylint: disable=redefined-builtin
 from .ir.rules import register_rule
 from .stats import BatchStats
 
-__all__ = ["DynBatchBlock", "batching", "BatchingScope", "BatchingError", "BatchStats",
+__all__ = ["DynBatchBlock", "batching", "map", "BatchingScope", "BatchingError", "BatchStats",
            "LazyArray", "STRATEGIES", "register_rule"]
 __version__ = "0.1.0"

@@ -117,11 +117,18 @@ class BatchingScope:
             if exc_type is None:
                 self._outer.scope.flush()
             return False
+        tasks = self.recorder.tasks
         try:
             if exc_type is None:
+                tasks.drain()           # samples waiting at reads finish, round by round
                 self.flush()
+                tasks.raise_first_error()
             else:
+                tasks.close("%s: %s" % (exc_type.__name__, exc))
                 self._discard("%s: %s" % (exc_type.__name__, exc))
+        except BaseException as err:
+            tasks.close("%s: %s" % (type(err).__name__, err))
+            raise
         finally:
             context.set_current(None)
             self.recorder.close()
@@ -174,17 +181,24 @@ class BatchingScope:
         return DEFAULT_CACHE if cache is None else cache   # an empty cache is falsy
 
     def read(self):
-        """A value is read inside the scope: run what is pending (a flush).
+        """A value is read inside the scope.
 
-        A model that reads a value in every sample (branching on it) runs
-        samples one at a time: each read flushes a batch of about one
-        sample, which costs more than eager execution.  After
+        Inside a sample (a task, ``record.tasks``) the sample waits until the
+        other samples wait or finish too, and what is pending runs for all of
+        them at once.  Read by the scope's own code, what is pending runs now
+        (a flush).  Code that reads a value after each sample's call (``for x in
+        xs: float(model(x))``) runs samples one at a time: each read flushes a
+        batch of about one sample, which costs more than eager execution.  After
         ``READS_BEFORE_EAGER`` such reads, in most of the samples started,
         the scope says so (once per model, naming the line that read) and
         records no more: later samples run eagerly, as fast as plain Gluon.
         Later scopes of the same model give up at their first such read.
         """
         self._reads += 1
+        tasks = self.recorder.tasks
+        if tasks.current is not None:
+            tasks.wait()            # the sample waits; the others record (``tasks.py``)
+            return
         if self._where_read is None:
             self._where_read = _user_line()
         self.flush()
@@ -358,6 +372,49 @@ def _autograd_modes(mode):
     finally:
         autograd.set_recording(was_recording)
         autograd.set_training(was_training)
+
+
+def map(fn, samples, *args, **options):  # pylint: disable=redefined-builtin
+    """``[fn(sample, *args) for sample in samples]``, each call a task of one scope.
+
+    Each call runs as a resumable task (``record.tasks``): where a sample reads
+    a pending value (``float(x)``, ``x.asscalar()``) it waits while the other
+    samples record, and what is pending runs for all of them at once.  Use it
+    where the loop uses each sample's output at once (its loss) or where a
+    sample's result is not one array; a plain loop of top-level calls, whose
+    outputs are used after it, batches the same way.
+
+    Parameters
+    ----------
+    fn : callable
+        ``fn(sample, *args)``: one sample's work, in plain Python.
+    samples : iterable
+    *args
+        Passed to every call after the sample.
+    **options
+        Passed to :func:`batching` when no scope is open (inside one, its calls
+        join it).
+
+    Returns
+    -------
+    list
+        The results in the order of ``samples``.  An exception in one sample's
+        call is raised once every other sample has finished.
+    """
+    rec = context.current()
+    if rec is not None:             # inside a scope: its calls join it, no flush at the end
+        return _map_tasks(rec.tasks, fn, samples, args)
+    with batching(**options) as scope:
+        return _map_tasks(scope.recorder.tasks, fn, samples, args)
+
+
+def _map_tasks(tasks, fn, samples, args):
+    started = [tasks.start(fn, (sample,) + tuple(args)) for sample in samples]
+    tasks.drain()
+    for task in started:
+        if task.error is not None:
+            raise task.error
+    return [task.result for task in started]
 
 
 GRANULARITIES = ("call", "op")

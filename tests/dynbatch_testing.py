@@ -182,8 +182,13 @@ def _flatten(obj):
             yield from _flatten(item)
 
 
-def run_model(model, samples, inputs, strategy, compiled=False, granularity=None):
-    """Forward and backward of all samples; returns outputs, gradients and stats."""
+def run_model(model, samples, inputs, strategy, compiled=False, granularity=None,
+              per_sample=False):
+    """Forward and backward of all samples; returns outputs, gradients and stats.
+
+    With ``per_sample``, batched samples run through ``gdb.map`` (each a task
+    handing out its result when it finishes) instead of a plain loop.
+    """
     for array in inputs:
         array.attach_grad()
     stats = None
@@ -193,7 +198,10 @@ def run_model(model, samples, inputs, strategy, compiled=False, granularity=None
         else:
             with gdb.batching(strategy=strategy, compiled=compiled,
                               granularity=granularity) as scope:
-                outs = [model(s, *inputs) for s in samples]
+                if per_sample:
+                    outs = gdb.map(model, samples, *inputs)
+                else:
+                    outs = [model(s, *inputs) for s in samples]
             stats = scope.stats
         loss = _loss(outs)
     loss.backward()

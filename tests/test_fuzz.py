@@ -113,16 +113,17 @@ class FuzzNet(gdb.DynBatchBlock):
 
     ``hybrid_forward`` returns ``[h, *extras]``: ``h`` (1, W) summarises the
     subtree for the parent; ``extras`` are the program outputs of every node.
-    Values read mid-scope are appended to ``self.reads``; when ``self.memo``
+    Values read mid-scope are appended to ``self.reads`` with the node that
+    read them (a sample that reads waits while the others record, so samples'
+    reads interleave; each sample's are in its own order); when ``self.memo``
     is a dict, subtrees reached twice (also from another sample) are
     computed once and their outputs reused.
     """
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.reads = []
+        self.reads = []         # (node, value read), in the order each sample read them
         self.memo = None
-        self._kids = []
         with self.name_scope():
             self.dense = gluon.nn.Dense(W, in_units=W)
             self.mix = gluon.nn.Dense(W, in_units=2 * W)
@@ -149,9 +150,8 @@ class FuzzNet(gdb.DynBatchBlock):
         values = [table[node.offset:node.offset + node.rows]]
         if children:
             values.append(F.concat(*[c[0] for c in children], dim=0))
-        self._kids = children                   # read by the "child..." instructions
         for ins in node.program:
-            values.extend(self._step(F, ins, values, mat, embed, row, vec))
+            values.extend(self._step(F, ins, values, children, node, mat, embed, row, vec))
         h = F.mean(values[node.result], axis=0, keepdims=True)
         out = [h] + [values[i] for i in node.outputs]
         for child in children:
@@ -160,8 +160,9 @@ class FuzzNet(gdb.DynBatchBlock):
             memo[id(node)] = out
         return out
 
-    def _step(self, F, ins, values, mat, embed, row, vec):
-        """Run one instruction; return the list of values it adds."""
+    def _step(self, F, ins, values, kids, node, mat, embed, row, vec):
+        """Run one instruction (``kids``: the children's results, ``node``: the
+        tree node running it); return the list of values it adds."""
         # pylint: disable=too-many-return-statements,too-many-branches
         op, args = ins[0], ins[1:]
         if op == "embed":                      # a source: rows of a parameter
@@ -238,7 +239,7 @@ class FuzzNet(gdb.DynBatchBlock):
         if op == "scale":
             return [0.5 * a - 0.25]
         if op == "perscale":                   # Python numbers of each node's own
-            n = len(self._kids)
+            n = len(kids)
             return [(a / (n + 1)) * (n + 0.5) - (n - a)]
         if op == "softmax1":
             return [F.softmax(a, axis=-1)]
@@ -268,7 +269,7 @@ class FuzzNet(gdb.DynBatchBlock):
         if op == "opaque_hybrid":
             return [self.opaque_hybrid(a)]
         if op == "read":
-            self.reads.append(a.asnumpy().copy())
+            self.reads.append((node, a.asnumpy().copy()))
             return [a * 1.5]
         if op == "cumsum":                     # no batching rule
             return [F.cumsum(a, axis=1) * 0.25]
@@ -305,17 +306,17 @@ class FuzzNet(gdb.DynBatchBlock):
             return [h]
         if op == "childloop":                  # a loop over the children, carrying a sum
             acc = F.mean(a, axis=0, keepdims=True)
-            for child in self._kids:
+            for child in kids:
                 acc = acc + F.sigmoid(self.dense(child[0])) * child[0]
             return [acc]
         if op == "childtotal":                 # total = 0, then total = total + x per child
             total = 0
-            for child in self._kids:
+            for child in kids:
                 total = total + F.tanh(child[0])
             return [F.mean(a, axis=0, keepdims=True) + total]
         if op == "childterms":                 # several terms added per child
             acc = F.mean(a, axis=0, keepdims=True)
-            for child in self._kids:
+            for child in kids:
                 acc = acc + F.tanh(child[0]) + 0.5 * child[0] + self.dense(child[0])
             return [acc]
         if op == "twice":                      # one value added more than once
@@ -328,7 +329,7 @@ class FuzzNet(gdb.DynBatchBlock):
                 first = total if first is None else first
             return [total, first]
         if op == "childsum":                   # Python's sum over the children
-            kids = sum(F.tanh(child[0]) for child in self._kids) if self._kids else 0.0
+            kids = sum(F.tanh(child[0]) for child in kids) if kids else 0.0
             return [F.mean(a, axis=0, keepdims=True) + kids]
         if op == "rows":
             return [a[args[1]:args[2]]]
@@ -363,9 +364,33 @@ def fuzz_run(model, samples, table, strategy, compiled=False, share=False):
     """
     model.reads = []
     model.memo = {} if share else None
-    result = run_model(model, samples, [table], strategy, compiled)
+    reads = any(ins[0] == "read" for node in _all_nodes(samples) for ins in node.program)
+    # Samples that read run through gdb.map: their results may differ in form
+    # from sample to sample (what a plain loop's placeholders cannot stand for).
+    result = run_model(model, samples, [table], strategy, compiled, per_sample=reads)
     model.memo = None
-    return result, model.reads
+    return result, _reads_per_sample(model.reads, samples)
+
+
+def _reads_per_sample(reads, samples):
+    """The values read, sample by sample, each in that sample's order."""
+    owner = {}
+    for k, root in enumerate(samples):
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            owner.setdefault(id(node), k)
+            stack.extend(node.children)
+    found = [[] for _ in samples]
+    seen = set()
+    for node, value in reads:
+        # A node samples share (``share``) reads once in eager code, where the
+        # first sample to reach it computes it; waiting samples may both
+        # compute it before either has finished it.  Its first read counts.
+        if id(node) not in seen:
+            seen.add(id(node))
+            found[owner[id(node)]].append(value)
+    return [value for sample in found for value in sample]
 
 
 def assert_sample_set_matches_eager(samples, strategy, compiled):

@@ -196,7 +196,7 @@ class BranchingTreeRNN(gdb.DynBatchBlock):
 
     def __init__(self, hidden=HIDDEN, **kwargs):
         super().__init__(**kwargs)
-        self.branches = []      # the branch each node took, in call order
+        self.branches = []      # (node, the branch it took), in call order
         with self.name_scope():
             self.inp = nn.Dense(hidden)
             self.gate = nn.Dense(1)
@@ -210,7 +210,7 @@ class BranchingTreeRNN(gdb.DynBatchBlock):
         h = F.tanh(h)
         score = self.gate(h)
         up = float(score.asscalar()) > 0
-        self.branches.append(up)
+        self.branches.append((tree, up))
         if up:
             return F.tanh(self.up(h))
         return F.tanh(self.down(h)) * F.sigmoid(score)

@@ -38,9 +38,16 @@ log = logging.getLogger("gluon_dynbatch.record")
 
 def record_call(self, rec, args):
     """Record a top-level call of DynBatchBlock ``self`` inside a scope: a sample,
-    recorded as a frame (``_core.record_frame``, which records the calls below it)."""
+    recorded as a frame (``_core.record_frame``, which records the calls below it),
+    run as a task (``tasks.py``) unless one is running already."""
     if rec.eager:
         return eager_call(self, rec, args)
+    if rec.tasks.current is None:
+        return rec.tasks.call(_record_sample, (self, rec, args), self)
+    return _record_sample(self, rec, args)
+
+
+def _record_sample(self, rec, args):
     rec.sample = rec.num_samples
     rec.num_samples += 1
     if getattr(rec, "strategy", None) is None:

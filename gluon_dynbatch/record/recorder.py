@@ -34,6 +34,7 @@ from ..ir.graph import (LEAF, NO_KWARGS, OP, VIEW, Graph, Node, analysed_node, s
                     slots_of)
 from .lazy import LazyArray
 from .namespace import DETERMINISTIC, RecordingNamespace
+from .tasks import Tasks
 from ..ir.ops import opdef
 
 _core.bind_nodes(Node, NO_KWARGS, opdef("concat"))
@@ -56,6 +57,7 @@ class Recorder(RecorderCore):
         self._read = read or flush
         self.ctx = ctx
         self.graph = Graph(ctx, flush, self._read)
+        self.tasks = Tasks(self, flush)    # samples as resumable tasks (``tasks.py``)
         self.F = RecordingNamespace(self)
         self.scope = None
         self.sample = None          # index of the current top-level call
@@ -120,6 +122,7 @@ class Recorder(RecorderCore):
         self.graph.release()
         self.lazy_pool = []
         self.F = self._flush = self._read = self.scope = None
+        self.tasks.rec = self.tasks._flush = None  # pylint: disable=protected-access
 
     def flush(self):
         """Run everything pending now."""

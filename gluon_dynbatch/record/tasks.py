@@ -1,0 +1,358 @@
+"""Samples as resumable tasks: a sample that reads a value waits while the others record.
+
+A model whose per-sample code reads a value decides its path by data
+(``if float(score) > 0``, ``y = int(F.argmax(logits).asscalar())``, stop at
+end-of-sentence).  Inside a batching scope, each top-level call of a
+DynBatchBlock, and each call of the function given to ``gluon_dynbatch.map``,
+runs as a *task* on a greenlet (a stack of its own, switched in the same
+thread).  A read inside a task does not run what is pending: the task
+*waits* and the scope goes on recording the other samples.  When every task
+has finished or is waiting (the scope ends, or a result not finished yet is
+used), the scope runs everything pending at once, batched across the
+samples, and resumes each waiting task where it stopped, in the order they
+started waiting.  So a scope flushes once per read in the longest chain of
+reads of any one sample (plus once), not once per read.
+
+Each task keeps what recording knows of its place (the frame recording, the
+block path, the sample's number) and autograd's modes; switching tasks
+swaps them.  A top-level call that waits returns a :class:`Pending` value,
+filled in when its sample finishes.  An exception in a task is that sample's
+error: the other tasks finish first.
+"""
+import sys
+import weakref
+
+import greenlet
+from mxnet import autograd, nd
+from mxnet.ndarray import NDArray
+
+from ..ir.ops import opdef
+from .lazy import LazyArray
+from ..errors import BatchingError
+
+_IDENTITY = opdef("identity")
+_FORMS = weakref.WeakKeyDictionary()     # block -> the form of its calls' results
+_VARYING = "varying"                     # a block whose results change form
+
+
+class Task:
+    """One sample's call running on a greenlet of its own (see the module docstring)."""
+
+    __slots__ = ("glet", "state", "result", "error", "done", "placeholders", "form", "reads")
+
+    def __init__(self, glet):
+        self.glet = glet
+        self.state = None           # recording state while it waits (``Tasks._state``)
+        self.result = None
+        self.error = None
+        self.done = False
+        self.placeholders = []      # what it handed out while it waited (``placeholders``)
+        self.form = None            # the form of result they stand for
+        self.reads = 0              # reads it waited at
+
+
+class Tasks:
+    """The tasks of one scope's recorder, and the rounds that run them."""
+
+    def __init__(self, rec, flush):
+        self.rec = rec
+        self._flush = flush
+        self.current = None         # the task running now; None: the scope's own code
+        self.waiting = []           # tasks waiting at a read, in the order they stopped
+        self.started = []           # every task of the scope not collected yet
+        self.rounds = 0             # flushes run to resume waiting tasks
+        self.longest = 0            # reads of the sample that read most
+
+    # -- running ------------------------------------------------------------------
+    def start(self, fn, args):
+        """``fn(*args)`` as a task, run until it finishes or waits; the task."""
+        task = Task(greenlet.greenlet(lambda: fn(*args)))
+        self.started.append(task)
+        self._switch(task)
+        return task
+
+    def call(self, fn, args, owner):
+        """``fn(*args)``, a call of block ``owner``, as a task: its result if it
+        finishes without waiting (or its error, at once); else, when an earlier
+        call of ``owner`` showed the form of its results, placeholders of that
+        form filled in when it finishes (``placeholders``); else, the first
+        time, its result once it has finished (the waiting samples go on
+        meanwhile)."""
+        task = self.start(fn, args)
+        form = _FORMS.get(owner)
+        if not task.done and form is not None and form is not _VARYING:
+            task.form = (form, owner)
+            return placeholders(self, task, form)
+        if not task.done:
+            self.drain(task)
+        self.started.remove(task)
+        if task.error is not None:
+            raise task.error
+        _note_form(owner, form_of(task.result))
+        return task.result
+
+    def _switch(self, task):
+        """Run ``task`` until it finishes or waits, in its recording state."""
+        outer, outer_task = self._state(), self.current
+        self.current = task
+        if task.state is not None:
+            self._restore(task.state)
+        try:
+            result = task.glet.switch()
+            if task.glet.dead:
+                task.done, task.result = True, result
+                self._finished(task)
+        except BaseException as err:  # pylint: disable=broad-except
+            if isinstance(err, greenlet.GreenletExit):
+                err = None
+            task.done, task.error = True, err
+        finally:
+            if not task.done:
+                task.state = self._state()
+            self.current = outer_task
+            self._restore(outer)
+
+    def wait(self):
+        """The running task waits for the next round (a value it reads is pending)."""
+        task = self.current
+        task.reads += 1
+        self.waiting.append(task)
+        task.glet.parent.switch()
+
+    def drain(self, until=None):
+        """Rounds until every task has finished (or ``until`` has): each runs what
+        is pending, then resumes the waiting tasks in the order they stopped."""
+        if self.current is not None:        # a task uses a result not finished yet
+            while until is not None and not until.done:
+                self.wait()
+            return
+        while self.waiting and (until is None or not until.done):
+            self._flush()
+            self.rounds += 1
+            resumed, self.waiting = self.waiting, []
+            for task in resumed:
+                self._switch(task)
+
+    def _finished(self, task):
+        self.longest = max(self.longest, task.reads)
+        for holder in task.placeholders:
+            try:
+                holder.fill(_at(task.result, holder._path, task.form))  # pylint: disable=W0212
+            except BatchingError as err:
+                task.error = err
+
+    def raise_first_error(self):
+        """Raise the first error of a finished task (every task has finished)."""
+        for task in self.started:
+            if task.error is not None:
+                self.started = []
+                raise task.error
+        self.started = []
+
+    def close(self, why):
+        """Unwind every task still waiting: the scope ends early, because of ``why``."""
+        waiting, self.waiting = self.waiting, []
+        for task in waiting:
+            outer = self._state()
+            try:
+                task.glet.throw()
+            except greenlet.GreenletExit:
+                pass
+            finally:
+                self._restore(outer)
+            task.done = True
+            task.error = BatchingError(
+                "this sample was waiting at a read when its batching scope ended (%s); "
+                "record it again in a new scope" % why)
+        self.started = []
+        self.current = None
+
+    # -- what a task's recording is -----------------------------------------------
+    def _state(self):
+        rec = self.rec
+        return (rec.frame, rec.depth, rec.path, rec.sample, autograd.is_recording(),
+                autograd.is_training(), sys.gettrace())
+
+    def _restore(self, state):
+        rec = self.rec
+        rec.frame, rec.depth, rec.path, rec.sample = state[:4]
+        if autograd.is_recording() != state[4]:
+            autograd.set_recording(state[4])
+        if autograd.is_training() != state[5]:
+            autograd.set_training(state[5])
+        if sys.gettrace() is not state[6]:
+            sys.settrace(state[6])
+
+
+def form_of(result):
+    """The form of a call's result: ``"array"``, ``"value"`` (anything else), or
+    ``(container type, item forms[, keys])`` of a tuple, list or dict."""
+    if isinstance(result, NDArray):
+        return "array"
+    if type(result) is dict:
+        return (dict, tuple(form_of(v) for v in result.values()), tuple(result))
+    if isinstance(result, (tuple, list)) and type(result) in (tuple, list) \
+            or hasattr(type(result), "_make"):
+        return (type(result), tuple(form_of(item) for item in result))
+    return "value"
+
+
+def placeholders(tasks, task, form, path=()):
+    """What a waiting call returns: its result's form (learned from an earlier
+    call of the block) made of :class:`Pending` arrays and :class:`PendingValue`
+    values, each filled in from its place (``path``) when the sample finishes."""
+    if form == "array":
+        found = Pending(tasks, task, path)
+    elif form == "value":
+        found = PendingValue(tasks, task, path)
+    else:
+        items = [placeholders(tasks, task, item, path + (k,))
+                 for k, item in enumerate(form[1])]
+        kind = form[0]
+        if kind is dict:
+            return dict(zip(form[2], items))
+        return kind._make(items) if hasattr(kind, "_make") else kind(items)
+    task.placeholders.append(found)
+    return found
+
+
+def _note_form(owner, form):
+    """Remember the form of a result of block ``owner``'s calls; a block whose
+    results change form is never given placeholders again."""
+    known = _FORMS.get(owner)
+    _FORMS[owner] = form if known is None or known == form else _VARYING
+
+
+def _at(result, path, form):
+    """The part of ``result`` at ``path``; ``form``: (the form it was expected in,
+    the block)."""
+    if form_of(result) != form[0]:
+        _note_form(form[1], form_of(result))
+        raise BatchingError(
+            "a sample's call returned %r where an earlier call of its block returned a "
+            "result of another form; run such samples with gluon_dynbatch.map, which "
+            "hands out each result once its sample has finished" % (form_of(result),))
+    for key in path:
+        result = result[key] if not isinstance(result, dict) else result[list(result)[key]]
+    return result
+
+
+class Pending(LazyArray):
+    """An array a top-level call returns while its sample waits at a read.
+
+    It stands for the array at its place in the call's result once the
+    sample finishes (an identity of it, recorded, so gradients flow).  Using
+    it before then (its shape, its values) runs the rounds its sample needs
+    first.
+    """
+
+    __slots__ = ("_tasks", "_task", "_path")
+
+    def __init__(self, tasks, task, path):
+        super().__init__(None, 0)
+        self._tasks, self._task, self._path = tasks, task, path
+
+    def fill(self, value):
+        """Stand for ``value``, the array at this place of the sample's result."""
+        if not isinstance(value, NDArray):
+            raise BatchingError("a sample's call returned %r where an array was expected"
+                                % (type(value).__name__,))
+        if isinstance(value, LazyArray) and value._node is not None:
+            out = self._tasks.rec.call_op(_IDENTITY, (value,), {})
+            node, idx = out._node, out._idx
+            out._node = None
+            self._node, self._idx = node, idx
+            node.outs[idx] = weakref.ref(self)
+        else:
+            self._set_result(nd.identity(value))
+
+    def result(self):
+        """The sample's whole result, once it has finished (running what it needs)."""
+        _force(self._tasks, self._task)
+        return self._task.result
+
+    @property
+    def shape(self):
+        _force(self._tasks, self._task)
+        return LazyArray.shape.fget(self)
+
+    @property
+    def dtype(self):
+        _force(self._tasks, self._task)
+        return LazyArray.dtype.fget(self)
+
+    @property
+    def context(self):
+        _force(self._tasks, self._task)
+        return LazyArray.context.fget(self)
+
+    ctx = context
+
+    def _materialize(self):
+        _force(self._tasks, self._task)
+        return LazyArray._materialize(self)  # pylint: disable=protected-access
+
+    def __repr__(self):
+        if not self._task.done:
+            return "<Pending array of a sample waiting at a read>"
+        return LazyArray.__repr__(self)
+
+
+class PendingValue:
+    """A value (not an array) a top-level call returns while its sample waits:
+    using it runs the rounds its sample needs, then acts as the value."""
+
+    __slots__ = ("_tasks", "_task", "_path", "_value")
+
+    def __init__(self, tasks, task, path):
+        self._tasks, self._task, self._path, self._value = tasks, task, path, None
+
+    def fill(self, value):
+        """Stand for ``value``."""
+        self._value = value
+
+    def value(self):
+        """The value, once the sample has finished."""
+        _force(self._tasks, self._task)
+        return self._value
+
+    def __getattr__(self, name):
+        return getattr(self.value(), name)
+
+    def __iter__(self):
+        return iter(self.value())
+
+    def __len__(self):
+        return len(self.value())
+
+    def __getitem__(self, key):
+        return self.value()[key]
+
+    def __eq__(self, other):
+        return self.value() == other
+
+    def __ne__(self, other):
+        return self.value() != other
+
+    def __bool__(self):
+        return bool(self.value())
+
+    def __int__(self):
+        return int(self.value())
+
+    def __float__(self):
+        return float(self.value())
+
+    def __repr__(self):
+        if not self._task.done:
+            return "<Pending value of a sample waiting at a read>"
+        return repr(self._value)
+
+    __hash__ = None
+
+
+def _force(tasks, task):
+    if not task.done:
+        tasks.drain(task)
+    if task.error is not None:
+        raise task.error

@@ -1,0 +1,256 @@
+"""Samples that read values: each waits at its read while the others record.
+
+A sample's code that reads a pending value (``int(x.asscalar())``, ``float(x)``)
+runs as a task: it waits, the scope goes on with the other samples, and what
+is pending runs for all of them at once.  Results, gradients and each
+sample's side effects equal eager Gluon's; a scope flushes once per read of
+the sample that reads most, plus once.
+"""
+import gc
+
+import greenlet
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon, nd
+from mxnet.gluon import nn, rnn
+
+import gluon_dynbatch as gdb
+
+VOCAB, HIDDEN, EOS = 7, 8, 0
+
+
+class Greedy(gdb.DynBatchBlock):
+    """A GRU decoder choosing each next token by the argmax of its scores (a
+    read), until end-of-sentence; returns the tokens and their log-probabilities."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.log = []                   # (sample's start token, step, token)
+        with self.name_scope():
+            self.emb = nn.Embedding(VOCAB, HIDDEN)
+            self.cell = rnn.GRUCell(HIDDEN)
+            self.out = nn.Dense(VOCAB)
+
+    def hybrid_forward(self, F, start, max_len=9, fail_at=None):
+        h, tok, tokens, scores = F.zeros((1, HIDDEN)), start, [], []
+        for step in range(max_len):
+            out, [h] = self.cell(self.emb(F.array([tok])), [h])
+            logits = self.out(out)
+            tok = int(F.argmax(logits, axis=1).asscalar())
+            self.log.append((start, step, tok))
+            if step == fail_at:
+                raise ValueError("sample %d failed on purpose" % start)
+            scores.append(F.pick(F.log_softmax(logits, axis=1), F.array([tok]), axis=1))
+            tokens.append(tok)
+            if tok == EOS:
+                break
+        return tokens, F.concat(*scores, dim=0)
+
+
+def _model(seed=3):
+    mx.random.seed(seed)
+    model = Greedy()
+    model.initialize(mx.init.Uniform(0.8))
+    return model
+
+
+STARTS = [1, 2, 3, 4, 5, 6, 2, 5]
+
+
+def _eager(model, starts):
+    with autograd.record():
+        results = [model(s) for s in starts]
+        loss = nd.add_n(*[scores.sum() for _, scores in results])
+    loss.backward()
+    grads = {n: p.grad().asnumpy().copy() for n, p in model.collect_params().items()}
+    return results, grads
+
+
+def test_greedy_decoding_waits_at_each_read_and_equals_eager():
+    model = _model()
+    want, want_grads = _eager(model, STARTS)
+    eager_log = sorted(model.log)
+    model.log.clear()
+    with autograd.record():
+        with gdb.batching() as scope:
+            got = gdb.map(model, STARTS)
+        loss = nd.add_n(*[scores.sum() for _, scores in got])
+    loss.backward()
+    for (tokens, scores), (ref_tokens, ref_scores) in zip(got, want):
+        assert tokens == ref_tokens
+        np.testing.assert_allclose(scores.asnumpy(), ref_scores.asnumpy(), rtol=1e-5, atol=1e-6)
+    for name, grad in want_grads.items():
+        np.testing.assert_allclose(model.collect_params()[name].grad().asnumpy(), grad,
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+    assert sorted(model.log) == eager_log
+    # Each sample's own steps in its own order, the samples interleaved.
+    for start in set(STARTS):
+        mine = [step for s, step, _ in model.log if s == start]
+        assert mine == sorted(mine)
+    longest = max(len(tokens) for tokens, _ in want)
+    stats = scope.stats
+    assert stats.reads == sum(len(tokens) for tokens, _ in want)
+    assert stats.flushes == longest + 1 < stats.reads
+
+
+def test_a_plain_loop_returns_results_filled_in_when_the_samples_finish():
+    model = _model()
+    want, _ = _eager(model, STARTS)
+    with gdb.batching() as scope:
+        outs = [model(s) for s in STARTS]
+        # The model's first call in a scope shows the form of its results (it
+        # runs to its end); the others wait and hand out placeholders of it.
+        assert type(outs[0][0]) is list
+        assert all(isinstance(out[1], gdb.LazyArray) for out in outs[1:])
+    for (tokens, scores), (ref_tokens, ref_scores) in zip(outs, want):
+        assert tokens == ref_tokens
+        np.testing.assert_allclose(scores.asnumpy(), ref_scores.asnumpy(), rtol=1e-5, atol=1e-6)
+    first, rest = len(want[0][0]), max(len(t) for t, _ in want[1:])
+    assert scope.stats.flushes <= first + rest + 1 < scope.stats.reads
+    with gdb.batching() as scope:             # the form is known: every sample waits
+        outs = [model(s) for s in STARTS]
+    assert [list(tokens) for tokens, _ in outs] == [t for t, _ in want]
+    assert scope.stats.flushes == max(len(t) for t, _ in want) + 1
+
+
+def test_a_result_used_before_its_sample_finished_is_run_first():
+    model = _model()
+    want, _ = _eager(model, STARTS[:3])
+    with gdb.batching():
+        first = model(STARTS[0])
+        tokens, scores = first                # the model's first call: run to its end
+        assert tokens == want[0][0]
+        rest = [model(s) for s in STARTS[1:3]]
+        total = scores.sum()                  # recorded like any value
+    np.testing.assert_allclose(total.asnumpy(), want[0][1].asnumpy().sum(), rtol=1e-5)
+    assert [out[0] for out in rest] == [w[0] for w in want[1:3]]
+
+
+def test_an_error_in_one_sample_after_a_read_lets_the_others_finish():
+    model = _model()
+    with pytest.raises(ValueError, match="sample 3 failed") as info:
+        gdb.map(lambda s: model(s, 9, 1 if s == 3 else None), STARTS[:5])
+    assert "raised while recording sample 2" in " ".join(getattr(info.value, "__notes__", []))
+    finished = {s for s, _, tok in model.log if tok == EOS}
+    ended = {s for s in STARTS[:5] if s != 3}
+    # Every other sample ran to its end (EOS or the step limit).
+    for start in ended:
+        steps = [step for s, step, _ in model.log if s == start]
+        assert start in finished or len(steps) == 9
+    with gdb.batching():                      # the next batch works
+        outs = gdb.map(model, STARTS[:2])
+    assert len(outs) == 2
+
+
+def test_a_scope_left_early_unwinds_its_waiting_samples():
+    model = _model()
+    unwound = []
+
+    class Guarded(gdb.DynBatchBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.inner = model
+
+        def hybrid_forward(self, F, start):
+            try:
+                return self.inner(start)
+            finally:
+                unwound.append(start)
+
+    guarded = Guarded()
+    before = _greenlets()
+    with pytest.raises(KeyError):
+        with gdb.batching():
+            outs = [guarded(s) for s in STARTS[:4]]
+            raise KeyError("the user's loop stops")
+    assert sorted(unwound) == sorted(STARTS[:4])
+    # The first call ran to its end (it showed the form of the results); the
+    # others' placeholders say their sample never finished.
+    with pytest.raises(gdb.BatchingError, match="waiting at a read.*KeyError"):
+        outs[1][1].asnumpy()
+    del outs
+    gc.collect()
+    assert _greenlets() <= before
+
+
+def _greenlets():
+    return sum(1 for obj in gc.get_objects() if isinstance(obj, greenlet.greenlet)
+               and not obj.dead)
+
+
+def test_many_scopes_with_waiting_samples_leave_no_greenlet_behind():
+    model = _model()
+    before = _greenlets()
+    for k in range(30):
+        with gdb.batching():
+            outs = [model(s) for s in STARTS[:3]]
+        assert outs[0][0]
+    del outs
+    gc.collect()
+    assert _greenlets() <= before
+
+
+class Tree:
+    def __init__(self, word, children=()):
+        self.word, self.children = word, list(children)
+
+
+class ReadingTree(gdb.DynBatchBlock):
+    """A tree RNN whose nodes branch on a value they read; each reads under
+    ``autograd.pause()`` (the modes are each waiting sample's own)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(HIDDEN)
+            self.a = nn.Dense(HIDDEN)
+            self.b = nn.Dense(HIDDEN)
+
+    def hybrid_forward(self, F, tree, table):
+        h = self.inp(table[tree.word:tree.word + 1])
+        for child in tree.children:
+            h = h + self(child, table)
+        probe = F.sum(h)
+        with autograd.pause():          # the sample waits here, outside recording
+            up = float(probe.asscalar()) > 0
+        if up:
+            return F.tanh(self.a(h))
+        return F.tanh(self.b(h)) * 0.5
+
+
+def _trees(seed, n):
+    rs = np.random.RandomState(seed)
+
+    def grow(depth):
+        k = 0 if depth > 2 else rs.randint(0, 3)
+        return Tree(rs.randint(0, 10), [grow(depth + 1) for _ in range(k)])
+    return [grow(0) for _ in range(n)]
+
+
+@pytest.mark.parametrize("strategy,compiled", [("depth", False), ("agenda", True),
+                                               ("depth", "step")])
+def test_trees_branching_on_reads_batch_and_equal_eager(strategy, compiled):
+    mx.random.seed(0)
+    model = ReadingTree()
+    model.initialize(mx.init.Uniform(0.5))
+    table = nd.array(np.random.RandomState(1).uniform(-1, 1, (10, 4)))
+    trees = _trees(2, 8)
+    table.attach_grad()
+    with autograd.record():
+        want = [model(t, table) for t in trees]
+        loss = nd.add_n(*[w.sum() for w in want])
+    loss.backward()
+    want_grad = model.a.weight.grad().asnumpy().copy(), table.grad.asnumpy().copy()
+    with autograd.record():
+        with gdb.batching(strategy=strategy, compiled=compiled) as scope:
+            got = [model(t, table) for t in trees]
+        loss = nd.add_n(*[g.sum() for g in got])
+    loss.backward()
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.asnumpy(), w.asnumpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.a.weight.grad().asnumpy(), want_grad[0], rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(table.grad.asnumpy(), want_grad[1], rtol=1e-5, atol=1e-6)
+    assert scope.stats.eager_samples == 0 and scope.stats.flushes < scope.stats.reads
