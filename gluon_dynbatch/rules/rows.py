@@ -27,8 +27,9 @@ class RowRule(Rule):
 
     program_form = "rows"
 
-    def __init__(self, roles):
+    def __init__(self, roles, broadcasts=False):
         self._roles = roles
+        self.broadcasts = broadcasts
 
     def signature(self, node):
         if not node.inputs:
@@ -280,7 +281,7 @@ register_rule("BatchNorm", RowRule(batchnorm_roles))
 register_rule("batch_dot", RowRule(all_row_roles))
 # Gluon's losses (L2, L1, Huber, sigmoid cross-entropy) reshape the label like the prediction.
 register_rule("reshape_like", RowRule(all_row_roles))
-register_rule("broadcast_like", RowRule(broadcast_like_roles))
+register_rule("broadcast_like", RowRule(broadcast_like_roles, broadcasts=True))
 register_rule("Dropout", RowRule(dropout_roles))
 register_rule(["softmin", "topk", "sort", "argsort"], RowRule(axis_roles("axis", -1)))
 register_rule(["argmax", "argmin"], RowRule(axis_roles("axis", None)))
