@@ -51,3 +51,56 @@ class LearnedStart(gdb.DynBatchBlock):
 def test_learned_start_vector_into_an_rnn_cell_equals_eager(cell, scaled):
     model = make_model(LearnedStart, cell=cell, scaled=scaled)
     check_all_strategies(model, _states(5), [], strategies=("depth", "agenda"))
+
+
+# --------------------------------------------------------------------------
+# A character CNN over each word
+# --------------------------------------------------------------------------
+
+class CharCNN(gdb.DynBatchBlock):
+    """Each word's characters embedded (1, C, E), laid out (C, 1, E) and encoded
+    by gluonnlp's ConvolutionalEncoder (convolutions over the characters, a
+    highway layer), or transposed to (1, E, C) for one ``nn.Conv1D``."""
+
+    def __init__(self, gluonnlp_encoder=True, **kwargs):
+        super().__init__(**kwargs)
+        self.gluonnlp_encoder = gluonnlp_encoder
+        with self.name_scope():
+            self.embed = gluon.nn.Embedding(20, 8)
+            if gluonnlp_encoder:
+                import gluonnlp
+                self.encode = gluonnlp.model.ConvolutionalEncoder(
+                    embed_size=8, num_filters=(8, 8), ngram_filter_sizes=(1, 2),
+                    conv_layer_activation="tanh", num_highway=1, output_size=None)
+            else:
+                self.conv = gluon.nn.Conv1D(8, 2, in_channels=8, activation="tanh")
+            self.out = gluon.nn.Dense(3)
+
+    def hybrid_forward(self, F, words):
+        vectors = []
+        for chars in words:
+            x = self.embed(F.array([chars]))                     # (1, C, E)
+            if self.gluonnlp_encoder:
+                vectors.append(self.encode(F.transpose(x, axes=(1, 0, 2))))
+            else:
+                x = F.expand_dims(F.transpose(F.reshape(x, (-1, 8))), axis=0)
+                vectors.append(F.max(self.conv(x), axis=2))
+        return self.out(F.concat(*vectors, dim=0))
+
+
+def _spelled(seed, count=5):
+    rng = np.random.RandomState(seed)
+    return [[list(rng.randint(0, 20, rng.randint(2, 6))) for _ in range(rng.randint(1, 4))]
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize("gluonnlp_encoder", [True, False], ids=["gluonnlp", "conv1d"])
+def test_character_cnn_trains_and_equals_eager(gluonnlp_encoder):
+    model = make_model(CharCNN, gluonnlp_encoder=gluonnlp_encoder)
+    check_all_strategies(model, _spelled(0), [], strategies=("depth",))
+    trainer = gluon.Trainer(model.collect_params(), "sgd", {"learning_rate": 0.1})
+    with autograd.record():
+        with gdb.batching(compiled=True):
+            loss = sum(model(words).sum() for words in _spelled(1))
+    loss.backward()
+    trainer.step(1)
