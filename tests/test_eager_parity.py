@@ -104,3 +104,25 @@ def test_character_cnn_trains_and_equals_eager(gluonnlp_encoder):
             loss = sum(model(words).sum() for words in _spelled(1))
     loss.backward()
     trainer.step(1)
+
+
+# --------------------------------------------------------------------------
+# nn.HybridLambda given an operator by name
+# --------------------------------------------------------------------------
+
+class Lambdas(gdb.DynBatchBlock):
+    """``nn.HybridLambda("tanh")`` and a HybridLambda of a function, in a sequence."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.body = gluon.nn.HybridSequential()
+            self.body.add(gluon.nn.Dense(H), gluon.nn.HybridLambda("tanh"),
+                          gluon.nn.HybridLambda(lambda F, x: F.LeakyReLU(x, slope=0.1)))
+
+    def hybrid_forward(self, F, x):
+        return self.body(x)
+
+
+def test_hybrid_lambda_by_name_equals_eager():
+    check_all_strategies(make_model(Lambdas), _states(5, rows=2), [], strategies=("depth",))
