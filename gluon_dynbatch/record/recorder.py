@@ -29,6 +29,7 @@ from ..errors import BatchingError, describe_call
 from ..logs import warn_once
 from . import _core
 from ._core import RecorderCore
+from .alone import run_alone
 from .frames import NOT_RECORDED, Frame
 from ..ir.graph import (LEAF, NO_KWARGS, OP, VIEW, Graph, Node, analysed_node, slot,
                     slots_of)
@@ -334,7 +335,10 @@ class Recorder(RecorderCore):
         elif not kwargs and not graph.weight_nodes:
             inputs = pending_inputs(graph, args)         # the common case
             if inputs:
-                return self.add_node(op, inputs, slots_of(len(inputs)), {})
+                try:
+                    return self.add_node(op, inputs, slots_of(len(inputs)), {})
+                except calls.ShapeFromData:
+                    return run_alone(self, op, args, kwargs)
         arrays = []
         targs = []
         for a in args:
@@ -358,7 +362,10 @@ class Recorder(RecorderCore):
             return self.constant(op, args, kwargs)
         if weight_calls.on_weights(self, op, inputs):
             return weight_calls.shared_call(self, op, inputs, tuple(targs), tkw)
-        return self.add_node(op, inputs, tuple(targs), tkw)
+        try:
+            return self.add_node(op, inputs, tuple(targs), tkw)
+        except calls.ShapeFromData:       # its output shape depends on its data
+            return run_alone(self, op, args, kwargs)
 
     def slow_row_slice(self, x, begin, end):
         """Rows ``begin:end`` of array ``x``: ``x[i:j]`` and ``F.slice_axis(x, axis=0, ...)``.
