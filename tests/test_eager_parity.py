@@ -126,3 +126,178 @@ class Lambdas(gdb.DynBatchBlock):
 
 def test_hybrid_lambda_by_name_equals_eager():
     check_all_strategies(make_model(Lambdas), _states(5, rows=2), [], strategies=("depth",))
+
+
+# --------------------------------------------------------------------------
+# Output shapes that depend on the data; empty arrays
+# --------------------------------------------------------------------------
+
+class Masked(gdb.DynBatchBlock):
+    """The states of a sentence's odd words kept by ``F.contrib.boolean_mask``
+    (as many rows as the sample has odd words), summed, beside the mean state."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = gluon.nn.Embedding(20, H)
+            self.proj = gluon.nn.Dense(H, flatten=False)
+            self.out = gluon.nn.Dense(2)
+
+    def hybrid_forward(self, F, words):
+        h = F.tanh(self.proj(self.embed(F.array(words))))
+        kept = F.contrib.boolean_mask(h, F.array([w % 2 for w in words]))
+        return self.out(F.sum(kept, axis=0, keepdims=True) + F.mean(h, axis=0, keepdims=True))
+
+
+def test_output_shape_that_depends_on_the_data_runs_alone_exactly(recwarn):
+    sentences = [[1, 2, 3], [2, 5], [5], [7, 8, 9, 11], [3, 4]]
+    check_all_strategies(make_model(Masked), sentences, [], strategies=("depth", "agenda"))
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)
+                and "Cannot decide shape" in str(w.message)]
+
+
+class Picked(gdb.DynBatchBlock):
+    """Rows of a sample's states picked by a list of its own: ``F.take(h, F.array(idx))``,
+    or each word of a sentence embedded (``embed``)."""
+
+    def __init__(self, embed=False, **kwargs):
+        super().__init__(**kwargs)
+        self.embed_words = embed
+        with self.name_scope():
+            self.embed = gluon.nn.Embedding(20, H)
+            self.proj = gluon.nn.Dense(H)
+
+    def hybrid_forward(self, F, sample):
+        if self.embed_words:
+            return F.sum(self.embed(F.array(sample)), axis=0, keepdims=True)
+        x, idx = sample
+        return F.take(self.proj(x), F.array(idx))
+
+
+def _eager_error(model, samples):
+    with pytest.raises(Exception) as eager:
+        for sample in samples:
+            model(sample)
+    return str(eager.value)
+
+
+@pytest.mark.parametrize("strategy", ["depth", "reference"])
+def test_take_by_an_empty_index_list_raises_eager_error_naming_sample_and_call(strategy):
+    model = make_model(Picked)
+    samples = [(x, idx) for x, idx in zip(_states(3, rows=3), [[0, 2], [], [1]])]
+    assert "inferring shapes failed" in _eager_error(model, samples)
+    with pytest.raises(gdb.BatchingError, match=r"sample 1, in picked\d+ > take: .*\(0,\).*"
+                                                r"inferring shapes failed"):
+        with gdb.batching(strategy=strategy):
+            [model(s) for s in samples]        # pylint: disable=expression-not-assigned
+    with gdb.batching(strategy=strategy):      # the next scope works
+        out = model(samples[0])
+    assert out.shape == (2, H)
+
+
+def test_an_empty_sentence_raises_eager_error_naming_sample_and_call():
+    model = make_model(Picked, embed=True)
+    sentences = [[1, 2], [], [3]]
+    assert "inferring shapes failed" in _eager_error(model, sentences)
+    with pytest.raises(gdb.BatchingError, match=r"sample 1, in picked\d+ > picked\d+_embedding0 "
+                                                r"> Embedding: .*inferring shapes failed"):
+        with gdb.batching():
+            [model(s) for s in sentences]      # pylint: disable=expression-not-assigned
+
+
+# --------------------------------------------------------------------------
+# Python lists where arrays are expected
+# --------------------------------------------------------------------------
+
+class ListArgument(gdb.DynBatchBlock):
+    """A Python list passed where an operator, a child block or arithmetic takes an array."""
+
+    def __init__(self, where, **kwargs):
+        super().__init__(**kwargs)
+        self.where = where
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(H)
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        bias = [1.0, 2.0, 3.0, 4.0]
+        if self.where == "operator":
+            return F.broadcast_add(h, bias)
+        if self.where == "block":
+            return self.dense([[0.5, 1.0, 2.0]])
+        if self.where == "concat":
+            return F.concat(h, [bias], dim=0)
+        return h + bias
+
+
+@pytest.mark.parametrize("where, error", [
+    ("operator", r"sample 0, in listargument\d+ > broadcast_add: .*Argument rhs must have "
+                 r"NDArray type, but got \[1\.0"),
+    ("block", r"sample 0, in listargument\d+ > listargument\d+_dense0 > FullyConnected: .*"
+              r"Argument data must have NDArray type"),
+    ("concat", r"sample 0, in listargument\d+ > concat: .*Positional arguments must have "
+               r"NDArray type"),
+])
+def test_a_list_where_an_array_is_expected_names_sample_block_and_call(where, error):
+    model = make_model(ListArgument, where=where)
+    x = nd.ones((1, 3))
+    model.dense(x)                                  # its shapes known, as after a first batch
+    with pytest.raises(gdb.BatchingError, match=error):
+        with gdb.batching():
+            model(x)
+            model(x)
+
+
+def test_a_list_in_arithmetic_raises_eager_type_error():
+    model = make_model(ListArgument, where="arithmetic")
+    x = nd.ones((1, 3))
+    with pytest.raises(TypeError, match="not supported") as eager:
+        model(x)
+    with pytest.raises(TypeError) as batched:
+        with gdb.batching():
+            model(x)
+            model(x)
+    assert str(batched.value) == str(eager.value)
+    assert "sample 0, in listargument" in "".join(getattr(batched.value, "__notes__", []))
+
+
+# --------------------------------------------------------------------------
+# Reads inside a block that runs as a black box
+# --------------------------------------------------------------------------
+
+class Reading(gluon.HybridBlock):
+    """A block with its own ``forward`` (a black box) that reads its input, as
+    gluonnlp's one-step decoders do through ``arange_like``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(H)
+
+    def forward(self, x):  # pylint: disable=arguments-differ
+        steps = nd.contrib.arange_like(x, axis=1)
+        return self.dense(x) + 0 * steps.sum().asscalar()
+
+
+class CallsBlackBox(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = gluon.nn.Dense(H)
+            self.box = Reading()
+
+    def hybrid_forward(self, F, x):
+        return self.box(self.inp(x))      # the line the warning names
+
+
+def test_a_read_inside_a_black_box_names_the_users_call_of_the_block(caplog):
+    model = make_model(CallsBlackBox)
+    with caplog.at_level("WARNING", logger="gluon_dynbatch"):
+        with gdb.batching():
+            outs = [model(x) for x in _states(8)]
+    assert all(out.shape == (1, H) for out in outs)
+    [message] = [r.getMessage() for r in caplog.records if "values are read" in r.getMessage()]
+    with open(__file__) as source:
+        line = next(k for k, text in enumerate(source, 1) if "the line the warning names" in text)
+    assert "%s:%d in hybrid_forward calls Reading (" % (__file__, line) in message
+    assert "black box" in message and "<string>" not in message

@@ -22,6 +22,7 @@ states records its ``F.RNN`` without state outputs, so calls of every length
 share one padded call (``rules.layers.PaddedRNNRule``).
 """
 import logging
+import sys
 
 import mxnet as mx
 from mxnet import gluon
@@ -183,7 +184,14 @@ def dispatch(self, rec, kind, args):
         return rec.trace(self, args)
     if kind is _OPAQUE and _has_lazy(args):
         # Opaque block (SymbolBlock, custom forward): run it on concrete values.
-        return rec.wrap_inputs(_ORIGINAL_CALL(self, *args))
+        # A read inside it is said to be this call's (``scope._read_place``).
+        outer = rec.black_box
+        if outer is None:
+            rec.black_box = (self, sys._getframe(1))  # pylint: disable=protected-access
+        try:
+            return rec.wrap_inputs(_ORIGINAL_CALL(self, *args))
+        finally:
+            rec.black_box = outer
     return _ORIGINAL_CALL(self, *args)
 
 

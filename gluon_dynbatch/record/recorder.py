@@ -77,6 +77,7 @@ class Recorder(RecorderCore):
         self.tainted = False        # a pass read known values (``Frame.written``)
         self.lazy_pool = []         # dead provisional LazyArrays, reused by frames
         self.eager = False          # reads flush every sample: run the rest eagerly
+        self.black_box = None       # (opaque block, caller's frame) of the call running
         self.mode = None            # autograd's (recording, training) of new calls
         self._mode_seen = None      # MODE_CHANGES[0] when self.mode was read
         self._versions = {}         # id(block) -> parameter identity, per scope
