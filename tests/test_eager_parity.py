@@ -5,13 +5,17 @@ at a time.  Batched, it must give eager's values and gradients; where eager
 MXNet raises, the batched run raises a clear error naming the sample, the
 user's block and the call.
 """
+import contextlib
+import sys
+
 import numpy as np
 import pytest
 from mxnet import autograd, gluon, nd
 from mxnet.gluon import rnn
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import check_all_strategies, make_model
+import idiom_models as im
+from dynbatch_testing import Tree, assert_same, check_all_strategies, make_model, run_model
 
 H = 4
 
@@ -301,3 +305,56 @@ def test_a_read_inside_a_black_box_names_the_users_call_of_the_block(caplog):
         line = next(k for k, text in enumerate(source, 1) if "the line the warning names" in text)
     assert "%s:%d in hybrid_forward calls Reading (" % (__file__, line) in message
     assert "black box" in message and "<string>" not in message
+
+
+# --------------------------------------------------------------------------
+# Deep recursion
+# --------------------------------------------------------------------------
+
+def _chain(depth):
+    """A tree that is a chain of ``depth`` nodes."""
+    tree = Tree(0)
+    for k in range(depth - 1):
+        tree = Tree(k % 7, [tree])
+    return tree
+
+
+@contextlib.contextmanager
+def _recursion_limit(limit):
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
+
+
+# Each model with a recursion limit its eager run needs at depth 600: a closure
+# or a helper method takes one or two frames a level, ``self(child)`` several.
+@pytest.mark.parametrize("model_class, limit", [(im.ClosureTree, 1400), (im.MethodTree, 1400),
+                                                (im.FeedbackTree, 4500)],
+                         ids=["closure", "helper", "self"])
+def test_a_chain_600_deep_records_where_eager_runs(model_class, limit):
+    model = make_model(model_class, hidden=H, classes=3)
+    table = nd.array(np.random.RandomState(0).uniform(-1, 1, (7, H)))
+    tree = _chain(600)
+    with _recursion_limit(limit):
+        eager = run_model(model, [tree], [table], "eager")
+        batched = run_model(model, [tree], [table], "depth")
+    assert_same(batched, eager)
+
+
+def test_recursion_deeper_than_the_limit_raises_a_short_error():
+    model = make_model(im.ClosureTree, hidden=H, classes=3)
+    table = nd.array(np.random.RandomState(0).uniform(-1, 1, (7, H)))
+    limit = sys.getrecursionlimit()
+    with pytest.raises(RecursionError) as caught:
+        with gdb.batching():
+            model(_chain(6 * limit), table)
+    notes = " ".join(getattr(caught.value, "__notes__", []))
+    assert "recursion limit" in notes and "sample 0, in closuretree" in notes
+    assert len(str(caught.value)) + len(notes) < 400
+    assert sys.getrecursionlimit() == limit
+    with gdb.batching():                         # the next scope records as usual
+        out = model(_chain(3), table)
+    assert out.shape == (1, 3)

@@ -31,7 +31,8 @@ from . import _core
 from . import context
 from .frames import NOT_RECORDED, Frame
 from .lazy import LazyArray
-from .recursion import stop_watching, watch_closures
+from .recursion import (raise_limit, recursion_note, restore_limit, stop_watching,
+                        watch_closures)
 from ..errors import BatchingError, describe_call
 
 log = logging.getLogger("gluon_dynbatch.record")
@@ -52,16 +53,19 @@ def record_call(self, rec, args):
         if self.max_pending_nodes is not None and rec.scope is not None \
                 and rec.scope.max_pending_nodes is None:
             rec.max_pending = self.max_pending_nodes
+    raise_limit()
     try:
         return _core.record_frame(self, rec, rec.wrap_arguments(args))
     except BatchingError:
         raise
     except Exception as err:
         if hasattr(err, "add_note"):
-            err.add_note("gluon_dynbatch: raised while recording %s"
-                         % describe_call(rec.sample, rec.path + (self._name,)))
+            where = describe_call(rec.sample, rec.path + (self._name,))
+            err.add_note(recursion_note(where) if isinstance(err, RecursionError)
+                         else "gluon_dynbatch: raised while recording %s" % where)
         raise
     finally:
+        restore_limit()
         rec.sample = None
 
 
