@@ -10,9 +10,10 @@ import threading
 from math import prod
 
 import numpy as np
+from mxnet.ndarray import NDArray
 
 from ..errors import BatchingError, describe_call
-from .graph import OP, VIEW, Slot
+from .graph import OP, VIEW, Slot, slot
 from .ops import INFER, UnknownShape, first_line, hashable
 from .rules import ALONE, intern, rule_for
 
@@ -130,6 +131,47 @@ def analyse(node, in_shapes, in_dtypes):
     if info.shared_pos and op.name.startswith("broadcast_") and len(out_shapes[0]) >= 2:
         info.low = tuple(k for k in info.shared_pos if len(in_shapes[k]) < len(out_shapes[0]))
     return info
+
+
+def written_shapes(op, args, kwargs, sample=None, path=()):
+    """The output shapes MXNet infers for ``op(*args, **kwargs)``, a call as
+    written on arrays of known shapes (``INFER``, cached per call shape); None
+    when they depend on the data.  Raises BatchingError, as ``analyse`` does,
+    when MXNet refuses the call."""
+    slots, shapes, dtypes = [], [], []
+
+    def slotted(value):
+        if isinstance(value, NDArray):
+            slots.append(value)
+            shapes.append(tuple(value.shape))
+            dtypes.append(value.dtype)
+            return slot(len(slots) - 1)
+        return value
+
+    stub = _Written(op, tuple(slotted(a) for a in args),
+                    {k: slotted(v) for k, v in kwargs.items() if k != "name"})
+    attrs = (tuple((i, hashable(a)) for i, a in enumerate(stub.args) if not isinstance(a, Slot)),
+             tuple(sorted((k, hashable(v)) for k, v in stub.kwargs.items()
+                          if not isinstance(v, Slot))))
+    try:
+        return INFER.infer(op, stub, tuple(shapes), tuple(dtypes), attrs)[0]
+    except UnknownShape:
+        return None
+    except RecursionError:
+        raise
+    except Exception as err:  # MXNetError, TypeError, ValueError from MXNet
+        raise BatchingError("%s: invalid call with input shapes %s: %s" % (
+            describe_call(sample, path, op.name), shapes,
+            _not_arrays(stub) or first_line(err))) from None
+
+
+class _Written:
+    """A call as written, for ``written_shapes``: what ``INFER`` reads of a node."""
+
+    __slots__ = ("op", "args", "kwargs")
+
+    def __init__(self, op, args, kwargs):
+        self.op, self.args, self.kwargs = op, args, kwargs
 
 
 class ShapeFromData(BatchingError):

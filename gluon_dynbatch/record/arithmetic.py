@@ -332,7 +332,7 @@ def _indexed(rec, x, begins, ends, shape, whole_rows):
     for fn in passes.INDEXING:
         found = fn(rec, x, begins, ends, shape, whole_rows)
         if found is not None:
-            return found
+            return passes.checked_index(rec, fn, x, shape, found)
     return None
 
 

@@ -292,7 +292,7 @@ class Recorder(RecorderCore):
             for fn in passes.BY_NAME.get(op.name, ()):
                 found = fn(self, op, args, kwargs)
                 if found is not None:
-                    return found
+                    return passes.checked(self, fn, op, args, kwargs, found)
         return self.record_plain(op, args, kwargs)
 
     def record_plain(self, op, args, kwargs):
@@ -306,7 +306,7 @@ class Recorder(RecorderCore):
                 for fn in passes.ON_BASES:
                     found = fn(self, op, args, kwargs)
                     if found is not None:
-                        return found
+                        return passes.checked(self, fn, op, args, kwargs, found)
         form = _FORMS.get(op.name)
         if form is not None:
             found = form(self, op, args, kwargs)
