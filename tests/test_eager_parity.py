@@ -15,6 +15,7 @@ from mxnet.gluon import rnn
 
 import gluon_dynbatch as gdb
 import idiom_models as im
+from gluon_dynbatch.ir.rules import rule_for
 from dynbatch_testing import Tree, assert_same, check_all_strategies, make_model, run_model
 
 H = 4
@@ -55,6 +56,19 @@ class LearnedStart(gdb.DynBatchBlock):
 def test_learned_start_vector_into_an_rnn_cell_equals_eager(cell, scaled):
     model = make_model(LearnedStart, cell=cell, scaled=scaled)
     check_all_strategies(model, _states(5), [], strategies=("depth", "agenda"))
+
+
+@pytest.mark.parametrize("compiled", [False, "step"])
+def test_a_step_mxnet_refuses_names_its_first_sample_and_block(monkeypatch, compiled):
+    # As if elemwise_add broadcast a one-row input: MXNet refuses the batched call.
+    monkeypatch.setattr(rule_for("elemwise_add"), "broadcasts", True)
+    model = make_model(LearnedStart)
+    with pytest.raises(gdb.BatchingError, match=r"failed at a step of 5 calls of elemwise_add, "
+                                                r"the first sample 0, in learnedstart\d+ > "
+                                                r"learnedstart\d+_lstm0: .*Incompatible"):
+        with gdb.batching(compiled=compiled):
+            held = [model(h) for h in _states(5)]   # values nobody holds are never computed
+    assert len(held) == 5
 
 
 # --------------------------------------------------------------------------
