@@ -200,7 +200,7 @@ class BatchingScope:
             tasks.wait()            # the sample waits; the others record (``tasks.py``)
             return
         if self._where_read is None:
-            self._where_read = _user_line()
+            self._where_read = _read_place(self.recorder)
         self.flush()
         rec = self.recorder
         owner = getattr(rec, "owner", None)
@@ -348,15 +348,29 @@ DEFAULT_CACHE = PlanCache(64)
 _LIBRARIES = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(mx.__file__))
 
 
-def _user_line():
-    """``file:line in function`` of the innermost frame of the user's code."""
-    frame = sys._getframe(1)  # pylint: disable=protected-access
+def _user_line(frame=None):
+    """``file:line in function`` of the innermost frame of the user's code (from
+    ``frame`` outwards, if given): not this package's, MXNet's, or code made at
+    run time (MXNet's generated operators, ``<string>``)."""
+    frame = frame or sys._getframe(1)  # pylint: disable=protected-access
     while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_LIBRARIES):
+        name = frame.f_code.co_filename
+        path = os.path.abspath(name)
+        if not name.startswith("<") and not path.startswith(_LIBRARIES):
             return "%s:%d in %s" % (path, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
     return "unknown place"
+
+
+def _read_place(rec):
+    """Where a value is read: the user's line, or the call of an opaque block the
+    read happens in (its own code reads, on concrete values)."""
+    found = rec.black_box
+    if found is None:
+        return _user_line(sys._getframe(1))  # pylint: disable=protected-access
+    block, caller = found
+    return "%s calls %s (%s), which runs as a black box on concrete values" % (
+        _user_line(caller), type(block).__name__, block.name)
 
 
 @contextlib.contextmanager

@@ -33,11 +33,11 @@ import textwrap
 import mxnet as mx
 import numpy as np
 import pytest
-from hypothesis import event, given, strategies as st
+from hypothesis import event, given, settings, strategies as st
 from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import BATCHED, assert_same, run_model
+from dynbatch_testing import BATCHED, assert_same, reference_run, run_model
 
 W = 4                 # feature width of every value
 VOCAB = 6             # rows of the Embedding parameter
@@ -616,6 +616,113 @@ def test_fuzz_consecutive_batches_reuse_plans_and_stay_exact(strategy, compiled,
         got = fuzz_run(model, batch, table, strategy, compiled)
         assert_runs_agree(got, expected)
         batch = [_relabel(t, r) for t in batch]
+
+
+# -- broadcasts of every rank ------------------------------------------------------
+# Operands of ranks 1-4 with unit axes at random places, some axes as long as
+# the sample (its length T), combined by elementwise binary operators with
+# broadcasting: the shapes MXNet gives, eager's values and gradients, in every
+# strategy, compiled mode and granularity, and the reference's.
+
+BROADCAST_OPS = ("broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div",
+                 "broadcast_maximum", "broadcast_minimum", "+", "-", "*")
+MAX_ENTRIES = 27        # entries of an operand besides its T axis
+
+
+@st.composite
+def broadcast_programs(draw):
+    """``(operands, steps)``: each operand ``(source, shape)``, its shape a tuple of
+    sizes and ``"T"`` (the sample's length), from the sample's rows ("rows"),
+    its first row ("row") or a parameter ("param"); each step ``(op, a, b)``
+    combines two earlier values (operands, then step results)."""
+    rank = draw(st.integers(1, 4))
+    full = [draw(st.sampled_from([1, 2, 3, "T"])) for _ in range(rank)]
+    while np.prod([d for d in full if d != "T"]) > MAX_ENTRIES or full.count("T") > 1:
+        full[full.index("T") if full.count("T") > 1 else
+             next(k for k, d in enumerate(full) if d not in (1, "T"))] = 1
+    operands = []
+    for _ in range(draw(st.integers(2, 3))):
+        units = draw(st.lists(st.booleans(), min_size=rank, max_size=rank))
+        shape = tuple(1 if unit else d for unit, d in zip(units, full))
+        shape = shape[draw(st.integers(0, rank - 1)):]       # lower rank: leading axes gone
+        source = "rows" if "T" in shape else draw(st.sampled_from(["row", "param"]))
+        operands.append((source, shape))
+    steps = []
+    for k in range(draw(st.integers(1, 3))):
+        count = len(operands) + k
+        steps.append((draw(st.sampled_from(BROADCAST_OPS)), draw(st.integers(0, count - 1)),
+                      draw(st.integers(0, count - 1))))
+    return operands, steps
+
+
+def _sized(shape, length):
+    return tuple(length if d == "T" else d for d in shape)
+
+
+class BroadcastNet(gdb.DynBatchBlock):
+    """A sample ``(T, W)``: its operands made from its rows (the T axis at its
+    place), its first row or parameters, then combined by broadcasts."""
+
+    def __init__(self, program, **kwargs):
+        super().__init__(**kwargs)
+        self.operands, self.steps = program
+        with self.name_scope():
+            self.proj = gluon.nn.Dense(MAX_ENTRIES, in_units=W, flatten=False)
+            for k, (source, shape) in enumerate(self.operands):
+                if source == "param":
+                    setattr(self, "operand%d" % k, self.params.get("operand%d" % k, shape=shape))
+
+    def hybrid_forward(self, F, x, **params):
+        length = x.shape[0]
+        h = F.tanh(self.proj(x))                                    # (T, MAX_ENTRIES)
+        values = []
+        for k, (source, shape) in enumerate(self.operands):
+            if source == "param":
+                values.append(params["operand%d" % k])
+                continue
+            rows = h if source == "rows" else F.slice_axis(h, axis=0, begin=0, end=1)
+            entries = int(np.prod([d for d in shape if d != "T"]))
+            values.append(F.reshape(F.slice_axis(rows, axis=1, begin=0, end=entries),
+                                    _sized(shape, length)))
+        for op, a, b in self.steps:
+            lhs, rhs = values[a], values[b]
+            if op in ("+", "-", "*"):
+                values.append(lhs + rhs if op == "+" else lhs - rhs if op == "-" else lhs * rhs)
+            else:
+                if op == "broadcast_div":
+                    rhs = F.broadcast_add(F.abs(rhs), F.ones((1,)))
+                values.append(getattr(F, op)(lhs, rhs))
+        return values[-1], F.sum(F.square(values[-1]), axis=-1)
+
+
+@settings(max_examples=max(4, settings().max_examples // 3))
+@given(program=broadcast_programs(), lengths=st.lists(st.integers(1, 4), min_size=2,
+                                                      max_size=4), seed=st.integers(0, 3))
+def test_fuzz_broadcasts_of_every_rank_match_eager_and_reference(program, lengths, seed):
+    """Random broadcasts between a sample's values and parameters of every rank."""
+    mx.random.seed(seed)
+    model = BroadcastNet(program)
+    model.initialize(mx.init.Uniform(0.5))
+    rng = np.random.RandomState(seed)
+    samples = [nd.array(rng.uniform(-1, 1, (t, W))) for t in lengths]
+    for sample, length in zip(samples, lengths):
+        out = model(sample)[0]
+        assert out.shape == _eager_broadcast_shape(program, length)
+    expected = reference_run(model, samples, [])
+    for strategy, compiled in MODES:
+        assert_same(run_model(model, samples, [], strategy, compiled), expected)
+    for compiled in (False, True, "step"):
+        assert_same(run_model(model, samples, [], "depth", compiled, granularity="op"), expected)
+
+
+def _eager_broadcast_shape(program, length):
+    """The shape numpy gives the last value of ``program`` (MXNet's broadcasting
+    is numpy's)."""
+    operands, steps = program
+    shapes = [_sized(shape, length) for _, shape in operands]
+    for _, a, b in steps:
+        shapes.append(np.broadcast_shapes(shapes[a], shapes[b]))
+    return tuple(shapes[-1])
 
 
 # -- regressions found by the fuzzer -----------------------------------------------

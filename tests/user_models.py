@@ -21,6 +21,7 @@ from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
+import gluonnlp_models as gm
 from matrix_models import (DecomposableAttention, GraphAttention, SelfAttention, TextCNN,
                            TokenLossMean, VectorContext)
 from idiom_models import (ActivationTree, AdjacencyGCN, AttentivePooling, BiGRUTagger,
@@ -763,6 +764,47 @@ def case_bigru_tagger(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(BiGRUTagger(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
 
+def case_gluonnlp_lstmp_lm(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(gm.LSTMPLanguageModel(hidden, VOCAB, DIM), seed),
+                gm.sentences(seed, n, VOCAB, min_len=2), [],
+                notes="gluonnlp's LSTMPCellWithClip language model, a loss per next word")
+
+
+def case_gluonnlp_mlp_seq2seq(seed=0, n=4, hidden=HIDDEN):
+    return Case(_init(gm.AttentionSeq2Seq(hidden, VOCAB, DIM, "mlp"), seed),
+                gm.translations(seed, n, VOCAB), [],
+                notes="GRU encoder-decoder, gluonnlp's MLPAttentionCell")
+
+
+def case_gluonnlp_dot_seq2seq(seed=0, n=4, hidden=HIDDEN):
+    return Case(_init(gm.AttentionSeq2Seq(hidden, VOCAB, DIM, "dot"), seed),
+                gm.translations(seed, n, VOCAB), [],
+                notes="GRU encoder-decoder, gluonnlp's DotProductAttentionCell")
+
+
+def case_gluonnlp_char_highway(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(gm.CharHighwayTagger(hidden, CLASSES, 20), seed), gm.spelled(seed, n, 20),
+                [], notes="gluonnlp's ConvolutionalEncoder per word, a Highway layer, tags")
+
+
+def case_gluonnlp_transformer_layer(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(gm.TransformerLayerClassifier(gm.units(hidden), CLASSES, VOCAB), seed),
+                gm.sentences(seed, n, VOCAB), [],
+                notes="gluonnlp's TransformerEncoderCell over a (1, T, U) sentence")
+
+
+def case_gluonnlp_transformer_nmt(seed=0, n=4, hidden=HIDDEN):
+    return Case(_init(gm.TransformerTranslation(gm.units(hidden), VOCAB), seed),
+                gm.translations(seed, n, VOCAB, max_len=4), [],
+                notes="gluonnlp's Transformer encoder and decoder cells, a step per word")
+
+
+def case_gluonnlp_beam_search(seed=0, n=4, hidden=HIDDEN):
+    return Case(_init(gm.BeamSearchDecoder(hidden, VOCAB, DIM), seed),
+                [source for source, _ in gm.translations(seed, n, VOCAB, max_len=4)], [],
+                notes="gluonnlp's BeamSearchSampler (reads every step), the best re-scored")
+
+
 #: Every case, by name.
 CASES = {
     "node_losses": case_node_losses,
@@ -819,6 +861,13 @@ CASES = {
     "text_cnn": case_text_cnn,
     "vector_context": case_vector_context,
     "token_loss_mean": case_token_loss_mean,
+    "gluonnlp_lstmp_lm": case_gluonnlp_lstmp_lm,
+    "gluonnlp_mlp_seq2seq": case_gluonnlp_mlp_seq2seq,
+    "gluonnlp_dot_seq2seq": case_gluonnlp_dot_seq2seq,
+    "gluonnlp_char_highway": case_gluonnlp_char_highway,
+    "gluonnlp_transformer_layer": case_gluonnlp_transformer_layer,
+    "gluonnlp_transformer_nmt": case_gluonnlp_transformer_nmt,
+    "gluonnlp_beam_search": case_gluonnlp_beam_search,
 }
 
 

@@ -9,9 +9,12 @@ same shape reuses it: ``INFOS`` memoises them for the recorder.
 import threading
 from math import prod
 
+import numpy as np
+from mxnet.ndarray import NDArray
+
 from ..errors import BatchingError, describe_call
-from .graph import OP, VIEW, Slot
-from .ops import INFER, first_line, hashable
+from .graph import OP, VIEW, Slot, slot
+from .ops import INFER, UnknownShape, first_line, hashable
 from .rules import ALONE, intern, rule_for
 
 # Operators whose batching rule depends on autograd's training mode.
@@ -98,12 +101,20 @@ def analyse(node, in_shapes, in_dtypes):
     attrs = (tuple((i, hashable(a)) for i, a in enumerate(node.args) if not isinstance(a, Slot)),
              tuple(sorted((k, hashable(v)) for k, v in node.kwargs.items()
                           if not isinstance(v, Slot))))
+    where = describe_call(node.sample, node.path, op.name)
     try:
         out_shapes, out_dtypes, inferred = INFER.infer(op, node, in_shapes, in_dtypes, attrs)
+    except UnknownShape:
+        empty = any(0 in shape and getattr(src, "param", None) is None
+                    for (src, _), shape in zip(node.inputs, in_shapes))
+        raise ShapeFromData("%s: %s (input shapes %s)" % (
+            where, "an input is empty" if empty else "the output shape depends on the data",
+            list(in_shapes))) from None
+    except RecursionError:
+        raise
     except Exception as err:  # MXNetError, TypeError, ValueError from MXNet
         raise BatchingError("%s: invalid call with input shapes %s: %s" % (
-            describe_call(node.sample, node.path, op.name), list(in_shapes),
-            first_line(err))) from None
+            where, list(in_shapes), _not_arrays(node) or first_line(err))) from None
     if op.name in ("reshape", "Reshape") and in_shapes \
             and prod(in_shapes[0]) != prod(out_shapes[0]):
         # MXNet's reshape takes a prefix, or reads past the end, of an array
@@ -120,6 +131,71 @@ def analyse(node, in_shapes, in_dtypes):
     if info.shared_pos and op.name.startswith("broadcast_") and len(out_shapes[0]) >= 2:
         info.low = tuple(k for k in info.shared_pos if len(in_shapes[k]) < len(out_shapes[0]))
     return info
+
+
+def written_shapes(op, args, kwargs, sample=None, path=()):
+    """The output shapes MXNet infers for ``op(*args, **kwargs)``, a call as
+    written on arrays of known shapes (``INFER``, cached per call shape); None
+    when they depend on the data.  Raises BatchingError, as ``analyse`` does,
+    when MXNet refuses the call."""
+    slots, shapes, dtypes = [], [], []
+
+    def slotted(value):
+        if isinstance(value, NDArray):
+            slots.append(value)
+            shapes.append(tuple(value.shape))
+            dtypes.append(value.dtype)
+            return slot(len(slots) - 1)
+        return value
+
+    stub = _Written(op, tuple(slotted(a) for a in args),
+                    {k: slotted(v) for k, v in kwargs.items() if k != "name"})
+    attrs = (tuple((i, hashable(a)) for i, a in enumerate(stub.args) if not isinstance(a, Slot)),
+             tuple(sorted((k, hashable(v)) for k, v in stub.kwargs.items()
+                          if not isinstance(v, Slot))))
+    try:
+        return INFER.infer(op, stub, tuple(shapes), tuple(dtypes), attrs)[0]
+    except UnknownShape:
+        return None
+    except RecursionError:
+        raise
+    except Exception as err:  # MXNetError, TypeError, ValueError from MXNet
+        raise BatchingError("%s: invalid call with input shapes %s: %s" % (
+            describe_call(sample, path, op.name), shapes,
+            _not_arrays(stub) or first_line(err))) from None
+
+
+class _Written:
+    """A call as written, for ``written_shapes``: what ``INFER`` reads of a node."""
+
+    __slots__ = ("op", "args", "kwargs")
+
+    def __init__(self, op, args, kwargs):
+        self.op, self.args, self.kwargs = op, args, kwargs
+
+
+class ShapeFromData(BatchingError):
+    """A call whose output shapes MXNet cannot infer before it runs: they depend
+    on its data (``F.contrib.boolean_mask``), or an input is empty.  Such a
+    call runs by itself, on concrete values (``record.alone``)."""
+
+
+def _not_arrays(node):
+    """What MXNet says of a list or other non-array given where the operator
+    takes an array (as eager MXNet says it), or None."""
+    op = node.op
+    if op.arrays is None:               # variadic: every positional argument
+        wanted = [(None, a) for a in node.args]
+    else:
+        names = op.params[:op.arrays]
+        wanted = list(zip(names, node.args[:op.arrays]))
+        wanted += [(k, v) for k, v in node.kwargs.items() if k in names]
+    for name, value in wanted:
+        if isinstance(value, (list, tuple, np.ndarray)) \
+                or value is not None and not isinstance(value, (Slot, int, float, str)):
+            what = "Positional arguments" if name is None else "Argument %s" % name
+            return "%s must have NDArray type, but got %r" % (what, value)
+    return None
 
 
 def is_link(op_name, node, in_shapes, in_dtypes, out_shapes, out_dtypes):

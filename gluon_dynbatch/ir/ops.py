@@ -8,6 +8,7 @@ every call, are inferred here directly.
 """
 import inspect
 import threading
+import warnings
 
 import mxnet as mx
 import numpy as np
@@ -157,6 +158,11 @@ def _infer_rows_view(op, node, in_shapes, in_dtypes):
     return (out,), (in_dtypes[0],), tuple(tuple(s) for s in in_shapes)
 
 
+class UnknownShape(ValueError):
+    """MXNet's inference cannot give a call's output shapes from its input shapes:
+    they depend on the data (``F.contrib.boolean_mask``)."""
+
+
 def _infer_symbolic(op, node, in_shapes, in_dtypes):
     """Run MXNet's shape and type inference on a one-operator symbol."""
     names = ["x%d" % k for k in range(len(in_shapes))]
@@ -165,9 +171,11 @@ def _infer_symbolic(op, node, in_shapes, in_dtypes):
     kwargs = {k: (syms[v.k] if isinstance(v, Slot) else v) for k, v in node.kwargs.items()}
     sym = op.sym_fn(*args, **kwargs)
     known = {n: s for n, s in zip(names, in_shapes) if s and all(d > 0 for d in s)}
-    arg_shapes, out_shapes, aux_shapes = sym.infer_shape(**known)
+    with warnings.catch_warnings():     # shapes it cannot decide: UnknownShape below
+        warnings.simplefilter("ignore", UserWarning)
+        arg_shapes, out_shapes, aux_shapes = sym.infer_shape(**known)
     if out_shapes is None or any(s is None or 0 in s for s in out_shapes):
-        raise ValueError("cannot infer output shapes from input shapes %s" % (in_shapes,))
+        raise UnknownShape("cannot infer output shapes from input shapes %s" % (in_shapes,))
     all_names = sym.list_arguments() + sym.list_auxiliary_states()
     all_shapes = dict(zip(all_names, list(arg_shapes) + list(aux_shapes)))
     _, out_types, _ = sym.infer_type(**dict(zip(names, in_dtypes)))

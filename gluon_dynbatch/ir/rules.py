@@ -67,11 +67,17 @@ class Rule:
         calls' rows), ``"segment"`` (a ragged reduction over axis 0),
         ``"reshape"``, ``"own"`` (the rule's batched call, as right for one
         call's rows as for many); None keeps its calls out of programs.
+    broadcasts : bool
+        Whether the batched call broadcasts a one-row ``BROW`` input over the
+        rows of the others by itself (``broadcast_*`` operators), so that one
+        row every node of a batch shares may be passed once instead of
+        repeated to every node's rows.
     """
 
     batching = "rows"
     keyed_attrs = True
     program_form = None
+    broadcasts = False
 
     def signature(self, node):
         raise NotImplementedError

@@ -10,7 +10,7 @@ import operator
 import numpy as np
 import mxnet as mx
 from mxnet import autograd, nd
-from mxnet.base import MXNetError
+from mxnet.base import MXNetError, numeric_types
 
 from . import _core
 from . import context
@@ -56,6 +56,8 @@ def _make_binary(name):
         lhs_arr, rhs_arr = isinstance(lhs, nd.NDArray), isinstance(rhs, nd.NDArray)
         if lhs_arr and rhs_arr:
             return rec.record(opdef(array_op), (lhs, rhs), {})
+        if not isinstance(rhs if lhs_arr else lhs, numeric_types):
+            return eager(lhs, rhs)      # a list: eager MXNet's TypeError, reading nothing
         if lhs_arr:
             return rec.record(opdef("_internal", lscalar), (lhs, float(rhs)), {})
         if rhs_arr:
@@ -330,7 +332,7 @@ def _indexed(rec, x, begins, ends, shape, whole_rows):
     for fn in passes.INDEXING:
         found = fn(rec, x, begins, ends, shape, whole_rows)
         if found is not None:
-            return found
+            return passes.checked_index(rec, fn, x, shape, found)
     return None
 
 

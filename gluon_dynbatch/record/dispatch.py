@@ -22,6 +22,7 @@ states records its ``F.RNN`` without state outputs, so calls of every length
 share one padded call (``rules.layers.PaddedRNNRule``).
 """
 import logging
+import sys
 
 import mxnet as mx
 from mxnet import gluon
@@ -30,7 +31,8 @@ from . import _core
 from . import context
 from .frames import NOT_RECORDED, Frame
 from .lazy import LazyArray
-from .recursion import stop_watching, watch_closures
+from .recursion import (raise_limit, recursion_note, restore_limit, stop_watching,
+                        watch_closures)
 from ..errors import BatchingError, describe_call
 
 log = logging.getLogger("gluon_dynbatch.record")
@@ -58,16 +60,19 @@ def _record_sample(self, rec, args):
         if self.max_pending_nodes is not None and rec.scope is not None \
                 and rec.scope.max_pending_nodes is None:
             rec.max_pending = self.max_pending_nodes
+    raise_limit()
     try:
         return _core.record_frame(self, rec, rec.wrap_arguments(args))
     except BatchingError:
         raise
     except Exception as err:
         if hasattr(err, "add_note"):
-            err.add_note("gluon_dynbatch: raised while recording %s"
-                         % describe_call(rec.sample, rec.path + (self._name,)))
+            where = describe_call(rec.sample, rec.path + (self._name,))
+            err.add_note(recursion_note(where) if isinstance(err, RecursionError)
+                         else "gluon_dynbatch: raised while recording %s" % where)
         raise
     finally:
+        restore_limit()
         rec.sample = None
 
 
@@ -190,7 +195,14 @@ def dispatch(self, rec, kind, args):
         return rec.trace(self, args)
     if kind is _OPAQUE and _has_lazy(args):
         # Opaque block (SymbolBlock, custom forward): run it on concrete values.
-        return rec.wrap_inputs(_ORIGINAL_CALL(self, *args))
+        # A read inside it is said to be this call's (``scope._read_place``).
+        outer = rec.black_box
+        if outer is None:
+            rec.black_box = (self, sys._getframe(1))  # pylint: disable=protected-access
+        try:
+            return rec.wrap_inputs(_ORIGINAL_CALL(self, *args))
+        finally:
+            rec.black_box = outer
     return _ORIGINAL_CALL(self, *args)
 
 

@@ -30,6 +30,8 @@ from mxnet.ndarray import NDArray
 
 from . import sites
 from . import weights as weight_calls
+from .alone import run_alone
+from ..ir.calls import ShapeFromData
 from ..ir.graph import LEAF
 from .lazy import LazyArray
 from .literals import key_item
@@ -203,7 +205,10 @@ class Frame(FrameCore):
         except TypeError:                     # an unhashable constant argument
             return self.fallback_op(op, args, kwargs, "an unhashable argument")
         if nxt is None:
-            nxt = self._learn(op, args, kwargs, key, refs, kw)
+            try:
+                nxt = self._learn(op, args, kwargs, key, refs, kw)
+            except ShapeFromData:       # its output shape depends on its data
+                return run_alone(self.rec, op, args, kwargs)
             if nxt is None:
                 return self.fallback_op(op, args, kwargs, "a call templates cannot hold")
         return self._outputs(nxt)

@@ -14,6 +14,7 @@ import inspect
 
 import mxnet as mx
 import numpy as np
+from mxnet import gluon
 from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
 from mxnet.ndarray import register as _register
 
@@ -229,6 +230,26 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
 
 
 
+# -- ``nn.HybridLambda`` given an operator by name -------------------------------------
+# ``nn.HybridLambda("tanh")`` looks its operator up in a dict keyed by ``mx.nd``
+# and ``mx.sym`` with the ``F`` it is given; inside a scope ``F`` is the
+# recording namespace, which names the same operator.
+
+_LAMBDA_FORWARD = gluon.nn.HybridLambda.hybrid_forward
+_BY_NAME = "HybridLambda.__init__.<locals>.<lambda>"    # the function a name makes
+
+
+def _lambda_hybrid_forward(self, F, x, *args):
+    """``HybridLambda.hybrid_forward``: a function given by name is ``F.<name>``
+    for any ``F`` (the recording one too)."""
+    if F is not mx.nd and F is not mx.sym \
+            and getattr(self._func, "__qualname__", None) == _BY_NAME:
+        return getattr(F, self._func_name)(x, *args)
+    return _LAMBDA_FORWARD(self, F, x, *args)
+
+
 def install():
-    """Record ``mx.nd`` operators called on pending values (``_recording_invoke``)."""
+    """Record ``mx.nd`` operators called on pending values (``_recording_invoke``);
+    let ``nn.HybridLambda`` name its operator in the recording ``F``."""
     _register._imperative_invoke = _recording_invoke
+    gluon.nn.HybridLambda.hybrid_forward = _lambda_hybrid_forward

@@ -20,11 +20,24 @@ float32 rounding.
   the reshape of another pending value (``bases.py``);
 * ``INDEXING``: passes for ``x[...]`` of such a value:
   ``fn(rec, x, begins, ends, shape, whole_rows) -> value or None``.
+
+What a pass returns is checked (``checked``, ``checked_index``): its shapes
+must be those MXNet gives the call as written, else an internal error names
+the sample, the block, the call and both shapes.  The check costs a lookup
+once the call shape has been checked; in a frame it runs when the frame
+learns what the pass recorded (``Frame.written``), not when later frames
+replay it.
 """
+from mxnet.ndarray import NDArray
+
+from ..errors import BatchingError, describe_call
+from ..ir.calls import written_shapes
 
 BY_NAME = {}        # operator name -> tuple of passes, in the order registered
 ON_BASES = []       # passes for calls reading a reshaped value
 INDEXING = []       # passes for indexing a reshaped value
+_CHECKED = set()    # call shapes whose passes' results have the right shapes
+MAX_CHECKED = 100000
 
 
 def register(names, fn):
@@ -41,3 +54,45 @@ def register_on_bases(fn):
 def register_indexing(fn):
     """Run pass ``fn`` on ``x[...]`` of a value with a base."""
     INDEXING.append(fn)
+
+
+def checked(rec, fn, op, args, kwargs, found):
+    """``found``, what pass ``fn`` returned for ``op(*args, **kwargs)``, once its
+    shapes are those MXNet infers for the call as written."""
+    got = _shapes(found)
+    try:
+        key = (op, fn, tuple((a.shape, a.dtype) if isinstance(a, NDArray) else a for a in args),
+               tuple((k, (v.shape, v.dtype) if isinstance(v, NDArray) else v)
+                     for k, v in kwargs.items()), got)
+        if key in _CHECKED:
+            return found
+    except TypeError:           # an unhashable constant: checked every time
+        key = None
+    want = written_shapes(op, args, kwargs, rec.sample, rec.path)
+    if want is not None and tuple(want) != got:
+        raise BatchingError(
+            "%s: internal error: the pass %s gave shapes %s where MXNet gives %s for the call "
+            "as written, on input shapes %s" % (
+                describe_call(rec.sample, rec.path, op.name), fn.__name__, list(got),
+                list(want), [a.shape for a in args if isinstance(a, NDArray)]))
+    if key is not None and len(_CHECKED) < MAX_CHECKED:
+        _CHECKED.add(key)
+    return found
+
+
+def checked_index(rec, fn, x, shape, found):
+    """``found``, what pass ``fn`` returned for ``x[...]``, once its shape is
+    ``shape``, the one MXNet's indexing gives."""
+    if tuple(found.shape) != tuple(shape):
+        raise BatchingError(
+            "%s: internal error: the pass %s gave shape %s where indexing gives %s, on "
+            "input shape %s" % (describe_call(rec.sample, rec.path, "indexing"), fn.__name__,
+                                found.shape, tuple(shape), x.shape))
+    return found
+
+
+def _shapes(found):
+    """The output shapes of a pass's result: one array, or a list of them."""
+    if isinstance(found, (list, tuple)):
+        return tuple(tuple(a.shape) for a in found)
+    return (tuple(found.shape),)

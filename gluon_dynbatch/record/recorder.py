@@ -29,6 +29,7 @@ from ..errors import BatchingError, describe_call
 from ..logs import warn_once
 from . import _core
 from ._core import RecorderCore
+from .alone import run_alone
 from .frames import NOT_RECORDED, Frame
 from ..ir.graph import (LEAF, NO_KWARGS, OP, VIEW, Graph, Node, analysed_node, slot,
                     slots_of)
@@ -78,6 +79,7 @@ class Recorder(RecorderCore):
         self.tainted = False        # a pass read known values (``Frame.written``)
         self.lazy_pool = []         # dead provisional LazyArrays, reused by frames
         self.eager = False          # reads flush every sample: run the rest eagerly
+        self.black_box = None       # (opaque block, caller's frame) of the call running
         self.mode = None            # autograd's (recording, training) of new calls
         self._mode_seen = None      # MODE_CHANGES[0] when self.mode was read
         self._versions = {}         # id(block) -> parameter identity, per scope
@@ -293,7 +295,7 @@ class Recorder(RecorderCore):
             for fn in passes.BY_NAME.get(op.name, ()):
                 found = fn(self, op, args, kwargs)
                 if found is not None:
-                    return found
+                    return passes.checked(self, fn, op, args, kwargs, found)
         return self.record_plain(op, args, kwargs)
 
     def record_plain(self, op, args, kwargs):
@@ -307,7 +309,7 @@ class Recorder(RecorderCore):
                 for fn in passes.ON_BASES:
                     found = fn(self, op, args, kwargs)
                     if found is not None:
-                        return found
+                        return passes.checked(self, fn, op, args, kwargs, found)
         form = _FORMS.get(op.name)
         if form is not None:
             found = form(self, op, args, kwargs)
@@ -337,7 +339,10 @@ class Recorder(RecorderCore):
         elif not kwargs and not graph.weight_nodes:
             inputs = pending_inputs(graph, args)         # the common case
             if inputs:
-                return self.add_node(op, inputs, slots_of(len(inputs)), {})
+                try:
+                    return self.add_node(op, inputs, slots_of(len(inputs)), {})
+                except calls.ShapeFromData:
+                    return run_alone(self, op, args, kwargs)
         arrays = []
         targs = []
         for a in args:
@@ -361,7 +366,10 @@ class Recorder(RecorderCore):
             return self.constant(op, args, kwargs)
         if weight_calls.on_weights(self, op, inputs):
             return weight_calls.shared_call(self, op, inputs, tuple(targs), tkw)
-        return self.add_node(op, inputs, tuple(targs), tkw)
+        try:
+            return self.add_node(op, inputs, tuple(targs), tkw)
+        except calls.ShapeFromData:       # its output shape depends on its data
+            return run_alone(self, op, args, kwargs)
 
     def slow_row_slice(self, x, begin, end):
         """Rows ``begin:end`` of array ``x``: ``x[i:j]`` and ``F.slice_axis(x, axis=0, ...)``.

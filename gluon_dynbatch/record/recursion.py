@@ -16,9 +16,20 @@ shape, learned at tens of microseconds per call.
 import functools
 import inspect
 import sys
+import threading
 import types
 
 from . import context
+
+# Recording a call nested in another takes up to this many times the frames
+# (Python's, and C calls Python counts) that eager execution takes: a
+# recursive helper or closure is its wrapper, the frame's set-up and the
+# function, where eager runs the function alone.
+FRAMES_PER_LEVEL = 4
+# And this many beyond the deepest call: analysing a call, inferring shapes.
+HEADROOM = 200
+_LIMIT_LOCK = threading.Lock()
+_RAISED = [0, None]     # top-level calls recording, and the limit before the first
 
 # Generators and coroutines run their bodies after the call returns.
 _LAZY_BODIES = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -133,3 +144,34 @@ def _wrap_in_cell(block, frame, name):
     cell.cell_contents = wrapped
     # The tracer's caller writes ``f_locals`` back into the frame's cells.
     locals_[name] = wrapped
+
+
+def raise_limit():
+    """Raise Python's recursion limit while a top-level call records, so that
+    models as deep as eager execution allows record too (``restore_limit``
+    puts it back when the last such call ends)."""
+    with _LIMIT_LOCK:
+        if not _RAISED[0]:
+            _RAISED[1] = limit = sys.getrecursionlimit()
+            sys.setrecursionlimit(limit * FRAMES_PER_LEVEL + HEADROOM)
+        _RAISED[0] += 1
+
+
+def restore_limit():
+    """Undo one ``raise_limit``."""
+    with _LIMIT_LOCK:
+        _RAISED[0] -= 1
+        if not _RAISED[0]:
+            try:
+                sys.setrecursionlimit(_RAISED[1])
+            except RecursionError:      # called deeper than the old limit: keep it raised
+                pass
+
+
+def recursion_note(where):
+    """What to add to a RecursionError raised while recording ``where``: short,
+    with the limit eager execution has."""
+    return ("gluon_dynbatch: Python's recursion limit was reached while recording %s "
+            "(recording allows %d times the limit of %d that eager execution has); "
+            "sys.setrecursionlimit raises it" % (where, FRAMES_PER_LEVEL, _RAISED[1]
+                                                  or sys.getrecursionlimit()))

@@ -26,7 +26,7 @@ class LowRankRule(RowRule):
     program_form = None     # programs gather such vectors themselves (``Entry.low``)
 
     def __init__(self):
-        super().__init__(elementwise_roles)
+        super().__init__(elementwise_roles, broadcasts=True)
 
     def step_key(self, node):
         return tuple(_in_shape(node, k) for k, role in enumerate(node.meta) if role == LOW)
@@ -50,7 +50,7 @@ class BroadcastRule(RowRule):
     lower-rank input is a value of the sample's own (see the module docstring)."""
 
     def __init__(self):
-        super().__init__(elementwise_roles)
+        super().__init__(elementwise_roles, broadcasts=True)
 
     def refine(self, node, info):
         """Give ``node`` (a call of ``info``, whose ``info.low`` is not empty) the

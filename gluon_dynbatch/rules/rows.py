@@ -7,10 +7,14 @@
   is one reshape of the concatenation;
 * ``SoftmaxRowRule``: a softmax along a row's axis, reading its input through
   a reshape (``plain_layout``);
+* ``ConvolutionRule``: a convolution on rows, reading its input through a
+  copy inside CachedOps (``default_layout``);
 * ``ViewRule``: row slices, axis-0 concatenation, repeats and broadcasts of a
   row only move rows: no step, the reader's gather resolves them;
 * ``RowFallback``: the first of two rules that takes the node.
 """
+import mxnet as mx
+
 from ..ir.rules import (BROW, ROW, SHARED, Rule, Signature, _in_dtype, _in_shape, _shared_key,
                         _trail, call_as_recorded, register_rule)
 
@@ -27,8 +31,9 @@ class RowRule(Rule):
 
     program_form = "rows"
 
-    def __init__(self, roles):
+    def __init__(self, roles, broadcasts=False):
         self._roles = roles
+        self.broadcasts = broadcasts
 
     def signature(self, node):
         if not node.inputs:
@@ -206,6 +211,29 @@ class SoftmaxRowRule(RowRule):
         return call_as_recorded(F, node, [plain] + list(inputs[1:]))
 
 
+def default_layout(F, x):
+    """``x`` through a copy of all its rows, for MKLDNN's convolution.
+
+    Inside a CachedOp, MXNet 1.9.1's MKLDNN convolution fails in backward
+    ("could not create a primitive descriptor for a reorder primitive") when
+    its input is the transpose of an embedding lookup (a character CNN: rows
+    of a table, reshaped, channels moved before the characters), reshaped or
+    not.  ``slice_axis`` over every row gives the gradient back in the plain
+    layout; a reshape, ``identity`` or ``* 1`` do not.
+    """
+    return F.slice_axis(x, axis=0, begin=0, end=None)
+
+
+class ConvolutionRule(RowRule):
+    """``Convolution`` on rows, its data read through ``default_layout`` in
+    symbolic (CachedOp) form; imperative calls run as recorded."""
+
+    def batched_call(self, F, node, inputs):
+        if F is not mx.sym:
+            return call_as_recorded(F, node, inputs)
+        return call_as_recorded(F, node, [default_layout(F, inputs[0])] + list(inputs[1:]))
+
+
 class RowFallback(Rule):
     """Try ``first`` (usually a segment rule), else ``second``."""
 
@@ -272,15 +300,15 @@ add_n ElementWiseSum where""".split()
 # Elementwise operators of arrays; the ``broadcast_*`` ones are ``rules.broadcasts``'.
 ELEMENTWISE = [name for name in _UNARY + _NARY if not name.startswith("broadcast_")]
 register_rule(ELEMENTWISE, RowRule(elementwise_roles))
-register_rule(["Convolution", "Deconvolution", "Pooling", "L2Normalization"],
-              RowRule(first_row_roles))
+register_rule("Convolution", ConvolutionRule(first_row_roles))
+register_rule(["Deconvolution", "Pooling", "L2Normalization"], RowRule(first_row_roles))
 register_rule(["Embedding", "one_hot"], RowRule(lookup_roles))
 register_rule("LayerNorm", RowRule(axis_roles("axis", -1, extra_shared=True)))
 register_rule("BatchNorm", RowRule(batchnorm_roles))
 register_rule("batch_dot", RowRule(all_row_roles))
 # Gluon's losses (L2, L1, Huber, sigmoid cross-entropy) reshape the label like the prediction.
 register_rule("reshape_like", RowRule(all_row_roles))
-register_rule("broadcast_like", RowRule(broadcast_like_roles))
+register_rule("broadcast_like", RowRule(broadcast_like_roles, broadcasts=True))
 register_rule("Dropout", RowRule(dropout_roles))
 register_rule(["softmin", "topk", "sort", "argsort"], RowRule(axis_roles("axis", -1)))
 register_rule(["argmax", "argmin"], RowRule(axis_roles("axis", None)))

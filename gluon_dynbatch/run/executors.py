@@ -18,8 +18,11 @@ import time
 import mxnet as mx
 import numpy as np
 from mxnet import autograd
+from mxnet.base import MXNetError
 
 from .lowering import Lowering
+from ..errors import BatchingError, describe_call
+from ..ir.ops import first_line
 from ..ir.rules import KNOWN, NO_GRADIENT, call_as_recorded
 
 _NO_CHANGE = contextlib.nullcontext()
@@ -81,7 +84,8 @@ def run_interpreted(plan, live, ctx):
     feeds = walker.feed_arrays()
     values = {}
     for kind, node0, ins, outs, count, variant in walker.steps:
-        with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
+        with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE, \
+                _naming_step(node0, count):
             detach = node0.op.detached if kind == "program" else ()
             inputs = [_gather_detached(d, values, feeds) if k in detach
                       else _gather(d, values, feeds) for k, d in enumerate(ins)]
@@ -94,6 +98,20 @@ def run_interpreted(plan, live, ctx):
         for sid, array in zip(outs, results):
             values[sid] = array
     walker.deliver([_gather(desc, values, feeds) for desc, _ in walker.outputs])
+
+
+@contextlib.contextmanager
+def _naming_step(node0, count):
+    """Name the step's calls (the first one's sample and block) in an MXNet error
+    raised while it runs."""
+    try:
+        yield
+    except MXNetError as err:
+        what = "program " if node0.op.path is None else ""
+        raise BatchingError(
+            "running the batched plan failed at a step of %d call%s of %s%s, the first %s: %s"
+            % (count, "s" if count > 1 else "", what, node0.op.name,
+               describe_call(node0.sample, node0.path), first_line(err))) from err
 
 
 def run_program(program, inputs, variant, ctx):
@@ -199,7 +217,7 @@ def run_steps(plan, live, ctx, cache, stats):
     walker.walk(plan, live)
     feeds = walker.feed_arrays()
     values = {}
-    for kind, node0, ins, outs, _, variant in walker.steps:
+    for kind, node0, ins, outs, count, variant in walker.steps:
         arrays, shape = [], []
         for desc in ins:
             if desc[0] == "take":
@@ -209,7 +227,8 @@ def run_steps(plan, live, ctx, cache, stats):
             else:
                 arrays.append(_gather(desc, values, feeds))
                 shape.append(("d",))
-        with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE:
+        with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE, \
+                _naming_step(node0, count):
             results = _run_step(node0, tuple(shape), variant, arrays, walker.ctx, cache, stats)
         for sid, array in zip(outs, results):
             values[sid] = array

@@ -141,16 +141,18 @@ def shared_inputs(nodes):
     """Per input of a batch: True when it is passed once rather than gathered.
 
     SHARED inputs always are (KNOWN ones are not passed at all).  A one-row
-    BROW input that every node shares can broadcast natively too, provided
-    another input is gathered at full rows (otherwise the batch would have
-    one row instead of one per node).
+    BROW input that every node shares can broadcast natively too, where the
+    operator broadcasts (``Rule.broadcasts``: ``broadcast_add`` does,
+    ``elemwise_add`` does not), provided another input is gathered at full
+    rows (otherwise the batch would have one row instead of one per node).
     """
     node0 = nodes[0]
+    broadcasts = node0.rule.broadcasts
     shared = []
     for k, role in enumerate(node0.meta):
         first = node0.inputs[k]
         shared.append(role == SHARED or role == KNOWN or (
-            role == BROW and first[0].out_shapes[first[1]][0] == 1
+            broadcasts and role == BROW and first[0].out_shapes[first[1]][0] == 1
             and all(n.inputs[k] == first for n in nodes)))
     if all(shared[k] for k, role in enumerate(node0.meta) if role not in (SHARED, KNOWN)):
         for k, role in enumerate(node0.meta):

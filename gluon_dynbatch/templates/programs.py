@@ -525,9 +525,13 @@ def _intern(program, exports, roles, name):
     # out (a reshape's target shape), so ``Program.run`` is exact for every call.
     # A scalar entry's number is the call's own (``ProgramInfo.scalars``), and a
     # reshape keeps each call's rows (its target's first axis is theirs): their
-    # keys hold the trailing shapes and dtypes their signatures would.
+    # keys hold the trailing shapes and dtypes their signatures would.  A
+    # reshape's signature holds its input's trailing shape as well: the batch
+    # concatenates the inputs, so a (1, T, H) sentence read as (T, H) rows
+    # batches only with sentences of its length.
     key = (tuple((op.path, kind, sources, blocks, low)
                  + (("rows", tuple(s[1:] for s in info.out_shapes), info.out_dtypes)
+                    + ((info.sig,) if kind == _RESHAPE else ())
                     if scalar or kind == _RESHAPE else (info.attrs, info.sig))
                  for op, _a, _k, info, kind, sources, _b, blocks, scalar, low in program),
            exports, roles)

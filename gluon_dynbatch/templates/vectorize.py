@@ -513,7 +513,12 @@ class _Emitter:
             self.where[("group", id(group), idx)] = (ref, None)
 
     def total(self, unit):
-        """A sum: a segment sum per group and for stacked outside terms, then adds."""
+        """A sum: a segment sum per group and for stacked outside terms, then adds.
+
+        A parameter among the terms (``x + q`` of a one-row ``x`` and a
+        parameter of its shape) is added as it is: one value for every call,
+        it is no row of a call to stack.
+        """
         partials, outside, seen = [], [], set()
         for ref in unit.terms:
             if type(ref) is int and ref in self.produced:
@@ -522,6 +527,10 @@ class _Emitter:
                     continue
                 seen.add(found)
                 partials.append(self._segment_sum(found))
+            elif type(ref) is not int and ref[0] != "c":
+                found = self.value(ref)
+                self.shape[found] = self.shape_of(ref)
+                partials.append(found)
             else:
                 outside.append(ref)
         if len(outside) >= 2 or (outside and unit.signal):

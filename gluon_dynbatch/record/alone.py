@@ -1,0 +1,44 @@
+"""Calls whose output shapes depend on their data: run by themselves, now.
+
+A recorded call must know its output shapes before anything runs; MXNet's
+inference gives them from the input shapes, except for operators whose
+output depends on the values (``F.contrib.boolean_mask``) and for calls on
+empty arrays (a sentence of no words).  Such a call (``calls.ShapeFromData``)
+runs as eager MXNet runs it: the values it reads are computed first (what is
+pending runs, as a read of a value does), the operator runs on them, and its
+outputs enter the graph as inputs, with their autograd history.  Where eager
+MXNet raises, the error names the sample and the call.
+"""
+from mxnet.ndarray import NDArray
+
+from .lazy import LazyArray
+from ..errors import BatchingError, describe_call
+from ..ir.graph import LEAF
+from ..ir.ops import first_line
+
+
+def run_alone(rec, op, args, kwargs):
+    """``op(*args, **kwargs)`` run now on concrete values; its outputs as leaves."""
+    args = [_concrete(a) for a in args]
+    kwargs = {k: _concrete(v) for k, v in kwargs.items()}
+    arrays = [a for a in args if isinstance(a, NDArray)]
+    arrays += [v for v in kwargs.values() if isinstance(v, NDArray)]
+    for array in arrays:
+        array.wait_to_read()            # runs what the value needs
+    try:
+        out = op.nd_fn(*args, **kwargs)
+    except Exception as err:  # MXNetError, and MXNet's own argument checks
+        raise BatchingError("%s: invalid call with input shapes %s: %s" % (
+            describe_call(rec.sample, rec.path, op.name), [a.shape for a in arrays],
+            first_line(err))) from None
+    return rec.wrap_inputs(out)
+
+
+def _concrete(value):
+    """The array an input of the graph stands for (an array given to the model, a
+    parameter's data), else ``value`` itself."""
+    if type(value) is LazyArray and value._h is None:
+        node = value._node
+        if node is not None and node.kind == LEAF:
+            return node.value if node.value is not None else node.param.data(node.graph.ctx)
+    return value

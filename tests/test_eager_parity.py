@@ -1,0 +1,374 @@
+"""Models eager Gluon runs, batched: eager's result, or eager's error named.
+
+Each model here is written as users write them and runs eagerly one sample
+at a time.  Batched, it must give eager's values and gradients; where eager
+MXNet raises, the batched run raises a clear error naming the sample, the
+user's block and the call.
+"""
+import contextlib
+import sys
+
+import numpy as np
+import pytest
+from mxnet import autograd, gluon, nd
+from mxnet.gluon import rnn
+
+import gluon_dynbatch as gdb
+import idiom_models as im
+from gluon_dynbatch.ir.rules import rule_for
+from dynbatch_testing import Tree, assert_same, check_all_strategies, make_model, run_model
+
+H = 4
+
+
+def _states(count, seed=0, rows=1):
+    rng = np.random.RandomState(seed)
+    return [nd.array(rng.uniform(-1, 1, (rows, H))) for _ in range(count)]
+
+
+# --------------------------------------------------------------------------
+# A learned start vector as the input of a Gluon rnn cell
+# --------------------------------------------------------------------------
+
+class LearnedStart(gdb.DynBatchBlock):
+    """A decoder's first steps: its own ``go`` parameter (1, H) is the input of an
+    rnn cell whose state is each sample's encoding (``scaled``: ``go * 1``)."""
+
+    def __init__(self, cell="lstm", scaled=False, **kwargs):
+        super().__init__(**kwargs)
+        self.kind, self.scaled = cell, scaled
+        with self.name_scope():
+            self.go = self.params.get("go", shape=(1, H))
+            self.cell = rnn.LSTMCell(H, input_size=H) if cell == "lstm" \
+                else rnn.GRUCell(H, input_size=H)
+
+    def hybrid_forward(self, F, encoding, go):
+        state = [encoding, encoding] if self.kind == "lstm" else [encoding]
+        x = go * 1 if self.scaled else go
+        outs = []
+        for _ in range(2):
+            x, state = self.cell(x, state)
+            outs.append(x)
+        return F.concat(*outs, dim=0)
+
+
+@pytest.mark.parametrize("cell, scaled", [("lstm", False), ("gru", False), ("lstm", True)])
+def test_learned_start_vector_into_an_rnn_cell_equals_eager(cell, scaled):
+    model = make_model(LearnedStart, cell=cell, scaled=scaled)
+    check_all_strategies(model, _states(5), [], strategies=("depth", "agenda"))
+
+
+@pytest.mark.parametrize("compiled", [False, "step"])
+def test_a_step_mxnet_refuses_names_its_first_sample_and_block(monkeypatch, compiled):
+    # As if elemwise_add broadcast a one-row input: MXNet refuses the batched call.
+    monkeypatch.setattr(rule_for("elemwise_add"), "broadcasts", True)
+    model = make_model(LearnedStart)
+    with pytest.raises(gdb.BatchingError, match=r"failed at a step of 5 calls of elemwise_add, "
+                                                r"the first sample 0, in learnedstart\d+ > "
+                                                r"learnedstart\d+_lstm0: .*Incompatible"):
+        with gdb.batching(compiled=compiled):
+            held = [model(h) for h in _states(5)]   # values nobody holds are never computed
+    assert len(held) == 5
+
+
+# --------------------------------------------------------------------------
+# A character CNN over each word
+# --------------------------------------------------------------------------
+
+class CharCNN(gdb.DynBatchBlock):
+    """Each word's characters embedded (1, C, E), laid out (C, 1, E) and encoded
+    by gluonnlp's ConvolutionalEncoder (convolutions over the characters, a
+    highway layer), or transposed to (1, E, C) for one ``nn.Conv1D``."""
+
+    def __init__(self, gluonnlp_encoder=True, **kwargs):
+        super().__init__(**kwargs)
+        self.gluonnlp_encoder = gluonnlp_encoder
+        with self.name_scope():
+            self.embed = gluon.nn.Embedding(20, 8)
+            if gluonnlp_encoder:
+                import gluonnlp
+                self.encode = gluonnlp.model.ConvolutionalEncoder(
+                    embed_size=8, num_filters=(8, 8), ngram_filter_sizes=(1, 2),
+                    conv_layer_activation="tanh", num_highway=1, output_size=None)
+            else:
+                self.conv = gluon.nn.Conv1D(8, 2, in_channels=8, activation="tanh")
+            self.out = gluon.nn.Dense(3)
+
+    def hybrid_forward(self, F, words):
+        vectors = []
+        for chars in words:
+            x = self.embed(F.array([chars]))                     # (1, C, E)
+            if self.gluonnlp_encoder:
+                vectors.append(self.encode(F.transpose(x, axes=(1, 0, 2))))
+            else:
+                x = F.expand_dims(F.transpose(F.reshape(x, (-1, 8))), axis=0)
+                vectors.append(F.max(self.conv(x), axis=2))
+        return self.out(F.concat(*vectors, dim=0))
+
+
+def _spelled(seed, count=5):
+    rng = np.random.RandomState(seed)
+    return [[list(rng.randint(0, 20, rng.randint(2, 6))) for _ in range(rng.randint(1, 4))]
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize("gluonnlp_encoder", [True, False], ids=["gluonnlp", "conv1d"])
+def test_character_cnn_trains_and_equals_eager(gluonnlp_encoder):
+    model = make_model(CharCNN, gluonnlp_encoder=gluonnlp_encoder)
+    check_all_strategies(model, _spelled(0), [], strategies=("depth",))
+    trainer = gluon.Trainer(model.collect_params(), "sgd", {"learning_rate": 0.1})
+    with autograd.record():
+        with gdb.batching(compiled=True):
+            loss = sum(model(words).sum() for words in _spelled(1))
+    loss.backward()
+    trainer.step(1)
+
+
+# --------------------------------------------------------------------------
+# nn.HybridLambda given an operator by name
+# --------------------------------------------------------------------------
+
+class Lambdas(gdb.DynBatchBlock):
+    """``nn.HybridLambda("tanh")`` and a HybridLambda of a function, in a sequence."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.body = gluon.nn.HybridSequential()
+            self.body.add(gluon.nn.Dense(H), gluon.nn.HybridLambda("tanh"),
+                          gluon.nn.HybridLambda(lambda F, x: F.LeakyReLU(x, slope=0.1)))
+
+    def hybrid_forward(self, F, x):
+        return self.body(x)
+
+
+def test_hybrid_lambda_by_name_equals_eager():
+    check_all_strategies(make_model(Lambdas), _states(5, rows=2), [], strategies=("depth",))
+
+
+# --------------------------------------------------------------------------
+# Output shapes that depend on the data; empty arrays
+# --------------------------------------------------------------------------
+
+class Masked(gdb.DynBatchBlock):
+    """The states of a sentence's odd words kept by ``F.contrib.boolean_mask``
+    (as many rows as the sample has odd words), summed, beside the mean state."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = gluon.nn.Embedding(20, H)
+            self.proj = gluon.nn.Dense(H, flatten=False)
+            self.out = gluon.nn.Dense(2)
+
+    def hybrid_forward(self, F, words):
+        h = F.tanh(self.proj(self.embed(F.array(words))))
+        kept = F.contrib.boolean_mask(h, F.array([w % 2 for w in words]))
+        return self.out(F.sum(kept, axis=0, keepdims=True) + F.mean(h, axis=0, keepdims=True))
+
+
+def test_output_shape_that_depends_on_the_data_runs_alone_exactly(recwarn):
+    sentences = [[1, 2, 3], [2, 5], [5], [7, 8, 9, 11], [3, 4]]
+    check_all_strategies(make_model(Masked), sentences, [], strategies=("depth", "agenda"))
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)
+                and "Cannot decide shape" in str(w.message)]
+
+
+class Picked(gdb.DynBatchBlock):
+    """Rows of a sample's states picked by a list of its own: ``F.take(h, F.array(idx))``,
+    or each word of a sentence embedded (``embed``)."""
+
+    def __init__(self, embed=False, **kwargs):
+        super().__init__(**kwargs)
+        self.embed_words = embed
+        with self.name_scope():
+            self.embed = gluon.nn.Embedding(20, H)
+            self.proj = gluon.nn.Dense(H)
+
+    def hybrid_forward(self, F, sample):
+        if self.embed_words:
+            return F.sum(self.embed(F.array(sample)), axis=0, keepdims=True)
+        x, idx = sample
+        return F.take(self.proj(x), F.array(idx))
+
+
+def _eager_error(model, samples):
+    with pytest.raises(Exception) as eager:
+        for sample in samples:
+            model(sample)
+    return str(eager.value)
+
+
+@pytest.mark.parametrize("strategy", ["depth", "reference"])
+def test_take_by_an_empty_index_list_raises_eager_error_naming_sample_and_call(strategy):
+    model = make_model(Picked)
+    samples = [(x, idx) for x, idx in zip(_states(3, rows=3), [[0, 2], [], [1]])]
+    assert "inferring shapes failed" in _eager_error(model, samples)
+    with pytest.raises(gdb.BatchingError, match=r"sample 1, in picked\d+ > take: .*\(0,\).*"
+                                                r"inferring shapes failed"):
+        with gdb.batching(strategy=strategy):
+            [model(s) for s in samples]        # pylint: disable=expression-not-assigned
+    with gdb.batching(strategy=strategy):      # the next scope works
+        out = model(samples[0])
+    assert out.shape == (2, H)
+
+
+def test_an_empty_sentence_raises_eager_error_naming_sample_and_call():
+    model = make_model(Picked, embed=True)
+    sentences = [[1, 2], [], [3]]
+    assert "inferring shapes failed" in _eager_error(model, sentences)
+    with pytest.raises(gdb.BatchingError, match=r"sample 1, in picked\d+ > picked\d+_embedding0 "
+                                                r"> Embedding: .*inferring shapes failed"):
+        with gdb.batching():
+            [model(s) for s in sentences]      # pylint: disable=expression-not-assigned
+
+
+# --------------------------------------------------------------------------
+# Python lists where arrays are expected
+# --------------------------------------------------------------------------
+
+class ListArgument(gdb.DynBatchBlock):
+    """A Python list passed where an operator, a child block or arithmetic takes an array."""
+
+    def __init__(self, where, **kwargs):
+        super().__init__(**kwargs)
+        self.where = where
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(H)
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        bias = [1.0, 2.0, 3.0, 4.0]
+        if self.where == "operator":
+            return F.broadcast_add(h, bias)
+        if self.where == "block":
+            return self.dense([[0.5, 1.0, 2.0]])
+        if self.where == "concat":
+            return F.concat(h, [bias], dim=0)
+        return h + bias
+
+
+@pytest.mark.parametrize("where, error", [
+    ("operator", r"sample 0, in listargument\d+ > broadcast_add: .*Argument rhs must have "
+                 r"NDArray type, but got \[1\.0"),
+    ("block", r"sample 0, in listargument\d+ > listargument\d+_dense0 > FullyConnected: .*"
+              r"Argument data must have NDArray type"),
+    ("concat", r"sample 0, in listargument\d+ > concat: .*Positional arguments must have "
+               r"NDArray type"),
+])
+def test_a_list_where_an_array_is_expected_names_sample_block_and_call(where, error):
+    model = make_model(ListArgument, where=where)
+    x = nd.ones((1, 3))
+    model.dense(x)                                  # its shapes known, as after a first batch
+    with pytest.raises(gdb.BatchingError, match=error):
+        with gdb.batching():
+            model(x)
+            model(x)
+
+
+def test_a_list_in_arithmetic_raises_eager_type_error():
+    model = make_model(ListArgument, where="arithmetic")
+    x = nd.ones((1, 3))
+    with pytest.raises(TypeError, match="not supported") as eager:
+        model(x)
+    with pytest.raises(TypeError) as batched:
+        with gdb.batching():
+            model(x)
+            model(x)
+    assert str(batched.value) == str(eager.value)
+    assert "sample 0, in listargument" in "".join(getattr(batched.value, "__notes__", []))
+
+
+# --------------------------------------------------------------------------
+# Reads inside a block that runs as a black box
+# --------------------------------------------------------------------------
+
+class Reading(gluon.HybridBlock):
+    """A block with its own ``forward`` (a black box) that reads its input, as
+    gluonnlp's one-step decoders do through ``arange_like``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(H)
+
+    def forward(self, x):  # pylint: disable=arguments-differ
+        steps = nd.contrib.arange_like(x, axis=1)
+        return self.dense(x) + 0 * steps.sum().asscalar()
+
+
+class CallsBlackBox(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = gluon.nn.Dense(H)
+            self.box = Reading()
+
+    def hybrid_forward(self, F, x):
+        return self.box(self.inp(x))      # the line the warning names
+
+
+def test_a_read_inside_a_black_box_names_the_users_call_of_the_block(caplog):
+    model = make_model(CallsBlackBox)
+    with caplog.at_level("WARNING", logger="gluon_dynbatch"):
+        with gdb.batching():
+            outs = [model(x) for x in _states(8)]
+    assert all(out.shape == (1, H) for out in outs)
+    [message] = [r.getMessage() for r in caplog.records if "values are read" in r.getMessage()]
+    with open(__file__) as source:
+        line = next(k for k, text in enumerate(source, 1) if "the line the warning names" in text)
+    assert "%s:%d in hybrid_forward calls Reading (" % (__file__, line) in message
+    assert "black box" in message and "<string>" not in message
+
+
+# --------------------------------------------------------------------------
+# Deep recursion
+# --------------------------------------------------------------------------
+
+def _chain(depth):
+    """A tree that is a chain of ``depth`` nodes."""
+    tree = Tree(0)
+    for k in range(depth - 1):
+        tree = Tree(k % 7, [tree])
+    return tree
+
+
+@contextlib.contextmanager
+def _recursion_limit(limit):
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
+
+
+# Each model with a recursion limit its eager run needs at depth 600: a closure
+# or a helper method takes one or two frames a level, ``self(child)`` several.
+@pytest.mark.parametrize("model_class, limit", [(im.ClosureTree, 1400), (im.MethodTree, 1400),
+                                                (im.FeedbackTree, 4500)],
+                         ids=["closure", "helper", "self"])
+def test_a_chain_600_deep_records_where_eager_runs(model_class, limit):
+    model = make_model(model_class, hidden=H, classes=3)
+    table = nd.array(np.random.RandomState(0).uniform(-1, 1, (7, H)))
+    tree = _chain(600)
+    with _recursion_limit(limit):
+        eager = run_model(model, [tree], [table], "eager")
+        batched = run_model(model, [tree], [table], "depth")
+    assert_same(batched, eager)
+
+
+def test_recursion_deeper_than_the_limit_raises_a_short_error():
+    model = make_model(im.ClosureTree, hidden=H, classes=3)
+    table = nd.array(np.random.RandomState(0).uniform(-1, 1, (7, H)))
+    limit = sys.getrecursionlimit()
+    with pytest.raises(RecursionError) as caught:
+        with gdb.batching():
+            model(_chain(6 * limit), table)
+    notes = " ".join(getattr(caught.value, "__notes__", []))
+    assert "recursion limit" in notes and "sample 0, in closuretree" in notes
+    assert len(str(caught.value)) + len(notes) < 400
+    assert sys.getrecursionlimit() == limit
+    with gdb.batching():                         # the next scope records as usual
+        out = model(_chain(3), table)
+    assert out.shape == (1, 3)
