@@ -19,10 +19,10 @@ halves of a ratio ran back to back, so a drift of the machine's speed cancels
 out).  ``steps``, ``mean_batch``, ``nodes`` and ``us_per_call`` are means over
 the timed batches of ``scope.stats``.
 
-A model that reads a value inside most samples (``float(x.asscalar())``,
-branching on a computed score) cannot batch: its first scope runs a few
-samples batched, then the rest eagerly, and its later scopes give up at the
-first read (``mid_sample_reads``).
+A model that reads a value inside its samples (``float(x.asscalar())``,
+branching on a computed score: ``mid_sample_reads``) batches through tasks:
+each sample waits at its read while the others record, and a scope flushes
+once per read of the sample that reads most.
 
 Run from the repository root::
 

@@ -529,7 +529,7 @@ def case_child_attention(seed=0, n=6, hidden=HIDDEN):
 
 def case_mid_sample_reads(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(BranchingTreeRNN(hidden), seed), _trees(seed, n), [_table(seed)],
-                notes="reads in most samples: the scope runs them eagerly")
+                notes="a read per tree node: each sample waits at its reads")
 
 
 def case_mixed_children(seed=0, n=6, hidden=HIDDEN):

@@ -44,7 +44,7 @@ cdef extern from "descrobject.h":
 cdef object LAZY = None            # the LazyArray class (``bind``)
 cdef object NDARRAY = None         # mxnet.nd.NDArray
 cdef list MODES = None             # context.MODE_CHANGES
-cdef Py_ssize_t OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_WRITABLE
+cdef Py_ssize_t OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_ROWS, OFF_WRITABLE
 cdef object FLOAT = float
 cdef object INT = int
 
@@ -63,11 +63,12 @@ cdef Py_ssize_t _offset(cls, name) except -1:
 def bind(lazy_class, ndarray_class, mode_changes):
     """Learn where ``lazy_class`` (LazyArray) keeps its slots; the NDArray class
     and the counter of autograd's mode changes (``context.MODE_CHANGES``)."""
-    global LAZY, NDARRAY, MODES, OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_WRITABLE
+    global LAZY, NDARRAY, MODES, OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_ROWS, OFF_WRITABLE
     OFF_H = _offset(lazy_class, "_h")
     OFF_NODE = _offset(lazy_class, "_node")
     OFF_IDX = _offset(lazy_class, "_idx")
     OFF_BASE = _offset(lazy_class, "_base")
+    OFF_ROWS = _offset(lazy_class, "_rows")
     OFF_WRITABLE = _offset(lazy_class, "writable")
     LAZY, NDARRAY, MODES = lazy_class, ndarray_class, mode_changes
 
@@ -100,6 +101,7 @@ cdef object _fresh_lazy(object node, object idx):
     _set(lazy, OFF_NODE, node)
     _set(lazy, OFF_IDX, idx)
     _set(lazy, OFF_BASE, None)
+    _set(lazy, OFF_ROWS, None)
     _set(lazy, OFF_WRITABLE, True)
     return lazy
 

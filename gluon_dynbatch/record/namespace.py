@@ -216,6 +216,10 @@ def _resolve_direct(name):
 def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list):
     """``_imperative_invoke`` that records calls on pending LazyArrays in a scope."""
     rec = context.TLS.recorder
+    if out is not None:                 # written in place: no longer rows of a flush's output
+        for array in (out if isinstance(out, (list, tuple)) else (out,)):
+            if type(array) is LazyArray:
+                array._rows = None  # pylint: disable=protected-access
     if rec is not None and out is None and not is_np_op and not rec.eager \
             and any(type(a) is LazyArray and a._h is None for a in ndargs):
         found = _direct_op(handle)

@@ -59,6 +59,7 @@ class Recorder(RecorderCore):
         self.ctx = ctx
         self.graph = Graph(ctx, flush, self._read)
         self.tasks = Tasks(self, flush)    # samples as resumable tasks (``tasks.py``)
+        self.rows_token = object()  # marks values this scope's flushes handed out (``leaf``)
         self.F = RecordingNamespace(self)
         self.scope = None
         self.sample = None          # index of the current top-level call
@@ -155,6 +156,15 @@ class Recorder(RecorderCore):
         parameter = graph.parameter_of(array, self.owner)
         if parameter is not None:           # ``p.data()`` read in the model: ``p`` itself
             return self.param(parameter)
+        rows = array._rows if type(array) is LazyArray else None
+        if rows is not None and rows[0].token is self.rows_token and not array.history_freed():
+            # Handed out by an earlier flush of this scope: rows of its batched
+            # output (``lazy.Rows``), which a batched step gathers from that array.
+            group = rows[0]
+            lazy = self._rows_of(self.leaf(group.array), *group.bounds[rows[1]])
+            lazy._rows = rows       # read as an array: its rows, sliced (``lazy.Rows``)
+            graph.leaf_by_id[id(array)] = (lazy._node, lazy, array)
+            return lazy
         self._set_ctx(array.context)
         node = graph.add(Node(graph, LEAF))
         node.value = array
@@ -399,13 +409,31 @@ class Recorder(RecorderCore):
         shape = src.out_shapes[idx]
         if not (type(begin) is int and type(end) is int and 0 <= begin < end <= shape[0]):
             return self.graph_op(_SLICE_AXIS, (x,), {"axis": 0, "begin": begin, "end": end})
+        return self._view_rows(value, begin, end)
+
+    def _rows_of(self, base, begin, end):
+        """Rows ``begin:end`` of ``base``, a LazyArray of this graph, as a view
+        node (no flush, no call counted: ``leaf`` makes it for a value handed out)."""
+        lazy = self._view_rows((base._node, base._idx), begin, end)
+        lazy._node.outs = None      # held by ``leaf_by_id``, not by a user: no output
+        return lazy
+
+    def _view_rows(self, value, begin, end):
+        """The view node of rows ``begin:end`` of graph value ``value``; its LazyArray."""
+        src, idx = value
+        graph = self.graph
+        shape = src.out_shapes[idx]
         found = _ROW_SLICES.get((begin, end, shape, src.out_dtypes[idx]))
         if found is None:
             kwargs = {"axis": 0, "begin": begin, "end": end}
-            info = calls.INFOS.get((_SLICE_AXIS, _ONE_SLOT,
-                                    (("axis", 0), ("begin", begin), ("end", end)),
-                                    (shape,), (src.out_dtypes[idx],)))
-            if info is None or info.kind != VIEW:
+            key = (_SLICE_AXIS, _ONE_SLOT, (("axis", 0), ("begin", begin), ("end", end)),
+                   (shape,), (src.out_dtypes[idx],))
+            info = calls.INFOS.get(key)
+            if info is None:    # analysed here: ``add_node`` may start a new graph
+                probe = Node(graph, OP, _SLICE_AXIS, [value], _ONE_SLOT, kwargs)
+                info = calls.analyse(probe, key[3], key[4])
+                calls.remember(key, info)
+            if info.kind != VIEW:
                 return self.add_node(_SLICE_AXIS, [value], _ONE_SLOT, kwargs)
             # Nodes never change their kwargs: views of the same rows share one dict.
             found = _ROW_SLICES[(begin, end, shape, src.out_dtypes[idx])] = (

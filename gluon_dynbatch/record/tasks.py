@@ -248,8 +248,10 @@ class Pending(LazyArray):
 
     __slots__ = ("_tasks", "_task", "_path")
 
-    def __init__(self, tasks, task, path):
-        super().__init__(None, 0)
+    def __init__(self, tasks=None, task=None, path=None, handle=None, writable=True):
+        # ``handle``: NDArray methods that make a view of a computed value
+        # (``reshape``, basic indexing) call ``self.__class__(handle=...)``.
+        super().__init__(None, 0, handle=handle, writable=writable)
         self._tasks, self._task, self._path = tasks, task, path
 
     def fill(self, value):
@@ -293,7 +295,7 @@ class Pending(LazyArray):
         return LazyArray._materialize(self)  # pylint: disable=protected-access
 
     def __repr__(self):
-        if not self._task.done:
+        if self._task is not None and not self._task.done:
             return "<Pending array of a sample waiting at a read>"
         return LazyArray.__repr__(self)
 
@@ -344,7 +346,7 @@ class PendingValue:
         return float(self.value())
 
     def __repr__(self):
-        if not self._task.done:
+        if self._task is not None and not self._task.done:
             return "<Pending value of a sample waiting at a read>"
         return repr(self._value)
 
@@ -352,6 +354,8 @@ class PendingValue:
 
 
 def _force(tasks, task):
+    if task is None:            # a view of a filled-in value (``Pending.__init__``)
+        return
     if not task.done:
         tasks.drain(task)
     if task.error is not None:

@@ -21,6 +21,8 @@ import numpy as np
 from mxnet.base import _LIB, NDArrayHandle, c_array, check_call, mx_uint
 
 from ..ir.graph import LEAF, VIEW
+from ..record import context
+from ..record.lazy import Rows, split_rows
 from ..ir.rules import BROW, KNOWN, SHARED
 
 _CONCATS = ("concat", "Concat")
@@ -505,27 +507,23 @@ class Lowering(SegmentWalker):
         return feeds
 
     def deliver(self, results):
-        """Split each output group and hand the pieces to their LazyArrays."""
+        """Hand each output group's rows to their LazyArrays.
+
+        Inside a scope, each value of a group of several also remembers its
+        rows of the group's array (``lazy.Rows``): a later flush of the scope
+        that reads it gathers those rows from that array.
+        """
+        rec = context.current()
+        token = getattr(rec, "rows_token", None)
+        mode = context.autograd_mode()
         for (desc, members), array in zip(self.outputs, results):
-            pieces = _split_rows(array, [node.out_shapes[idx][0] for node, idx, _ in members])
+            counts = [node.out_shapes[idx][0] for node, idx, _ in members]
             # A group's rows have one trailing shape, so each piece has its
             # value's shape already: no per-piece check (a ctypes call each).
-            for (_, _, lazy), piece in zip(members, pieces):
+            for (_, _, lazy), piece in zip(members, split_rows(array, counts)):
                 lazy._set_result(piece)  # pylint: disable=protected-access
-
-
-def _split_rows(array, counts):
-    """``array`` cut along axis 0 into pieces of ``counts`` rows (one recorded op).
-
-    Pieces of equal size (every tree's root state: one row) use ``split``,
-    whose forward and backward take a third of ``split_v2``'s engine time here.
-    """
-    if len(counts) == 1:
-        return [array]
-    if counts.count(counts[0]) == len(counts):
-        return mx.nd.split(array, num_outputs=len(counts), axis=0)
-    bounds = np.cumsum(counts)[:-1]
-    return mx.nd.split_v2(array, tuple(int(b) for b in bounds), axis=0)
+            if token is not None and len(counts) > 1:
+                Rows(array, counts, [lazy for _, _, lazy in members], mode, token)
 
 
 def _view(flat, start, stop, shape):
