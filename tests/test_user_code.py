@@ -252,16 +252,6 @@ def test_reads_after_every_sample_switch_the_scope_to_eager(caplog):
 
 def test_values_after_the_scope_take_views_like_ndarrays():
     # NDArray.reshape and basic indexing build ``self.__class__(handle=...)``.
-
-    class Plain(gdb.DynBatchBlock):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            with self.name_scope():
-                self.dense = gluon.nn.Dense(4, in_units=4)
-
-        def hybrid_forward(self, F, x):
-            return F.tanh(self.dense(x))
-
     plain = Plain()
     plain.initialize(mx.init.Uniform(0.5))
     xs = _inputs(3, seed=2)

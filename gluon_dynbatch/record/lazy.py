@@ -47,7 +47,7 @@ class LazyArray(nd.NDArray):
     # ``_epoch``: BACKWARD_EPOCH when the value was computed (see ``history_freed``).
     # ``_base``: (the value this one reshapes, autograd's mode count), see reshapes.py.
     # ``_rows``: (Rows, index) of a value a flush handed out as rows of a batched
-    # output (``run.lowering.Lowering.deliver``).
+    # output (``run.lowering.Lowering.deliver``), or of their view in a later graph.
     __slots__ = ("_h", "_node", "_idx", "_epoch", "_base", "_rows", "__weakref__")
 
     def __init__(self, node=None, index=0, handle=None, writable=True):
@@ -77,14 +77,10 @@ class LazyArray(nd.NDArray):
 
     def _materialize(self):
         node = self._node
-        rows = self._rows
-        if rows is not None:
-            if node is None:                # handed out by a flush, not split yet
-                rows[0].split()
-            else:                           # their view in a later graph (``Recorder.leaf``)
-                piece = rows[0].slice(rows[1])
-                self._h, piece.handle = piece.handle, None
-                self._epoch = BACKWARD_EPOCH[0]
+        if self._rows is not None:          # a value's rows in a later graph (``Recorder.leaf``)
+            piece = self._rows[0].slice(self._rows[1])
+            self._h, piece.handle = piece.handle, None
+            self._epoch = BACKWARD_EPOCH[0]
             return self._h
         if node is None:
             raise BatchingError("this LazyArray was never given a value")
@@ -101,9 +97,6 @@ class LazyArray(nd.NDArray):
                 "record it again in a new scope" % graph.error)
         graph.read_fn()
         h = self._h
-        if h is None and self._rows is not None:
-            self._rows[0].split()
-            h = self._h
         if h is None:
             raise BatchingError("internal error: value not produced by its flush")
         return h
@@ -130,7 +123,7 @@ class LazyArray(nd.NDArray):
     @property
     def is_pending(self):
         """True while the value has not been computed yet."""
-        return self._h is None and self._rows is None
+        return self._h is None
 
     def __del__(self):
         h = getattr(self, "_h", None)
@@ -143,8 +136,6 @@ class LazyArray(nd.NDArray):
         node = self._node
         if node is not None:
             return node.out_shapes[self._idx]
-        if self._h is None and self._rows is not None:
-            return self._rows[0].shape(self._rows[1])
         return nd.NDArray.shape.fget(self)
 
     @property
@@ -152,8 +143,6 @@ class LazyArray(nd.NDArray):
         node = self._node
         if node is not None:
             return node.out_dtypes[self._idx]
-        if self._h is None and self._rows is not None:
-            return self._rows[0].array.dtype
         return nd.NDArray.dtype.fget(self)
 
     @property
@@ -161,8 +150,6 @@ class LazyArray(nd.NDArray):
         node = self._node
         if node is not None:
             return node.graph.ctx
-        if self._h is None and self._rows is not None:
-            return self._rows[0].array.context
         return nd.NDArray.context.fget(self)
 
     ctx = context
@@ -225,70 +212,34 @@ def output_of(node, idx):
 
 
 class Rows:
-    """Rows of one batched output that a flush handed out to several LazyArrays.
+    """One batched output of a flush whose rows it handed out to several LazyArrays.
 
-    The output is split among them (one ``split`` call, recorded by autograd
-    as the flush's calls were) only when one of them is first used as an
-    array; until then a later flush of the same scope that reads them gathers
-    their rows from the batched output itself (``Recorder.leaf``), and values
-    nobody uses are never split out.
+    Each of them holds ``(rows, k)`` in ``_rows``: a later flush of the same
+    scope that reads one takes its rows of this array (``Recorder.leaf``), so a
+    batched step gathers every sample's rows from one array, not from as many
+    pieces.
 
     Parameters
     ----------
     array : NDArray
         The batched output.
     counts : list of int
-        Rows of each member, in order.
-    members : list of LazyArray
+        Rows of each value, in order.
     mode : tuple
         Autograd's (recording, training) while the flush ran.
     token : object
         The flushing scope's ``Recorder.rows_token``.
     """
 
-    __slots__ = ("array", "bounds", "members", "mode", "token")
+    __slots__ = ("array", "bounds", "mode", "token")
 
-    def __init__(self, array, counts, members, mode, token):
+    def __init__(self, array, counts, mode, token):
         self.array, self.mode, self.token = array, mode, token
         ends = np.cumsum(counts).tolist()
         self.bounds = list(zip([0] + ends[:-1], ends))
-        self.members = [weakref.ref(lazy) for lazy in members]
-        for k, lazy in enumerate(members):
-            lazy._rows = (self, k)  # pylint: disable=protected-access
-            lazy._epoch = BACKWARD_EPOCH[0]  # pylint: disable=protected-access
-
-    def shape(self, k):
-        """The shape of member ``k``."""
-        begin, end = self.bounds[k]
-        return (end - begin,) + self.array.shape[1:]
 
     def slice(self, k):
-        """Member ``k``'s rows of the output, as a new array."""
+        """Value ``k``'s rows of the output, as a new array (recorded as the flush was)."""
         begin, end = self.bounds[k]
         with autograd._RecordingStateScope(*self.mode):  # pylint: disable=protected-access
             return nd.slice_axis(self.array, axis=0, begin=begin, end=end)
-
-    def split(self):
-        """Give every member still without a value its rows of the output."""
-        counts = [end - begin for begin, end in self.bounds]
-        with autograd._RecordingStateScope(*self.mode):  # pylint: disable=protected-access
-            pieces = split_rows(self.array, counts)
-        for ref, piece in zip(self.members, pieces):
-            lazy = ref()
-            if lazy is not None and lazy._h is None:  # pylint: disable=protected-access
-                lazy._h = piece.handle  # pylint: disable=protected-access
-                piece.handle = None
-
-
-def split_rows(array, counts):
-    """``array`` cut along axis 0 into pieces of ``counts`` rows (one recorded op).
-
-    Pieces of equal size (every tree's root state: one row) use ``split``,
-    whose forward and backward take a third of ``split_v2``'s engine time here.
-    """
-    if len(counts) == 1:
-        return [array]
-    if counts.count(counts[0]) == len(counts):
-        return nd.split(array, num_outputs=len(counts), axis=0)
-    bounds = np.cumsum(counts)[:-1]
-    return nd.split_v2(array, tuple(int(b) for b in bounds), axis=0)
