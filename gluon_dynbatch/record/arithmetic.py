@@ -316,6 +316,11 @@ def _getitem(self, key):
         out = rec.row_slice(out, begins[0], ends[0])
     rest = [(b, e) if (b, e) != (0, shape[a + 1]) else (None, None)
             for a, (b, e) in enumerate(zip(begins[1:], ends[1:]))]
+    cut = [a for a, (b, _) in enumerate(rest, 1) if b is not None]
+    if len(cut) == 1 and passes.SLICES and rec.frame is not None and out._node is rec.frame:
+        found = passes.sliced(rec, out, cut[0], begins[cut[0]], ends[cut[0]])
+        if found is not None:
+            out, rest = found, ()
     if any(b is not None for b, _ in rest):
         out = rec.call_op(opdef("slice"), (out,), {
             "begin": (None,) + tuple(b for b, _ in rest),

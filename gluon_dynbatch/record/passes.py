@@ -19,7 +19,9 @@ float32 rounding.
 * ``ON_BASES``: passes for any call whose first array (or, of two, second) is
   the reshape of another pending value (``bases.py``);
 * ``INDEXING``: passes for ``x[...]`` of such a value:
-  ``fn(rec, x, begins, ends, shape, whole_rows) -> value or None``.
+  ``fn(rec, x, begins, ends, shape, whole_rows) -> value or None``;
+* ``SLICES``: passes for a slice of a value of the recording frame along one
+  axis: ``fn(rec, x, axis, begin, end) -> value or None``.
 
 What a pass returns is checked (``checked``, ``checked_index``): its shapes
 must be those MXNet gives the call as written, else an internal error names
@@ -36,6 +38,7 @@ from ..ir.calls import written_shapes
 BY_NAME = {}        # operator name -> tuple of passes, in the order registered
 ON_BASES = []       # passes for calls reading a reshaped value
 INDEXING = []       # passes for indexing a reshaped value
+SLICES = []         # passes for a slice of a frame's value along one axis
 _CHECKED = set()    # call shapes whose passes' results have the right shapes
 MAX_CHECKED = 100000
 
@@ -54,6 +57,24 @@ def register_on_bases(fn):
 def register_indexing(fn):
     """Run pass ``fn`` on ``x[...]`` of a value with a base."""
     INDEXING.append(fn)
+
+
+def register_slices(fn):
+    """Run pass ``fn`` on slices of the recording frame's values along one axis."""
+    SLICES.append(fn)
+
+
+def sliced(rec, x, axis, begin, end):
+    """``x`` sliced along ``axis`` by the first pass of ``SLICES`` that applies
+    (its shape checked), or None."""
+    if rec.faithful():
+        return None
+    for fn in SLICES:
+        found = fn(rec, x, axis, begin, end)
+        if found is not None:
+            shape = x.shape[:axis] + (end - begin,) + x.shape[axis + 1:]
+            return checked_index(rec, fn, x, shape, found)
+    return None
 
 
 def checked(rec, fn, op, args, kwargs, found):

@@ -390,6 +390,9 @@ class Recorder(RecorderCore):
         Rows of a value of the recording frame are a call of the frame.
         """
         if self.frame is not None and type(x) is LazyArray and x._node is self.frame:
+            found = passes.sliced(self, x, 0, begin, end) if passes.SLICES else None
+            if found is not None:
+                return found
             return self.call_op(_SLICE_AXIS, (x,), {"axis": 0, "begin": begin, "end": end})
         graph = self.graph
         if len(graph.nodes) >= self.max_pending:

@@ -17,6 +17,7 @@ Each module registers its passes with ``record.passes`` when imported:
 * ``pairs`` (and the operators of ``matrix_ops``): a sample's own matrices as
   columns of their entries;
 * ``literals``: takes by known indices as row views, ``arange_like`` as a literal;
+* ``positions``: slices at positions of a sample's own, the position as a literal;
 * ``workarounds``: forms that avoid MXNet 1.9.1's errors inside CachedOps.
 """
 from . import reshapes  # noqa: F401  (first: a split of a reshaped value reads its base)
@@ -25,4 +26,5 @@ from . import dots  # noqa: F401
 from . import columns  # noqa: F401
 from . import pairs  # noqa: F401
 from . import literals  # noqa: F401
+from . import positions  # noqa: F401
 from . import workarounds  # noqa: F401

@@ -1,0 +1,136 @@
+"""Slices at positions of a sample's own: the position recorded as data.
+
+A pointer network reads ``H[i:i + 1]`` and ``scores[:, i:i + 1]`` at
+positions each sample gives.  Once two samples slice one value at different
+positions, the slice is recorded as a gather by a literal position
+(``rewrite.positions``): new positions then take no new path through the
+templates, and the results stay those of eager Gluon.  A loop over a
+sample's rows keeps its slices (they vectorise whole).
+"""
+import random
+
+import numpy as np
+import pytest
+from mxnet import autograd, nd
+from mxnet.gluon import nn
+
+import gluon_dynbatch as gdb
+import user_models as um
+from dynbatch_testing import assert_same
+
+WORDS, HIDDEN = 5, 4
+MODES = [{"strategy": s, "compiled": c} for s in ("depth", "agenda")
+         for c in (False, True, "step")]
+
+
+class Pointer(gdb.DynBatchBlock):
+    """Rows and columns at the sample's own positions ``pointers``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = nn.Dense(HIDDEN, flatten=False)
+
+    def hybrid_forward(self, F, sample, emb):
+        words, pointers = sample
+        H = F.tanh(self.proj(F.concat(*[emb[w:w + 1] for w in words], dim=0)))
+        parts = []
+        for i in pointers:
+            row = H[i:i + 1]
+            scores = F.log_softmax(F.dot(row, H, transpose_b=True))
+            parts += [row * F.sum(H, axis=0, keepdims=True), scores[:, i:i + 1],
+                      F.tanh(row)[:, i % HIDDEN:i % HIDDEN + 1]]
+        return F.concat(*parts, dim=1)
+
+
+class RowLoop(gdb.DynBatchBlock):
+    """Every row of the sample's matrix in turn: positions fixed by the loop."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = nn.Dense(HIDDEN, flatten=False)
+
+    def hybrid_forward(self, F, words, emb):
+        H = F.tanh(self.proj(F.concat(*[emb[w:w + 1] for w in words], dim=0)))
+        return sum(H[t:t + 1] * (t + 1) for t in range(len(words)))
+
+
+def _samples(seed, n, pointers=2):
+    r = random.Random(seed)
+    return [([r.randrange(20) for _ in range(WORDS)],
+             [r.randrange(WORDS) for _ in range(pointers)]) for _ in range(n)]
+
+
+def _case(model, samples):
+    emb = nd.array(np.random.RandomState(0).uniform(-1, 1, (20, 3)))
+    return um.Case(model, samples, [emb])
+
+
+def _model(cls, seed=0):
+    return um._init(cls(), seed)   # pylint: disable=protected-access
+
+
+def _ops_learned(root):
+    """Names of the operators on every edge of a template trie."""
+    names, todo = set(), [root]
+    while todo:
+        state = todo.pop()
+        for key, nxt in state.next.items():
+            if hasattr(key[0], "name"):
+                names.add(key[0].name)
+            todo.append(nxt)
+    return names
+
+
+def _trie_after(model, samples):
+    with gdb.batching() as scope:
+        outs = [model(s, _EMB) for s in samples]
+        root = scope.recorder.frame_root(model)
+    nd.waitall()
+    del outs
+    return root
+
+
+_EMB = nd.array(np.random.RandomState(1).uniform(-1, 1, (20, 3)))
+
+
+def test_new_positions_take_no_new_path():
+    model = _model(Pointer)
+    _trie_after(model, _samples(0, 2))          # parameters get their shapes
+    root = _trie_after(model, _samples(1, 8))
+    learned = root.counter[0]
+    assert {"take", "pick"} <= _ops_learned(root)
+    again = _trie_after(model, _samples(2, 8))
+    assert again is root and root.counter[0] == learned
+
+
+def test_loop_over_rows_keeps_its_slices():
+    model = _model(RowLoop)
+    _trie_after(model, [[0] * WORDS])
+    root = _trie_after(model, [[r] * WORDS for r in range(6)])
+    ops = _ops_learned(root)
+    assert "slice_axis" in ops and "take" not in ops
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "%(strategy)s-%(compiled)s" % m)
+def test_pointer_slices_equal_eager(mode):
+    model = _model(Pointer)
+    _trie_after(model, _samples(3, 6))          # positions already known to vary
+    case = _case(model, _samples(4, 7))
+    eager = um.run_case(case)
+    batched = um.run_case(case, mode)
+    assert_same(batched, eager)
+
+
+def test_reference_strategy_records_slices_as_written():
+    model = _model(Pointer)
+    _trie_after(model, _samples(5, 6))
+    case = _case(model, _samples(6, 4))
+    with autograd.record():
+        with gdb.batching(strategy="reference") as scope:
+            outs = case.outputs()
+            ops = _ops_learned(scope.recorder.frame_root(model))
+    assert "take" not in ops and "pick" not in ops
+    assert_same(um.run_case(case, {"strategy": "reference"}), um.run_case(case))
+    del outs
