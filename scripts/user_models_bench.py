@@ -132,7 +132,7 @@ def fresh_batch(case, name, seed, samples, hidden):
     """
     drawn = um.CASES[name](seed=seed, n=samples, hidden=hidden)
     return um.Case(case.model, drawn.samples, case.inputs, call=case.call,
-                   notes=case.notes)
+                   notes=case.notes, fresh=case.fresh)
 
 
 def time_batch(batch, batching, clock=None):

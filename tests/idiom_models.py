@@ -787,3 +787,54 @@ class IndexingTree(gdb.DynBatchBlock):
         scale = F.sigmoid(F.sum_axis(x, axis=1, keepdims=True))
         half = F.tile(x[:, 1::2], reps=(1, 2))
         return F.tanh(x[:, ::-1] * scale + half)
+
+
+class PointerNet(gdb.DynBatchBlock):
+    """A pointer network trained on the sample's own gold pointers: a GRU
+    encodes the words, and each decoder step scores every encoder state
+    against its query and feeds the pointed-at state ``H[i:i + 1]`` (a slice
+    at a position of the sample's own) back as the next input."""
+
+    def __init__(self, hidden, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.enc = rnn.GRUCell(hidden)
+            self.dec = rnn.GRUCell(hidden)
+            self.query = nn.Dense(hidden, use_bias=False)
+
+    def hybrid_forward(self, F, sample, emb):
+        words, pointers = sample
+        state, outs = self.enc.begin_state(batch_size=1), []
+        for word in words:
+            out, state = self.enc(emb[word:word + 1], state)
+            outs.append(out)
+        H = F.concat(*outs, dim=0)
+        inp, losses = F.mean(H, axis=0, keepdims=True), []
+        for i in pointers:
+            out, state = self.dec(inp, state)
+            scores = F.dot(self.query(out), H, transpose_b=True)
+            losses.append(-F.log_softmax(scores)[:, i:i + 1])
+            inp = H[i:i + 1]
+        return F.concat(*losses, dim=1)
+
+
+class MemoWords(gdb.DynBatchBlock):
+    """A word LSTM whose word vectors (a projection of the embedding) are
+    memoised in a dict that every sample of the batch shares: a word seen by
+    an earlier sample is read from the dict, not computed again."""
+
+    def __init__(self, hidden, classes, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = nn.Dense(hidden)
+            self.cell = rnn.LSTMCell(hidden)
+            self.out = nn.Dense(classes)
+
+    def hybrid_forward(self, F, words, cache, emb):
+        state = self.cell.begin_state(batch_size=1)
+        for word in words:
+            vec = cache.get(word)
+            if vec is None:
+                vec = cache[word] = F.tanh(self.proj(emb[word:word + 1]))
+            out, state = self.cell(vec, state)
+        return F.log_softmax(self.out(out))

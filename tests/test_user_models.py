@@ -677,3 +677,14 @@ def test_attention_over_outputs_stacked_on_axis_1_is_not_per_length():
     names = [s.nodes[0].op.name for s in scope.last_plan.steps]
     assert "batch_dot" not in names
     assert len(names) <= max(len(words) for words in case.samples) + 3, names
+
+
+def test_words_memoised_across_samples_keep_batching():
+    """A word's vector memoised in a dict by one sample and read by later ones
+    is computed before that sample's recurrence goes on, so the samples
+    reading it do not wait for it: steps stay near the longest sentence."""
+    case = um.case_memo_words(seed=3, n=16)
+    longest = max(len(words) for words in case.samples)
+    for _ in range(3):          # templates learned, then replayed
+        stats = um.run_case(case, {})[2]
+        assert stats.steps <= longest + 6

@@ -28,9 +28,9 @@ from idiom_models import (ActivationTree, AdjacencyGCN, AttentivePooling, BiGRUT
                           CharWordTagger, ClosureTree, ConcatChildren, CRFTagger,
                           CrossEntropyTagger, DotAttention, FeedbackTree, FusedLSTMEncoder,
                           GluonLosses, Graph, GraphConv, HelperRNN, IndexingTree, MeanPoolTree,
-                          MemorySlots, MessagePassing, MethodTree, NodeLossTree, PickedRows,
-                          RecursiveNet, ScalarMath, ScoredChildren, Seq2SeqAttention,
-                          StackedAttention, TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN,
+                          MemorySlots, MemoWords, MessagePassing, MethodTree, NodeLossTree,
+                          PickedRows, PointerNet, RecursiveNet, ScalarMath, ScoredChildren,
+                          Seq2SeqAttention, StackedAttention, TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN,
                           VectorTreeLSTM, WeightData)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
@@ -438,15 +438,19 @@ class Case:
         What to expect of this model's batching (printed by the benchmark).
     """
 
-    def __init__(self, model, samples, inputs, call=None, notes=""):
+    def __init__(self, model, samples, inputs, call=None, notes="", fresh=None):
         self.model = model
         self.samples = samples
         self.inputs = inputs
         self.call = call or (lambda m, sample, shared: m(sample, *shared))
         self.notes = notes
+        self.fresh = fresh
 
     def outputs(self):
-        """The outputs of every sample, in order."""
+        """The outputs of every sample, in order (``fresh()`` called first: a
+        cache the samples share starts empty on each run)."""
+        if self.fresh is not None:
+            self.fresh()
         return [self.call(self.model, s, self.inputs) for s in self.samples]
 
 
@@ -710,6 +714,21 @@ def case_picked_rows(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(PickedRows(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)])
 
 
+def case_pointer_net(seed=0, n=6, hidden=HIDDEN):
+    r = random.Random(seed + 1)
+    samples = [(words, [r.randrange(len(words)) for _ in range(r.randint(1, len(words)))])
+               for words in _sentences(seed, n)]
+    return Case(_init(PointerNet(hidden), seed), samples, [_table(seed)],
+                notes="slices H[i:i + 1] at the sample's own gold positions")
+
+
+def case_memo_words(seed=0, n=6, hidden=HIDDEN):
+    cache = {}
+    return Case(_init(MemoWords(hidden, CLASSES), seed), _sentences(seed, n), [_table(seed)],
+                call=lambda m, words, shared: m(words, cache, *shared), fresh=cache.clear,
+                notes="word vectors memoised in a dict the batch's samples share")
+
+
 def case_adjacency_gcn(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(AdjacencyGCN(hidden, CLASSES), seed), _graphs(seed, n), [_table(seed)])
 
@@ -854,6 +873,8 @@ CASES = {
     "graph_conv": case_graph_conv,
     "adjacency_gcn": case_adjacency_gcn,
     "picked_rows": case_picked_rows,
+    "pointer_net": case_pointer_net,
+    "memo_words": case_memo_words,
     "indexing_tree": case_indexing_tree,
     "self_attention": case_self_attention,
     "decomposable": case_decomposable,

@@ -28,6 +28,7 @@ calls are recorded one node per operator, as outside frames.
 """
 from mxnet.ndarray import NDArray
 
+from . import grafts
 from . import sites
 from . import weights as weight_calls
 from .alone import run_alone
@@ -338,6 +339,13 @@ class Frame(FrameCore):
         """
         rec = self.rec
         before = self.state
+        gkey = grafts.key_of(self, args, key)
+        if gkey is not None:
+            graft = grafts.find(self, gkey)
+            if graft is not None:
+                out = grafts.apply(self, graft, args, key, before)
+                if out is not None:
+                    return out
         inner = before.next.get(("enter", key))
         if inner is None:
             inner = before.next[("enter", key)] = State(None, before, before.start)
@@ -364,6 +372,8 @@ class Frame(FrameCore):
                     before.calls[key] = Macro(self.state, tuple(self.out_shapes[start:]),
                                               tuple(self.out_dtypes[start:]), outputs, start,
                                               bases)
+                    if gkey is not None:
+                        grafts.remember(self, gkey, args, key, before, start)
         return out
 
     # -- calls a pass rewrites -----------------------------------------------------

@@ -12,6 +12,7 @@ every frame that takes the same path:
   by views in the graph where the program reads them stacked).
 * :class:`OpsRecipe`: otherwise, one node per call, exactly as recorded.
 """
+import copy
 import weakref
 
 from . import programs
@@ -47,31 +48,164 @@ def recipe_for(frame, positions):
     accumulating = {id(steps[j]) for j in accumulating}
     if segments[-1] == segments[0]:
         return _recipe(steps, positions, frame, accumulating)
+    groups = _hoisted(_by_segment(steps, segments), set(positions), accumulating)
+    last_read = {}            # position -> the last group reading it
+    for g, (mine, _) in enumerate(groups):
+        for step in mine:
+            for ref in step.refs:
+                if type(ref) is int:
+                    last_read[ref] = g
     parts = []
-    before = (None, ())       # the previous part's operators and exports, relative
-    for part in range(segments[0], segments[-1] + 1):
-        mine = [step for step, seg in zip(steps, segments) if seg == part]
-        if not mine:
-            continue
-        later = {ref for step, seg in zip(steps, segments) if seg > part
-                 for ref in step.refs if type(ref) is int}
+    before = (None, ())       # the previous iteration's operators and exports, relative
+    for g, (mine, hoisted) in enumerate(groups):
         made = {pos for step in mine for pos in step.outs}
-        wanted = made & (set(positions) | later)
-        # A last iteration exports what the one before it did (the state the
-        # next would read), so that iteration t of every sample, last or
-        # not, shares one program; the extra outputs are dead.
-        ops = tuple(step.op for step in mine)
-        if ops == before[0]:
-            wanted |= {mine[j].outs[k] for j, k in before[1]}
-        relative = {pos: (j, k) for j, step in enumerate(mine)
-                    for k, pos in enumerate(step.outs)}
-        before = (ops, [relative[pos] for pos in wanted])
+        wanted = made & (set(positions) | {pos for pos in made if last_read.get(pos, g) > g})
+        if not hoisted:
+            # A last iteration exports what the one before it did (the state
+            # the next would read), so that iteration t of every sample, last
+            # or not, shares one program; the extra outputs are dead.
+            ops = tuple(step.op for step in mine)
+            if ops == before[0]:
+                wanted |= {mine[j].outs[k] for j, k in before[1]}
+            relative = {pos: (j, k) for j, step in enumerate(mine)
+                        for k, pos in enumerate(step.outs)}
+            before = (ops, [relative[pos] for pos in wanted])
         wanted = sorted(wanted)
         parts.append((_recipe(mine, wanted, frame, accumulating), tuple(wanted)))
     return PartsRecipe(parts)
 
 
+def _by_segment(steps, segments):
+    """The steps of each segment, in order."""
+    out = []
+    for step, seg in zip(steps, segments):
+        if out and out[-1][0] == seg:
+            out[-1][1].append(step)
+        else:
+            out.append((seg, [step]))
+    return [mine for _, mine in out]
+
+
+def _hoisted(parts, exported, accumulating):
+    """``(steps, hoisted)`` per part: before each iteration, the calls that
+    make a value the frame exports from nothing of an earlier iteration (a
+    word's vector memoised in a dict that other samples read) as a part of
+    their own, so that readers elsewhere do not wait for the iteration's
+    recurrence (the whole part's node) to be computed."""
+    groups, earlier = [], set()
+    for mine in parts:
+        fresh, made = set(), set()  # made in this part: from no earlier part's value; all
+        for step in mine:
+            if all(type(ref) is not int or ref in fresh
+                   or (ref not in earlier and ref not in made) for ref in step.refs):
+                fresh.update(step.outs)
+            made.update(step.outs)
+        lift = _ancestors(mine, fresh & exported) if earlier else []
+        if lift and len(lift) < len(mine) and all(
+                weight_calls.deterministic(step.op) and id(step) not in accumulating
+                for step in lift):
+            chosen = {id(step) for step in lift}
+            groups.append((lift, True))
+            groups.append(([step for step in mine if id(step) not in chosen], False))
+        else:
+            groups.append((mine, False))
+        earlier.update(pos for step in mine for pos in step.outs)
+    return groups
+
+
+def _ancestors(steps, targets):
+    """The steps (in order) that make ``targets`` or what they read, within ``steps``."""
+    needed, keep = set(targets), []
+    for step in reversed(steps):
+        if needed.isdisjoint(step.outs):
+            continue
+        keep.append(step)
+        needed.update(ref for ref in step.refs if type(ref) is int)
+    return keep[::-1]
+
+
 def _recipe(steps, positions, frame, accumulating):
+    """The recipe of ``steps`` exporting ``positions``: made once per block for
+    calls that differ only in where their values are in the frame (iteration
+    t of a sentence's loop after sentences of every length), then moved to
+    the frame's positions (``relocated``)."""
+    key, numbered = _canonical(steps, positions, frame, accumulating)
+    if key is None:
+        return _made(steps, positions, frame, accumulating)
+    # Kept with the root's own recipes (a state's are keyed by positions alone).
+    kept = frame.state.root().recipes
+    found = kept.get(key)
+    if found is None:
+        recipe = _made(steps, positions, frame, accumulating)
+        if len(kept) < MAX_RECIPES:
+            kept[key] = (recipe, numbered, steps)
+        return recipe
+    recipe, first, first_steps = found
+    where = dict(zip(first, numbered))
+    by_step = {id(a): b for a, b in zip(first_steps, steps)}
+    return relocated(recipe, where, by_step)
+
+
+MAX_RECIPES = 4096      # recipes kept per template trie (``_recipe``)
+
+
+def _canonical(steps, positions, frame, accumulating):
+    """``(key, positions)``: the calls with positions numbered in order of
+    appearance, with what a recipe reads of them (shapes of values read from
+    outside, places in the code); the positions in that order.  ``(None,
+    None)`` when a call has an unhashable constant."""
+    number = {}
+    order = []
+
+    def num(pos):
+        found = number.get(pos)
+        if found is None:
+            found = number[pos] = len(order)
+            order.append(pos)
+        return found
+
+    items = []
+    for step in steps:
+        refs = []
+        for ref in step.refs:
+            if type(ref) is int:
+                outside = ref not in number
+                refs.append(num(ref))
+                if outside:
+                    refs.append((frame.out_shapes[ref], frame.out_dtypes[ref]))
+            else:
+                refs.append(ref)
+        outs = tuple(num(pos) for pos in step.outs)
+        call = None if step.call is None else num(step.call)
+        items.append((step.op, step.args, tuple(sorted(step.kwargs.items())), tuple(refs),
+                      outs, _info_key(step.info), step.site, call,
+                      step.path, id(step) in accumulating))
+    key = (tuple(items), tuple(num(pos) for pos in positions))
+    try:
+        hash(key)
+    except TypeError:
+        return None, None
+    return key, order
+
+
+def _info_key(info):
+    """What a recipe reads of a call's analysis (``calls.CallInfo``)."""
+    return (info.out_shapes, info.out_dtypes, info.attrs, id(info.rule), info.meta, info.kind,
+            info.sig, info.shared_pos, info.cacheable, info.stateful, info.link, info.low)
+
+
+def relocated(recipe, where, by_step):
+    """``recipe`` reading its values at new positions (``where``: old -> new) and
+    recording its calls as the corresponding steps (``by_step``: id(old) -> new)."""
+    if isinstance(recipe, ProgramRecipe):
+        return recipe.moved(where)
+    if isinstance(recipe, OpsRecipe):
+        return OpsRecipe([by_step[id(step)] for step in recipe.steps])
+    return PartsRecipe([(relocated(r, where, by_step), tuple(where[p] for p in wanted))
+                        for r, wanted in recipe.parts])
+
+
+def _made(steps, positions, frame, accumulating):
     name = type(frame.block).__name__
     num_calls = len(steps)
     steps = _live(steps, positions)
@@ -234,6 +368,15 @@ def _input_dtype(spec, frame):
     return _input_dtype(spec[1][0], frame)
 
 
+def _moved_spec(spec, where):
+    kind = spec[0]
+    if kind == "pos":
+        return ("pos", where[spec[1]])
+    if kind == "c":
+        return spec
+    return (kind, tuple(_moved_spec(s, where) for s in spec[1]))
+
+
 def _rebind(lazies, places):
     """Point provisional LazyArrays at their graph values ``(node, idx)``."""
     for lazy, (node, idx) in zip(lazies, places):
@@ -371,6 +514,15 @@ class ProgramRecipe:
                 places.append((_view_node(rec, frame, _slice_axis(), [(node, out)],
                                           (slot(0),), kwargs, info), 0))
         _rebind(alive, places)
+
+    def moved(self, where):
+        """A copy reading its inputs at new positions (``where``: old -> new)."""
+        out = copy.copy(self)
+        out.inputs = tuple(_moved_spec(spec, where) for spec in self.inputs)
+        if self.positions is not None:
+            out.positions = tuple(where[pos] for pos in self.positions)
+        out.sources = tuple(out._source(k, spec) for k, spec in enumerate(out.inputs))
+        return out
 
     def _source(self, k, spec):
         """Where input ``k`` of the program comes from, as ``_core.apply_program``
