@@ -61,6 +61,10 @@ class DynBatchBlock(gluon.HybridBlock):
         self.reads_inside = False           # its samples read values (``BatchingScope.read``)
         self.whole_plans = 0                # compiled=True flushes counted, and those
         self.whole_plan_misses = 0          # that met a new plan (``scope._whole_plans_repeat``)
+        self.step_flushes = 0               # compiled=True flushes of the step trial,
+        self.step_misses = self.step_lookups = 0    # their steps' cache lookups, seconds
+        self.step_costs = ([], [])          # a node (imperative, step) and the outcome
+        self.steps_pay = True               # (``scope._step_trial_mode``)
         self.compiled = compiled
         self.plan_cache = PlanCache(max_cached_plans)
         if max_pending_nodes is not None and max_pending_nodes < 1:

@@ -277,9 +277,11 @@ class BatchingScope:
             stats.planners = {choice.strategy: 1}
             stats.reused_choices = int(choice.reused)
         t1 = time.perf_counter()
-        mode = self._compiled()
+        mode = chosen = self._compiled()
         if mode and mode != "step" and not _whole_plans_repeat(owner):
             mode = "step"
+        if mode == "step" and chosen is True:
+            mode = _step_trial_mode(owner)
         if mode == "step":
             run_steps(plan, live, ctx, self._cache(), stats)
         elif mode:
@@ -288,6 +290,8 @@ class BatchingScope:
         else:
             run_interpreted(plan, live, ctx)
         t2 = time.perf_counter()
+        if chosen is True and mode is not True:     # (True: whole plans)
+            _count_steps(owner, stats, mode, (t2 - t1) / max(plan.num_nodes, 1))
         stats.plan_ms += 1000.0 * (t1 - t0)
         stats.execute_ms = 1000.0 * (t2 - t1)
         if owner is not None:       # for analysis_budget="auto"
@@ -315,8 +319,17 @@ def _note_program_batches(plan, samples):
 
 
 #: ``compiled=True``: flushes of a model after which, if most of its whole
-#: plans were new (compiled, then never met again), it compiles step by step.
-WHOLE_PLAN_TRIAL = 12
+#: plans were new (compiled, then never met again), it compiles step by step;
+#: the first ``TRIAL_WARMUP`` flushes (parameters getting their shapes, the
+#: first plans) are not counted.
+WHOLE_PLAN_TRIAL = 6
+TRIAL_WARMUP = 2
+#: ``compiled=True`` compiling step by step: flushes of a trial (after
+#: ``TRIAL_WARMUP``) that alternate compiled steps and imperative calls; the
+#: model keeps compiling its steps only if that was no slower per planned node
+#: and at most ``STEP_MISS_RATE`` of its steps met a new shape (a compile each).
+STEP_TRIAL = 8
+STEP_MISS_RATE = 0.1
 
 
 def _whole_plans_repeat(owner):
@@ -329,19 +342,52 @@ def _whole_plans_repeat(owner):
     """
     if owner is None or owner.whole_plans < WHOLE_PLAN_TRIAL:
         return True
-    return owner.whole_plan_misses * 2 <= owner.whole_plans - 4
+    return owner.whole_plan_misses * 2 <= owner.whole_plans - TRIAL_WARMUP
 
 
 def _count_whole_plan(owner, stats):
     if owner is None or owner.whole_plans >= WHOLE_PLAN_TRIAL:
         return
     owner.whole_plans += 1
-    if owner.whole_plans > 4 and stats.cache_misses:
+    if owner.whole_plans > TRIAL_WARMUP and stats.cache_misses:
         owner.whole_plan_misses += 1
     if owner.whole_plans == WHOLE_PLAN_TRIAL and not _whole_plans_repeat(owner):
         log.info("%s: compiled=True met a new plan in %d of %d flushes; compiling "
                  "step by step from now on", owner.name, owner.whole_plan_misses,
-                 WHOLE_PLAN_TRIAL - 4)
+                 WHOLE_PLAN_TRIAL - TRIAL_WARMUP)
+
+
+def _step_trial_mode(owner):
+    """How ``compiled=True`` runs a flush once it compiles step by step: during
+    the trial, compiled steps and imperative calls in turn; after it, what the
+    trial found faster (``STEP_TRIAL``)."""
+    if owner is None:
+        return "step"
+    flushes = owner.step_flushes
+    if flushes < STEP_TRIAL:
+        return "step" if flushes < TRIAL_WARMUP or flushes % 2 == 0 else False
+    return "step" if owner.steps_pay else False
+
+
+def _count_steps(owner, stats, mode, cost):
+    """Count a flush of the step trial: its steps' cache lookups and its time per node."""
+    if owner is None or owner.step_flushes >= STEP_TRIAL:
+        return
+    owner.step_flushes += 1
+    if owner.step_flushes > TRIAL_WARMUP:
+        owner.step_costs[mode == "step"].append(cost)
+        if mode == "step":
+            owner.step_misses += stats.cache_misses
+            owner.step_lookups += stats.cache_misses + stats.cache_hits
+    if owner.step_flushes == STEP_TRIAL:
+        imperative, steps = (sum(c) / max(len(c), 1) for c in owner.step_costs)
+        owner.steps_pay = steps <= imperative \
+            and owner.step_misses <= STEP_MISS_RATE * max(owner.step_lookups, 1)
+        if not owner.steps_pay:
+            log.info("%s: compiled=True, step by step: %d of %d steps compiled, %.1f us a "
+                     "node against %.1f imperatively; running imperatively from now on",
+                     owner.name, owner.step_misses, owner.step_lookups, 1e6 * steps,
+                     1e6 * imperative)
 
 
 DEFAULT_CACHE = PlanCache(64)

@@ -89,6 +89,8 @@ def build_parser():
                         help="the scopes' analysis_budget: seconds, or 'auto' (default: each "
                              "model's own, \"auto\" with the depth strategy); 0 never "
                              "searches past the depth plan")
+    parser.add_argument("--compiled", choices=("false", "true", "step"), default="false",
+                        help="the scopes' compiled mode (default: %(default)s, imperative)")
     parser.add_argument("--quick", action="store_true",
                         help="short settings for a smoke run: %s" % ", ".join(
                             "--%s %s" % item for item in QUICK.items()))
@@ -218,6 +220,8 @@ def bench_case(name, args):
     batches = [fresh_batch(case, name, seed, args.samples, args.hidden) for seed in seeds]
     budget = parse_budget(args.analysis_budget)
     scoped = {} if budget is None else {"analysis_budget": budget}
+    if args.compiled != "false":
+        scoped["compiled"] = True if args.compiled == "true" else "step"
     settings = {"eager": None, "batched": scoped}
     runs = run_rounds(batches, lambda system, batch: time_batch(batch, settings[system]),
                       args.warmup)
@@ -227,7 +231,8 @@ def bench_case(name, args):
 def settings_of(args):
     """The run's settings, for the record."""
     settings = {key: getattr(args, key) for key in
-                ("samples", "hidden", "seed", "rounds", "warmup", "analysis_budget")}
+                ("samples", "hidden", "seed", "rounds", "warmup", "analysis_budget",
+                 "compiled")}
     return dict(settings, quick=args.quick_settings)
 
 
