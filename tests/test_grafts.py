@@ -3,7 +3,8 @@
 Sentences whose words have different character counts take a new path
 through the templates at every word; the word LSTM's cell is still traced
 only the first time it is called from its line with its argument shapes,
-and the results stay those of eager Gluon in every mode.
+no call shape is analysed twice, and the results stay those of eager Gluon
+in every mode.
 """
 import random
 
@@ -80,3 +81,17 @@ def test_grafted_calls_equal_eager(mode):
     um.run_case(_case(model, _sentences(3, 6)), mode)
     case = _case(model, _sentences(4, 9))
     assert_same(um.run_case(case, mode), um.run_case(case))
+
+
+def test_new_paths_analyse_no_known_call_shape(monkeypatch):
+    from gluon_dynbatch.ir import calls
+    model = um._init(CharWords(), 2)  # pylint: disable=protected-access
+    every_count = [[[k % 20] * k for k in range(1, 7)], [[3] * k for k in range(6, 0, -1)]]
+    um.run_case(_case(model, every_count), {})
+    um.run_case(_case(model, every_count + _sentences(5, 6)), {})
+    analysed = []
+    original = calls.analyse
+    monkeypatch.setattr(calls, "analyse", lambda *a: analysed.append(1) or original(*a))
+    fresh = _case(model, _sentences(6, 12))
+    um.run_case(fresh, {})
+    assert not analysed

@@ -687,11 +687,20 @@ class Recorder(RecorderCore):
         :class:`ops.Stand` objects (a shape and a dtype).  Frames and the
         template passes (``vectorize.py``) analyse their calls this way.
         """
-        node = Node(self.graph, OP, op, list(sources), args, kwargs)
-        node.sample, node.path = self.sample, self.path
         in_shapes = tuple([src.out_shapes[i] for src, i in sources])
         in_dtypes = tuple([src.out_dtypes[i] for src, i in sources])
-        return calls.analyse(node, in_shapes, in_dtypes)
+        try:        # the memo of ``add_node``: a call shape analysed once
+            key = (op, args, tuple(kwargs.items()) if kwargs else (), in_shapes, in_dtypes)
+            info = calls.INFOS.get(key)
+        except TypeError:          # an unhashable constant argument: no memo
+            key = info = None
+        if info is not None:
+            return info
+        node = Node(self.graph, OP, op, list(sources), args, kwargs)
+        node.sample, node.path = self.sample, self.path
+        info = calls.analyse(node, in_shapes, in_dtypes)
+        calls.remember(key, info)
+        return info
 
 
 def pending_inputs(graph, args):

@@ -122,24 +122,40 @@ def iterations(sites, calls=None):
             continue
         where = []
         outer = ()
+        for level, prefix, code, offset, start, end, ranges in _enclosing(site):
+            loop = (outer, prefix, code, start)
+            previous = last.get(loop)
+            if previous is None:
+                count[loop] = 0
+            elif _jumped_back(ranges, (start, end), previous[:2], offset, call) \
+                    and not (offset == previous[0]
+                             and _inside_one_call(site, previous[2], level)):
+                count[loop] += 1
+            last[loop] = (offset, call, site)
+            where.append((loop, count[loop]))
+            outer = outer + ((loop, count[loop]),)
+        out.append(tuple(where))
+    return out
+
+
+_ENCLOSING = {}     # site -> the loops around it (``_enclosing``)
+
+
+def _enclosing(site):
+    """The loops a call at ``site`` is in, outermost first, each as ``(level,
+    site[:level], code, offset, start, end, the code's loops)``; kept per site."""
+    found = _ENCLOSING.get(site)
+    if found is None:
+        found = []
         for level, (code, offset) in enumerate(site):
             ranges = loops(code)
             for start, end in ranges:
-                if not start <= offset <= end:
-                    continue
-                loop = (outer, site[:level], code, start)
-                previous = last.get(loop)
-                if previous is None:
-                    count[loop] = 0
-                elif _jumped_back(ranges, (start, end), previous[:2], offset, call) \
-                        and not (offset == previous[0]
-                                 and _inside_one_call(site, previous[2], level)):
-                    count[loop] += 1
-                last[loop] = (offset, call, site)
-                where.append((loop, count[loop]))
-                outer = outer + ((loop, count[loop]),)
-        out.append(tuple(where))
-    return out
+                if start <= offset <= end:
+                    found.append((level, site[:level], code, offset, start, end, ranges))
+        found = tuple(found)
+        if len(_ENCLOSING) < 100000:
+            _ENCLOSING[site] = found
+    return found
 
 
 def _add_like(step):
