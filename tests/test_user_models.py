@@ -688,3 +688,19 @@ def test_words_memoised_across_samples_keep_batching():
     for _ in range(3):          # templates learned, then replayed
         stats = um.run_case(case, {})[2]
         assert stats.steps <= longest + 6
+
+
+def test_a_scope_with_reads_collects_its_parameters_once(monkeypatch):
+    """Each flush at a read starts a new graph; the model's parameters are
+    looked up once per scope, not once per graph."""
+    case = um.case_mid_sample_reads(n=6)
+    cls = type(case.model)
+    original = cls.collect_params
+    calls = []
+    monkeypatch.setattr(cls, "collect_params",
+                        lambda self, *args: calls.append(1) or original(self, *args))
+    with gdb.batching() as scope:
+        outs = case.outputs()
+    assert scope.stats.flushes >= 4 and len(calls) <= 2
+    for out, want in zip(outs, [case.model(s, *case.inputs) for s in case.samples]):
+        np.testing.assert_allclose(out.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)

@@ -53,6 +53,7 @@ class Recorder(RecorderCore):
 
     def __init__(self, flush, ctx=None, read=None, recipe_for=None):
         self._flush = flush
+        self._param_tables = {}     # id(owner) -> (owner, its parameters' arrays): ``leaf``
         # How a frame's calls go into the graph (``templates.recipe_for``).
         self.recipe_for = recipe_for
         self._read = read or flush
@@ -153,6 +154,8 @@ class Recorder(RecorderCore):
         found = graph.leaf_by_id.get(id(array))
         if found is not None and found[2] is array:
             return found[1]
+        if graph.param_arrays is None:      # the owner's table, once per scope
+            graph.param_arrays = self.param_table()
         parameter = graph.parameter_of(array, self.owner)
         if parameter is not None:           # ``p.data()`` read in the model: ``p`` itself
             return self.param(parameter)
@@ -179,6 +182,20 @@ class Recorder(RecorderCore):
         lazy = LazyArray(node, 0)
         graph.leaf_by_id[id(array)] = (node, lazy, array)
         return lazy
+
+    def param_table(self):
+        """``Graph.parameter_of``'s table of the owner's parameters, built once per
+        scope (a scope whose samples read values has a graph per flush); an
+        array no longer a parameter's data is not found in it (identity is checked)."""
+        owner = getattr(self, "owner", None)
+        found = self._param_tables.get(id(owner))
+        if found is None or found[0] is not owner:
+            table = {}
+            for param in (owner.collect_params().values() if owner is not None else ()):
+                for data in (param._data or ()):  # pylint: disable=protected-access
+                    table[id(data)] = (data, param)
+            found = self._param_tables[id(owner)] = (owner, table)
+        return found[1]
 
     def param(self, parameter):
         """The LazyArray of a gluon Parameter (or ``weight_calls.DerivedWeight``)."""
