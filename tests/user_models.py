@@ -30,8 +30,8 @@ from idiom_models import (ActivationTree, AdjacencyGCN, AttentivePooling, BiGRUT
                           GluonLosses, Graph, GraphConv, HelperRNN, IndexingTree, MeanPoolTree,
                           MemorySlots, MemoWords, MessagePassing, MethodTree, NodeLossTree,
                           PickedRows, PointerNet, RecursiveNet, ScalarMath, ScoredChildren,
-                          Seq2SeqAttention, StackedAttention, TaggerLoss, TopDownTree, UnrollEncoder, VectorRNN,
-                          VectorTreeLSTM, WeightData)
+                          Seq2SeqAttention, StackedAttention, TaggerLoss, TopDownTree,
+                          UnrollEncoder, VectorRNN, VectorTreeLSTM, WeightData)
 
 HIDDEN, DIM, VOCAB, CLASSES = 8, 6, 40, 3
 
