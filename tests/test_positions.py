@@ -23,17 +23,24 @@ MODES = [{"strategy": s, "compiled": c} for s in ("depth", "agenda")
          for c in (False, True, "step")]
 
 
-class Pointer(gdb.DynBatchBlock):
-    """Rows and columns at the sample's own positions ``pointers``."""
+class Projected(gdb.DynBatchBlock):
+    """A sentence's words projected: ``self.rows(F, words, emb)`` is its (T, H) matrix."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         with self.name_scope():
             self.proj = nn.Dense(HIDDEN, flatten=False)
 
+    def rows(self, F, words, emb):
+        return F.tanh(self.proj(F.concat(*[emb[w:w + 1] for w in words], dim=0)))
+
+
+class Pointer(Projected):
+    """Rows and columns at the sample's own positions ``pointers``."""
+
     def hybrid_forward(self, F, sample, emb):
         words, pointers = sample
-        H = F.tanh(self.proj(F.concat(*[emb[w:w + 1] for w in words], dim=0)))
+        H = self.rows(F, words, emb)
         parts = []
         for i in pointers:
             row = H[i:i + 1]
@@ -43,16 +50,11 @@ class Pointer(gdb.DynBatchBlock):
         return F.concat(*parts, dim=1)
 
 
-class RowLoop(gdb.DynBatchBlock):
+class RowLoop(Projected):
     """Every row of the sample's matrix in turn: positions fixed by the loop."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.proj = nn.Dense(HIDDEN, flatten=False)
-
     def hybrid_forward(self, F, words, emb):
-        H = F.tanh(self.proj(F.concat(*[emb[w:w + 1] for w in words], dim=0)))
+        H = self.rows(F, words, emb)
         return sum(H[t:t + 1] * (t + 1) for t in range(len(words)))
 
 

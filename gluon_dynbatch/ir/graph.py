@@ -169,29 +169,11 @@ class Graph:
         self.derived = {}          # id of such a node -> its outputs' DerivedWeights
         self.derived_nodes = {}    # id(DerivedWeight) -> (it, its node here)
         self.mode = None           # autograd's (recording, training) of its calls
-        self.param_arrays = None   # id(array) -> (array, Parameter): ``parameter_of``
         self.links = []            # additions that may form chains (``sums.py``)
 
     def add(self, node):
         self.nodes.append(node)
         return node
-
-    def parameter_of(self, array, owner):
-        """The Parameter of ``owner`` (a block, or None) whose data ``array`` is, or None.
-
-        A model may read a weight with ``self.dense.weight.data()``; as a
-        parameter, rather than an array read per call, it is shared by every
-        sample's call.  The table is built at the first such question of a graph.
-        """
-        table = self.param_arrays
-        if table is None:
-            table = self.param_arrays = {}
-            params = owner.collect_params().values() if owner is not None else ()
-            for param in params:
-                for data in (param._data or ()):  # pylint: disable=protected-access
-                    table[id(data)] = (data, param)
-        found = table.get(id(array))
-        return found[1] if found is not None and found[0] is array else None
 
     def release(self):
         """Forget the nodes once they ran (or failed).
@@ -214,7 +196,6 @@ class Graph:
         self.weight_nodes = set()
         self.derived = {}
         self.derived_nodes = {}
-        self.param_arrays = None
         self.links = []
         self.flush_fn = self.read_fn = _released
 

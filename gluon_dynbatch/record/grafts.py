@@ -62,16 +62,20 @@ def key_of(frame, args, key):
             items.append(ref[1:3])
         else:
             return None
-    pos = [ref if type(ref) is int else frame.ext[id(a)] for a, ref in zip(args, refs)]
+    pos = _array_positions(frame, args, refs)
     aliases = tuple(pos.index(p) for p in pos)     # an array passed twice is one value
     return ("graft", key[0], frame.rec.mode, tuple(items), aliases,
             sites.capture(frame.caller))
 
 
 def _positions(frame, args, key):
-    """The position of each array argument (read from outside ones have one by now)."""
-    args, refs = arrays_of(args, key)
-    return [ref if type(ref) is int else frame.ext[id(a)] for a, ref in zip(args, refs)]
+    """The position of each array argument of call ``key``."""
+    return _array_positions(frame, *arrays_of(args, key))
+
+
+def _array_positions(frame, arrays, refs):
+    """The position of each array (read from outside ones have one by now)."""
+    return [ref if type(ref) is int else frame.ext[id(a)] for a, ref in zip(arrays, refs)]
 
 
 def remember(frame, gkey, args, key, before, start):

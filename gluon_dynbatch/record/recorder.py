@@ -154,11 +154,9 @@ class Recorder(RecorderCore):
         found = graph.leaf_by_id.get(id(array))
         if found is not None and found[2] is array:
             return found[1]
-        if graph.param_arrays is None:      # the owner's table, once per scope
-            graph.param_arrays = self.param_table()
-        parameter = graph.parameter_of(array, self.owner)
-        if parameter is not None:           # ``p.data()`` read in the model: ``p`` itself
-            return self.param(parameter)
+        found = self.param_table().get(id(array))
+        if found is not None and found[0] is array:     # ``p.data()`` read in the model
+            return self.param(found[1])                 # ``p`` itself, shared by every call
         rows = array._rows if type(array) is LazyArray else None
         if rows is not None and rows[0].token is self.rows_token and not array.history_freed():
             # Handed out by an earlier flush of this scope: rows of its batched
@@ -184,10 +182,11 @@ class Recorder(RecorderCore):
         return lazy
 
     def param_table(self):
-        """``Graph.parameter_of``'s table of the owner's parameters, built once per
-        scope (a scope whose samples read values has a graph per flush); an
-        array no longer a parameter's data is not found in it (identity is checked)."""
-        owner = getattr(self, "owner", None)
+        """``id(array) -> (array, Parameter)`` of the owner's parameters' data, built
+        once per scope (a scope whose samples read values has a graph per flush);
+        ``leaf`` checks the array's identity, so an array no longer a parameter's
+        data is not taken for it."""
+        owner = self.owner
         found = self._param_tables.get(id(owner))
         if found is None or found[0] is not owner:
             table = {}
