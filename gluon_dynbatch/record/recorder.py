@@ -190,7 +190,7 @@ class Recorder(RecorderCore):
         found = self._param_tables.get(id(owner))
         if found is None or found[0] is not owner:
             table = {}
-            for param in (owner.collect_params().values() if owner is not None else ()):
+            for param in (trie.parameters(owner) if owner is not None else ()):
                 for data in (param._data or ()):  # pylint: disable=protected-access
                     table[id(data)] = (data, param)
             found = self._param_tables[id(owner)] = (owner, table)

@@ -111,9 +111,24 @@ def store():
     return found
 
 
+def parameters(block):
+    """``block``'s parameters and its children's, as ``collect_params()`` lists
+    them, without Gluon's scan of every list and dict attribute for unregistered
+    blocks (a model that logs into a list attribute would pay for the whole log
+    at every scope)."""
+    found, stack = {}, [block]
+    while stack:
+        current = stack.pop()
+        for name, param in current.params.items():
+            found.setdefault(name, param)
+        # children in reverse, so the first child's parameters come first
+        stack.extend(reversed(list(current._children.values())))  # pylint: disable=protected-access
+    return list(found.values())
+
+
 def version(block):
     """Identity, shapes and dtypes of ``block``'s parameters."""
-    return tuple((id(p), p.shape, p.dtype) for p in block.collect_params().values())
+    return tuple((id(p), p.shape, p.dtype) for p in parameters(block))
 
 
 def root(key, block):
