@@ -10,10 +10,17 @@ small CSV file.  The exit status is 0 when the growth is within the bound.
 ``--record NAME`` (or ``--json PATH``) also writes the figures as a record
 for ``scripts/tables.py``.
 
+``--model reads`` trains a tree model whose every node reads a value of the
+graph and branches on it, so each sample waits at its reads as a task of its
+own; every ``--stop-every``-th scope is left by an exception in the user's
+loop while samples wait.  The verdict then also requires that no task (a
+greenlet still alive) is left behind.
+
 Run from the repository root::
 
     .venv/bin/python scripts/soak.py                    # 5000 batches, imperative
     .venv/bin/python scripts/soak.py --compiled step --batches 2000
+    .venv/bin/python scripts/soak.py --model reads --batches 1000 --warmup 100
 """
 import argparse
 import csv
@@ -24,6 +31,7 @@ import sys
 import tempfile
 import time
 
+import greenlet
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 from tqdm import tqdm
@@ -81,6 +89,68 @@ class SoakModel(gluon.Block):
             self.head = gluon.nn.Dense(1, in_units=hidden)
 
 
+class BranchingTree(gdb.DynBatchBlock):
+    """A tree RNN whose every node reads a score (``float(score.asscalar())``)
+    and takes one of two layers by its sign; returns ``(state, score)``."""
+
+    def __init__(self, hidden, input_size, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = gluon.nn.Dense(hidden, in_units=input_size)
+            self.gate = gluon.nn.Dense(1, in_units=hidden)
+            self.up = gluon.nn.Dense(hidden, in_units=hidden, use_bias=False)
+            self.down = gluon.nn.Dense(hidden, in_units=hidden, use_bias=False)
+
+    def hybrid_forward(self, F, tree, emb):
+        h = self.inp(F.take(emb, F.array([tree.word])))
+        for child in tree.children:
+            h = h + self(child, emb)[0]
+        h = F.tanh(h)
+        score = self.gate(h)
+        if float(score.asscalar()) > 0:
+            return F.tanh(self.up(h)), score
+        return F.tanh(self.down(h)) * F.sigmoid(score), score
+
+
+class ReadingSoakModel(gluon.Block):
+    """:class:`BranchingTree` and a linear read-out of the root state."""
+
+    def __init__(self, hidden, input_size, strategy, compiled, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.encoder = BranchingTree(hidden, input_size, strategy=strategy,
+                                         compiled=compiled)
+            self.head = gluon.nn.Dense(1, in_units=hidden)
+
+
+MODELS = {"tree": SoakModel, "reads": ReadingSoakModel}
+
+
+class LoopStopped(Exception):
+    """Raised in the user's loop to leave a scope while samples wait at reads."""
+
+
+def live_greenlets():
+    """Greenlets started and not finished (tasks of samples still waiting)."""
+    gc.collect()
+    return sum(1 for obj in gc.get_objects()
+               if isinstance(obj, greenlet.greenlet) and obj and not obj.dead)
+
+
+def stopped_step(model, trees, emb):
+    """A batch whose loop raises after half its samples were called."""
+    try:
+        with autograd.record():
+            with gdb.batching():
+                for k, tree in enumerate(trees):
+                    model.encoder(tree, emb)
+                    if k == len(trees) // 2:
+                        raise LoopStopped()
+    except LoopStopped:
+        return
+    raise AssertionError("the loop did not stop")
+
+
 def train_step(model, trainer, trees, targets, emb):
     """One batch: batched forward, L2 loss, backward, optimiser step."""
     with autograd.record():
@@ -89,7 +159,7 @@ def train_step(model, trainer, trees, targets, emb):
         roots = nd.concat(*[h for h, _ in states], dim=0)
         loss = ((model.head(roots) - targets) ** 2).mean()
     loss.backward()
-    trainer.step(1)
+    trainer.step(1, ignore_stale_grad=True)    # a batch may take one branch only
     return loss
 
 
@@ -109,6 +179,12 @@ def parse_args(argv=None):
     parser.add_argument("--input-size", type=int, default=8,
                         help="embedding width (default 8)")
     parser.add_argument("--vocab", type=int, default=100, help="vocabulary size (default 100)")
+    parser.add_argument("--model", default="tree", choices=sorted(MODELS),
+                        help="tree: Child-Sum Tree-LSTM; reads: a tree model branching on a "
+                             "value read at every node (default tree)")
+    parser.add_argument("--stop-every", type=int, default=10,
+                        help="with --model reads, every N-th scope is left by an exception "
+                             "while samples wait at reads; 0 never (default 10)")
     parser.add_argument("--strategy", default="agenda",
                         choices=[s for s in gdb.STRATEGIES if s != "reference"],
                         help="batching strategy (default agenda)")
@@ -141,8 +217,8 @@ def parse_args(argv=None):
 
 def settings_of(args):
     """The run's settings, for the record."""
-    keep = ("batches", "warmup", "batch_size", "min_len", "max_len", "hidden",
-            "input_size", "vocab", "strategy", "compiled", "bound_mb", "seed")
+    keep = ("model", "stop_every", "batches", "warmup", "batch_size", "min_len", "max_len",
+            "hidden", "input_size", "vocab", "strategy", "compiled", "bound_mb", "seed")
     return dict({key: getattr(args, key) for key in keep}, quick=args.quick_settings)
 
 
@@ -153,29 +229,38 @@ def main(argv=None):
     record = benchlib.start_record("soak", SCRIPT, argv, settings_of(args))
     rng = random.Random(args.seed)
     mx.random.seed(args.seed)
-    model = SoakModel(args.hidden, args.input_size, args.strategy, COMPILED[args.compiled])
+    model = MODELS[args.model](args.hidden, args.input_size, args.strategy,
+                               COMPILED[args.compiled])
     model.initialize(mx.init.Xavier())
     trainer = gluon.Trainer(model.collect_params(), "adagrad", {"learning_rate": 0.05})
     emb = nd.random.uniform(-0.5, 0.5, shape=(args.vocab, args.input_size))
 
     rows = [(0, 0.0, rss_mb())]
     baseline = None
+    tasks_warm = None
+    stopped = 0
     start = time.perf_counter()
     loss = None
     bar = tqdm(range(1, args.batches + 1), disable=args.no_progress, unit="batch",
-               desc="soak %s/%s" % (args.strategy, args.compiled))
+               desc="soak %s/%s/%s" % (args.model, args.strategy, args.compiled))
     for batch in bar:
         trees = random_trees(rng, args.batch_size, args.vocab, args.min_len, args.max_len)
         targets = nd.array([[rng.uniform(-1, 1)] for _ in trees])
-        loss = train_step(model, trainer, trees, targets, emb)
+        if args.model == "reads" and args.stop_every and batch % args.stop_every == 0:
+            stopped_step(model, trees, emb)
+            stopped += 1
+        else:
+            loss = train_step(model, trainer, trees, targets, emb)
         if batch == args.warmup or (args.warmup == 0 and batch == 1):
             baseline = settled_rss_mb()
+            tasks_warm = live_greenlets()
             rows.append((batch, time.perf_counter() - start, baseline))
         elif batch % args.sample_every == 0:
             rows.append((batch, time.perf_counter() - start, rss_mb()))
             bar.set_postfix(rss_mb="%.1f" % rows[-1][2], loss="%.4f" % loss.asscalar())
     final = settled_rss_mb()
     elapsed = time.perf_counter() - start
+    tasks_end = live_greenlets()
     rows.append((args.batches, elapsed, final))
 
     with open(args.csv, "w", newline="") as out:
@@ -194,10 +279,17 @@ def main(argv=None):
               % (len(cache), cache.max_plans, cache.hits, cache.misses, cache.evictions))
     print("RSS: %.1f MB at start, %.1f MB after %d warm-up batches, %.1f MB at the end; "
           "CSV: %s" % (rows[0][2], baseline, max(args.warmup, 1), final, args.csv))
-    verdict = "PASS" if growth <= args.bound_mb else "FAIL"
-    print("%s: RSS grew %+.1f MB over %d batches after warm-up (bound %.0f MB)"
-          % (verdict, growth, args.batches - max(args.warmup, 1), args.bound_mb))
-    summary = {"batches": args.batches, "batch_size": args.batch_size,
+    if args.model == "reads":
+        print("%d scopes left by an exception while samples waited; live tasks (greenlets): "
+              "%d after warm-up, %d at the end" % (stopped, tasks_warm, tasks_end))
+    verdict = "PASS" if growth <= args.bound_mb and tasks_end <= tasks_warm else "FAIL"
+    print("%s: RSS grew %+.1f MB over %d batches after warm-up (bound %.0f MB)%s"
+          % (verdict, growth, args.batches - max(args.warmup, 1), args.bound_mb,
+             "; tasks left %+d" % (tasks_end - tasks_warm) if args.model == "reads" else ""))
+    summary = {"model": args.model, "stopped_scopes": stopped,
+               "stop_every": args.stop_every if args.model == "reads" else None,
+               "tasks_warm": tasks_warm, "tasks_end": tasks_end,
+               "batches": args.batches, "batch_size": args.batch_size,
                "strategy": args.strategy, "compiled": args.compiled,
                "ms_per_batch": 1000.0 * elapsed / args.batches,
                "rss_start_mb": rows[0][2], "rss_warm_mb": baseline, "rss_end_mb": final,

@@ -267,14 +267,24 @@ PROCESS_COLUMNS = [
     Column("rounds train / infer", pair("train_rounds", "infer_rounds")),
 ]
 SOAK_COLUMNS = [
+    Column("model", lambda row: {"reads": "branching on reads, 1 scope in %s left early"
+                                 % row.get("stop_every")}.get(row.get("model"), "Tree-LSTM")),
     Column("batches", field("batches", "%d")), Column("trees a batch", field("batch_size", "%d")),
     Column("strategy", field("strategy")), Column("compiled", field("compiled")),
     Column("ms/batch", field("ms_per_batch", "%.1f")),
     Column("RSS after warm-up MB", field("rss_warm_mb", "%.1f")),
     Column("RSS at the end MB", field("rss_end_mb", "%.1f")),
     Column("growth MB", field("growth_mb", "%+.1f")), Column("bound MB", field("bound_mb", "%.0f")),
+    Column("tasks left", lambda row: "-" if row.get("model") != "reads"
+           else "%+d" % (row["tasks_end"] - row["tasks_warm"])),
     Column("verdict", field("verdict")),
 ]
+
+
+def soak_body(records):
+    """The rows of both soak records."""
+    return render(SOAK_COLUMNS, [row for name in ("soak", "soak_reads")
+                                 for row in records[name]["tables"].get("soak", [])])
 
 
 def _find(rows, **match):
@@ -330,7 +340,7 @@ TABLES = {
     "dynet_gluon_dynbatch": simple("dynet_race", "gluon_dynbatch", DYNET_GDB_COLUMNS),
     "dynet_processes": simple("dynet_race", "processes", PROCESS_COLUMNS,
                               doc="docs/bench_dynet.md"),
-    "soak": simple("soak", "soak", SOAK_COLUMNS),
+    "soak": Table(("soak", "soak_reads"), soak_body, "docs/benchmarks.md"),
     "readme_performance": Table(("sick_training", "dynet_race"), readme_body, None),
 }
 

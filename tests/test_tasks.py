@@ -254,3 +254,31 @@ def test_trees_branching_on_reads_batch_and_equal_eager(strategy, compiled):
                                atol=1e-6)
     np.testing.assert_allclose(table.grad.asnumpy(), want_grad[1], rtol=1e-5, atol=1e-6)
     assert scope.stats.eager_samples == 0 and scope.stats.flushes < scope.stats.reads
+
+
+def test_soak_script_counts_the_tasks_scopes_leave_behind(monkeypatch, tmp_path):
+    """scripts/soak.py --model reads passes when stopped scopes unwind their
+    waiting samples, and fails when they do not."""
+    import sys
+    from pathlib import Path
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    monkeypatch.syspath_prepend(scripts)
+    soak = __import__("soak")
+    argv = ["--model", "reads", "--batches", "12", "--warmup", "3", "--stop-every", "3",
+            "--batch-size", "4", "--no-progress", "--csv", str(tmp_path / "rss.csv")]
+    assert soak.main(argv) == 0
+    from gluon_dynbatch.record import tasks
+    before = {id(g) for g in _live()}
+    monkeypatch.setattr(tasks.Tasks, "close", lambda self, why: None)
+    assert soak.main(argv) == 1
+    monkeypatch.undo()
+    for glet in _live():            # unwind what the broken close left waiting
+        if id(glet) not in before:
+            glet.throw()
+    del sys.modules["soak"]
+
+
+def _live():
+    gc.collect()
+    return [obj for obj in gc.get_objects() if isinstance(obj, greenlet.greenlet)
+            and obj and not obj.dead and obj is not greenlet.getcurrent()]
