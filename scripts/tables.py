@@ -281,12 +281,6 @@ SOAK_COLUMNS = [
 ]
 
 
-def soak_body(records):
-    """The rows of both soak records."""
-    return render(SOAK_COLUMNS, [row for name in ("soak", "soak_reads")
-                                 for row in records[name]["tables"].get("soak", [])])
-
-
 def _find(rows, **match):
     """The first row whose fields equal ``match``, or an empty dict."""
     return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), {})
@@ -340,7 +334,8 @@ TABLES = {
     "dynet_gluon_dynbatch": simple("dynet_race", "gluon_dynbatch", DYNET_GDB_COLUMNS),
     "dynet_processes": simple("dynet_race", "processes", PROCESS_COLUMNS,
                               doc="docs/bench_dynet.md"),
-    "soak": Table(("soak", "soak_reads"), soak_body, "docs/benchmarks.md"),
+    "soak": simple("soak", "soak", SOAK_COLUMNS),
+    "soak_reads": simple("soak_reads", "soak", SOAK_COLUMNS),
     "readme_performance": Table(("sick_training", "dynet_race"), readme_body, None),
 }
 

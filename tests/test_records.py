@@ -278,7 +278,7 @@ def test_tables_are_written_between_their_markers(fixture_root):
     assert "Quick settings (`--quick`)" in text
     assert "| imperative, depth | cell | 1000.0 | - |" in text
     assert "| hand-batched | cell | 2000.0 |" in text and "75% (3 of 4)" in text
-    assert "| 600 | - | - | - | - | - | - | - | - | PASS |" in text
+    assert "| Tree-LSTM | 600 | - | - | - | - | - | - | - | - | - | PASS |" in text
     assert "old" not in text and text.endswith("<!-- end table -->\n")
     assert tables.main(["--root", str(fixture_root), "--check"]) == 0
 
