@@ -19,6 +19,14 @@ halves of a ratio ran back to back, so a drift of the machine's speed cancels
 out).  ``steps``, ``mean_batch``, ``nodes`` and ``us_per_call`` are means over
 the timed batches of ``scope.stats``.
 
+``--compiled both`` times a third system in each round, the same scope with
+``compiled=True``, after the imperative one on the same batch: ``compiled_ms``,
+``x_eager_compiled`` and ``compiled_vs_imperative`` (the median per-round
+ratio of imperative to compiled time: above 1 when compiled is faster).  Eager
+then warms up on the first two warm-up batches only; give ``--warmup 16`` so
+that ``compiled=True`` has made its measured choice (whole plans, compiled
+steps or imperative calls) before the timed rounds.
+
 A model that reads a value inside its samples (``float(x.asscalar())``,
 branching on a computed score: ``mid_sample_reads``) batches through tasks:
 each sample waits at its read while the others record, and a scope flushes
@@ -58,6 +66,9 @@ COLUMNS = (("case", "case", "%s"), ("samples", "samples", "%d"),
            ("mean_batch", "mean batch", "%.1f"), ("nodes", "nodes", "%.0f"),
            ("us_per_call", "us/call", "%.2f"), ("planner", "planner", "%s"),
            ("notes", "notes", "%s"))
+COMPILED_COLUMNS = (("compiled_ms", "compiled ms", "%.1f"),
+                    ("x_eager_compiled", "x eager compiled", "%.2f"),
+                    ("compiled_vs_imperative", "imperative/compiled", "%.2f"))
 
 
 def build_parser():
@@ -89,8 +100,10 @@ def build_parser():
                         help="the scopes' analysis_budget: seconds, or 'auto' (default: each "
                              "model's own, \"auto\" with the depth strategy); 0 never "
                              "searches past the depth plan")
-    parser.add_argument("--compiled", choices=("false", "true", "step"), default="false",
-                        help="the scopes' compiled mode (default: %(default)s, imperative)")
+    parser.add_argument("--compiled", choices=("false", "true", "step", "both"),
+                        default="false",
+                        help="the scopes' compiled mode (default: %(default)s, imperative); "
+                             "both: imperative and compiled=True timed in the same rounds")
     parser.add_argument("--quick", action="store_true",
                         help="short settings for a smoke run: %s" % ", ".join(
                             "--%s %s" % item for item in QUICK.items()))
@@ -154,28 +167,34 @@ def time_batch(batch, batching, clock=None):
     return benchlib.time_call(step, sync=mx.nd.waitall, **kwargs)
 
 
-def run_rounds(batches, run, warmup):
-    """Warm both systems up, then time them in alternating rounds.
+def run_rounds(batches, run, warmup, systems=SYSTEMS, eager_warmup=None):
+    """Warm the systems up, then time them in alternating rounds.
 
     Parameters
     ----------
     batches : list
         ``warmup`` warm-up batches, then one batch per timed round.
     run : callable
-        ``run(system, batch) -> (ms, stats)``, ``system`` one of :data:`SYSTEMS`.
+        ``run(system, batch) -> (ms, stats)``, ``system`` one of ``systems``.
     warmup : int
+    systems : tuple of str, optional
+        In the order each round runs them (default :data:`SYSTEMS`).
+    eager_warmup : int, optional
+        Warm-up batches of the eager system, if fewer than ``warmup`` (eager
+        has nothing to learn once its parameters are initialised).
 
     Returns
     -------
     dict
         System -> list of ``(ms, stats)``, one per timed round, in order.
     """
-    for batch in batches[:warmup]:
-        for system in SYSTEMS:
-            run(system, batch)
+    for k, batch in enumerate(batches[:warmup]):
+        for system in systems:
+            if system != "eager" or eager_warmup is None or k < eager_warmup:
+                run(system, batch)
     timed = batches[warmup:]
-    out = {system: [] for system in SYSTEMS}
-    for r, system in benchlib.interleaved(SYSTEMS, len(timed), rotate=False):
+    out = {system: [] for system in systems}
+    for r, system in benchlib.interleaved(systems, len(timed), rotate=False):
         out[system].append(run(system, timed[r]))
     return out
 
@@ -199,7 +218,14 @@ def summarize(name, samples, notes, runs):
     batched = [ms for ms, _ in runs["batched"]]
     stats = [s for _, s in runs["batched"]]
     planners = sorted({p for s in stats for p in s.planners})
-    return {"case": name, "samples": samples, "notes": notes, "rounds": len(eager),
+    extra = {}
+    if "compiled" in runs:
+        compiled = [ms for ms, _ in runs["compiled"]]
+        extra = {"compiled_ms": benchlib.median(compiled),
+                 "x_eager_compiled": benchlib.median(e / c for e, c in zip(eager, compiled)),
+                 "compiled_vs_imperative": benchlib.median(
+                     b / c for b, c in zip(batched, compiled))}
+    return dict(extra, **{"case": name, "samples": samples, "notes": notes, "rounds": len(eager),
             "eager_ms": benchlib.median(eager), "batched_ms": benchlib.median(batched),
             "x_eager": benchlib.median(e / b for e, b in zip(eager, batched)),
             "steps": benchlib.mean(s.steps for s in stats),
@@ -207,7 +233,7 @@ def summarize(name, samples, notes, runs):
             "flushes": benchlib.mean(s.flushes for s in stats),
             "nodes": benchlib.mean(s.nodes for s in stats),
             "us_per_call": benchlib.mean(s.us_per_call for s in stats),
-            "planner": ",".join(planners) or "-"}
+            "planner": ",".join(planners) or "-"})
 
 
 def bench_case(name, args):
@@ -220,11 +246,15 @@ def bench_case(name, args):
     batches = [fresh_batch(case, name, seed, args.samples, args.hidden) for seed in seeds]
     budget = parse_budget(args.analysis_budget)
     scoped = {} if budget is None else {"analysis_budget": budget}
-    if args.compiled != "false":
-        scoped["compiled"] = True if args.compiled == "true" else "step"
     settings = {"eager": None, "batched": scoped}
+    if args.compiled in ("true", "step"):
+        scoped["compiled"] = True if args.compiled == "true" else "step"
+    systems, eager_warmup = SYSTEMS, None
+    if args.compiled == "both":
+        settings["compiled"] = dict(scoped, compiled=True)
+        systems, eager_warmup = SYSTEMS + ("compiled",), 2
     runs = run_rounds(batches, lambda system, batch: time_batch(batch, settings[system]),
-                      args.warmup)
+                      args.warmup, systems, eager_warmup)
     return summarize(name, args.samples, case.notes, runs)
 
 
@@ -251,9 +281,14 @@ def main(argv=None):
     rows = []
     for name in tqdm(names, desc="cases", unit="case", leave=False, disable=None):
         rows.append(bench_case(name, args))
-        LOG.info("%-18s eager %8.1f ms  batched %7.1f ms  x%.2f", name,
-                 rows[-1]["eager_ms"], rows[-1]["batched_ms"], rows[-1]["x_eager"])
-    print("\n".join(benchlib.text_table(rows, COLUMNS)))
+        LOG.info("%-18s eager %8.1f ms  batched %7.1f ms  x%.2f%s", name,
+                 rows[-1]["eager_ms"], rows[-1]["batched_ms"], rows[-1]["x_eager"],
+                 "  compiled %.1f ms  x%.2f" % (rows[-1]["compiled_ms"],
+                                               rows[-1]["x_eager_compiled"])
+                 if "compiled_ms" in rows[-1] else "")
+    columns = COLUMNS if args.compiled != "both" else \
+        COLUMNS[:5] + COMPILED_COLUMNS + COLUMNS[5:]
+    print("\n".join(benchlib.text_table(rows, columns)))
     benchlib.save_if_asked(args, "user_models", SCRIPT, argv, settings_of(args),
                            {"cases": rows}, record=record)
     return rows

@@ -212,6 +212,8 @@ class Lowering(SegmentWalker):
         # every source so far of their families ("family": whole-plan keys
         # that do not depend on the trees).
         self.tables = tables or ("present" if slices else "family")
+        # Whole-plan keys and source families: only a whole-plan compiler reads them.
+        self.keyed = self.tables == "family"
         self.matrix_parts = []    # (variable name, numpy array) extra inputs of segment steps
         self.source_desc = []     # per source: hashable description
         self.families = []        # per source: what kind of value it holds
@@ -417,30 +419,47 @@ class Lowering(SegmentWalker):
         if node0.rule.batching == "alone":
             kind = "alone"
             ins = tuple(self._gather_desc(self.segments(src, i)) for src, i in node0.inputs)
-            key = (kind, node0.op.name, node0.attrs, ins)
         else:
             kind = node0.rule.batching
-            ins = []
-            shared = shared_inputs(nodes)
-            for k, role in enumerate(node0.meta):
-                if role == KNOWN:               # read by the rule (segment_arrays)
-                    continue
-                if shared[k]:
-                    ins.append(self._gather_desc(self.segments(*node0.inputs[k])))
-                elif kind == "program" and not self.slices:
-                    # Compiled: whether a call's rows lie in order in one earlier
-                    # output depends on the trees; a take always keeps the
-                    # plan's key the same for batches of the same shape.
-                    ins.append(self._gather_rows(nodes, k, role, force_take=True))
-                else:
-                    ins.append(self._whole_output(nodes, k, role)
-                               or self._gather_rows(nodes, k, role))
-            variant, extra = _extra_arrays(node0, nodes, sticky=not self.slices)
-            for k, array in enumerate(extra):
-                name = "m%d_%d" % (len(self.steps), k)
-                self.matrix_parts.append((name, array))
-                ins.append(("direct_var", name))
-            ins = tuple(ins)
+            ins, variant = self._step_inputs(kind, node0, nodes)
+        family = self._step_key(kind, node0, ins, variant) if self.keyed else None
+        outs = [self._new_source(("step", len(self.steps), j), 0,
+                                 None if family is None else family + (j,))
+                for j in range(len(node0.out_shapes))]
+        for j, (sid, rows) in enumerate(zip(outs, self.assign(nodes, outs))):
+            self.source_rows[sid] = rows
+            self.step_outputs[(node0, j)] = (sid, nodes)
+        self.steps.append((kind, node0, ins, outs, len(nodes), variant))
+
+    def _step_inputs(self, kind, node0, nodes):
+        """The gather descriptions of a batched step's inputs, and its variant."""
+        ins = []
+        shared = shared_inputs(nodes)
+        for k, role in enumerate(node0.meta):
+            if role == KNOWN:               # read by the rule (segment_arrays)
+                continue
+            if shared[k]:
+                ins.append(self._gather_desc(self.segments(*node0.inputs[k])))
+            elif kind == "program" and not self.slices:
+                # Compiled: whether a call's rows lie in order in one earlier
+                # output depends on the trees; a take always keeps the
+                # plan's key the same for batches of the same shape.
+                ins.append(self._gather_rows(nodes, k, role, force_take=True))
+            else:
+                ins.append(self._whole_output(nodes, k, role)
+                           or self._gather_rows(nodes, k, role))
+        variant, extra = _extra_arrays(node0, nodes, sticky=not self.slices)
+        for k, array in enumerate(extra):
+            name = "m%d_%d" % (len(self.steps), k)
+            self.matrix_parts.append((name, array))
+            ins.append(("direct_var", name))
+        return tuple(ins), variant
+
+    def _step_key(self, kind, node0, ins, variant):
+        """Append the step's part of the whole-plan key; return its outputs' family."""
+        if kind == "alone":
+            key = (kind, node0.op.name, node0.attrs, ins)
+        else:
             attrs = node0.attrs if node0.rule.keyed_attrs else None
             key = (kind, node0.op.name, attrs, tuple(node0.meta), type(node0.rule).__name__,
                    ins, variant)
@@ -448,22 +467,15 @@ class Lowering(SegmentWalker):
                        for (src, i), role in zip(node0.inputs, node0.meta or _NO_ROLES)),
                  tuple(shape[1:] for shape in node0.out_shapes),
                  tuple(np.dtype(d).name for d in node0.out_dtypes))
-        key = key + (tails, node0.rule.step_key(node0))
-        family = (kind, node0.op.name, node0.attrs if node0.rule.keyed_attrs else None,
-                  node0.meta, tails)
+        self.key_parts.append(key + (tails, node0.rule.step_key(node0)))
         if kind == "program":
             # Calls of different programs (a leaf's cell and an internal
             # node's) feed the same consumers; whether a batch's consumers
             # read both depends on its trees, so their outputs form one family
             # per position, trailing shape and dtype.
-            family = (kind, tails[1:])
-        outs = [self._new_source(("step", len(self.steps), j), 0, family + (j,))
-                for j in range(len(node0.out_shapes))]
-        for j, (sid, rows) in enumerate(zip(outs, self.assign(nodes, outs))):
-            self.source_rows[sid] = rows
-            self.step_outputs[(node0, j)] = (sid, nodes)
-        self.steps.append((kind, node0, ins, outs, len(nodes), variant))
-        self.key_parts.append(key)
+            return (kind, tails[1:])
+        return (kind, node0.op.name, node0.attrs if node0.rule.keyed_attrs else None,
+                node0.meta, tails)
 
     def _walk_outputs(self, live):
         groups = {}
@@ -476,7 +488,8 @@ class Lowering(SegmentWalker):
                 segs.extend(self.segments(node, idx))
             desc = self._gather_desc(segs, force_take=True)
             self.outputs.append((desc, members))
-            self.key_parts.append(("out", gkey, desc))
+            if self.keyed:
+                self.key_parts.append(("out", gkey, desc))
 
     # -- building and running ----------------------------------------------------------
     def inputs(self, names):
