@@ -6,7 +6,7 @@
 # Usage: bash scripts/refresh_records.sh [--quick] [NAME ...]
 #   --quick  short settings (each script's --quick): a smoke run of every benchmark
 #   NAME     only these records; default: all of sick_training sick_budget bench_core
-#            user_models plan_steps dynet_race soak soak_reads
+#            user_models user_models_compiled plan_steps dynet_race soak soak_reads
 #
 # Run it on a machine doing nothing else: the benchmarks share it with nothing but each other.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,12 +18,14 @@ declare -A COMMANDS=(
   [sick_budget]="scripts/benchmark.py --systems imperative,budget --model both --batches 30 --epoch-check --no-back-to-back --no-second-pass --out-dir runs/sick_budget"
   [bench_core]="scripts/bench_core.py --rounds 7"
   [user_models]="scripts/user_models_bench.py --samples 64 --hidden 128 --rounds 3"
+  [user_models_compiled]="scripts/user_models_bench.py --samples 64 --hidden 128 --rounds 3 --warmup 16 --compiled both"
   [plan_steps]="scripts/plan_steps.py"
   [dynet_race]="scripts/bench_dynet.py --workloads treelstm,tagger --dims 128/128 --configs depth:imperative,depth:step,depth:compiled --encoders cell,op --out-dir runs/dynet_race"
   [soak]="scripts/soak.py --no-progress"
   [soak_reads]="scripts/soak.py --no-progress --model reads --batches 1000 --warmup 100"
 )
-ORDER=(sick_training sick_budget bench_core user_models plan_steps dynet_race soak soak_reads)
+ORDER=(sick_training sick_budget bench_core user_models user_models_compiled plan_steps dynet_race
+       soak soak_reads)
 NO_QUICK=" plan_steps "      # runs in a couple of minutes with its full settings
 
 QUICK=""

@@ -196,6 +196,15 @@ USER_COLUMNS = [
     Column("us/call", field("us_per_call", "%.2f")), Column("planner", field("planner")),
 ]
 
+USER_COMPILED_COLUMNS = [
+    Column("case", field("case")), Column("eager ms", field("eager_ms", "%.1f")),
+    Column("imperative ms", field("batched_ms", "%.1f")),
+    Column("compiled=True ms", field("compiled_ms", "%.1f")),
+    Column("x eager, imperative", field("x_eager", "%.2f")),
+    Column("x eager, compiled=True", field("x_eager_compiled", "%.2f")),
+    Column("imperative / compiled", field("compiled_vs_imperative", "%.2f")),
+]
+
 
 def steps_and_cost(planner, granularity):
     """A cell function: ``11 (3.33 ms)``, a planner's steps and estimated ms."""
@@ -329,6 +338,7 @@ TABLES = {
     "sick_budget_epoch": simple("sick_budget", "epoch", EPOCH_COLUMNS),
     "bench_core": simple("bench_core", "modes", CORE_COLUMNS),
     "user_models": simple("user_models", "cases", USER_COLUMNS),
+    "user_models_compiled": simple("user_models_compiled", "cases", USER_COMPILED_COLUMNS),
     "plan_steps": simple("plan_steps", "cases", PLAN_COLUMNS),
     "dynet_race": simple("dynet_race", "summary", DYNET_COLUMNS),
     "dynet_gluon_dynbatch": simple("dynet_race", "gluon_dynbatch", DYNET_GDB_COLUMNS),
