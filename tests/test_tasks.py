@@ -282,3 +282,30 @@ def _live():
     gc.collect()
     return [obj for obj in gc.get_objects() if isinstance(obj, greenlet.greenlet)
             and obj and not obj.dead and obj is not greenlet.getcurrent()]
+
+
+def test_rows_handed_out_are_analysed_once_per_position(monkeypatch):
+    """A flush hands each sample its rows of a batched output, whose row count
+    depends on how many samples were live; reading those rows in the next
+    flush needs no new analysis for a position seen before."""
+    from gluon_dynbatch.ir import calls
+    from gluon_dynbatch.record import recorder
+    recorder._ROW_SLICES.clear()        # memos: start from nothing known
+    calls.INFOS.clear()
+    model = _model()
+    original = calls.analyse
+    seen = []
+    monkeypatch.setattr(calls, "analyse", lambda node, *args: (
+        seen.append(node.op.name) or original(node, *args)))
+
+    def row_analyses(starts):
+        del seen[:]
+        with gdb.batching():
+            gdb.map(model, starts)
+        return seen.count("slice_axis")
+
+    assert row_analyses([1, 2, 3, 4, 5]) > 0
+    assert row_analyses([1, 2, 3, 4, 5]) == 0
+    # One more sample: only its own positions are new.
+    assert row_analyses([1, 2, 3, 4, 5, 6]) <= 6
+    assert row_analyses([1, 2, 3, 4, 5, 6, 2]) <= 6

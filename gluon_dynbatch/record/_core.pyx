@@ -372,7 +372,7 @@ cdef class RecorderCore:
     cdef public Py_ssize_t num_calls      # operator calls recorded (in frames or not)
     cdef public Py_ssize_t max_pending    # pending nodes after which a scope flushes
     cdef public object mode              # autograd's (recording, training) of new calls
-    cdef public dict row_views           # (begin, end, shape, dtype) -> (info, kwargs)
+    cdef public dict row_views           # (begin, end, shape[1:], dtype) -> (info, kwargs)
     cdef public dict _tokens             # id(block) -> ``Recorder.block_token``, per scope
     cdef public dict _roots              # (id(block), modes, helper) -> trie root, per scope
     cdef public object frames            # whether calls are recorded as frames, once known
@@ -421,7 +421,7 @@ cdef class RecorderCore:
         dtype = (<object>_peek(src, N_DTYPES))[idx]
         if not (0 <= begin < end <= shape[0]):
             return self.slow_row_slice(x, begin, end)
-        hit = PyDict_GetItem(self.row_views, (begin, end, shape, dtype))
+        hit = PyDict_GetItem(self.row_views, (begin, end, shape[1:], dtype))
         if hit == NULL:
             return self.slow_row_slice(x, begin, end)
         found = <object>hit

@@ -45,7 +45,7 @@ _SLICE_AXIS = opdef("slice_axis")
 _ONE_SLOT = (slot(0),)
 _DIM0 = {"dim": 0}              # the kwargs of row concatenations (never mutated)
 _DIM0_ITEMS = (("dim", 0),)
-_ROW_SLICES = {}    # (begin, end, shape, dtype) -> (CallInfo, kwargs) of a row-slice view
+_ROW_SLICES = {}    # (begin, end, trailing shape, dtype) -> (CallInfo, kwargs) of a row-slice view
 
 
 class Recorder(RecorderCore):
@@ -442,7 +442,10 @@ class Recorder(RecorderCore):
         src, idx = value
         graph = self.graph
         shape = src.out_shapes[idx]
-        found = _ROW_SLICES.get((begin, end, shape, src.out_dtypes[idx]))
+        # The rows' analysis does not depend on how many rows the source has
+        # (the bounds are checked by the callers): values handed out by a flush
+        # are rows of arrays whose row count changes from flush to flush.
+        found = _ROW_SLICES.get((begin, end, shape[1:], src.out_dtypes[idx]))
         if found is None:
             kwargs = {"axis": 0, "begin": begin, "end": end}
             key = (_SLICE_AXIS, _ONE_SLOT, (("axis", 0), ("begin", begin), ("end", end)),
@@ -455,7 +458,7 @@ class Recorder(RecorderCore):
             if info.kind != VIEW:
                 return self.add_node(_SLICE_AXIS, [value], _ONE_SLOT, kwargs)
             # Nodes never change their kwargs: views of the same rows share one dict.
-            found = _ROW_SLICES[(begin, end, shape, src.out_dtypes[idx])] = (
+            found = _ROW_SLICES[(begin, end, shape[1:], src.out_dtypes[idx])] = (
                 info, kwargs, _SLICE_AXIS, _ONE_SLOT)
         info, kwargs = found[:2]
         if graph.mode is None:
