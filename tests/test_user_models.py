@@ -9,6 +9,7 @@ cells and embedding lookups batched.
 """
 import random
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -710,3 +711,13 @@ def test_a_scope_with_reads_collects_its_parameters_once(monkeypatch):
     monkeypatch.undo()
     for out, want in zip(outs, [case.model(s, *case.inputs) for s in case.samples]):
         np.testing.assert_allclose(out.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_repeat_batch_script_reports_first_and_last_repeat():
+    """scripts/repeat_batch.py: a memoising model's repeated batch keeps its steps."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import repeat_batch
+    rows = repeat_batch.main(["--cases", "memo_words", "--repeats", "3", "--samples", "6",
+                              "--hidden", "8"])
+    assert [r["repeat"] for r in rows] == [1, 3]
+    assert rows[0]["steps"] == rows[1]["steps"] and rows[1]["x_eager"] > 0
