@@ -13,7 +13,7 @@ from mxnet import autograd
 from .errors import BatchingError
 from .plan import budget, sums
 from .plan.planners import PLANNERS, make_plan
-from .record import context, literals, patches
+from .record import context, literals, patches, trie
 from .record.recorder import Recorder
 from .run.cache import PlanCache
 from .run.executors import run_compiled, run_interpreted, run_steps
@@ -300,9 +300,17 @@ class BatchingScope:
         stats.steps = len(plan.steps)
         stats.planned_nodes = plan.num_nodes
         _note_program_batches(plan, stats.samples)
+        _note_learning(stats)
         if self.keep_plan:
             # Holding the plan keeps every node alive: only when asked for.
             self.last_plan = plan
+
+
+def _note_learning(stats):
+    """Tell each block of this thread what this flush cost (``usage.Usage.note_learning``)."""
+    flush_ms = stats.record_ms + stats.plan_ms + stats.execute_ms
+    for usage in list(trie.store().usages.values()):
+        usage.note_learning(flush_ms)
 
 
 def _note_program_batches(plan, samples):

@@ -721,3 +721,37 @@ def test_repeat_batch_script_reports_first_and_last_repeat():
                               "--hidden", "8"])
     assert [r["repeat"] for r in rows] == [1, 3]
     assert rows[0]["steps"] == rows[1]["steps"] and rows[1]["x_eager"] > 0
+
+
+def _usage_of(model):
+    return trie.store().usages[(id(model), None)]
+
+
+def test_calls_that_keep_learning_are_tried_operator_by_operator():
+    """A graph convolution written vertex by vertex takes a path of its own in
+    every sample: its block is tried both ways for a few flushes and keeps the
+    faster one (measured); every batch, trial or not, equals eager."""
+    from gluon_dynbatch.record import usage as usage_rules
+    case = um.case_graph_conv(seed=0, n=12)
+    usage = None
+    for k in range(usage_rules.LEARNING_WARMUP + usage_rules.LEARNING_STRIKES
+                   + usage_rules.LEARNING_TRIAL + 2):
+        batch = um.Case(case.model, um.case_graph_conv(seed=100 + k, n=12).samples,
+                        case.inputs)
+        assert_same(um.run_case(batch, {}), um.run_case(batch, None))
+        usage = _usage_of(case.model)
+    assert usage.watch == "done" and usage.trial_ms is not None
+    by_op, by_frame = usage.trial_ms
+    assert usage.irregular == (by_op < usage_rules.LEARNING_GAIN * by_frame)
+
+
+def test_calls_that_stop_learning_are_not_tried():
+    """A tree model learns its paths in the first batches, then replays them: no trial."""
+    case = um.case_recursive_net(seed=0, n=12)
+    for k in range(8):
+        batch = um.Case(case.model, um.case_recursive_net(seed=100 + k, n=12).samples,
+                        case.inputs)
+        um.run_case(batch, {})
+    usage = _usage_of(case.model)
+    assert not usage.irregular and usage.trial_ms is None
+    assert usage.watch["trial"] is None and usage.watch["flushes"] >= 6

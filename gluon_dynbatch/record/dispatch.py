@@ -78,6 +78,7 @@ def _record_sample(self, rec, args):
 
 def tell_irregular(block, root):
     """Say once per block that its calls are recorded operator by operator (``usage.py``)."""
+    root.usage.op_calls += 1
     if not root.usage.told:
         root.usage.told = True
         log.info("%s: calls take a new path through the code almost every time (a "
@@ -92,6 +93,8 @@ def record_helper(self, rec, function, args, kwargs):
     outer_path, outer_frame = rec.path, rec.frame
     rec.path = outer_path + (function.__name__,)
     frame = None if root.usage.irregular else Frame(rec, root, self, rec.path)
+    if frame is None:
+        root.usage.op_calls += 1
     rec.frame = frame
     try:
         out = function(*args, **kwargs)

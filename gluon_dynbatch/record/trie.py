@@ -144,7 +144,9 @@ def root(key, block):
         found.usage = usages.get((key[0], key[-1]))
         if found.usage is None:
             found.usage = usages[(key[0], key[-1])] = Usage()
+            found.usage.name = type(block).__name__
             weakref.finalize(block, usages.pop, (key[0], key[-1]), None)
+        found.usage.counters.append(found.counter)     # states learned, per block
         # The trie holds the block's parameters: drop it with the block.
         weakref.finalize(block, roots.pop, key, None)
     return found

@@ -5,12 +5,33 @@ over each sample's graph) become programs that batch with nothing.  A
 block's :class:`Usage` counts how its programs batched; when they do not,
 the block's calls are recorded operator by operator instead, where
 operators batch across samples by signature whatever the structure.
+
+A block whose calls keep taking new paths through its code batch after
+batch (each sample a graph of its own, written vertex by vertex) pays for
+learning those paths at every call, however well its programs batch.  Such
+a block is tried both ways for a few flushes (``note_learning``), and
+recorded operator by operator from then on if that was clearly faster.
 """
+import logging
+
+log = logging.getLogger(__name__)
 
 
 #: Calls of a block that made new programs, at least 75% of its calls so far,
 #: after which the block is recorded operator by operator (``Usage``).
 FRESH_CALLS = 48
+#: ``note_learning``: flushes of a block before its learning is watched; new
+#: template states per call above which a flush counts as learning; such
+#: flushes in a row that start a trial; the trial's flushes (alternately
+#: operator by operator and as frames); and how much faster per call the
+#: operator-by-operator flushes must have been to keep them.
+LEARNING_WARMUP = 2
+LEARNING_STATES = 16.0
+LEARNING_STRIKES = 2
+LEARNING_TRIAL = 4
+LEARNING_GAIN = 0.8
+#: Fewest calls of a block in a flush for the flush to count.
+LEARNING_CALLS = 8
 
 
 class Usage:
@@ -27,13 +48,19 @@ class Usage:
     program never seen before (``note_program``): each sample its own.
     """
 
-    __slots__ = ("strikes", "irregular", "told", "frames", "fresh", "programs")
+    __slots__ = ("strikes", "irregular", "told", "frames", "fresh", "programs", "counters",
+                 "op_calls", "watch", "name", "trial_ms")
 
     def __init__(self):
         self.strikes, self.irregular, self.told = 0, False, False
         self.frames = 0         # calls recorded as frames (``Frame`` counts them)
         self.fresh = 0          # of those, calls that made a program new to the block
         self.programs = set()   # uids of the programs of the block's recipes
+        self.counters = []      # state counters of the block's trie roots (``trie.root``)
+        self.op_calls = 0       # calls recorded operator by operator
+        self.watch = None       # ``note_learning``'s record; "done" once decided
+        self.name = ""          # the block's class, for the log
+        self.trial_ms = None    # the trial's (by operator, as frames) ms a call
 
     def note_program(self, program):
         """A recipe of this block's was made with ``program`` (``templates.py``)."""
@@ -51,3 +78,63 @@ class Usage:
             self.irregular = self.irregular or self.strikes >= 2
         else:
             self.strikes = 0
+
+    # -- calls that keep learning ------------------------------------------------
+    def states(self):
+        """Template states the block's tries hold (every root, every version)."""
+        return sum(counter[0] for counter in self.counters)
+
+    def note_learning(self, flush_ms):
+        """Count a flush of ``flush_ms`` (recording, planning, running); try and
+        decide whether the block's calls are cheaper recorded operator by operator.
+
+        Flushes with few calls of the block add up until they have enough.
+        Returns True while a trial runs or when it has just decided.
+        """
+        watch = self.watch
+        if watch == "done":
+            return False
+        calls = self.frames + self.op_calls
+        if watch is None:
+            watch = self.watch = {"flushes": 0, "strikes": 0, "trial": None, "ms": 0.0,
+                                  "seen": calls, "mark": (calls, self.states())}
+        if calls == watch["seen"]:          # none of its calls in this flush
+            return watch["trial"] is not None
+        watch["seen"] = calls
+        watch["ms"] += flush_ms
+        new_calls = calls - watch["mark"][0]
+        if new_calls < LEARNING_CALLS:
+            return watch["trial"] is not None
+        states = self.states()
+        learned = states - watch["mark"][1]
+        ms_per_call, watch["ms"] = watch["ms"] / new_calls, 0.0
+        watch["mark"] = (calls, states)
+        if watch["trial"] is not None:
+            return self._trial_flush(watch, ms_per_call)
+        if self.irregular:                   # switched by how its programs batch
+            self.watch = "done"
+            return False
+        watch["flushes"] += 1
+        watch["strikes"] = watch["strikes"] + 1 if learned >= LEARNING_STATES * new_calls \
+            else 0
+        if watch["flushes"] > LEARNING_WARMUP and watch["strikes"] >= LEARNING_STRIKES:
+            watch["trial"] = {"op": [], "frame": []}
+            self.irregular = self.told = True   # the trial's first flush: by operator
+        return watch["trial"] is not None
+
+    def _trial_flush(self, watch, ms_per_call):
+        trial = watch["trial"]
+        trial["op" if self.irregular else "frame"].append(ms_per_call)
+        if len(trial["op"]) + len(trial["frame"]) < LEARNING_TRIAL:
+            self.irregular = not self.irregular
+            return True
+        by_op = sum(trial["op"]) / len(trial["op"])
+        by_frame = sum(trial["frame"]) / len(trial["frame"])
+        self.irregular = self.told = by_op < LEARNING_GAIN * by_frame
+        self.watch, self.trial_ms = "done", (by_op, by_frame)
+        if self.irregular:
+            log.info("%s: calls keep taking new paths through the code (a structure of each "
+                     "sample's own); recorded operator by operator they cost %.1f us a call "
+                     "against %.1f as templates: recording them operator by operator",
+                     self.name, 1000.0 * by_op, 1000.0 * by_frame)
+        return True
