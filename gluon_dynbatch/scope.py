@@ -300,17 +300,18 @@ class BatchingScope:
         stats.steps = len(plan.steps)
         stats.planned_nodes = plan.num_nodes
         _note_program_batches(plan, stats.samples)
-        _note_learning(stats)
+        _note_learning(stats, mode)
         if self.keep_plan:
             # Holding the plan keeps every node alive: only when asked for.
             self.last_plan = plan
 
 
-def _note_learning(stats):
-    """Tell each block of this thread what this flush cost (``usage.Usage.note_learning``)."""
+def _note_learning(stats, mode):
+    """Tell each block of this thread what this flush cost, run in ``mode``
+    (``usage.Usage.note_learning``)."""
     flush_ms = stats.record_ms + stats.plan_ms + stats.execute_ms
     for usage in list(trie.store().usages.values()):
-        usage.note_learning(flush_ms)
+        usage.note_learning(flush_ms, mode)
 
 
 def _note_program_batches(plan, samples):

@@ -20,7 +20,9 @@ out).  ``steps``, ``mean_batch``, ``nodes`` and ``us_per_call`` are means over
 the timed batches of ``scope.stats``.
 
 ``--compiled both`` times a third system in each round, the same scope with
-``compiled=True``, after the imperative one on the same batch: ``compiled_ms``,
+``compiled=True``, after the imperative one on the same samples, with a twin
+of the model (same weights, templates of its own, so that a batch the
+imperative scope has just learned is not a repeat for it): ``compiled_ms``,
 ``x_eager_compiled`` and ``compiled_vs_imperative`` (the median per-round
 ratio of imperative to compiled time: above 1 when compiled is faster).  Eager
 then warms up on the first two warm-up batches only; give ``--warmup 16`` so
@@ -253,8 +255,17 @@ def bench_case(name, args):
     if args.compiled == "both":
         settings["compiled"] = dict(scoped, compiled=True)
         systems, eager_warmup = SYSTEMS + ("compiled",), 2
-    runs = run_rounds(batches, lambda system, batch: time_batch(batch, settings[system]),
-                      args.warmup, systems, eager_warmup)
+        # A model of its own, the same weights and samples: the templates one
+        # system learns on a batch must not make the batch a repeat for the other.
+        twin = um.CASES[name](seed=args.seed, n=args.samples, hidden=args.hidden)
+        for array in twin.inputs:
+            array.attach_grad()
+        batches = [{"eager": batch, "batched": batch,
+                    "compiled": fresh_batch(twin, name, seed, args.samples, args.hidden)}
+                   for batch, seed in zip(batches, seeds)]
+    runs = run_rounds(batches, lambda system, batch: time_batch(
+        batch[system] if isinstance(batch, dict) else batch, settings[system]),
+        args.warmup, systems, eager_warmup)
     return summarize(name, args.samples, case.notes, runs)
 
 

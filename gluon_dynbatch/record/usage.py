@@ -84,12 +84,14 @@ class Usage:
         """Template states the block's tries hold (every root, every version)."""
         return sum(counter[0] for counter in self.counters)
 
-    def note_learning(self, flush_ms):
-        """Count a flush of ``flush_ms`` (recording, planning, running); try and
-        decide whether the block's calls are cheaper recorded operator by operator.
+    def note_learning(self, flush_ms, mode):
+        """Count a flush of ``flush_ms`` (recording, planning, running) run in
+        ``mode`` (how its plan ran); try and decide whether the block's calls
+        are cheaper recorded operator by operator.
 
-        Flushes with few calls of the block add up until they have enough.
-        Returns True while a trial runs or when it has just decided.
+        Flushes with few calls of the block add up until they have enough.  A
+        trial compares flushes of the mode it started in only.  Returns True
+        while a trial runs or when it has just decided.
         """
         watch = self.watch
         if watch == "done":
@@ -101,6 +103,11 @@ class Usage:
         if calls == watch["seen"]:          # none of its calls in this flush
             return watch["trial"] is not None
         watch["seen"] = calls
+        trial = watch["trial"]
+        if trial is not None and trial.setdefault("mode", mode) != mode:
+            # Another mode's flush (a model run both ways): not comparable.
+            watch["mark"], watch["ms"] = (calls, self.states()), 0.0
+            return True
         watch["ms"] += flush_ms
         new_calls = calls - watch["mark"][0]
         if new_calls < LEARNING_CALLS:
