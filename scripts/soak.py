@@ -78,17 +78,6 @@ def random_trees(rng, count, vocab, min_len, max_len):
     return trees
 
 
-class SoakModel(gluon.Block):
-    """Tree encoder (a DynBatchBlock) and a linear read-out of the root state."""
-
-    def __init__(self, hidden, input_size, strategy, compiled, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.encoder = ChildSumTreeLSTM(hidden, input_size, strategy=strategy,
-                                            compiled=compiled)
-            self.head = gluon.nn.Dense(1, in_units=hidden)
-
-
 class BranchingTree(gdb.DynBatchBlock):
     """A tree RNN whose every node reads a score (``float(score.asscalar())``)
     and takes one of two layers by its sign; returns ``(state, score)``."""
@@ -112,18 +101,19 @@ class BranchingTree(gdb.DynBatchBlock):
         return F.tanh(self.down(h)) * F.sigmoid(score), score
 
 
-class ReadingSoakModel(gluon.Block):
-    """:class:`BranchingTree` and a linear read-out of the root state."""
+class SoakModel(gluon.Block):
+    """A tree encoder (a DynBatchBlock: ``ChildSumTreeLSTM`` or
+    :class:`BranchingTree`) and a linear read-out of the root state."""
 
-    def __init__(self, hidden, input_size, strategy, compiled, **kwargs):
+    def __init__(self, encoder, hidden, input_size, strategy, compiled, **kwargs):
         super().__init__(**kwargs)
         with self.name_scope():
-            self.encoder = BranchingTree(hidden, input_size, strategy=strategy,
-                                         compiled=compiled)
+            self.encoder = encoder(hidden, input_size, strategy=strategy, compiled=compiled)
             self.head = gluon.nn.Dense(1, in_units=hidden)
 
 
-MODELS = {"tree": SoakModel, "reads": ReadingSoakModel}
+MODELS = {"tree": ChildSumTreeLSTM, "reads": BranchingTree}
+"""The encoder of each ``--model``."""
 
 
 class LoopStopped(Exception):
@@ -229,8 +219,8 @@ def main(argv=None):
     record = benchlib.start_record("soak", SCRIPT, argv, settings_of(args))
     rng = random.Random(args.seed)
     mx.random.seed(args.seed)
-    model = MODELS[args.model](args.hidden, args.input_size, args.strategy,
-                               COMPILED[args.compiled])
+    model = SoakModel(MODELS[args.model], args.hidden, args.input_size, args.strategy,
+                      COMPILED[args.compiled])
     model.initialize(mx.init.Xavier())
     trainer = gluon.Trainer(model.collect_params(), "adagrad", {"learning_rate": 0.05})
     emb = nd.random.uniform(-0.5, 0.5, shape=(args.vocab, args.input_size))

@@ -188,16 +188,16 @@ CORE_COLUMNS = [
     Column("execute ms", field("execute_ms", "%.1f")),
     Column("compile ms", field("compile_ms", "%.1f")),
 ]
-USER_COLUMNS = [
-    Column("case", field("case")), Column("eager ms", field("eager_ms", "%.1f")),
+CASE_EAGER_COLUMNS = [Column("case", field("case")),
+                      Column("eager ms", field("eager_ms", "%.1f"))]
+USER_COLUMNS = CASE_EAGER_COLUMNS + [
     Column("batched ms", field("batched_ms", "%.1f")),
     Column("x eager", field("x_eager", "%.2f")), Column("steps", field("steps", "%.1f")),
     Column("mean batch", field("mean_batch", "%.1f")),
     Column("us/call", field("us_per_call", "%.2f")), Column("planner", field("planner")),
 ]
 
-USER_COMPILED_COLUMNS = [
-    Column("case", field("case")), Column("eager ms", field("eager_ms", "%.1f")),
+USER_COMPILED_COLUMNS = CASE_EAGER_COLUMNS + [
     Column("imperative ms", field("batched_ms", "%.1f")),
     Column("compiled=True ms", field("compiled_ms", "%.1f")),
     Column("x eager, imperative", field("x_eager", "%.2f")),

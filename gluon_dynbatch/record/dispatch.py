@@ -77,7 +77,8 @@ def _record_sample(self, rec, args):
 
 
 def tell_irregular(block, root):
-    """Say once per block that its calls are recorded operator by operator (``usage.py``)."""
+    """Count a call of a block recorded operator by operator, and say once per
+    block that its calls are (``usage.py``)."""
     root.usage.op_calls += 1
     if not root.usage.told:
         root.usage.told = True
