@@ -556,11 +556,7 @@ class Recorder(RecorderCore):
             graph.mode = self.mode
         in_shapes = tuple([src.out_shapes[i] for src, i in inputs])
         in_dtypes = tuple([src.out_dtypes[i] for src, i in inputs])
-        try:
-            key = (op, targs, tuple(tkw.items()) if tkw else (), in_shapes, in_dtypes)
-            info = calls.INFOS.get(key)
-        except TypeError:          # an unhashable constant argument: no memo
-            key = info = None
+        key, info = _memo(op, targs, tkw, in_shapes, in_dtypes)
         if info is None:
             node = Node(graph, OP, op, inputs, targs, tkw)
             node.sample = self.sample
@@ -708,11 +704,7 @@ class Recorder(RecorderCore):
         """
         in_shapes = tuple([src.out_shapes[i] for src, i in sources])
         in_dtypes = tuple([src.out_dtypes[i] for src, i in sources])
-        try:        # the memo of ``add_node``: a call shape analysed once
-            key = (op, args, tuple(kwargs.items()) if kwargs else (), in_shapes, in_dtypes)
-            info = calls.INFOS.get(key)
-        except TypeError:          # an unhashable constant argument: no memo
-            key = info = None
+        key, info = _memo(op, args, kwargs, in_shapes, in_dtypes)   # as ``add_node``
         if info is not None:
             return info
         node = Node(self.graph, OP, op, list(sources), args, kwargs)
@@ -720,6 +712,16 @@ class Recorder(RecorderCore):
         info = calls.analyse(node, in_shapes, in_dtypes)
         calls.remember(key, info)
         return info
+
+
+def _memo(op, args, kwargs, in_shapes, in_dtypes):
+    """``(key, CallInfo or None)`` of a call shape in the memo ``calls.INFOS``;
+    ``(None, None)`` for a call with an unhashable constant argument."""
+    try:
+        key = (op, args, tuple(kwargs.items()) if kwargs else (), in_shapes, in_dtypes)
+        return key, calls.INFOS.get(key)
+    except TypeError:
+        return None, None
 
 
 def pending_inputs(graph, args):
