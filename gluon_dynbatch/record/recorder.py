@@ -99,7 +99,11 @@ class Recorder(RecorderCore):
         """Re-read autograd's modes if they may have changed; return them.
 
         Calls recorded under other modes than the pending ones cannot run in
-        the same batch: the pending calls run first (a flush).
+        the same batch: the pending calls run first.  The scope's own code
+        runs them now (a flush); a sample's task waits for the next round, as
+        at a read, so that the other samples' calls in the pending modes
+        batch with its own (a search under ``autograd.pause()`` in each of
+        them: one round per change of modes, not a flush per sample).
         """
         if self._mode_seen == context.MODE_CHANGES[0]:
             return self.mode
@@ -112,8 +116,19 @@ class Recorder(RecorderCore):
             self.mode = mode
             pending = self.graph.mode
             if pending is not None and pending != mode:
-                self._flush()
+                if self.tasks.current is None:
+                    self._flush()
+                else:
+                    self._wait_for_modes(mode)
         return mode
+
+    def _wait_for_modes(self, mode):
+        """The running task waits until the pending calls' modes are its own
+        (or nothing is pending); the other tasks may change them meanwhile."""
+        while self.graph.mode is not None and self.graph.mode != mode:
+            self.tasks.wait()
+        self._mode_seen = context.MODE_CHANGES[0]
+        self.mode = mode
 
     def same_mode(self):
         """Whether autograd's modes are still those of the pending calls; MXNet sets

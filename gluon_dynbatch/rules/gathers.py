@@ -5,7 +5,9 @@
 * ``KnownTakeRule``: ``F.take(x, F.array(idx))`` of a value of each sample by a
   known index vector (``ir.known``) of more than a few runs of rows (fewer are
   recorded as row views by ``rewrite.literals``): one take over the batch's
-  rows, each literal's indices moved to where its sample's rows start.
+  rows, each literal's indices moved to where its sample's rows start;
+* ``OwnTableTakeRule``: ``take`` from a table of each sample by computed
+  indices.
 """
 import numpy as np
 
@@ -55,6 +57,46 @@ class KnownTakeRule(Rule):
         return [F.take(inputs[0], inputs[1], axis=0)]
 
 
-_TAKE = RowFallback(KnownTakeRule(), RowRule(take_roles))
+class OwnTableTakeRule(Rule):
+    """``take(table, idx)`` along axis 0 (mode ``clip``) of a table computed in
+    each sample, by indices of its own (a beam search keeping the states of the
+    beams it picked): one take from the batch's tables concatenated, each
+    node's indices clipped to its own table's rows, then moved to where its
+    table starts (offsets and bounds computed from the shapes when the batch
+    is planned)."""
+
+    batching = "segment"
+
+    def signature(self, node):
+        kwargs = node.kwargs
+        if len(node.inputs) != 2 or kwargs.get("axis", 0) != 0 \
+                or kwargs.get("mode", "clip") != "clip":
+            return None
+        table, idx = _in_shape(node, 0), _in_shape(node, 1)
+        if not table or not idx or not _computed_per_sample(node.inputs[0][0]):
+            return None
+        key = ("own_take", table[1:], idx[1:], _in_dtype(node, 0), _in_dtype(node, 1))
+        return Signature((key,), self, (ROW, ROW))
+
+    @staticmethod
+    def segment_arrays(nodes, dtype):
+        """(where each index row's table starts, its table's last row), shaped to
+        broadcast over the index rows, in the indices' dtype."""
+        idx_shape = _in_shape(nodes[0], 1)
+        tables = np.array([_in_shape(n, 0)[0] for n in nodes], dtype=np.int64)
+        counts = np.array([_in_shape(n, 1)[0] for n in nodes], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(tables)[:-1]])
+        shape = (-1,) + (1,) * (len(idx_shape) - 1)
+        dtype = _in_dtype(nodes[0], 1)
+        return [np.repeat(starts, counts).reshape(shape).astype(dtype),
+                np.repeat(tables - 1, counts).reshape(shape).astype(dtype)]
+
+    def batched_call(self, F, node, inputs):
+        table, idx, starts, lasts = inputs
+        inside = F.broadcast_minimum(F.broadcast_maximum(idx, F.zeros_like(lasts)), lasts)
+        return [F.take(table, F.broadcast_add(inside, starts), axis=0)]
+
+
+_TAKE = RowFallback(KnownTakeRule(), RowFallback(OwnTableTakeRule(), RowRule(take_roles)))
 _TAKE.source_dependent = True       # a literal's indices, or a shared table's rows
 register_rule("take", _TAKE)
