@@ -93,3 +93,56 @@ def test_takes_from_each_samples_own_table_batch_and_clip_as_eager():
     # The takes of all 10 samples are a few steps, not 10 of their own each.
     assert stats[("depth", False, "op")].steps < 30
     assert stats[("depth", False)].steps < 30
+
+
+class Shift(gluon.HybridBlock):
+    """A block without parameters, made with a number (as gluonnlp's search
+    makes its step block, with the beam size, for every search)."""
+
+    def __init__(self, by, **kwargs):
+        super().__init__(**kwargs)
+        self._by = by
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(x) * self._by + self._by
+
+
+class MakesItsBlocks(gdb.DynBatchBlock):
+    """Makes a new ``Shift`` for every call, hybridized as gluonnlp's are."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(3)
+
+    def hybrid_forward(self, F, x, by):
+        shift = Shift(by)
+        shift.hybridize()
+        h = self.dense(x)
+        with autograd.pause():      # the call's own frame ends: the block has one of its own
+            scale = shift(h)
+        return h * scale
+
+
+def _learned():
+    from gluon_dynbatch.record import trie
+    return sum(root.counter[0] for root in trie.store().roots.values())
+
+
+def test_blocks_made_alike_in_every_call_share_their_templates():
+    model = make_model(MakesItsBlocks)
+    rs = np.random.RandomState(5)
+
+    def batch():
+        return [(nd.array(rs.uniform(-1, 1, (2, 4))), [1.0, 2.0][k % 2]) for k in range(6)]
+
+    for samples in (batch(), batch()):
+        want = [model(x, by).asnumpy() for x, by in samples]
+        before = _learned()
+        with gdb.batching():
+            got = [model(x, by) for x, by in samples]
+        for g, w in zip(got, want):     # a block made with 2.0 is not one made with 1.0
+            np.testing.assert_allclose(g.asnumpy(), w, rtol=1e-5, atol=1e-6)
+    # The second batch's blocks are new objects, made like the first's: no
+    # template is learned again.
+    assert _learned() == before

@@ -86,6 +86,7 @@ class Recorder(RecorderCore):
         self._mode_seen = None      # MODE_CHANGES[0] when self.mode was read
         self._versions = {}         # id(block) -> parameter identity, per scope
         self._tokens = {}           # id(block) -> block_token, per scope
+        self._identities = {}       # id(block) -> (block, block_identity), per scope
         self._roots = {}            # (id(block), modes) -> frame_root, per scope
         self._store = trie.store()
 
@@ -663,7 +664,8 @@ class Recorder(RecorderCore):
         found = self._roots.get(key)      # this scope's, while the modes hold
         if found is None or found.counter[0] >= trie.MAX_STATES:
             found = self._roots[key] = trie.root(
-                (id(block), self.block_version(block), self.mode, self.replay, helper), block)
+                (self.block_identity(block), self.block_version(block), self.mode,
+                 self.replay, helper), block)
         return found
 
     def block_token(self, block):
@@ -671,8 +673,18 @@ class Recorder(RecorderCore):
         found = self._tokens.get(id(block))
         if found is None:
             found = self._tokens[id(block)] = trie.token(
-                (id(block), self.block_version(block)), block)
+                (self.block_identity(block), self.block_version(block)), block)
         return found
+
+    def block_identity(self, block):
+        """What names ``block`` in the tries: ``id(block)``, or the key of blocks
+        made alike (``trie.likeness``).  The scope keeps ``block`` alive, so the
+        ids its caches are keyed by name one block each."""
+        found = self._identities.get(id(block))
+        if found is None:
+            like = trie.likeness(block)
+            found = self._identities[id(block)] = (block, id(block) if like is None else like)
+        return found[1]
 
     def block_version(self, block):
         """Identity, shapes and dtypes of ``block``'s parameters (once per scope)."""

@@ -7,7 +7,8 @@ skips over the block's calls.  A state remembers, per exported positions,
 the recipe of the segment ending there (``templates.py``).
 
 Tries live per thread and per block (``roots``): a block's trie holds its
-parameters, so it is dropped with the block.
+parameters, so it is dropped with the block.  Blocks without parameters made
+alike (``likeness``) share one trie, kept for the thread.
 """
 import itertools
 import threading
@@ -100,6 +101,7 @@ class Store:
         self.roots = {}           # (block, parameters, modes, replay) -> root State
         self.tokens = {}          # (id(block), parameters) -> small int (``token``)
         self.usages = {}          # (id(block), helper) -> Usage, shared by its roots
+        self.alike = {}           # keys of blocks made alike (``likeness``), kept
         self.counter = itertools.count()
 
 
@@ -126,6 +128,66 @@ def parameters(block):
     return list(found.values())
 
 
+# Attributes every Gluon block has (naming, caching, hybridization): what a
+# block computes is in its class and its other attributes.
+_GLUON_ATTRS = frozenset("""_empty_prefix _prefix _params _name _scope _children _reg_params
+_forward_hooks _forward_pre_hooks _cached_graph _cached_op _cached_op_args _out_format
+_in_format _active _flags _callback _monitor_all _backend _backend_opts""".split())
+_PLAIN = (type(None), bool, int, float, str, bytes)
+_MAX_DEPTH = 8
+MAX_ALIKE = 256     # kinds of blocks made alike whose tries a thread keeps
+
+
+class _Unlike(Exception):
+    """A block whose calls no other block may stand in for."""
+
+
+def likeness(block):
+    """A key every block made the same way shares, or None.
+
+    A block without parameters (its children's included) or hooks, whose
+    attributes are numbers, strings, tuples of them or such blocks: two made
+    with the same class and arguments compute the same, so templates learned
+    on one hold for the other (gluonnlp's ``BeamSearchSampler`` makes its step
+    block anew for every search).  Any other block is only itself, and so is
+    every block once a thread knows ``MAX_ALIKE`` such keys.
+    """
+    try:
+        form = _block_form(block, 0)
+    except _Unlike:
+        return None
+    alike = store().alike
+    if form not in alike:
+        if len(alike) >= MAX_ALIKE:     # blocks made with ever new numbers
+            return None
+        alike[form] = True
+    return form
+
+
+def _block_form(block, depth):
+    attrs = vars(block)
+    if depth > _MAX_DEPTH or "_params" not in attrs or list(attrs["_params"].keys()):
+        raise _Unlike
+    if attrs.get("_reg_params") or attrs.get("_forward_hooks") \
+            or attrs.get("_forward_pre_hooks"):
+        raise _Unlike
+    own = tuple(sorted((name, _value_form(value, depth)) for name, value in attrs.items()
+                       if name not in _GLUON_ATTRS))
+    children = tuple(_block_form(child, depth + 1) for child in block._children.values())  # pylint: disable=protected-access
+    return (type(block), own, children)
+
+
+def _value_form(value, depth):
+    kind = type(value)
+    if kind in _PLAIN:
+        return (kind, value)
+    if kind in (tuple, list):
+        return (kind, tuple(_value_form(item, depth) for item in value))
+    if hasattr(value, "_children") and hasattr(value, "_params"):     # a Gluon block
+        return _block_form(value, depth + 1)
+    raise _Unlike
+
+
 def version(block):
     """Identity, shapes and dtypes of ``block``'s parameters."""
     return tuple((id(p), p.shape, p.dtype) for p in parameters(block))
@@ -145,11 +207,18 @@ def root(key, block):
         if found.usage is None:
             found.usage = usages[(key[0], key[-1])] = Usage()
             found.usage.name = type(block).__name__
-            weakref.finalize(block, usages.pop, (key[0], key[-1]), None)
+            _drop_with(block, key, usages, (key[0], key[-1]))
         found.usage.counters.append(found.counter)     # states learned, per block
         # The trie holds the block's parameters: drop it with the block.
-        weakref.finalize(block, roots.pop, key, None)
+        _drop_with(block, key, roots, key)
     return found
+
+
+def _drop_with(block, key, table, entry):
+    """Drop ``table[entry]`` when ``block`` dies, unless ``key`` names blocks
+    made alike (``likeness``): those outlive any one of them."""
+    if type(key[0]) is not tuple:
+        weakref.finalize(block, table.pop, entry, None)
 
 
 def token(key, block):
@@ -158,7 +227,7 @@ def token(key, block):
     found = tokens.get(key)
     if found is None:
         found = tokens[key] = next(store().counter)
-        weakref.finalize(block, tokens.pop, key, None)
+        _drop_with(block, key, tokens, key)
     return found
 
 
