@@ -136,6 +136,10 @@ class LazyArray(nd.NDArray):
         node = self._node
         if node is not None:
             return node.out_shapes[self._idx]
+        rows = self._rows
+        if rows is not None:        # handed out by a flush: its rows say (no ctypes call)
+            begin, end = rows[0].bounds[rows[1]]
+            return (end - begin,) + rows[0].tail
         return nd.NDArray.shape.fget(self)
 
     @property
@@ -143,6 +147,9 @@ class LazyArray(nd.NDArray):
         node = self._node
         if node is not None:
             return node.out_dtypes[self._idx]
+        rows = self._rows
+        if rows is not None:
+            return rows[0].dtype
         return nd.NDArray.dtype.fget(self)
 
     @property
@@ -229,12 +236,17 @@ class Rows:
         Autograd's (recording, training) while the flush ran.
     token : object
         The flushing scope's ``Recorder.rows_token``.
+    tail : tuple
+        The array's shape after its first axis (every value's too).
+    dtype : type
+        Its dtype.
     """
 
-    __slots__ = ("array", "bounds", "mode", "token")
+    __slots__ = ("array", "bounds", "mode", "token", "tail", "dtype")
 
-    def __init__(self, array, counts, mode, token):
+    def __init__(self, array, counts, mode, token, tail, dtype):
         self.array, self.mode, self.token = array, mode, token
+        self.tail, self.dtype = tail, dtype
         ends = np.cumsum(counts).tolist()
         self.bounds = list(zip([0] + ends[:-1], ends))
 

@@ -534,8 +534,12 @@ class Lowering(SegmentWalker):
             # A group's rows have one trailing shape, so each piece has its
             # value's shape already: no per-piece check (a ctypes call each).
             pieces = _split_rows(array, counts)
-            rows = Rows(array, counts, mode, token) if token is not None and len(counts) > 1 \
-                else None
+            if token is not None and len(counts) > 1:
+                node, idx, _ = members[0]
+                rows = Rows(array, counts, mode, token, node.out_shapes[idx][1:],
+                            node.out_dtypes[idx])
+            else:
+                rows = None
             for k, ((_, _, lazy), piece) in enumerate(zip(members, pieces)):
                 lazy._set_result(piece)  # pylint: disable=protected-access
                 if rows is not None:
