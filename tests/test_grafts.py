@@ -87,8 +87,9 @@ def test_new_paths_analyse_no_known_call_shape(monkeypatch):
     from gluon_dynbatch.ir import calls
     model = um._init(CharWords(), 2)  # pylint: disable=protected-access
     every_count = [[[k % 20] * k for k in range(1, 7)], [[3] * k for k in range(6, 0, -1)]]
+    every_length = [[[4, 5]] * n for n in range(2, 6)]      # sentences of every word count
     um.run_case(_case(model, every_count), {})
-    um.run_case(_case(model, every_count + _sentences(5, 6)), {})
+    um.run_case(_case(model, every_count + every_length + _sentences(5, 6)), {})
     analysed = []
     original = calls.analyse
     monkeypatch.setattr(calls, "analyse", lambda *a: analysed.append(1) or original(*a))
