@@ -247,10 +247,11 @@ class Lowering(SegmentWalker):
             self.feeds[name] = param.data(self.ctx)
             self.param_names.add(name)
         else:
-            value = node.value
-            sid = self._new_source(("leaf", np.dtype(value.dtype).name, len(value.shape)),
-                                   rows)
-            self.feeds["s%d" % sid] = value
+            # The node holds the value's dtype and shape (asking the NDArray is a
+            # ctypes call each).
+            sid = self._new_source(("leaf", np.dtype(node.out_dtypes[0]).name,
+                                    len(node.out_shapes[0])), rows)
+            self.feeds["s%d" % sid] = node.value
         self.leaf_ids[node] = sid
         return sid
 
