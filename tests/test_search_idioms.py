@@ -6,12 +6,12 @@ samples, and results and gradients equal eager Gluon's.
 """
 import mxnet as mx
 import numpy as np
-import pytest
 from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import assert_same, check_all_strategies, make_model, run_model
+from gluon_dynbatch.record import trie
+from dynbatch_testing import check_all_strategies, make_model
 
 HIDDEN = 6
 
@@ -44,12 +44,18 @@ def _sentences(seed, n):
     return [[int(w) for w in rs.randint(0, 9, rs.randint(2, 6))] for _ in range(n)]
 
 
+def _every_mode(cls, seed, samples):
+    """``check_all_strategies`` of a fresh ``cls`` on ``samples`` sentences over a
+    (9, 4) table drawn with ``seed``: eager, reference, depth (imperative and
+    compiled) and operator by operator; the stats of each run."""
+    model = make_model(cls)
+    emb = nd.array(np.random.RandomState(seed).uniform(-1, 1, (9, 4)))
+    return check_all_strategies(model, _sentences(seed + 1, samples), [emb],
+                                strategies=("depth",), compiled=(False, True))
+
+
 def test_searches_under_pause_batch_across_samples_and_equal_eager():
-    model = make_model(PausedSearch)
-    emb = nd.array(np.random.RandomState(1).uniform(-1, 1, (9, 4)))
-    samples = _sentences(0, 12)
-    stats = check_all_strategies(model, samples, [emb], strategies=("depth",),
-                                 compiled=(False, True))
+    stats = _every_mode(PausedSearch, 1, 12)
     for found in stats.values():
         # One round per change of autograd's modes and per read, for all 12
         # samples together: not a flush per sample.
@@ -85,11 +91,7 @@ class OwnTable(gdb.DynBatchBlock):
 
 
 def test_takes_from_each_samples_own_table_batch_and_clip_as_eager():
-    model = make_model(OwnTable)
-    emb = nd.array(np.random.RandomState(2).uniform(-1, 1, (9, 4)))
-    samples = _sentences(3, 10)
-    stats = check_all_strategies(model, samples, [emb], strategies=("depth",),
-                                 compiled=(False, True))
+    stats = _every_mode(OwnTable, 2, 10)
     # The takes of all 10 samples are a few steps, not 10 of their own each.
     assert stats[("depth", False, "op")].steps < 30
     assert stats[("depth", False)].steps < 30
@@ -125,7 +127,6 @@ class MakesItsBlocks(gdb.DynBatchBlock):
 
 
 def _learned():
-    from gluon_dynbatch.record import trie
     return sum(root.counter[0] for root in trie.store().roots.values())
 
 

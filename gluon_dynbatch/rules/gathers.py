@@ -87,9 +87,9 @@ class OwnTableTakeRule(Rule):
         counts = np.array([_in_shape(n, 1)[0] for n in nodes], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(tables)[:-1]])
         shape = (-1,) + (1,) * (len(idx_shape) - 1)
-        dtype = _in_dtype(nodes[0], 1)
-        return [np.repeat(starts, counts).reshape(shape).astype(dtype),
-                np.repeat(tables - 1, counts).reshape(shape).astype(dtype)]
+        idx_dtype = _in_dtype(nodes[0], 1)
+        return [np.repeat(starts, counts).reshape(shape).astype(idx_dtype),
+                np.repeat(tables - 1, counts).reshape(shape).astype(idx_dtype)]
 
     def batched_call(self, F, node, inputs):
         table, idx, starts, lasts = inputs
