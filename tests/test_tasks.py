@@ -309,3 +309,38 @@ def test_rows_handed_out_are_analysed_once_per_position(monkeypatch):
     # One more sample: only its own positions are new.
     assert row_analyses([1, 2, 3, 4, 5, 6]) <= 6
     assert row_analyses([1, 2, 3, 4, 5, 6, 2]) <= 6
+
+
+def test_values_handed_out_are_cut_out_only_when_used_as_arrays(monkeypatch):
+    """A flush hands each sample its rows of a batched output without cutting
+    them out: a round's reads copy each batched output from MXNet once, not a
+    copy per sample; values used as arrays afterwards (a loss, an in-place
+    update) are cut out then and equal eager's."""
+    model = _model()
+    want, want_grads = _eager(model, STARTS)
+    copies = []
+    original = nd.NDArray.asnumpy
+    monkeypatch.setattr(nd.NDArray, "asnumpy", lambda self: (
+        copies.append(type(self)) or original(self)))
+    with autograd.record():
+        with gdb.batching() as scope:
+            got = gdb.map(model, STARTS)
+        assert scope.stats.reads == sum(len(tokens) for tokens, _ in want)
+        # Every read of a round reads rows of one batched output: one copy a round.
+        assert len(copies) <= scope.stats.flushes < scope.stats.reads
+        assert all(not scores.is_pending for _, scores in got)
+        assert got[0][1].shape == want[0][1].shape
+        loss = nd.add_n(*[scores.sum() for _, scores in got])
+    loss.backward()
+    for (tokens, scores), (ref_tokens, ref_scores) in zip(got, want):
+        assert tokens == ref_tokens
+        np.testing.assert_allclose(scores.asnumpy(), ref_scores.asnumpy(), rtol=1e-5, atol=1e-6)
+    for name, grad in want_grads.items():
+        np.testing.assert_allclose(model.collect_params()[name].grad().asnumpy(), grad,
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+    with gdb.batching():
+        again = gdb.map(model, STARTS[:4])
+    scores = again[1][1]
+    scores += 1                               # written in place: cut out first
+    np.testing.assert_allclose(scores.asnumpy(), want[1][1].asnumpy() + 1, rtol=1e-5)
+    np.testing.assert_allclose(again[2][1].asnumpy(), want[2][1].asnumpy(), rtol=1e-5)

@@ -76,30 +76,54 @@ class LazyArray(nd.NDArray):
         self._h = value
 
     def _materialize(self):
+        self._compute()
+        rows = self._rows
+        if self._h is None and rows is not None:
+            if self._node is None:          # handed out by a flush, not cut out yet
+                rows[0].cut_out()
+            if self._h is None:             # a value's rows in a later graph (``Recorder.leaf``)
+                piece = rows[0].slice(rows[1])
+                self._h, piece.handle = piece.handle, None
+                self._epoch = BACKWARD_EPOCH[0]
+        h = self._h
+        if h is None:
+            raise BatchingError("internal error: value not produced by its flush")
+        return h
+
+    def _compute(self):
+        """Run what computes this value, unless it has run: its flush, or the
+        copy of an input wrapped for recording."""
         node = self._node
-        if self._rows is not None:          # a value's rows in a later graph (``Recorder.leaf``)
-            piece = self._rows[0].slice(self._rows[1])
-            self._h, piece.handle = piece.handle, None
-            self._epoch = BACKWARD_EPOCH[0]
-            return self._h
+        if self._h is not None or self._rows is not None:
+            return
         if node is None:
             raise BatchingError("this LazyArray was never given a value")
         graph = node.graph
         if node.kind == "leaf":
             # An input wrapped for recording, used as a plain array: copy it.
-            from mxnet import nd as _nd
             source = node.value if node.value is not None else node.param.data(graph.ctx)
-            self._set_result(_nd.identity(source))
-            return self._h
+            self._set_result(nd.identity(source))
+            return
         if graph.error is not None:
             raise BatchingError(
                 "this value comes from a batching scope that failed (%s); "
                 "record it again in a new scope" % graph.error)
         graph.read_fn()
-        h = self._h
-        if h is None:
-            raise BatchingError("internal error: value not produced by its flush")
-        return h
+
+    def asnumpy(self):
+        """The values as a numpy array (``NDArray.asnumpy``).
+
+        A value that a flush handed out as rows of a batched output is copied
+        from that output's host copy, made once for all its values: samples
+        that each read their own score cost one copy from MXNet, not one each.
+        """
+        if type(self) is not LazyArray:     # a placeholder (``tasks.Pending``)
+            return nd.NDArray.asnumpy(self)
+        self._compute()
+        rows = self._rows
+        if self._h is None and self._node is None and rows is not None:
+            return rows[0].host_rows(rows[1])
+        return nd.NDArray.asnumpy(self)
 
     def _set_result(self, array):
         """Take over ``array``'s handle (and so its autograd history)."""
@@ -123,7 +147,7 @@ class LazyArray(nd.NDArray):
     @property
     def is_pending(self):
         """True while the value has not been computed yet."""
-        return self._h is None
+        return self._h is None and (self._node is not None or self._rows is None)
 
     def __del__(self):
         h = getattr(self, "_h", None)
@@ -183,7 +207,7 @@ class LazyArray(nd.NDArray):
 
     def __repr__(self):
         # Debuggers and containers show a pending value without running anything.
-        if self._h is None:
+        if self.is_pending:
             return "<LazyArray %s %s, pending>" % (
                 "x".join(str(s) for s in self.shape), self.context)
         return nd.NDArray.__repr__(self)
@@ -242,13 +266,54 @@ class Rows:
         Its dtype.
     """
 
-    __slots__ = ("array", "bounds", "mode", "token", "tail", "dtype")
+    __slots__ = ("array", "bounds", "mode", "token", "tail", "dtype", "members", "epoch",
+                 "host")
 
     def __init__(self, array, counts, mode, token, tail, dtype):
         self.array, self.mode, self.token = array, mode, token
         self.tail, self.dtype = tail, dtype
         ends = np.cumsum(counts).tolist()
         self.bounds = list(zip([0] + ends[:-1], ends))
+        self.members = None     # weak references to the values not cut out yet
+        self.epoch = BACKWARD_EPOCH[0]
+        self.host = None        # the array's values in numpy, once read
+
+    def hand_out(self, lazies):
+        """Give value ``k`` of ``lazies`` rows ``k``, to be cut out of the array only
+        when a value is used as an NDArray (``cut_out``): most values a flush
+        hands out inside a scope are only read again by its next flushes, which
+        gather rows from the array itself."""
+        members = self.members = []
+        epoch = self.epoch
+        for k, lazy in enumerate(lazies):
+            lazy._node, lazy._rows, lazy._epoch = None, (self, k), epoch
+            members.append(weakref.ref(lazy))
+
+    def cut_out(self):
+        """Cut every value still alive out of the array, in one ``split`` recorded
+        as the flush that computed the array was."""
+        members, self.members = self.members, None
+        if members is None:
+            return
+        counts = [end - begin for begin, end in self.bounds]
+        with autograd._RecordingStateScope(*self.mode):  # pylint: disable=protected-access
+            if counts.count(counts[0]) == len(counts):
+                pieces = nd.split(self.array, num_outputs=len(counts), axis=0)
+            else:
+                bounds = tuple(begin for begin, _ in self.bounds[1:])
+                pieces = nd.split_v2(self.array, bounds, axis=0)
+        for ref, piece in zip(members, pieces):
+            lazy = ref()
+            if lazy is not None and lazy._h is None and lazy._node is None:
+                lazy._h, piece.handle = piece.handle, None
+
+    def host_rows(self, k):
+        """Value ``k``'s rows as a numpy array, from one host copy of the array."""
+        host = self.host
+        if host is None:
+            host = self.host = self.array.asnumpy()
+        begin, end = self.bounds[k]
+        return host[begin:end].copy()
 
     def slice(self, k):
         """Value ``k``'s rows of the output, as a new array (recorded as the flush was)."""

@@ -218,10 +218,11 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
     rec = context.TLS.recorder
     if out is not None:                 # written in place: no longer rows of a flush's output
         for array in (out if isinstance(out, (list, tuple)) else (out,)):
-            if type(array) is LazyArray:
+            if type(array) is LazyArray and array._rows is not None:
+                array.handle  # pylint: disable=pointless-statement  (cut out first)
                 array._rows = None  # pylint: disable=protected-access
     if rec is not None and out is None and not is_np_op and not rec.eager \
-            and any(type(a) is LazyArray and a._h is None for a in ndargs):
+            and any(type(a) is LazyArray and a.is_pending for a in ndargs):
         found = _direct_op(handle)
         # Arrays go by position, for MXNet as for the replay: a call that left
         # optional arrays out (``bias``, ``length``) passes the ones before them.

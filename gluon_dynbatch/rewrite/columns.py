@@ -51,7 +51,8 @@ sin cos softsign erf Activation clip sign floor ceil round
 def _pending(x):
     """Whether ``x`` is a value of the scope: pending, or computed by an earlier
     flush (a sample that read a value goes on with its own computed values)."""
-    return type(x) is LazyArray and (x._node is not None or x._h is not None)
+    return type(x) is LazyArray and (x._node is not None or x._h is not None
+                                      or x._rows is not None)
 
 
 def _column_of(x):

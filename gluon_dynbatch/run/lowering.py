@@ -532,19 +532,16 @@ class Lowering(SegmentWalker):
         mode = context.autograd_mode()
         for (desc, members), array in zip(self.outputs, results):
             counts = [node.out_shapes[idx][0] for node, idx, _ in members]
-            # A group's rows have one trailing shape, so each piece has its
-            # value's shape already: no per-piece check (a ctypes call each).
-            pieces = _split_rows(array, counts)
             if token is not None and len(counts) > 1:
                 node, idx, _ = members[0]
                 rows = Rows(array, counts, mode, token, node.out_shapes[idx][1:],
                             node.out_dtypes[idx])
-            else:
-                rows = None
-            for k, ((_, _, lazy), piece) in enumerate(zip(members, pieces)):
+                rows.hand_out([lazy for _, _, lazy in members])
+                continue
+            # A group's rows have one trailing shape, so each piece has its
+            # value's shape already: no per-piece check (a ctypes call each).
+            for (_, _, lazy), piece in zip(members, _split_rows(array, counts)):
                 lazy._set_result(piece)  # pylint: disable=protected-access
-                if rows is not None:
-                    lazy._rows = (rows, k)  # pylint: disable=protected-access
 
 
 def _split_rows(array, counts):
