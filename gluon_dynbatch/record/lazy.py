@@ -269,11 +269,13 @@ class Rows:
     __slots__ = ("array", "bounds", "mode", "token", "tail", "dtype", "members", "epoch",
                  "host")
 
-    def __init__(self, array, counts, mode, token, tail, dtype):
+    def __init__(self, array, counts, mode, token, tail, dtype, bounds=None):
         self.array, self.mode, self.token = array, mode, token
         self.tail, self.dtype = tail, dtype
-        ends = np.cumsum(counts).tolist()
-        self.bounds = list(zip([0] + ends[:-1], ends))
+        if bounds is None:
+            ends = np.cumsum(counts).tolist()
+            bounds = list(zip([0] + ends[:-1], ends))
+        self.bounds = bounds
         self.members = None     # weak references to the values not cut out yet
         self.epoch = BACKWARD_EPOCH[0]
         self.host = None        # the array's values in numpy, once read
@@ -295,17 +297,26 @@ class Rows:
         members, self.members = self.members, None
         if members is None:
             return
-        counts = [end - begin for begin, end in self.bounds]
-        with autograd._RecordingStateScope(*self.mode):  # pylint: disable=protected-access
-            if counts.count(counts[0]) == len(counts):
-                pieces = nd.split(self.array, num_outputs=len(counts), axis=0)
-            else:
-                bounds = tuple(begin for begin, _ in self.bounds[1:])
-                pieces = nd.split_v2(self.array, bounds, axis=0)
+        if len(self.bounds) == 1:
+            pieces = [self.slice(0)]
+        else:
+            counts = [end - begin for begin, end in self.bounds]
+            with autograd._RecordingStateScope(*self.mode):  # pylint: disable=W0212
+                pieces = _split(self._rows_in_order(), counts)
         for ref, piece in zip(members, pieces):
             lazy = ref()
             if lazy is not None and lazy._h is None and lazy._node is None:
                 lazy._h, piece.handle = piece.handle, None
+
+    def _rows_in_order(self):
+        """The array, or the values' rows of it taken in order when they are
+        not all of it in order (rows of a step's output, ``run.lowering``)."""
+        bounds = self.bounds
+        if bounds[0][0] == 0 and bounds[-1][1] == self.array.shape[0] and all(
+                end == begin for (_, end), (begin, _) in zip(bounds, bounds[1:])):
+            return self.array
+        index = np.concatenate([np.arange(begin, end) for begin, end in bounds])
+        return nd.take(self.array, nd.array(index, ctx=self.array.context, dtype="int32"))
 
     def host_rows(self, k):
         """Value ``k``'s rows as a numpy array, from one host copy of the array."""
@@ -320,3 +331,11 @@ class Rows:
         begin, end = self.bounds[k]
         with autograd._RecordingStateScope(*self.mode):  # pylint: disable=protected-access
             return nd.slice_axis(self.array, axis=0, begin=begin, end=end)
+
+
+def _split(array, counts):
+    """``array`` cut along axis 0 into pieces of ``counts`` rows (several)."""
+    if counts.count(counts[0]) == len(counts):
+        return nd.split(array, num_outputs=len(counts), axis=0)
+    bounds = np.cumsum(counts)[:-1]
+    return nd.split_v2(array, tuple(int(b) for b in bounds), axis=0)

@@ -12,7 +12,7 @@ import mxnet as mx
 import numpy as np
 
 from ..ir.graph import LEAF, OP, VIEW, Node
-from ..ir.known import values_known, values_of
+from ..ir.known import device_array, values_known, values_of
 from .lazy import LazyArray
 
 
@@ -81,7 +81,7 @@ def fill(graph):
     for node, parts in graph.literals.values():
         if node.value is None:
             values = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            node.value = mx.nd.array(values, ctx=graph.ctx, dtype=values.dtype)
+            node.value = device_array(values, graph.ctx)
 
 
 def hand_out(graph, live):

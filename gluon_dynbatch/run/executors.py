@@ -157,6 +157,8 @@ def _gather(desc, values, feeds):
         return values[sid] if sid in values else feeds["s%d" % sid]
     if kind == "direct_var":
         return feeds[desc[1]]
+    if kind == "rows":                  # delivered as rows of step outputs, not gathered
+        return [(values[sid], begin, end) for sid, begin, end in desc[1]]
     if kind == "slice":
         return mx.nd.slice_axis(_gather(("direct", desc[1]), values, feeds), axis=0,
                                 begin=desc[2], end=desc[3])

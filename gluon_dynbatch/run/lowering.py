@@ -21,6 +21,7 @@ import numpy as np
 from mxnet.base import _LIB, NDArrayHandle, c_array, check_call, mx_uint
 
 from ..ir.graph import LEAF, VIEW
+from ..ir.known import device_array
 from ..record import context
 from ..record.lazy import Rows
 from ..ir.rules import BROW, KNOWN, SHARED
@@ -487,10 +488,24 @@ class Lowering(SegmentWalker):
             segs = []
             for node, idx, _ in members:
                 segs.extend(self.segments(node, idx))
+            if self.slices and len(members) > 1 and self._in_step_outputs(members, segs):
+                # Imperative: each value is rows of one step's output, which it
+                # keeps (``Rows``); no gather into one array (``deliver``).
+                self.outputs.append((("rows", tuple(segs)), members))
+                continue
             desc = self._gather_desc(segs, force_take=True)
             self.outputs.append((desc, members))
             if self.keyed:
                 self.key_parts.append(("out", gkey, desc))
+
+    def _in_step_outputs(self, members, segs):
+        """Whether each of ``members`` is one segment ``segs`` of a step's output."""
+        if len(segs) != len(members):
+            return False
+        for (node, idx, _), seg in zip(members, segs):
+            if self.source_desc[seg[0]][0] != "step" or seg[2] - seg[1] != node.rows(idx):
+                return False
+        return True
 
     # -- building and running ----------------------------------------------------------
     def inputs(self, names):
@@ -509,8 +524,8 @@ class Lowering(SegmentWalker):
         parts = self.index_parts + self.matrix_parts
         for dtype in {array.dtype for _, array in parts}:
             group = [(name, array) for name, array in parts if array.dtype == dtype]
-            flat = mx.nd.array(np.concatenate([array.ravel() for _, array in group]),
-                               ctx=self.ctx, dtype=dtype)
+            flat = device_array(np.concatenate([array.ravel() for _, array in group]),
+                                self.ctx)
             if len(group) == 1:
                 feeds[group[0][0]] = _view(flat, 0, flat.shape[0], group[0][1].shape)
                 continue
@@ -531,6 +546,9 @@ class Lowering(SegmentWalker):
         token = getattr(rec, "rows_token", None)
         mode = context.autograd_mode()
         for (desc, members), array in zip(self.outputs, results):
+            if desc[0] == "rows":           # [(step output, begin, end)] of each member
+                _deliver_rows(members, array, mode, token)
+                continue
             counts = [node.out_shapes[idx][0] for node, idx, _ in members]
             if token is not None and len(counts) > 1:
                 node, idx, _ = members[0]
@@ -542,6 +560,26 @@ class Lowering(SegmentWalker):
             # value's shape already: no per-piece check (a ctypes call each).
             for (_, _, lazy), piece in zip(members, _split_rows(array, counts)):
                 lazy._set_result(piece)  # pylint: disable=protected-access
+
+
+def _deliver_rows(members, parts, mode, token):
+    """Hand each of ``members`` its rows ``(array, begin, end)`` of ``parts``: rows of
+    each array together (``Rows``), or cut out at once outside a scope."""
+    if token is None:
+        for (_, _, lazy), (array, begin, end) in zip(members, parts):
+            lazy._set_result(mx.nd.slice_axis(array, axis=0, begin=begin, end=end))
+        return
+    by_array = {}
+    for member, (array, begin, end) in zip(members, parts):
+        found = by_array.get(id(array))
+        if found is None:
+            found = by_array[id(array)] = (array, [], [])
+        found[1].append(member[2])
+        found[2].append((begin, end))
+    node, idx, _ = members[0]
+    tail, dtype = node.out_shapes[idx][1:], node.out_dtypes[idx]
+    for array, lazies, bounds in by_array.values():
+        Rows(array, None, mode, token, tail, dtype, bounds=bounds).hand_out(lazies)
 
 
 def _split_rows(array, counts):
