@@ -191,6 +191,37 @@ def test_a_child_block_of_several_operators_in_a_loop_is_one_iteration(cell):
     assert len(plan.steps) <= max(len(s) for s in sentences) + 1, len(plan.steps)
 
 
+class AttentionLoop(gdb.DynBatchBlock):
+    """A helper attending over the sentence's own keys once per token: each
+    ``F.dot`` is recorded as several operators (the column form)."""
+
+    def hybrid_forward(self, F, tokens, emb):
+        keys = F.tanh(emb[0:len(tokens) + 1])
+        h = F.zeros((1, 3))
+        for t in tokens:
+            h = self.attend(F, emb[t:t + 1] + h, keys)
+        return h
+
+    def attend(self, F, x, keys):
+        weights = F.softmax(F.dot(x, keys, transpose_b=True), axis=1)
+        return F.tanh(F.dot(weights, keys))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_operators_a_rewrite_records_for_one_call_are_one_iteration(compiled):
+    # The operators a library rewrite records for one call of the user's
+    # (each at a line of the rewrite's) are not iterations of the user's loop.
+    r = rng(13)
+    sentences = [[r.randrange(8) for _ in range(n)] for n in (1, 4, 2, 4, 3)]
+    model = AttentionLoop()
+    emb = nd.random.uniform(shape=(8, 3))
+    eager = run_model(model, sentences, [emb], "eager")
+    assert_same(run_model(model, sentences, [emb], "depth", compiled), eager)
+    plan, _ = _plan(model, sentences, [emb], compiled=compiled)
+    # Token t of every sentence runs in one step (and the keys in one).
+    assert len(plan.steps) <= max(len(s) for s in sentences) + 2, len(plan.steps)
+
+
 class DirectOps(gdb.DynBatchBlock):
     """``F`` operators reading the children's outputs, and ``-x``, in ``hybrid_forward``."""
 

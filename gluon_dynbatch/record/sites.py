@@ -92,8 +92,16 @@ def _inside_one_call(site, before, level):
     """Whether going from site ``before`` to ``site``, both at one instruction of
     ``level``, happened inside one call made there (a helper function or a
     comprehension going on, or going round a loop of its own), not by
-    running that instruction again."""
+    running that instruction again.  A frame that is the same instruction in
+    both, outside that code's loops (a library rewrite recording several
+    operators for one call of the user's, each at a line of its own), says
+    nothing: the next frame does."""
     deeper = level + 1
+    while deeper < len(site) and deeper < len(before) and site[deeper] == before[deeper]:
+        code, offset = site[deeper]
+        if any(start <= offset <= end for start, end in loops(code)):
+            return True         # that instruction again in a loop of its code (``sum(...)``)
+        deeper += 1
     if deeper >= len(site) or deeper >= len(before) or site[deeper][0] is not before[deeper][0]:
         return False
     code, offset = site[deeper]
