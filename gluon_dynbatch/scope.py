@@ -239,7 +239,7 @@ class BatchingScope:
                 sums.rewrite(graph)             # counted as planning
                 stats.plan_ms = 1000.0 * (time.perf_counter() - t0)
             live, needed = graph.live_and_needed()
-            live = literals.hand_out(graph, live)
+            live = literals.hand_out(graph, live, rec.rows_token)
             if live:
                 with _autograd_modes(graph.mode):
                     self._run(graph, live, needed, stats)

@@ -344,3 +344,46 @@ def test_values_handed_out_are_cut_out_only_when_used_as_arrays(monkeypatch):
     scores += 1                               # written in place: cut out first
     np.testing.assert_allclose(scores.asnumpy(), want[1][1].asnumpy() + 1, rtol=1e-5)
     np.testing.assert_allclose(again[2][1].asnumpy(), want[2][1].asnumpy(), rtol=1e-5)
+
+
+class HeldLiteral(gdb.DynBatchBlock):
+    """A literal (``F.array``) held across a read, then used again: as an
+    embedding's indices, which take no gradient, and as a pick's indices."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.emb = nn.Embedding(VOCAB, HIDDEN)
+
+    def hybrid_forward(self, F, start):
+        ids = F.array([start % VOCAB, (start + 1) % VOCAB])
+        h = self.emb(ids)
+        first = int(F.argmax(h.sum(axis=1), axis=0).asscalar())        # a read
+        again = self.emb(ids) * (first + 1)
+        return F.concat(again, F.pick(h, ids % 2, axis=1).reshape((2, 1)), dim=1)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_literal_held_across_a_read_stays_a_constant(compiled):
+    mx.random.seed(4)
+    model = HeldLiteral()
+    model.initialize(mx.init.Uniform(0.8))
+    starts = [1, 2, 3, 4, 5, 6]
+
+    def run(batched):
+        with autograd.record():
+            if batched:
+                with gdb.batching(compiled=compiled):
+                    outs = gdb.map(model, starts)
+            else:
+                outs = [model(s) for s in starts]
+            loss = nd.add_n(*[out.sum() for out in outs])
+        loss.backward()
+        return [out.asnumpy() for out in outs], model.emb.weight.grad().asnumpy().copy()
+
+    want, want_grad = run(False)
+    for _ in range(2):                      # learning the templates, then replaying them
+        got, grad = run(True)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)

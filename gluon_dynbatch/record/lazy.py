@@ -264,14 +264,19 @@ class Rows:
         The array's shape after its first axis (every value's too).
     dtype : type
         Its dtype.
+    bounds : list of (int, int), optional
+        Each value's rows, when they are not ``counts`` rows after rows in order.
+    literal : bool
+        Rows of a pool of literals (``record.literals``): constants, known values.
     """
 
     __slots__ = ("array", "bounds", "mode", "token", "tail", "dtype", "members", "epoch",
-                 "host")
+                 "host", "literal")
 
-    def __init__(self, array, counts, mode, token, tail, dtype, bounds=None):
+    def __init__(self, array, counts, mode, token, tail, dtype, bounds=None, literal=False):
         self.array, self.mode, self.token = array, mode, token
         self.tail, self.dtype = tail, dtype
+        self.literal = literal  # rows of a literal pool: constants whose values are known
         if bounds is None:
             ends = np.cumsum(counts).tolist()
             bounds = list(zip([0] + ends[:-1], ends))

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..ir.graph import LEAF, OP, VIEW, Node
 from ..ir.known import device_array, values_known, values_of
-from .lazy import LazyArray
+from .lazy import LazyArray, Rows
 
 
 def record(rec, values, ctx=None):
@@ -84,23 +84,35 @@ def fill(graph):
             node.value = device_array(values, graph.ctx)
 
 
-def hand_out(graph, live):
+def hand_out(graph, live, token=None):
     """Give held literals their rows of the pool directly; the other live outputs.
 
     A literal is a constant, as ``nd.array`` makes one: handed out through a
     batched gather it would carry autograd history, and an operator that
     refuses gradients for its data (``Embedding``'s indices) would then fail
-    in a later scope.
+    in a later scope.  Inside a scope (``token``: its ``Recorder.rows_token``)
+    each held literal is its rows of the pool (``lazy.Rows``, never recorded),
+    cut out only if used as an array; else a view of the pool at once.
     """
     if not graph.literals:
         return live
     pools = {node for node, _ in graph.literals.values()}
-    rest = []
+    rest, held = [], {}
     for node, idx, lazy in live:
         if node.kind == VIEW and node.inputs[0][0] in pools:
-            pool = node.inputs[0][0].value
-            rows = pool[node.kwargs["begin"]:node.kwargs["end"]]
-            lazy._set_result(rows)  # pylint: disable=protected-access
+            begin, end = node.kwargs["begin"], node.kwargs["end"]
+            if token is None:
+                rows = node.inputs[0][0].value[begin:end]
+                lazy._set_result(rows)  # pylint: disable=protected-access
+                continue
+            found = held.get(node.inputs[0][0])
+            if found is None:
+                found = held[node.inputs[0][0]] = (node, [], [])
+            found[1].append(lazy)
+            found[2].append((begin, end))
         else:
             rest.append((node, idx, lazy))
+    for pool, (node, lazies, bounds) in held.items():
+        Rows(pool.value, None, (False, False), token, node.out_shapes[0][1:],
+             node.out_dtypes[0], bounds=bounds, literal=True).hand_out(lazies)
     return rest

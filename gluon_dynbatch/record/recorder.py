@@ -174,7 +174,8 @@ class Recorder(RecorderCore):
         if found is not None and found[0] is array:     # ``p.data()`` read in the model
             return self.param(found[1])                 # ``p`` itself, shared by every call
         rows = array._rows if type(array) is LazyArray else None
-        if rows is not None and rows[0].token is self.rows_token and not array.history_freed():
+        if rows is not None and rows[0].token is self.rows_token and not rows[0].literal \
+                and not array.history_freed():
             # Handed out by an earlier flush of this scope: rows of its batched
             # output (``lazy.Rows``), which a batched step gathers from that array.
             group = rows[0]
