@@ -288,7 +288,7 @@ class BatchingScope:
             run_compiled(plan, live, ctx, self._cache(), stats)
             _count_whole_plan(owner, stats)
         else:
-            run_interpreted(plan, live, ctx)
+            run_interpreted(plan, live, ctx, rows_out=bool(self.recorder.tasks.waiting))
         t2 = time.perf_counter()
         if chosen is True and mode is not True:     # (True: whole plans)
             _count_steps(owner, stats, mode, (t2 - t1) / max(plan.num_nodes, 1))

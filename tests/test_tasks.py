@@ -387,3 +387,22 @@ def test_a_literal_held_across_a_read_stays_a_constant(compiled):
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_scopes_last_flush_hands_out_one_array_per_group():
+    """Values of a flush that no sample waits for go to the user, who uses
+    them as arrays: each group of them is rows of one array (one split when
+    used), not rows of every step that computed one (a cut per step)."""
+    from dynbatch_testing import TokenRNN
+    mx.random.seed(2)
+    model = TokenRNN(hidden=5)
+    model.initialize(mx.init.Uniform(0.5))
+    emb = nd.random.uniform(shape=(10, 3))
+    sentences = [[1, 2], [3], [4, 5, 6, 7], [8, 9, 1]]
+    want = [model(s, emb) for s in sentences]
+    with gdb.batching():
+        outs = [model(s, emb) for s in sentences]
+    states = [h for _, h in outs]
+    assert len({id(h._rows[0]) for h in states}) == 1       # last states of every length
+    for (_, h), (_, ref) in zip(outs, want):
+        np.testing.assert_allclose(h.asnumpy(), ref.asnumpy(), rtol=1e-5, atol=1e-6)

@@ -73,13 +73,15 @@ def plan_symbol(walk):
     return mx.sym.Group([gather(desc) for desc, _ in walk.outputs])
 
 
-def run_interpreted(plan, live, ctx):
+def run_interpreted(plan, live, ctx, rows_out=False):
     """Run ``plan`` imperatively from the compiler's walk (batched nd calls).
 
     The walk computes every gather's indices before anything runs, so they
     reach MXNet in one copy; single-node steps run exactly as recorded.
+    ``rows_out``: hand the values out as rows of the steps' outputs (a flush
+    for samples waiting at a read, whose next segments read them).
     """
-    walker = Lowering(ctx, slices=True)
+    walker = Lowering(ctx, slices=True, rows_out=rows_out)
     walker.walk(plan, live)
     feeds = walker.feed_arrays()
     values = {}

@@ -205,10 +205,13 @@ class Lowering(SegmentWalker):
     Sources are integers: leaves (parameters, input arrays) and step outputs.
     """
 
-    def __init__(self, ctx, slices=False, tables=None):
+    def __init__(self, ctx, slices=False, tables=None, rows_out=False):
         super().__init__()
         self.ctx = ctx or mx.current_context()
         self.slices = slices      # allow ("slice", sid, start, stop): not for caching
+        # Hand values out as rows of the steps' outputs, not gathered into one
+        # array a group: for values the scope's next flushes read, not the user.
+        self.rows_out = rows_out
         # What a take reads: the sources its rows come from ("present"), or
         # every source so far of their families ("family": whole-plan keys
         # that do not depend on the trees).
@@ -488,7 +491,7 @@ class Lowering(SegmentWalker):
             segs = []
             for node, idx, _ in members:
                 segs.extend(self.segments(node, idx))
-            if self.slices and len(members) > 1 and self._in_step_outputs(members, segs):
+            if self.rows_out and len(members) > 1 and self._in_step_outputs(members, segs):
                 # Imperative: each value is rows of one step's output, which it
                 # keeps (``Rows``); no gather into one array (``deliver``).
                 self.outputs.append((("rows", tuple(segs)), members))
