@@ -23,7 +23,7 @@ from mxnet.base import _LIB, NDArrayHandle, c_array, check_call, mx_uint
 from ..ir.graph import LEAF, VIEW
 from ..ir.known import device_array
 from ..record import context
-from ..record.lazy import Rows
+from ..record.lazy import Rows, split_rows
 from ..ir.rules import BROW, KNOWN, SHARED
 
 _CONCATS = ("concat", "Concat")
@@ -561,7 +561,7 @@ class Lowering(SegmentWalker):
                 continue
             # A group's rows have one trailing shape, so each piece has its
             # value's shape already: no per-piece check (a ctypes call each).
-            for (_, _, lazy), piece in zip(members, _split_rows(array, counts)):
+            for (_, _, lazy), piece in zip(members, split_rows(array, counts)):
                 lazy._set_result(piece)  # pylint: disable=protected-access
 
 
@@ -583,20 +583,6 @@ def _deliver_rows(members, parts, mode, token):
     tail, dtype = node.out_shapes[idx][1:], node.out_dtypes[idx]
     for array, lazies, bounds in by_array.values():
         Rows(array, None, mode, token, tail, dtype, bounds=bounds).hand_out(lazies)
-
-
-def _split_rows(array, counts):
-    """``array`` cut along axis 0 into pieces of ``counts`` rows (one recorded op).
-
-    Pieces of equal size (every tree's root state: one row) use ``split``,
-    whose forward and backward take a third of ``split_v2``'s engine time here.
-    """
-    if len(counts) == 1:
-        return [array]
-    if counts.count(counts[0]) == len(counts):
-        return mx.nd.split(array, num_outputs=len(counts), axis=0)
-    bounds = np.cumsum(counts)[:-1]
-    return mx.nd.split_v2(array, tuple(int(b) for b in bounds), axis=0)
 
 
 def _view(flat, start, stop, shape):
