@@ -364,7 +364,7 @@ class HeldLiteral(gdb.DynBatchBlock):
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_a_literal_held_across_a_read_stays_a_constant(compiled):
+def test_a_literal_held_across_a_read_is_used_again_as_eager_uses_it(compiled):
     mx.random.seed(4)
     model = HeldLiteral()
     model.initialize(mx.init.Uniform(0.8))
