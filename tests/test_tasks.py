@@ -67,6 +67,16 @@ def _eager(model, starts):
     return results, grads
 
 
+def _assert_like_eager(model, got, want, want_grads):
+    """Tokens, scores and the model's gradients equal eager's."""
+    for (tokens, scores), (ref_tokens, ref_scores) in zip(got, want):
+        assert tokens == ref_tokens
+        np.testing.assert_allclose(scores.asnumpy(), ref_scores.asnumpy(), rtol=1e-5, atol=1e-6)
+    for name, grad in want_grads.items():
+        np.testing.assert_allclose(model.collect_params()[name].grad().asnumpy(), grad,
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_greedy_decoding_waits_at_each_read_and_equals_eager():
     model = _model()
     want, want_grads = _eager(model, STARTS)
@@ -77,12 +87,7 @@ def test_greedy_decoding_waits_at_each_read_and_equals_eager():
             got = gdb.map(model, STARTS)
         loss = nd.add_n(*[scores.sum() for _, scores in got])
     loss.backward()
-    for (tokens, scores), (ref_tokens, ref_scores) in zip(got, want):
-        assert tokens == ref_tokens
-        np.testing.assert_allclose(scores.asnumpy(), ref_scores.asnumpy(), rtol=1e-5, atol=1e-6)
-    for name, grad in want_grads.items():
-        np.testing.assert_allclose(model.collect_params()[name].grad().asnumpy(), grad,
-                                   rtol=1e-5, atol=1e-6, err_msg=name)
+    _assert_like_eager(model, got, want, want_grads)
     assert sorted(model.log) == eager_log
     # Each sample's own steps in its own order, the samples interleaved.
     for start in set(STARTS):
@@ -332,12 +337,7 @@ def test_values_handed_out_are_cut_out_only_when_used_as_arrays(monkeypatch):
         assert got[0][1].shape == want[0][1].shape
         loss = nd.add_n(*[scores.sum() for _, scores in got])
     loss.backward()
-    for (tokens, scores), (ref_tokens, ref_scores) in zip(got, want):
-        assert tokens == ref_tokens
-        np.testing.assert_allclose(scores.asnumpy(), ref_scores.asnumpy(), rtol=1e-5, atol=1e-6)
-    for name, grad in want_grads.items():
-        np.testing.assert_allclose(model.collect_params()[name].grad().asnumpy(), grad,
-                                   rtol=1e-5, atol=1e-6, err_msg=name)
+    _assert_like_eager(model, got, want, want_grads)
     with gdb.batching():
         again = gdb.map(model, STARTS[:4])
     scores = again[1][1]

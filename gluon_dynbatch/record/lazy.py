@@ -272,8 +272,8 @@ class Rows:
         Rows of a pool of literals (``record.literals``): constants, known values.
     """
 
-    __slots__ = ("array", "bounds", "mode", "token", "tail", "dtype", "members", "epoch",
-                 "host", "literal")
+    __slots__ = ("array", "bounds", "mode", "token", "tail", "dtype", "members", "host",
+                 "literal")
 
     def __init__(self, array, counts, mode, token, tail, dtype, bounds=None, literal=False):
         self.array, self.mode, self.token = array, mode, token
@@ -284,7 +284,6 @@ class Rows:
             bounds = list(zip([0] + ends[:-1], ends))
         self.bounds = bounds
         self.members = None     # weak references to the values not cut out yet
-        self.epoch = BACKWARD_EPOCH[0]
         self.host = None        # the array's values in numpy, once read
 
     def hand_out(self, lazies):
@@ -293,7 +292,7 @@ class Rows:
         hands out inside a scope are only read again by its next flushes, which
         gather rows from the array itself."""
         members = self.members = []
-        epoch = self.epoch
+        epoch = BACKWARD_EPOCH[0]           # computed now (``LazyArray.history_freed``)
         for k, lazy in enumerate(lazies):
             lazy._node, lazy._rows, lazy._epoch = None, (self, k), epoch
             members.append(weakref.ref(lazy))

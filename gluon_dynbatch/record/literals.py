@@ -105,9 +105,7 @@ def hand_out(graph, live, token=None):
                 rows = node.inputs[0][0].value[begin:end]
                 lazy._set_result(rows)  # pylint: disable=protected-access
                 continue
-            found = held.get(node.inputs[0][0])
-            if found is None:
-                found = held[node.inputs[0][0]] = (node, [], [])
+            found = held.setdefault(node.inputs[0][0], (node, [], []))
             found[1].append(lazy)
             found[2].append((begin, end))
         else:

@@ -566,17 +566,11 @@ class Lowering(SegmentWalker):
 
 
 def _deliver_rows(members, parts, mode, token):
-    """Hand each of ``members`` its rows ``(array, begin, end)`` of ``parts``: rows of
-    each array together (``Rows``), or cut out at once outside a scope."""
-    if token is None:
-        for (_, _, lazy), (array, begin, end) in zip(members, parts):
-            lazy._set_result(mx.nd.slice_axis(array, axis=0, begin=begin, end=end))
-        return
+    """Hand each of ``members`` its rows ``(array, begin, end)`` of ``parts``, the rows
+    of each array together (``Rows``; inside a scope, whose ``token`` they carry)."""
     by_array = {}
     for member, (array, begin, end) in zip(members, parts):
-        found = by_array.get(id(array))
-        if found is None:
-            found = by_array[id(array)] = (array, [], [])
+        found = by_array.setdefault(id(array), (array, [], []))
         found[1].append(member[2])
         found[2].append((begin, end))
     node, idx, _ = members[0]
