@@ -755,3 +755,41 @@ def test_calls_that_stop_learning_are_not_tried():
     usage = _usage_of(case.model)
     assert not usage.irregular and usage.trial_ms is None
     assert usage.watch["trial"] is None and usage.watch["flushes"] >= 6
+
+
+class _ChoiceChain(gdb.DynBatchBlock):
+    """Applies a sample's own sequence of activations; ``kind`` picks which set."""
+
+    KINDS = {"a": ("tanh", "sigmoid", "relu"), "b": ("softrelu", "softsign", "tanh"),
+             "c": ("sigmoid", "relu", "softsign")}
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.kind = "a"
+        with self.name_scope():
+            self.dense = nn.Dense(4)
+
+    def hybrid_forward(self, F, choices, x):
+        h = self.dense(x)
+        for k in choices:
+            h = F.Activation(h * 0.9 + 0.1, act_type=self.KINDS[self.kind][k])
+        return h
+
+
+def test_a_new_use_of_a_block_learns_its_paths_without_a_trial():
+    """Paths learned in a burst (a model decoding after it trained: two new
+    kinds of calls, one flush each) and then replayed do not start a trial of
+    recording operator by operator; every batch equals eager."""
+    model = _ChoiceChain()
+    model.initialize()
+    x = nd.array(np.linspace(-1, 1, 12).reshape(3, 4))
+    rng = random.Random(0)
+    batches = {kind: [[rng.randrange(3) for _ in range(12)] for _ in range(12)]
+               for kind in "abc"}
+    for kind in "aaabcbcbc":
+        model.kind = kind
+        case = um.Case(model, batches[kind], [x])
+        assert_same(um.run_case(case, {}), um.run_case(case, None))
+    usage = _usage_of(model)
+    assert usage.trial_ms is None and not usage.irregular
+    assert usage.watch["trial"] is None and usage.watch["flushes"] >= 7

@@ -22,12 +22,14 @@ log = logging.getLogger(__name__)
 FRESH_CALLS = 48
 #: ``note_learning``: flushes of a block before its learning is watched; new
 #: template states per call above which a flush counts as learning; such
-#: flushes in a row that start a trial; the trial's flushes (alternately
-#: operator by operator and as frames); and how much faster per call the
-#: operator-by-operator flushes must have been to keep them.
+#: flushes in a row that start a trial (three: a new use of a block, such as
+#: decoding after training, learns in a flush or two, then replays); the
+#: trial's flushes (alternately operator by operator and as frames); and how
+#: much faster per call the operator-by-operator flushes must have been to
+#: keep them.
 LEARNING_WARMUP = 2
 LEARNING_STATES = 16.0
-LEARNING_STRIKES = 2
+LEARNING_STRIKES = 3
 LEARNING_TRIAL = 4
 LEARNING_GAIN = 0.8
 #: Fewest calls of a block in a flush for the flush to count.
