@@ -489,3 +489,46 @@ def test_reductions_over_every_axis_of_several_rows_batch_across_samples(name):
     reductions = [len(step.nodes) for step in scope.last_plan.steps
                   if step.nodes[0].op.name in ("sum", "mean", "max", "min")]
     assert sum(reductions) == len(samples) and len(reductions) <= 2
+
+
+class _SequenceOps(gdb.DynBatchBlock):
+    """Time-first (T, 1, C) steps of a sample through the ``Sequence*`` operators."""
+
+    def hybrid_forward(self, F, sample, table):
+        start, rows = sample
+        x = F.expand_dims(F.tanh(table[start:start + rows]), axis=1)        # (T, 1, C)
+        length = F.array([max(1, rows - 1)])
+        masked = F.SequenceMask(x, sequence_length=length, use_sequence_length=True, value=-1.)
+        last = F.SequenceLast(x * 2, sequence_length=length, use_sequence_length=True)
+        flipped = F.SequenceReverse(x, sequence_length=length, use_sequence_length=True)
+        plain = F.SequenceReverse(F.SequenceMask(x * 3))             # without lengths
+        first = F.swapaxes(x, dim1=0, dim2=1)                          # (1, T, C): batch first
+        kept = F.SequenceMask(first, sequence_length=length, use_sequence_length=True, axis=1)
+        final = F.SequenceLast(first, sequence_length=length, use_sequence_length=True, axis=1)
+        return F.concat(F.sum(masked + flipped * plain, axis=0), last, final,
+                        F.sum(kept, axis=1), dim=1), flipped
+
+
+@pytest.mark.parametrize("granularity", ["call", "op"])
+def test_sequence_operators_over_time_first_steps_batch_by_length(granularity):
+    model = _SequenceOps()
+    table = nd.array(np.random.RandomState(7).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 3), (6, 2), (1, 3), (2, 1)]
+    expected = reference_run(model, samples, [table])
+    with gdb.batching(strategy="depth", keep_plan=True, granularity=granularity) as scope:
+        outs = [model(s, table) for s in samples]
+    assert [o[1].shape for o in outs] == [(3, 1, 4), (3, 1, 4), (2, 1, 4), (3, 1, 4), (1, 1, 4)]
+    sizes = {}
+    for step in scope.last_plan.steps:
+        for node in step.nodes:
+            if node.op.name.startswith("Sequence"):
+                sizes.setdefault(node.op.name, []).append(len(step.nodes))
+    # One step per length (3, 2 and 1 steps): 3 samples, 1 and 1 (each node
+    # counts its step's size).  Batch first, they are rows: programs hold them.
+    assert sorted(sizes["SequenceReverse"]) == [1] * 4 + [3] * 6
+    if granularity == "op":
+        assert sorted(sizes["SequenceLast"]) == [1] * 4 + [3] * 6
+        assert sorted(sizes["SequenceMask"]) == [1] * 6 + [3] * 9
+    for compiled in (False, True, "step"):
+        assert_same(run_model(model, samples, [table], "depth", compiled,
+                              granularity=granularity), expected)

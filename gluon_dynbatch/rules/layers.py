@@ -6,6 +6,11 @@
   one call, each padded after its end, the batch on axis 1;
 * ``RNNRule``: the same with state outputs: samples of one length run as
   one call; the rows go back in sample order;
+* ``SequenceRule``: ``SequenceMask``, ``SequenceLast`` and ``SequenceReverse``
+  over one sample laid out ``(T, 1, ...)`` (time first, as Gluon's ``TNC``
+  layers take it), with the sample's length if given: samples of one
+  length run as one call, batched along axis 1 (laid out ``(1, T, ...)``
+  with ``axis=1``, samples of one length batch as rows);
 * ``OrderKeepingRule``: a transpose or ``swapaxes`` that only moves axes of
   size 1 (batch-first RNN layers turn ``(1, T, C)`` into ``(T, 1, C)``)
   keeps the data in order, so it batches as a reshape; ``EachTransposeRule``
@@ -154,6 +159,65 @@ def _reverse(F, x, lengths):
     return F.SequenceReverse(x, lengths, use_sequence_length=True)
 
 
+def _sequence_roles(node):
+    """A ``Sequence*`` operator along axis 0 of one sample's (T, 1, ...) steps,
+    with a (1,) length when it uses one."""
+    data = _in_shape(node, 0)
+    if node.kwargs.get("axis", 0) != 0 or len(data) < 2 or data[1] != 1:
+        return None
+    if len(node.inputs) == 1:
+        return None if node.kwargs.get("use_sequence_length", False) else (ROW,)
+    if len(node.inputs) == 2 and node.kwargs.get("use_sequence_length", False) \
+            and tuple(_in_shape(node, 1)) == (1,):
+        return (ROW, ROW)
+    return None
+
+
+def _batch_major_sequence_roles(node):
+    """``SequenceMask`` or ``SequenceLast`` along axis 1 of one sample's (1, T, ...)
+    steps (batch first), with a (1,) length when it uses one: the operator
+    itself batches such samples stacked on axis 0."""
+    data = _in_shape(node, 0)
+    if node.kwargs.get("axis", 0) != 1 or len(data) < 2 or data[0] != 1:
+        return None
+    if len(node.inputs) == 1:
+        return None if node.kwargs.get("use_sequence_length", False) else (ROW,)
+    if len(node.inputs) == 2 and node.kwargs.get("use_sequence_length", False) \
+            and tuple(_in_shape(node, 1)) == (1,):
+        return (ROW, ROW)
+    return None
+
+
+class SequenceRule(RowRule):
+    """``SequenceMask``, ``SequenceLast`` and ``SequenceReverse`` over one sample
+    each, laid out (T, 1, ...): samples of one length T run as one call on
+    their steps laid out (T, k, ...) and their lengths (k,); the outputs go
+    back as each sample's rows in order."""
+
+    batching = "calls"
+    program_form = None
+
+    def __init__(self):
+        super().__init__(_sequence_roles)
+
+    def signature(self, node):
+        sig = super().signature(node)
+        if sig is None:
+            return None
+        return Signature(sig.key + (("steps", _in_shape(node, 0)[0]),), self, sig.roles)
+
+    def step_key(self, node):
+        return (_in_shape(node, 0)[0],)
+
+    def batched_call(self, F, node, inputs):
+        laid = [_batch_on_axis1(F, inputs[0], _in_shape(node, 0))] + list(inputs[1:])
+        out = call_as_recorded(F, node, laid)[0]
+        if node.op.name == "SequenceLast":      # (k, ...): a row per sample already
+            return [out]
+        return [F.reshape(F.swapaxes(out, dim1=0, dim2=1),
+                          shape=(-1,) + tuple(node.out_shapes[0][1:]))]
+
+
 def _batch_on_axis1(F, rows, shape):
     """(k n, 1, C) rows of k samples of ``shape`` (n, 1, C) as (n, k, C)."""
     return F.swapaxes(F.reshape(rows, shape=(-1, shape[0]) + tuple(shape[2:])), dim1=0, dim2=1)
@@ -228,6 +292,9 @@ def swapaxes_roles(node):
 
 
 register_rule("RNN", RowFallback(PaddedRNNRule(), RNNRule()))
+register_rule("SequenceReverse", SequenceRule())
+register_rule(["SequenceMask", "SequenceLast"],
+              RowFallback(RowRule(_batch_major_sequence_roles), SequenceRule()))
 for _names, _roles in ((["transpose"], transpose_roles),
                        (["SwapAxis", "swapaxes"], swapaxes_roles)):
     register_rule(_names, RowFallback(OrderKeepingRule(), RowFallback(RowRule(_roles),
