@@ -559,6 +559,38 @@ def test_batchnorm_in_training_matches_eager(strategy, compiled):
         assert max(sizes) > 1
 
 
+def _predict_mode_run(model, samples, x, batching):
+    """Outputs and gradients of ``model`` recorded for gradients in predict mode."""
+    x = x.copy()
+    x.attach_grad()
+    with autograd.record(), autograd.predict_mode():
+        if batching is None:
+            outs = [model(s, x) for s in samples]
+        else:
+            with gdb.batching(keep_plan=True, **batching) as scope:
+                outs = [model(s, x) for s in samples]
+        loss = nd.add_n(*[(o * o).sum() for o in outs])
+    loss.backward()
+    got = ([o.asnumpy() for o in outs], {name: p.grad().asnumpy().copy() for name, p
+                                         in model.collect_params().items()
+                                         if p.grad_req != "null"}, None)
+    got[1]["x"] = x.grad.asnumpy()
+    return got, (scope if batching is not None else None)
+
+
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_batchnorm_recorded_for_gradients_in_predict_mode_matches_eager(compiled):
+    """MXNet's backward of a BatchNorm run in predict mode reads the statistics
+    of the rows it ran with: batched, the gradients would differ from eager's."""
+    samples = [(0, 2), (1, 3), (2, 2), (3, 4)]
+    x = table(4)
+    expected, _ = _predict_mode_run(_normed(), samples, x, None)
+    got, scope = _predict_mode_run(_normed(), samples, x, {"compiled": compiled})
+    assert_same(got, expected)
+    sizes = [len(s.nodes) for s in scope.last_plan.steps if s.nodes[0].op.name == "BatchNorm"]
+    assert sizes == [1] * len(samples)
+
+
 def test_batchnorm_in_training_warns_once_about_running_statistics(caplog, monkeypatch):
     from gluon_dynbatch import logs
     monkeypatch.setattr(logs, "_WARNED", set())

@@ -406,3 +406,66 @@ def test_a_scopes_last_flush_hands_out_one_array_per_group():
     assert len({id(h._rows[0]) for h in states}) == 1       # last states of every length
     for (_, h), (_, ref) in zip(outs, want):
         np.testing.assert_allclose(h.asnumpy(), ref.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+class _PredictToTheEnd(gdb.DynBatchBlock):
+    """Runs its last calls in predict mode: a sample ends in other autograd
+    modes than those its result is handed out in."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.first = nn.Dense(4)
+            self.drop = nn.Dropout(0.5)
+            self.rest = nn.Dense(4)
+
+    def hybrid_forward(self, F, steps, x):
+        h = self.first(x)
+        with autograd.predict_mode():
+            for _ in range(steps):
+                h = F.tanh(self.rest(self.drop(h)))
+        return h
+
+
+def _alarm(seconds):
+    """Raise TimeoutError in the main thread after ``seconds``, then every half
+    second (code that catches one does not hide a hang): a hang fails the test."""
+    import signal
+
+    def _raise(signum, frame):
+        raise TimeoutError("no result after %d s" % seconds)
+    signal.signal(signal.SIGALRM, _raise)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.5)
+
+
+def test_samples_ending_in_predict_mode_hand_out_their_results():
+    """A finished sample's results go to its placeholders under the modes it
+    ended in, while the pending calls of others ran in predict mode."""
+    import signal
+    mx.random.seed(2)
+    model = _PredictToTheEnd()
+    model.initialize()
+    x = nd.array(np.linspace(-1, 1, 12).reshape(3, 4))
+    steps = [2, 1, 3, 2, 1]
+    results = []
+    for batched in (False, True):
+        x.attach_grad()
+        _alarm(30)
+        try:
+            with autograd.record():
+                if batched:
+                    with gdb.batching():
+                        outs = [model(k, x) for k in steps]
+                else:
+                    outs = [model(k, x) for k in steps]
+                loss = nd.add_n(*[(o * o).sum() for o in outs])
+            loss.backward()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        results.append(([o.asnumpy() for o in outs], x.grad.asnumpy().copy(),
+                        model.first.weight.grad().asnumpy().copy()))
+    (want, want_x, want_w), (got, got_x, got_w) = results
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_x, want_x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)

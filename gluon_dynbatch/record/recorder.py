@@ -117,8 +117,9 @@ class Recorder(RecorderCore):
             self.mode = mode
             pending = self.graph.mode
             if pending is not None and pending != mode:
-                if self.tasks.current is None:
-                    self._flush()
+                task = self.tasks.current
+                if task is None or task.done:   # the scope's code, or a finished task's
+                    self._flush()               # results handed to its placeholders
                 else:
                     self._wait_for_modes(mode)
         return mode

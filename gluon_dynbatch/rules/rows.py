@@ -152,9 +152,15 @@ def tile_roles(node):
 
 
 def batchnorm_roles(node):
+    """BatchNorm batches on the running statistics only.  In training its batch
+    statistics mix the rows of a batch; recorded for gradients in predict mode,
+    MXNet 1.9.1's backward still reads the batch's statistics (the gradient of
+    a call depends on the rows it ran with): either way, one call at a time.
+    ``use_global_stats`` reads the running statistics both ways."""
     from mxnet import autograd
-    if autograd.is_training() and not node.kwargs.get("use_global_stats", False):
-        return None   # training statistics mix the rows of a batch
+    if (autograd.is_training() or autograd.is_recording()) \
+            and not node.kwargs.get("use_global_stats", False):
+        return None
     if _axis(node, "axis", 1) == 0:
         return None
     return first_row_roles(node)
