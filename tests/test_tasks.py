@@ -6,6 +6,7 @@ is pending runs for all of them at once.  Results, gradients and each
 sample's side effects equal eager Gluon's; a scope flushes once per read of
 the sample that reads most, plus once.
 """
+import contextlib
 import gc
 
 import greenlet
@@ -468,4 +469,31 @@ def test_samples_ending_in_predict_mode_hand_out_their_results():
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got_x, want_x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_waiting_samples_result_used_in_the_scopes_own_calls_equals_eager():
+    """A loss and a backward pass per sample inside the scope: the result of a
+    sample that waits (here at a change of autograd's modes) is an operand of
+    the scope's own calls before its sample has finished."""
+    mx.random.seed(2)
+    model = _PredictToTheEnd()
+    model.initialize()
+    x = nd.array(np.linspace(-1, 1, 12).reshape(3, 4))
+    results = []
+    for batched in (False, True):
+        model.collect_params().zero_grad()
+        scope = gdb.batching() if batched else contextlib.nullcontext()
+        outs = []
+        with scope:
+            for k in [2, 1, 3, 2]:
+                with autograd.record():
+                    out = model(k, x)
+                    loss = (out * out).sum()
+                loss.backward()
+                outs.append(out)
+        results.append(([o.asnumpy() for o in outs], model.first.weight.grad().asnumpy().copy()))
+    (want, want_w), (got, got_w) = results
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)
