@@ -159,33 +159,29 @@ def _reverse(F, x, lengths):
     return F.SequenceReverse(x, lengths, use_sequence_length=True)
 
 
-def _sequence_roles(node):
-    """A ``Sequence*`` operator along axis 0 of one sample's (T, 1, ...) steps,
-    with a (1,) length when it uses one."""
+def _one_sample_sequence(node, axis):
+    """Roles of a ``Sequence*`` call along ``axis`` of one sample's steps (the
+    other of axes 0 and 1 of size 1), with a (1,) length when it uses one."""
     data = _in_shape(node, 0)
-    if node.kwargs.get("axis", 0) != 0 or len(data) < 2 or data[1] != 1:
+    if node.kwargs.get("axis", 0) != axis or len(data) < 2 or data[1 - axis] != 1:
         return None
+    uses_length = node.kwargs.get("use_sequence_length", False)
     if len(node.inputs) == 1:
-        return None if node.kwargs.get("use_sequence_length", False) else (ROW,)
-    if len(node.inputs) == 2 and node.kwargs.get("use_sequence_length", False) \
-            and tuple(_in_shape(node, 1)) == (1,):
+        return None if uses_length else (ROW,)
+    if len(node.inputs) == 2 and uses_length and tuple(_in_shape(node, 1)) == (1,):
         return (ROW, ROW)
     return None
+
+
+def _sequence_roles(node):
+    """Along axis 0 of (T, 1, ...) steps: time first."""
+    return _one_sample_sequence(node, 0)
 
 
 def _batch_major_sequence_roles(node):
-    """``SequenceMask`` or ``SequenceLast`` along axis 1 of one sample's (1, T, ...)
-    steps (batch first), with a (1,) length when it uses one: the operator
-    itself batches such samples stacked on axis 0."""
-    data = _in_shape(node, 0)
-    if node.kwargs.get("axis", 0) != 1 or len(data) < 2 or data[0] != 1:
-        return None
-    if len(node.inputs) == 1:
-        return None if node.kwargs.get("use_sequence_length", False) else (ROW,)
-    if len(node.inputs) == 2 and node.kwargs.get("use_sequence_length", False) \
-            and tuple(_in_shape(node, 1)) == (1,):
-        return (ROW, ROW)
-    return None
+    """Along axis 1 of (1, T, ...) steps (batch first): the operator itself
+    batches such samples stacked on axis 0."""
+    return _one_sample_sequence(node, 1)
 
 
 class SequenceRule(RowRule):
