@@ -43,20 +43,12 @@ def _rnn_roles(node):
     return (ROW, SHARED) + (ROW,) * len(states)
 
 
-class RNNRule(RowRule):
-    """``RNN`` (Gluon's fused ``rnn.LSTM``, ``GRU`` and ``RNN`` layers) over one
-    sample each: samples of one length run as one call, batched along axis 1.
-
-    Inputs arrive as the samples' rows concatenated ((k T, 1, C) and (k L, 1, H));
-    they are laid out (T, k, C) and (L, k, H) for the call, and its outputs
-    back as each sample's rows in order.
-    """
+class _OneLengthRule(RowRule):
+    """Calls over one sample's steps laid out (T, 1, ...): those of one length T
+    batch, as one call of their own (not held by programs)."""
 
     batching = "calls"
     program_form = None
-
-    def __init__(self):
-        super().__init__(_rnn_roles)
 
     def signature(self, node):
         sig = super().signature(node)
@@ -66,6 +58,19 @@ class RNNRule(RowRule):
 
     def step_key(self, node):
         return (_in_shape(node, 0)[0],)
+
+
+class RNNRule(_OneLengthRule):
+    """``RNN`` (Gluon's fused ``rnn.LSTM``, ``GRU`` and ``RNN`` layers) over one
+    sample each: samples of one length run as one call, batched along axis 1.
+
+    Inputs arrive as the samples' rows concatenated ((k T, 1, C) and (k L, 1, H));
+    they are laid out (T, k, C) and (L, k, H) for the call, and its outputs
+    back as each sample's rows in order.
+    """
+
+    def __init__(self):
+        super().__init__(_rnn_roles)
 
     def batched_call(self, F, node, inputs):
         laid = [_batch_on_axis1(F, x, _in_shape(node, k)) if k != 1 else x
@@ -184,26 +189,14 @@ def _batch_major_sequence_roles(node):
     return _one_sample_sequence(node, 1)
 
 
-class SequenceRule(RowRule):
+class SequenceRule(_OneLengthRule):
     """``SequenceMask``, ``SequenceLast`` and ``SequenceReverse`` over one sample
     each, laid out (T, 1, ...): samples of one length T run as one call on
     their steps laid out (T, k, ...) and their lengths (k,); the outputs go
     back as each sample's rows in order."""
 
-    batching = "calls"
-    program_form = None
-
     def __init__(self):
         super().__init__(_sequence_roles)
-
-    def signature(self, node):
-        sig = super().signature(node)
-        if sig is None:
-            return None
-        return Signature(sig.key + (("steps", _in_shape(node, 0)[0]),), self, sig.roles)
-
-    def step_key(self, node):
-        return (_in_shape(node, 0)[0],)
 
     def batched_call(self, F, node, inputs):
         laid = [_batch_on_axis1(F, inputs[0], _in_shape(node, 0))] + list(inputs[1:])
