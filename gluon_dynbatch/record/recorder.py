@@ -35,7 +35,7 @@ from ..ir.graph import (LEAF, NO_KWARGS, OP, VIEW, Graph, Node, analysed_node, s
                     slots_of)
 from .lazy import LazyArray
 from .namespace import DETERMINISTIC, RecordingNamespace
-from .tasks import Tasks
+from .tasks import Pending, Tasks
 from ..ir.ops import opdef
 
 _core.bind_nodes(Node, NO_KWARGS, opdef("concat"))
@@ -247,9 +247,8 @@ class Recorder(RecorderCore):
         """(node, index) of array ``x`` in the current graph."""
         if isinstance(x, LazyArray):
             node = x._node
-            if node is None and x._h is None and type(x) is not LazyArray \
-                    and getattr(x, "_task", None) is not None:
-                node = _settled(x)
+            if node is None and type(x) is Pending:   # a waiting sample's result
+                node = x.settled_node()
             if node is not None and node.graph is self.graph:
                 return node, x._idx
             if type(node) is Frame:         # a value of a call still recording
@@ -264,9 +263,8 @@ class Recorder(RecorderCore):
         """Replace NDArrays in (nested lists/tuples of) ``obj`` by lazy leaves."""
         if isinstance(obj, LazyArray):
             node = obj._node
-            if node is None and obj._h is None and type(obj) is not LazyArray \
-                    and getattr(obj, "_task", None) is not None:
-                node = _settled(obj)
+            if node is None and type(obj) is Pending:   # a waiting sample's result
+                node = obj.settled_node()
             if node is not None and node.graph is self.graph:
                 return obj
             return self.leaf(obj) if node is None else obj
@@ -797,12 +795,3 @@ def _row_concat(rec, op, args, kwargs):
 
 # The recorder's own forms of calls as written (views), kept in faithful recordings.
 _FORMS = {"slice_axis": _row_slice, "concat": _row_concat, "Concat": _row_concat}
-
-
-def _settled(placeholder):
-    """The node of ``placeholder`` (``tasks.Pending``, a result of a sample still
-    waiting at a read) once its sample has finished: its value is recorded
-    then, maybe in this graph; used as a concrete array before, it would be
-    an input the graph itself computes."""
-    placeholder.shape  # pylint: disable=pointless-statement  (runs the sample's rounds)
-    return placeholder._node  # pylint: disable=protected-access

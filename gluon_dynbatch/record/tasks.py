@@ -268,6 +268,14 @@ class Pending(LazyArray):
         else:
             self._set_result(nd.identity(value))
 
+    def settled_node(self):
+        """Its graph node once its sample has finished (running the rounds it needs),
+        None if its value was computed: the recorder reads a waiting sample's
+        result as the value its sample records, never as a concrete input the
+        graph itself would compute."""
+        _force(self._tasks, self._task)
+        return self._node
+
     def result(self):
         """The sample's whole result, once it has finished (running what it needs)."""
         _force(self._tasks, self._task)
