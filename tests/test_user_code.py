@@ -645,3 +645,36 @@ def test_vector_products_with_a_weight_made_in_the_call_are_one_call_each():
     _, names = _vector_plan(DerivedVectorProducts)
     # Both products of a token are FullyConnected calls on the vector.
     assert names.count("FullyConnected") == 10 and names.count("reshape") == 5, names
+
+
+class StatesAndLast(gdb.DynBatchBlock):
+    """An encoder's usual return: every state stacked, and the last one."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.lin = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, words, emb):
+        states = [F.tanh(self.lin(emb[w:w + 1])) for w in words]
+        return F.concat(*states, dim=0), states[-1]
+
+
+@pytest.mark.parametrize("strategy,compiled,granularity",
+                         [("depth", False, None), ("agenda", False, None),
+                          ("depth", True, None), ("depth", "step", None),
+                          ("depth", False, "op")])
+def test_a_concatenation_of_one_value_returned_with_it_equals_eager(strategy, compiled,
+                                                                      granularity):
+    # A one-word sentence stacks one state: the stacked value is that state,
+    # and both must be handed out (each used, or not).
+    mx.random.seed(0)
+    model = StatesAndLast()
+    model.initialize()
+    emb = nd.random.uniform(shape=(10, 3))
+    for batch in ([[5], [2, 7]], [[1], [3], [4, 6, 8]], [[9]]):
+        expected = run_model(model, batch, [emb], "eager")
+        got = run_model(model, batch, [emb], strategy, compiled=compiled,
+                        granularity=granularity)
+        assert_same(got, expected)
+

@@ -431,9 +431,16 @@ class ProgramRecipe:
                 args = tuple(slot(n) for n in range(len(sources)))
                 self.views[k] = (args, rec.analyse_stub(_concat(), args, {"dim": 0}, sources))
         self.exports = []     # per exported position: (output index, slice view or None)
+        exported = set()
         for j, idx, rows in plan.exports:
             out = wanted.index((j, idx))
             view = None
+            if rows is None and out in exported:
+                # Two values of the frame are one output (``F.concat(h, dim=0)``
+                # and ``h``): the second is a view of all its rows, so that each
+                # LazyArray has a node output of its own to be handed.
+                rows = (0, info.out_shapes[out][0])
+            exported.add(out)
             if rows is not None:
                 shape = info.out_shapes[out]
                 kwargs = {"axis": 0, "begin": rows[0], "end": rows[1]}
