@@ -7,7 +7,7 @@ from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
 from gluon_dynbatch.scope import READS_BEFORE_EAGER
-from dynbatch_testing import assert_same, run_model
+from dynbatch_testing import assert_same, check_all_strategies, run_model
 
 
 def _inputs(n, seed=0):
@@ -678,3 +678,56 @@ def test_a_concatenation_of_one_value_returned_with_it_equals_eager(strategy, co
                         granularity=granularity)
         assert_same(got, expected)
 
+
+class ArrayIndexed(gdb.DynBatchBlock):
+    """Rows or columns of a sentence's states picked by an array of indices."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        self.given = nd.array([0, 1], dtype="int32")   # made outside, a constant
+        with self.name_scope():
+            self.lin = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, words, emb):
+        h = self.lin(F.concat(*[emb[w:w + 1] for w in words], dim=0))     # (k, 4)
+        if self.form == "ends":
+            return h[F.array([0, len(words) - 1], dtype="int32")]
+        if self.form == "float":
+            return h[F.array([len(words) - 1, 0, len(words) - 1])]
+        if self.form == "given":
+            return h[self.given] * 2
+        if self.form == "computed":
+            return h[F.argmax(h, axis=0).astype("int32")]
+        if self.form == "columns":
+            return h[:, F.array([1, 3], dtype="int32")]
+        if self.form == "pairs":
+            return h[F.array([len(words) - 1, 0]), F.array([2, 1])]
+        raise ValueError(self.form)
+
+
+@pytest.mark.parametrize("form", ["ends", "float", "given", "computed", "columns", "pairs"])
+def test_indexing_by_an_array_equals_eager(form):
+    mx.random.seed(1)
+    model = ArrayIndexed(form)
+    model.initialize()
+    emb = nd.random.uniform(shape=(10, 3))
+    for batch in ([[1, 2, 3], [4, 5]], [[6, 7], [8, 9, 1, 2], [3, 4]]):
+        check_all_strategies(model, batch, [emb], strategies=("depth",))
+
+
+class BroadcastsTrailing(gdb.DynBatchBlock):
+    """A score (1, 1) broadcast to a row (1, H) with ``broadcast_to``/``broadcast_axis``."""
+
+    def hybrid_forward(self, F, k, x):
+        score = F.sigmoid(x[k:k + 1, 0:1])
+        wide = F.broadcast_to(score, shape=(1, 3)) * x[k:k + 1, :3]
+        return wide + F.broadcast_axis(score, axis=1, size=3)
+
+
+def test_broadcast_to_over_trailing_axes_batches_and_equals_eager():
+    model = BroadcastsTrailing()
+    model.initialize()
+    x = nd.random.uniform(shape=(6, 4))
+    stats = check_all_strategies(model, list(range(5)), [x], strategies=("depth",))
+    assert stats["depth"].steps < 5

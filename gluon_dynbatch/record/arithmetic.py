@@ -11,6 +11,7 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, nd
 from mxnet.base import MXNetError, numeric_types
+from mxnet.ndarray.ndarray import indexing_key_expand_implicit_axes
 
 from . import _core
 from . import context
@@ -285,7 +286,9 @@ def _getitem(self, key):
     if len(parts) > len(shape) or not all(
             isinstance(p, (int, np.integer)) or (isinstance(p, slice) and p.step in (None, 1))
             for p in parts):
-        # Steps, arrays as indices: NDArray's own indexing, whose operators
+        if any(isinstance(p, nd.NDArray) for p in parts):
+            return _advanced_getitem(rec, self, key)
+        # Steps, lists as indices: NDArray's own indexing, whose operators
         # (``crop`` with steps) are recorded where they are recordable.
         return rec.wrap_inputs(nd.NDArray.__getitem__(self, key))
     begins, ends, drop = [], [], []
@@ -327,6 +330,29 @@ def _getitem(self, key):
             "end": (None,) + tuple(e for _, e in rest)})
     if drop:
         out = rec.F.reshape(out, shape=new_shape or (1,))
+    return out
+
+
+def _advanced_getitem(rec, x, key):
+    """``x[key]`` with arrays among the indices: ``gather_nd`` of the indices
+    stacked, as NDArray's own advanced indexing computes it.
+
+    NDArray's code builds the index arrays with recorded operators, then
+    stacks them only if each is exactly an ``NDArray`` (a LazyArray is a
+    subclass): here they are stacked in any case.
+    """
+    key, _ = indexing_key_expand_implicit_axes(key, x.shape)
+    indices, new_axes = x._get_index_nd(key)  # pylint: disable=protected-access
+    if not isinstance(indices, nd.NDArray):
+        indices = rec.F.stack(*indices)
+    # No gradient flows into indices; a zero one into the batched plan's
+    # gathers of them crashes MXNet 1.9's backward (``ir.rules.NO_GRADIENT``).
+    out = rec.F.gather_nd(x, rec.F.BlockGrad(indices))
+    if new_axes:                        # ``None`` entries of the key
+        shape = list(out.shape)
+        for axis in new_axes:
+            shape.insert(axis, 1)
+        out = rec.F.reshape(out, shape=tuple(shape))
     return out
 
 

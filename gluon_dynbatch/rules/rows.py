@@ -240,6 +240,33 @@ class ConvolutionRule(RowRule):
         return call_as_recorded(F, node, [default_layout(F, inputs[0])] + list(inputs[1:]))
 
 
+def broadcast_rows_roles(node):
+    """``broadcast_to``/``broadcast_axis`` that keeps the rows: it broadcasts
+    trailing axes only (the rows of a (1, 1) value to (1, H))."""
+    if node.out_shapes[0][0] != _in_shape(node, 0)[0]:
+        return None
+    if node.op.name == "broadcast_axis":
+        axis = node.kwargs.get("axis", ())
+        axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+        ndim = len(_in_shape(node, 0))
+        if any((a + ndim if a < 0 else a) == 0 for a in axes):
+            return None
+    return (ROW,)
+
+
+class BroadcastRowsRule(RowRule):
+    """``broadcast_to`` over trailing axes, on rows: the target's first size
+    becomes 0 (MXNet: keep the input's) so that it holds for any row count."""
+
+    program_form = "own"    # right on one call's rows as on many
+
+    def batched_call(self, F, node, inputs):
+        if node.op.name != "broadcast_to":
+            return call_as_recorded(F, node, inputs)
+        shape = tuple(node.kwargs["shape"])
+        return call_as_recorded(F, node, inputs, {"shape": (0,) + shape[1:]})
+
+
 class RowFallback(Rule):
     """Try ``first`` (usually a segment rule), else ``second``."""
 
@@ -332,7 +359,6 @@ register_rule(["stack"], RowRule(lambda n: all_row_roles(n) if n.kwargs.get("axi
 register_rule(["slice", "crop"], RowRule(slice_roles))
 register_rule(["slice_axis"], RowFallback(ViewRule(_rows_view), RowRule(axis_roles("axis", 0))))
 register_rule(["broadcast_to", "broadcast_axis"],
-              RowFallback(ViewRule(_bcast_view), RowRule(
-                  lambda n: (ROW,) if n.out_shapes[0][0] == _in_shape(n, 0)[0] else None)))
+              RowFallback(ViewRule(_bcast_view), BroadcastRowsRule(broadcast_rows_roles)))
 register_rule(["Reshape", "reshape", "Flatten", "flatten", "expand_dims", "squeeze"],
               ReshapeRule())

@@ -91,7 +91,7 @@ class Program:
         self.count_cols = np.array(counts, dtype=np.int64)
         self.sticky = np.zeros(len(cols), dtype=bool)
         self.sticky_sums = np.zeros(len(counts), dtype=bool)
-        self.detached = _detached_inputs(entries)
+        self.detached = _detached_inputs(entries, exports)
         self.sticky_columns = np.zeros(sum(e.scalar for e in entries), dtype=bool)
 
     def __repr__(self):
@@ -152,16 +152,24 @@ class Program:
         return [results[j][idx] for j, idx in self.exports]
 
 
-def _detached_inputs(entries):
-    """Positions of the program's inputs that only zero-gradient entries read
-    (``zeros_like``, ``BlockGrad``, comparisons, ``argmax``): gathered outside
-    autograd (see ``run._gather_detached``)."""
-    readers = {}
-    for entry in entries:
+def _detached_inputs(entries, exports):
+    """Positions of the program's inputs whose gradient is zero: every entry
+    reading them is zero-gradient (``zeros_like``, ``BlockGrad``, comparisons,
+    ``argmax``) or feeds only such entries (an index array reshaped, then
+    blocked), and exports nothing.  They are gathered outside autograd (see
+    ``run._gather_detached``)."""
+    exported = {j for j, _ in exports}
+    readers = {}                        # ("in", position) or entry index -> reader entries
+    for k, entry in enumerate(entries):
         for source in entry.sources:
-            if source[0] == "in":
-                readers.setdefault(source[1], set()).add(entry.op.name in NO_GRADIENT)
-    return frozenset(p for p, kinds in readers.items() if kinds == {True})
+            key = ("in", source[1]) if source[0] == "in" else source[1]
+            readers.setdefault(key, []).append(k)
+    free = [False] * len(entries)       # no gradient flows back through entry k
+    for k in reversed(range(len(entries))):
+        free[k] = entries[k].op.name in NO_GRADIENT or (
+            k not in exported and all(free[r] for r in readers.get(k, ())))
+    return frozenset(key[1] for key, using in readers.items()
+                     if type(key) is tuple and all(free[r] for r in using))
 
 
 class ProgramInfo:
