@@ -530,8 +530,10 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
         Run a child block's ``hybrid_forward`` once per call shape and reuse
         what it recorded for later calls (``frames.py``).  Like
         ``hybridize()``, this assumes a child's ``hybrid_forward`` depends only
-        on its inputs and parameters; turn it off for blocks whose behaviour
-        depends on mutable attributes.  DynBatchBlocks' own code always runs.
+        on its inputs, parameters and attributes (a child whose numbers or
+        strings changed learns its calls anew, ``trie.settings``); turn it off
+        for blocks whose behaviour depends on state kept elsewhere (a global,
+        a list).  DynBatchBlocks' own code always runs.
     analysis_budget : float or "auto", optional
         Seconds of planning per flush: starting from "depth", other strategies
         are tried while the budget lasts and the plan with the lowest cost

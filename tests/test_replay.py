@@ -260,3 +260,50 @@ def test_constants_of_different_arguments_stay_apart_within_a_graph():
         outs = [model(k, x) for k in range(5)]
     for k, out in enumerate(outs):
         np.testing.assert_array_equal(out.asnumpy(), model(k, x).asnumpy())
+
+
+class Tempered(gluon.HybridBlock):
+    """A softmax with a temperature the training loop anneals (``self.tau``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.tau = 1.0
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        return F.softmax(self.dense(x) / self.tau, axis=1)
+
+
+class UsesTempered(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = Tempered()
+
+    def hybrid_forward(self, F, word, emb):
+        return self.cell(emb[word:word + 1])
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_child_whose_attribute_changed_is_not_replayed_as_before(compiled):
+    model = make_model(UsesTempered)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    for tau in (1.0, 0.1, 2.5, 1.0):
+        model.cell.tau = tau
+        expected = run_model(model, [1, 2, 3], [emb], "eager")
+        assert_same(run_model(model, [1, 2, 3], [emb], "depth", compiled=compiled), expected)
+
+
+def test_a_child_whose_attributes_change_at_every_scope_is_told_once(caplog):
+    from gluon_dynbatch.record import trie
+    model = make_model(UsesTempered)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    with caplog.at_level("WARNING", logger="gluon_dynbatch"):
+        for step in range(trie.MAX_SETTINGS + 4):
+            model.cell.tau = 1.0 + step
+            with gdb.batching():
+                model(1, emb)
+    told = [r for r in caplog.records if "change from scope to scope (tau" in r.getMessage()]
+    assert len(told) == 1
+    assert len(trie.store().settings[id(model.cell)]) == trie.MAX_SETTINGS + 1

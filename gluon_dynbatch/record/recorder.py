@@ -675,11 +675,12 @@ class Recorder(RecorderCore):
         return found
 
     def block_token(self, block):
-        """A small int naming ``block`` and its parameters in this thread."""
+        """A small int naming ``block``, its parameters and settings in this thread."""
         found = self._tokens.get(id(block))
         if found is None:
             found = self._tokens[id(block)] = trie.token(
-                (self.block_identity(block), self.block_version(block)), block)
+                (self.block_identity(block), self.block_version(block), trie.settings(block)),
+                block)
         return found
 
     def block_identity(self, block):

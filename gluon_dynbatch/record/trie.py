@@ -11,6 +11,7 @@ parameters, so it is dropped with the block.  Blocks without parameters made
 alike (``likeness``) share one trie, kept for the thread.
 """
 import itertools
+import logging
 import threading
 import weakref
 
@@ -20,6 +21,8 @@ from ..ir.graph import slot
 from ..ir.ops import Stand
 from ._core import MAX_STATES, Macro, State  # noqa: F401  (compiled: nodes, macro edges)
 from .usage import Usage
+
+log = logging.getLogger(__name__)
 
 
 
@@ -102,6 +105,7 @@ class Store:
         self.tokens = {}          # (id(block), parameters) -> small int (``token``)
         self.usages = {}          # (id(block), helper) -> Usage, shared by its roots
         self.alike = {}           # keys of blocks made alike (``likeness``), kept
+        self.settings = {}        # id(block) -> the settings it was seen with (``settings``)
         self.counter = itertools.count()
 
 
@@ -186,6 +190,59 @@ def _value_form(value, depth):
     if hasattr(value, "_children") and hasattr(value, "_params"):     # a Gluon block
         return _block_form(value, depth + 1)
     raise _Unlike
+
+
+# Attributes Gluon changes as a block runs, which change nothing it computes
+# (recurrent cells count their calls to name their states).
+_RUNNING_ATTRS = frozenset(["_counter", "_init_counter", "skip_states"])
+#: Settings of one block a thread tells apart (``settings``).
+MAX_SETTINGS = 16
+
+
+def settings(block):
+    """The plain attributes (numbers, strings, tuples of them) of ``block`` and
+    its children: what a replayed template assumes unchanged.
+
+    A child block's template replays its calls without running its code, so
+    one made with ``self.tau = 1.0`` must not be replayed once ``tau`` is 0.5:
+    the settings are part of the block's token (``Recorder.block_token``), and
+    a block whose settings changed learns its calls anew.  A block seen with
+    more than ``MAX_SETTINGS`` settings (an attribute counting its calls) is
+    replayed whatever its settings, with a warning.
+    """
+    found, stack = [], [block]
+    while stack:
+        current = stack.pop()
+        for name, value in vars(current).items():
+            if name in _GLUON_ATTRS or name in _RUNNING_ATTRS:
+                continue
+            kind = type(value)
+            if kind in _PLAIN or kind is tuple and all(type(v) in _PLAIN for v in value):
+                found.append((name, value))
+        stack.extend(current._children.values())  # pylint: disable=protected-access
+    form = tuple(found)
+    seen = store().settings.setdefault(id(block), set())
+    if form not in seen:
+        if len(seen) >= MAX_SETTINGS:
+            if len(seen) == MAX_SETTINGS:
+                seen.add(None)
+                log.warning("%s: its attributes change from scope to scope (%s); its "
+                            "calls are replayed as first recorded, which holds only if "
+                            "what it computes does not depend on them: pass replay=False "
+                            "to gdb.batching() if it does", type(block).__name__,
+                            ", ".join(_changed(form, seen)))
+            return None
+        seen.add(form)
+        if len(seen) == 1:
+            weakref.finalize(block, store().settings.pop, id(block), None)
+    return form
+
+
+def _changed(form, seen):
+    """Names of the attributes whose values in ``form`` differ from another
+    settings form in ``seen``."""
+    other = dict(next(f for f in seen if f is not None and f != form))
+    return sorted({name for name, value in form if other.get(name, value) != value}) or ["-"]
 
 
 def version(block):
