@@ -8,8 +8,9 @@ import pytest
 from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import (BinaryTreeLSTM, TokenRNN, Tree, assert_same, make_model,
-                              random_binary_tree, rng, run_model)
+from dynbatch_testing import (BinaryTreeLSTM, TokenRNN, Tree, assert_same,
+                              check_all_strategies, make_model, random_binary_tree, rng,
+                              run_model)
 from examples.sick_model import OpByOpTreeLSTM
 from gluon_dynbatch.templates.programs import Program
 
@@ -256,3 +257,44 @@ def test_known_calls_reading_child_outputs_and_numbers_take_the_short_path(monke
     # Only the graph's first use of the weight goes the general way (``ref`` names it).
     assert general == ["FullyConnected"]
     assert_same(got, run_model(model, trees, [emb], "eager"))
+
+
+class GatesState(gluon.HybridBlock):
+    """``F.elemwise_mul`` (no broadcasting) of a projection and a state, as
+    ``rnn.GRUCell`` gates its previous state."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, x, state):
+        return F.elemwise_mul(F.tanh(self.dense(x)), state)
+
+
+class SharedState(gdb.DynBatchBlock):
+    """Several calls of one cell on the same state (beams sharing a parent):
+    a group of calls whose one-row input every member reads."""
+
+    def __init__(self, read, **kwargs):
+        super().__init__(**kwargs)
+        self.read = read
+        with self.name_scope():
+            self.cell = GatesState()
+            self.start = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, sample, emb):
+        word, count = sample
+        state = F.tanh(self.start(emb[word:word + 1]))
+        if self.read:
+            state.asnumpy()
+        outs = [self.cell(emb[word + k:word + k + 1], state) for k in range(count)]
+        same = [self.cell(emb[word:word + 1], state) for _ in range(count)]
+        return F.concat(*(outs + same), dim=0)
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_a_non_broadcasting_call_on_a_state_every_member_reads_equals_eager(read):
+    model = make_model(SharedState, read=read)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    check_all_strategies(model, [(1, 2), (3, 3), (0, 1)], [emb], strategies=("depth",))

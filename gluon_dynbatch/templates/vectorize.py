@@ -282,6 +282,9 @@ def _by_sources(members, owner, produced):
 def _group_inputs(members, owner, produced, frame):
     """Per input of the calls, how the group reads it; None if it cannot."""
     info = members[0].step.info
+    # A one-row input every member reads is passed once where the operator
+    # broadcasts it (``broadcast_mul``); ``elemwise_mul`` needs it stacked.
+    broadcasts = info.rule.broadcasts
     inputs = []
     for k, role in enumerate(info.meta):
         refs = [m.step.refs[k] for m in members]
@@ -302,14 +305,14 @@ def _group_inputs(members, owner, produced, frame):
                 inputs.append(("group", group, idx))
                 continue
             if role == BROW and len(set(refs)) == 1 and first.group is None \
-                    and first.step.info.out_shapes[idx][0] == 1:
+                    and first.step.info.out_shapes[idx][0] == 1 and broadcasts:
                 inputs.append(("repeat", refs[0]))
                 continue
             return None
         if any(internal):
             return None
         if role == BROW and len(set(spec_key(_outside(r)) for r in refs)) == 1 \
-                and _outside_rows(refs[0], frame) == 1:
+                and _outside_rows(refs[0], frame) == 1 and broadcasts:
             inputs.append(("repeat", refs[0]))      # one outside row for every member
             continue
         if role == BROW and not _rows_kept(members, [_outside_rows(r, frame) for r in refs]):
