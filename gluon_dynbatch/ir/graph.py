@@ -156,6 +156,7 @@ class Graph:
         self.read_fn = read_fn or flush_fn   # a value is read: its graph runs
         self.error = None          # set when the scope failed
         self.leaf_by_id = {}       # id(NDArray or Parameter) -> (leaf Node, LazyArray, it)
+        self.param_arrays = {}     # id(NDArray) -> it, the data of a parameter leaf
         self.param_dicts = {}      # id(block) -> (block, {name: LazyArray}) of its params
         self.externals = {}        # id(recipe) -> (recipe, its parameters here, signature)
         self.constants = {}        # (F path, args) -> leaf of a deterministic F.zeros ...
@@ -184,6 +185,7 @@ class Graph:
         """
         self.nodes = []
         self.leaf_by_id = {}
+        self.param_arrays = {}
         self.param_dicts = {}
         self.externals = {}
         self.constants = {}

@@ -11,6 +11,7 @@ only when it moved.  Backward passes that free their graph are counted too
 import threading
 
 from mxnet import autograd
+from mxnet.base import MXNetError
 from mxnet.ndarray import NDArray
 
 from . import _core
@@ -48,11 +49,27 @@ def _counting_set_training(train_mode):
     return _SET_TRAINING(train_mode)
 
 
+# MXNet's errors of a backward pass through a graph an earlier pass freed.
+_FREED = ("Cannot differentiate node because it is not in a computational graph",
+          "There are no inputs in computation graph that require gradients")
+_SHARED_GRAPH = (
+    "gluon_dynbatch: if these values were computed in a batching scope, they share its "
+    "batched graph, which a backward pass through some of them frees for all: "
+    "differentiate them in one pass (the sum of their losses, or "
+    "autograd.backward(losses)), or pass retain_graph=True to every backward pass but "
+    "the last")
+
+
 def _counting_backward(backward):
     """Wrap one of MXNet's backward functions to count graph-freeing passes."""
     def wrapper(*args, **kwargs):
-        result = backward(*args, **kwargs)
-        retain = kwargs.get("retain_graph")
+        try:
+            result = backward(*args, **kwargs)
+        except MXNetError as err:
+            if not any(text in str(err) for text in _FREED):
+                raise
+            raise MXNetError("%s\n%s" % (err, _SHARED_GRAPH)) from err
+        retain = kwargs.get("retain_graph", args[2] if len(args) > 2 else False)
         if not retain:
             lazy_mod.BACKWARD_EPOCH[0] += 1
         return result

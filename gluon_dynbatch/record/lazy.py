@@ -140,6 +140,9 @@ class LazyArray(nd.NDArray):
         once a backward pass has run through them (without ``retain_graph``)
         MXNet has freed their history, and the cut-out value must be used
         as a constant, as eager MXNet uses an array whose graph was freed.
+        Whether a pass reached them cannot be told cheaply (a pass through
+        other samples' rows of a shared batched step frees the steps before
+        this value's, not its own node): any pass since counts.
         """
         epoch = getattr(self, "_epoch", None)
         return epoch is not None and epoch != BACKWARD_EPOCH[0]
@@ -210,12 +213,17 @@ class LazyArray(nd.NDArray):
         if self.is_pending:
             return "<LazyArray %s %s, pending>" % (
                 "x".join(str(s) for s in self.shape), self.context)
-        return nd.NDArray.__repr__(self)
+        return self._as_ndarray_text()
 
     def __str__(self):
         """``print(x)`` shows the values, as for an NDArray: a read (what is pending runs)."""
         self.handle     # pylint: disable=pointless-statement
-        return nd.NDArray.__repr__(self)
+        return self._as_ndarray_text()
+
+    def _as_ndarray_text(self):
+        """``repr`` of an NDArray of these values: printed as eager code prints them."""
+        return "\n%s\n<NDArray %s @%s>" % (str(self.asnumpy()),
+                                            "x".join(str(s) for s in self.shape), self.context)
 
     __hash__ = nd.NDArray.__hash__
 

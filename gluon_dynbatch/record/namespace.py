@@ -217,7 +217,10 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
     """``_imperative_invoke`` that records calls on pending LazyArrays in a scope."""
     rec = context.TLS.recorder
     if out is not None:                 # written in place: no longer rows of a flush's output
-        for array in (out if isinstance(out, (list, tuple)) else (out,)):
+        outs = out if isinstance(out, (list, tuple)) else (out,)
+        if rec is not None:
+            rec.before_write(outs)
+        for array in outs:
             if type(array) is LazyArray and array._rows is not None:
                 array.handle  # pylint: disable=pointless-statement  (cut out first)
                 array._rows = None  # pylint: disable=protected-access
@@ -253,8 +256,22 @@ def _lambda_hybrid_forward(self, F, x, *args):
     return _LAMBDA_FORWARD(self, F, x, *args)
 
 
+_COPY_FROM = mx.nd.NDArray._sync_copyfrom  # pylint: disable=protected-access
+
+
+def _recording_copyfrom(self, source_array):
+    """``NDArray._sync_copyfrom`` (``x[:] = numpy_values``): recorded calls that
+    read ``x`` run first (``Recorder.before_write``)."""
+    rec = context.TLS.recorder
+    if rec is not None:
+        rec.before_write((self,))
+    return _COPY_FROM(self, source_array)
+
+
 def install():
     """Record ``mx.nd`` operators called on pending values (``_recording_invoke``);
-    let ``nn.HybridLambda`` name its operator in the recording ``F``."""
+    run what reads an array before it is written in place; let
+    ``nn.HybridLambda`` name its operator in the recording ``F``."""
     _register._imperative_invoke = _recording_invoke
+    mx.nd.NDArray._sync_copyfrom = _recording_copyfrom  # pylint: disable=protected-access
     gluon.nn.HybridLambda.hybrid_forward = _lambda_hybrid_forward

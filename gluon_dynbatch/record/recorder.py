@@ -170,7 +170,7 @@ class Recorder(RecorderCore):
         graph = self.graph
         found = graph.leaf_by_id.get(id(array))
         if found is not None and found[2] is array:
-            return found[1]
+            return found[1] if found[1]._node is not None else self._relazy(found)
         found = self.param_table().get(id(array))
         if found is not None and found[0] is array:     # ``p.data()`` read in the model
             return self.param(found[1])                 # ``p`` itself, shared by every call
@@ -190,13 +190,52 @@ class Recorder(RecorderCore):
         if type(array) is LazyArray and array.history_freed():
             node.value = array.detach()      # as eager uses it: a constant
             warn_once("freed", "%s: a value computed in an earlier batch is used after a "
-                       "backward pass freed the graph that computed it; it is used as a "
-                       "constant (no gradient flows into that earlier batch), as eager MXNet "
-                       "does with such arrays", describe_call(self.sample, self.path))
+                       "backward pass, which may have freed the graph that computed it; it is "
+                       "used as a constant (no gradient flows into that earlier batch), as "
+                       "eager MXNet does with arrays whose graph a pass freed. If that pass ran "
+                       "through another graph (a GAN's critic step), pass retain_graph=True to "
+                       "it: the value then keeps its gradient", describe_call(self.sample, self.path))
         node.out_shapes = (array.shape,)
         node.out_dtypes = (array.dtype,)
         lazy = LazyArray(node, 0)
         graph.leaf_by_id[id(array)] = (node, lazy, array)
+        return lazy
+
+    def before_write(self, arrays):
+        """``arrays`` are about to be written in place (``x[:] = ...``, ``x += y``,
+        an optimizer's update of a parameter): if a pending call reads one, what
+        is pending runs first, with the values eager code ran it with.
+
+        Inside a sample this is a read (the sample waits, ``scope.read``);
+        between samples, a flush.
+        """
+        graph, frame = self.graph, self.frame
+        for array in arrays:
+            found = graph.leaf_by_id.get(id(array))
+            if (found is None or found[2] is not array) \
+                    and graph.param_arrays.get(id(array)) is not array \
+                    and (frame is None or frame.vals.get(frame.ext.get(id(array))) is not array):
+                continue
+            warn_once("written", "%s: an array that recorded calls read is written in "
+                      "place; they run first, with its old values, as in eager code (calls "
+                      "recorded before the write do not batch with those after it: give each "
+                      "sample an array of its own to batch them)",
+                      describe_call(self.sample, self.path))
+            if frame is not None:
+                frame.cut("an array it read is written in place")
+            if self.tasks.current is not None:
+                self.read()
+            else:
+                self.flush()
+            return
+
+    def _relazy(self, found):
+        """A new LazyArray of leaf ``found`` (``leaf_by_id``'s entry), whose
+        LazyArray was read as a plain array (``LazyArray._compute`` copied it out
+        of the graph)."""
+        node, _, value = found
+        lazy = LazyArray(node, 0)
+        self.graph.leaf_by_id[id(value)] = (node, lazy, value)
         return lazy
 
     def param_table(self):
@@ -219,11 +258,13 @@ class Recorder(RecorderCore):
         graph = self.graph
         found = graph.leaf_by_id.get(id(parameter))
         if found is not None:
-            return found[1]
+            return found[1] if found[1]._node is not None else self._relazy(found)
         if type(parameter) is weight_calls.DerivedWeight:
             return weight_calls.resolve(self, parameter)
         node = graph.add(Node(graph, LEAF))
         node.param = parameter
+        for data in getattr(parameter, "_data", None) or ():   # written in place by updates
+            graph.param_arrays[id(data)] = data
         node.out_shapes = (tuple(parameter.shape),)
         node.out_dtypes = (np.dtype(parameter.dtype).type,)
         lazy = LazyArray(node, 0)

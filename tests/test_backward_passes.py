@@ -1,0 +1,169 @@
+"""Backward passes and in-place writes around batching scopes, as in eager MXNet.
+
+A backward pass without ``retain_graph`` frees the graph it ran through:
+values a scope computed become constants after a pass through their own
+graph, as eager arrays do.  Whether a pass reached a scope's values cannot be
+told cheaply, so after any pass without ``retain_graph`` they are constants;
+a pass through another graph with ``retain_graph=True`` leaves them their
+gradient.  An array written in place after calls that read it were recorded
+gives those calls its old values.
+"""
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon, nd
+from mxnet.base import MXNetError
+
+import gluon_dynbatch as gdb
+
+
+class Encoder(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
+class Scorer(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(1, in_units=4)
+
+    def hybrid_forward(self, F, h):
+        return self.dense(h)
+
+
+def _inputs():
+    return [nd.array(np.random.RandomState(k).randn(1, 3)) for k in range(4)]
+
+
+def _models():
+    mx.random.seed(0)
+    encoder, scorer, other = Encoder(), Scorer(), gluon.nn.Dense(1, in_units=3)
+    for block in (encoder, scorer, other):
+        block.initialize()
+    return encoder, scorer, other
+
+
+def _calls(block, xs, batched):
+    if not batched:
+        return [block(x) for x in xs]
+    with gdb.batching():
+        return [block(x) for x in xs]
+
+
+def _after_unrelated_backward(batched, free_own):
+    encoder, scorer, other = _models()
+    xs = _inputs()
+    with autograd.record():
+        hs = _calls(encoder, xs, batched)
+        first = nd.add_n(*[h.sum() for h in hs])
+    if free_own:
+        first.backward()            # frees the encoder's graph: hs become constants
+    with autograd.record():
+        aux = other(nd.ones((1, 3))).sum()
+    aux.backward(retain_graph=True)     # another model's graph, kept: hs keep theirs
+    encoder.collect_params().zero_grad()
+    with autograd.record():
+        scores = _calls(scorer, hs, batched)
+        loss = nd.add_n(*[s.sum() for s in scores])
+    loss.backward()
+    return encoder.dense.weight.grad().asnumpy(), scorer.dense.weight.grad().asnumpy()
+
+
+@pytest.mark.parametrize("free_own", [False, True])
+def test_values_of_a_scope_keep_their_graph_unless_a_pass_through_it_freed_it(free_own):
+    expected = _after_unrelated_backward(False, free_own)
+    got = _after_unrelated_backward(True, free_own)
+    for want, have in zip(expected, got):
+        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-7)
+    assert (np.abs(got[0]).max() == 0) == free_own
+
+
+def _gan_step(batched):
+    """A discriminator step on ``fake.detach()``, then a generator step through it."""
+    generator, critic, _ = _models()
+    xs = _inputs()
+    with autograd.record():
+        fake = _calls(generator, xs, batched)
+        critic_loss = nd.add_n(*[s.sum() for s in _calls(critic, [f.detach() for f in fake],
+                                                          batched)])
+    critic_loss.backward(retain_graph=True)     # see the module's docstring
+    with autograd.record():
+        gen_loss = nd.add_n(*[s.sum() for s in _calls(critic, fake, batched)])
+    gen_loss.backward()
+    return generator.dense.weight.grad().asnumpy()
+
+
+def test_a_generator_trains_through_a_critic_stepped_on_its_detached_output():
+    expected = _gan_step(False)
+    assert np.abs(expected).max() > 0
+    np.testing.assert_allclose(_gan_step(True), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_a_backward_pass_per_sample_of_one_scope_says_how_to_differentiate():
+    encoder, _, _ = _models()
+    xs = _inputs()
+    with autograd.record():
+        with gdb.batching():
+            hs = [encoder(x) for x in xs]
+        losses = [h.sum() for h in hs]
+    losses[0].backward()
+    with pytest.raises(MXNetError, match="share its batched graph"):
+        losses[1].backward()
+    # As the message says: every pass but the last keeps the graph.
+    with autograd.record():
+        with gdb.batching():
+            hs = [encoder(x) for x in xs]
+        losses = [h.sum() for h in hs]
+    grads = []
+    for k, loss in enumerate(losses):
+        encoder.collect_params().zero_grad()
+        loss.backward(retain_graph=k < len(losses) - 1)
+        grads.append(encoder.dense.weight.grad().asnumpy().copy())
+    for k, x in enumerate(xs):
+        encoder.collect_params().zero_grad()
+        with autograd.record():
+            loss = encoder(x).sum()
+        loss.backward()
+        np.testing.assert_allclose(grads[k], encoder.dense.weight.grad().asnumpy(),
+                                   rtol=1e-5, atol=1e-7)
+
+
+def _written_in_place(batched):
+    """A buffer refilled per sample, a weight set between calls, a prediction
+    recorded before an optimizer's step: each call sees the values of its time."""
+    encoder, _, _ = _models()
+    xs = _inputs()
+    trainer = gluon.Trainer(encoder.collect_params(), "sgd", {"learning_rate": 1.0})
+    buffer = nd.zeros((1, 3))
+    outs = []
+    scope = gdb.batching() if batched else None
+    if scope is not None:
+        scope.__enter__()
+    for x in xs:
+        buffer[:] = x.asnumpy()                     # ``_sync_copyfrom``
+        outs.append(encoder(buffer))
+    buffer[:] = xs[0]                               # ``copyto``: an operator with ``out``
+    outs.append(encoder(buffer))
+    weight = encoder.dense.weight
+    weight.set_data(weight.data() * 0.5)
+    outs.append(encoder(xs[1]))
+    with autograd.record():
+        loss = nd.add_n(*[encoder(x).sum() for x in xs])
+    loss.backward()
+    outs.append(encoder(xs[2]))
+    trainer.step(1)                                 # ``sgd_update(..., out=weight)``
+    outs.append(encoder(xs[2]))
+    if scope is not None:
+        scope.__exit__(None, None, None)
+    return [out.asnumpy() for out in outs]
+
+
+def test_arrays_written_in_place_inside_a_scope_give_each_call_its_values():
+    for got, want in zip(_written_in_place(True), _written_in_place(False)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
