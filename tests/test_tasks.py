@@ -1,6 +1,6 @@
 """Samples that read values: each waits at its read while the others record.
 
-A sample's code that reads a pending value (``int(x.asscalar())``, ``float(x)``)
+A sample's code that reads a pending value (``int(x.asscalar())``, ``bool(x)``)
 runs as a task: it waits, the scope goes on with the other samples, and what
 is pending runs for all of them at once.  Results, gradients and each
 sample's side effects equal eager Gluon's; a scope flushes once per read of
@@ -8,6 +8,8 @@ the sample that reads most, plus once.
 """
 import contextlib
 import gc
+import io
+import sys
 
 import greenlet
 import mxnet as mx
@@ -497,3 +499,77 @@ def test_a_waiting_samples_result_used_in_the_scopes_own_calls_equals_eager():
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)
+
+
+class PadsWithZeros(gluon.HybridBlock):
+    """A child whose calls use the constant ``F.zeros((1, 1))``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(F.concat(x[:, :2], F.zeros((1, 1)), dim=1)))
+
+
+class PondersUntilDone(gdb.DynBatchBlock):
+    """Adaptive computation: steps until a running total read as a number
+    passes 0.5; the total starts as the same constant ``F.zeros((1, 1))``,
+    read as a plain array before any step."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.step = PadsWithZeros()
+
+    def hybrid_forward(self, F, k, x):
+        h = self.step(x[k:k + 1])
+        total = F.zeros((1, 1))
+        while total.asscalar() < 0.5:
+            h = self.step(h)
+            total = total + F.sigmoid(F.sum(h, axis=1, keepdims=True))
+        return h
+
+
+def test_a_constant_read_as_a_plain_array_stays_a_constant_of_the_graph():
+    # Reading the constant copies it out of the graph; the steps' programs,
+    # which read the same constant, still get it as a leaf of the graph.
+    mx.random.seed(0)
+    model = PondersUntilDone()
+    model.initialize()
+    x = nd.random.uniform(shape=(5, 3))
+    eager = [model(k, x).asnumpy() for k in range(4)]
+    for _ in range(2):
+        with gdb.batching():
+            got = gdb.map(lambda k: model(k, x), list(range(4)))
+        for out, want in zip(got, eager):
+            np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-5, atol=1e-6)
+
+
+class PrintsWhatItReads(gdb.DynBatchBlock):
+    """Prints a value it reads into a buffer of its own (``redirect_stdout``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(1, in_units=3)
+
+    def hybrid_forward(self, F, k):
+        y = self.dense(F.ones((1, 3)) * k)
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            print("sample", k, y)                   # a read, in the sample's own stream
+        return buffer.getvalue(), y
+
+
+def test_a_sample_printing_into_its_own_stream_while_it_waits_equals_eager():
+    mx.random.seed(0)
+    model = PrintsWhatItReads()
+    model.initialize()
+    eager = [model(k)[0] for k in (1, 2, 3)]
+    stdout = sys.stdout
+    with gdb.batching():
+        got = [text for text, _ in gdb.map(model, [1, 2, 3])]
+    assert sys.stdout is stdout
+    assert got == eager             # the same text, ``<NDArray 1x1 @cpu(0)>`` included

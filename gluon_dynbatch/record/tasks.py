@@ -170,8 +170,10 @@ class Tasks:
     # -- what a task's recording is -----------------------------------------------
     def _state(self):
         rec = self.rec
+        # The streams too: a sample printing inside ``redirect_stdout`` prints
+        # into its own buffer, whatever the others do meanwhile.
         return (rec.frame, rec.depth, rec.path, rec.sample, autograd.is_recording(),
-                autograd.is_training(), sys.gettrace())
+                autograd.is_training(), sys.gettrace(), sys.stdout, sys.stderr)
 
     def _restore(self, state):
         rec = self.rec
@@ -182,6 +184,7 @@ class Tasks:
             autograd.set_training(state[5])
         if sys.gettrace() is not state[6]:
             sys.settrace(state[6])
+        sys.stdout, sys.stderr = state[7], state[8]
 
 
 def form_of(result):
