@@ -447,7 +447,7 @@ def map(fn, samples, *args, **options):  # pylint: disable=redefined-builtin
     """``[fn(sample, *args) for sample in samples]``, each call a task of one scope.
 
     Each call runs as a resumable task (``record.tasks``): where a sample reads
-    a pending value (``float(x)``, ``x.asscalar()``) it waits while the other
+    a pending value (``x.asscalar()``, ``x.asnumpy()``) it waits while the other
     samples record, and what is pending runs for all of them at once.  Use it
     where the loop uses each sample's output at once (its loss) or where a
     sample's result is not one array; a plain loop of top-level calls, whose
