@@ -676,7 +676,7 @@ cdef class FrameCore:
         cdef list made
         for a in args:                      # (before anything is read)
             if not isinstance(a, NDARRAY):
-                return self.block_call(block, args)
+                return self._call_nested(block, args)
         for k in range(n):
             a = args[k]
             if type(a) is LAZY and _get(a, OFF_NODE) is self:
@@ -703,6 +703,84 @@ cdef class FrameCore:
             return self._lazy_at(start + macro.simple[1])
         made = [self._lazy_at(start + offset) for offset in macro.simple[1]]
         return tuple(made) if kind is tuple else made
+
+    cdef object _call_nested(self, object block, tuple args):
+        """``call_block`` of arguments that are lists or tuples of arrays (a
+        recurrent cell's ``[h, c]`` states) or plain constants: the key
+        ``Frame.block_call`` gives them, made here; anything else goes there."""
+        cdef list arrays = []
+        cdef object structure = _structure(args, arrays), a, found, key, token
+        cdef Py_ssize_t k, n
+        cdef tuple refs
+        cdef PyObject* hit
+        if structure is None:
+            return self.block_call(block, args)
+        n = len(arrays)
+        refs = PyTuple_New(n)
+        for k in range(n):
+            a = arrays[k]
+            if type(a) is LAZY and _get(a, OFF_NODE) is self:
+                found = _get(a, OFF_IDX)
+            else:
+                found = self.ref_fast(a)
+            Py_INCREF(found)
+            PyTuple_SET_ITEM(refs, k, found)
+        hit = PyDict_GetItem(self.rec._tokens, id(block))
+        token = <object>hit if hit != NULL else self.rec.block_token(block)
+        key = (token, structure) + refs
+        hit = PyDict_GetItem(self.state.calls, key)
+        if hit == NULL:
+            return self._learn_block(block, args, key)
+        return self._follow(<Macro>hit, arrays, refs)
+
+    cdef object _follow(self, Macro macro, list arrays, tuple refs):
+        """``Frame._replay`` of a macro whose outputs reshape nothing (no bases)
+        and whose arguments are no reshapes of this frame's values; the rest
+        there."""
+        cdef Py_ssize_t start, k, n = len(arrays)
+        cdef dict given
+        cdef object a, ref, base
+        cdef tuple read
+        if macro.bases is not None or macro.simple is not None:
+            return self._replay(macro, arrays, refs)
+        for a in arrays:
+            if type(a) is LAZY:
+                base = _get(a, OFF_BASE)
+                if base is not None and (<tuple>base)[1] == MODES[0]:
+                    return self._replay(macro, arrays, refs)
+        start = len(self.out_shapes)
+        self.out_shapes.extend(macro.shapes)
+        self.out_dtypes.extend(macro.dtypes)
+        self.state = macro.target
+        given = {}
+        for k in range(n):
+            ref = refs[k]
+            if type(ref) is INT:
+                given[ref] = arrays[k]
+        for read in macro.reads:            # arrays the call read from outside first
+            a = arrays[<Py_ssize_t>read[0]]
+            self.vals[read[1]] = a
+            self.ext[id(a)] = read[1]
+            given[read[1]] = a
+        return self._build_out(macro.outputs, start, given)
+
+    cdef object _build_out(self, tuple obj, Py_ssize_t start, dict made):
+        """``Frame._build``: the outputs of a replayed call (``made``: position ->
+        array)."""
+        cdef object kind = obj[0], lazy, pos
+        cdef list items
+        if kind == "v":
+            return obj[1]
+        if kind == "pos":
+            pos = obj[1]
+            lazy = made.get(pos)
+            if lazy is None:
+                if <Py_ssize_t>pos < start:     # an array read from outside
+                    return self.vals[pos]
+                lazy = made[pos] = self._lazy_at(pos)
+            return lazy
+        items = [self._build_out(o, start, made) for o in obj[1]]
+        return kind(items) if kind is list or kind is tuple else kind(*items)
 
     cdef void _read(self, object a, tuple item):
         """Give outside array ``a`` the next position (``item``: its key item)."""
@@ -795,6 +873,28 @@ cdef class FrameCore:
             self.vals[pos] = a
             self.ext[id(a)] = pos
         return self._lazy_at(start + macro.single)
+
+
+cdef object _structure(object obj, list arrays):
+    """``trie._walk_args``: the structure of nested arguments (arrays numbered
+    into ``arrays``), or None where a part is neither an array, a list or tuple
+    (not a subclass: ``Frame.block_call`` names those), nor a plain constant."""
+    cdef object kind = type(obj), item, inner
+    cdef list items
+    if isinstance(obj, NDARRAY):
+        arrays.append(obj)
+        return ("A", len(arrays) - 1)
+    if kind is list or kind is tuple:
+        items = []
+        for item in obj:
+            inner = _structure(item, arrays)
+            if inner is None:
+                return None
+            items.append(inner)
+        return ("list" if kind is list else "tuple", tuple(items))
+    if kind is INT or kind is FLOAT or kind is bool or kind is str or obj is None:
+        return ("C", obj)
+    return None
 
 
 # -- the recording F ------------------------------------------------------------------------
