@@ -307,3 +307,38 @@ def test_a_child_whose_attributes_change_at_every_scope_is_told_once(caplog):
     told = [r for r in caplog.records if "change from scope to scope (tau" in r.getMessage()]
     assert len(told) == 1
     assert len(trie.store().settings[id(model.cell)]) == trie.MAX_SETTINGS + 1
+
+
+class Switched(gluon.HybridBlock):
+    """Computes one of two functions, by a setting its caller changes per sample."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.mode = "tanh"
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        return getattr(F, self.mode)(self.dense(x))
+
+
+class SwitchesPerSample(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = Switched()
+
+    def hybrid_forward(self, F, sample, emb):
+        word, mode = sample
+        self.cell.mode = mode
+        return self.cell(emb[word:word + 1])
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_child_setting_changed_between_its_calls_in_one_scope_equals_eager(compiled):
+    model = make_model(SwitchesPerSample)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    samples = [(1, "tanh"), (2, "sigmoid"), (3, "tanh"), (4, "relu"), (5, "sigmoid")]
+    for _ in range(2):
+        expected = run_model(model, samples, [emb], "eager")
+        assert_same(run_model(model, samples, [emb], "depth", compiled=compiled), expected)

@@ -1046,7 +1046,9 @@ def dispatching_call(self, *args):
     if (kind == "traced" or kind == "cell") and frame is not None \
             and not self._forward_pre_hooks and not self._forward_hooks:
         if kind == "cell":
-            self._counter += 1          # as RecurrentCell.forward counts its calls
+            # As RecurrentCell.forward counts its calls (past Block.__setattr__).
+            counter = self.__dict__
+            counter["_counter"] = counter["_counter"] + 1
             kind = "traced"
         out = (<FrameCore>frame).call_block(self, args)
         if out is not NOT_RECORDED:

@@ -29,6 +29,7 @@ from mxnet import gluon
 
 from . import _core
 from . import context
+from . import trie
 from .frames import NOT_RECORDED, Frame
 from .lazy import LazyArray
 from .recursion import (raise_limit, recursion_note, restore_limit, stop_watching,
@@ -294,9 +295,27 @@ def _layer_hybrid_forward(self, F, inputs, states, sequence_length=None, **kwarg
     return _ORIGINAL_LAYER_FORWARD(self, F, inputs, states, sequence_length, **kwargs)
 
 
+_ORIGINAL_SETATTR = gluon.Block.__setattr__
+_MISSING = object()
+
+
+def _watching_setattr(self, name, value):
+    """``Block.__setattr__``: a block's setting (``trie.settings``) changed inside a
+    scope (``self.cell.mode = k`` per sample) makes the scope's block tokens anew,
+    so that no call replays what the block recorded with its old settings."""
+    rec = context.TLS.recorder
+    if rec is not None and trie.is_setting(name, value):
+        old = self.__dict__.get(name, _MISSING)
+        if old is not value and old != value:
+            rec._tokens.clear()  # pylint: disable=protected-access
+    _ORIGINAL_SETATTR(self, name, value)
+
+
 def install():
-    """Replace ``Block.__call__`` and Gluon's RNN begin states and layer calls."""
+    """Replace ``Block.__call__`` and ``__setattr__``, and Gluon's RNN begin
+    states and layer calls."""
     gluon.Block.__call__ = _core.dispatching_call
+    gluon.Block.__setattr__ = _watching_setattr
     gluon.rnn.RecurrentCell.begin_state = _begin_state
     gluon.rnn.rnn_layer._RNNLayer.begin_state = _layer_begin_state
     gluon.rnn.rnn_layer._RNNLayer.hybrid_forward = _layer_hybrid_forward

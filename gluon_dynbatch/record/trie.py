@@ -206,7 +206,8 @@ def settings(block):
     A child block's template replays its calls without running its code, so
     one made with ``self.tau = 1.0`` must not be replayed once ``tau`` is 0.5:
     the settings are part of the block's token (``Recorder.block_token``), and
-    a block whose settings changed learns its calls anew.  A block seen with
+    a block whose settings changed learns its calls anew (a setting changed
+    inside a scope makes the scope's tokens anew: ``dispatch.install``).  A block seen with
     more than ``MAX_SETTINGS`` settings (an attribute counting its calls) is
     replayed whatever its settings, with a warning.
     """
@@ -214,10 +215,7 @@ def settings(block):
     while stack:
         current = stack.pop()
         for name, value in vars(current).items():
-            if name in _GLUON_ATTRS or name in _RUNNING_ATTRS:
-                continue
-            kind = type(value)
-            if kind in _PLAIN or kind is tuple and all(type(v) in _PLAIN for v in value):
+            if is_setting(name, value):
                 found.append((name, value))
         stack.extend(current._children.values())  # pylint: disable=protected-access
     form = tuple(found)
@@ -236,6 +234,14 @@ def settings(block):
         if len(seen) == 1:
             weakref.finalize(block, store().settings.pop, id(block), None)
     return form
+
+
+def is_setting(name, value):
+    """Whether attribute ``name = value`` of a block is part of its ``settings``."""
+    if name in _GLUON_ATTRS or name in _RUNNING_ATTRS:
+        return False
+    kind = type(value)
+    return kind in _PLAIN or kind is tuple and all(type(v) in _PLAIN for v in value)
 
 
 def _changed(form, seen):
