@@ -172,6 +172,11 @@ def rule_for(op_name):
     return RULES.get(op_name, ALONE)
 
 
+# Inputs of which an operator reads only the shape: their gradient is zero
+# (``reshape_like(x, like)``), so their gathers run unrecorded, as the
+# operators of ``NO_GRADIENT`` below.
+SHAPE_ONLY = {"reshape_like": (1,), "broadcast_like": (1,), "slice_like": (1,)}
+
 # Operators whose gradient is zero everywhere.  MXNet 1.9.1 crashes in backward
 # when one is recorded over ``take(concat(...))``, the imperative executor's
 # gather, so that executor runs them (and their gathers) unrecorded: their

@@ -23,7 +23,7 @@ from mxnet.base import MXNetError
 from .lowering import Lowering
 from ..errors import BatchingError, describe_call
 from ..ir.ops import first_line
-from ..ir.rules import KNOWN, NO_GRADIENT, call_as_recorded
+from ..ir.rules import KNOWN, NO_GRADIENT, SHAPE_ONLY, call_as_recorded
 
 _NO_CHANGE = contextlib.nullcontext()
 
@@ -88,7 +88,8 @@ def run_interpreted(plan, live, ctx, rows_out=False):
     for kind, node0, ins, outs, count, variant in walker.steps:
         with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE, \
                 _naming_step(node0, count):
-            detach = node0.op.detached if kind == "program" else ()
+            detach = node0.op.detached if kind == "program" else \
+                SHAPE_ONLY.get(node0.op.name, ())
             inputs = [_gather_detached(d, values, feeds) if k in detach
                       else _gather(d, values, feeds) for k, d in enumerate(ins)]
             if kind == "program":

@@ -28,7 +28,8 @@ import threading
 
 import numpy as np
 
-from ..ir.rules import BROW, NO_GRADIENT, ROW, SHARED, Rule, call_as_recorded, intern
+from ..ir.rules import BROW, NO_GRADIENT, ROW, SHAPE_ONLY, SHARED, Rule, call_as_recorded, \
+    intern
 
 # "own": the rule's batched call, right on one call's rows as on many (``Rule.program_form``).
 _SEGMENT, _RESHAPE, _ROWS, _OWN = "segment", "reshape", "rows", "own"
@@ -161,9 +162,12 @@ def _detached_inputs(entries, exports):
     exported = {j for j, _ in exports}
     readers = {}                        # ("in", position) or entry index -> reader entries
     for k, entry in enumerate(entries):
-        for source in entry.sources:
+        shape_only = SHAPE_ONLY.get(entry.op.name, ())
+        for slot, source in enumerate(entry.sources):
             key = ("in", source[1]) if source[0] == "in" else source[1]
-            readers.setdefault(key, []).append(k)
+            using = readers.setdefault(key, [])
+            if slot not in shape_only:  # (of a shape-only slot, no gradient flows back)
+                using.append(k)
     free = [False] * len(entries)       # no gradient flows back through entry k
     for k in reversed(range(len(entries))):
         free[k] = entries[k].op.name in NO_GRADIENT or (
