@@ -668,26 +668,17 @@ cdef class FrameCore:
         """A child HybridBlock's call inside this frame whose arguments are all
         arrays: the replay of its first trace on this path (``Frame._replay``), or
         its trace (``Frame._learn_block``); nested arguments go to ``Frame.block_call``."""
-        cdef Py_ssize_t n = len(args), k, start
-        cdef tuple refs = PyTuple_New(n)
-        cdef object a, found, token, key, kind
+        cdef Py_ssize_t n = len(args), start
+        cdef tuple refs
+        cdef object a, key, kind
         cdef PyObject* hit
         cdef Macro macro
         cdef list made
         for a in args:                      # (before anything is read)
             if not isinstance(a, NDARRAY):
                 return self._call_nested(block, args)
-        for k in range(n):
-            a = args[k]
-            if type(a) is LAZY and _get(a, OFF_NODE) is self:
-                found = _get(a, OFF_IDX)
-            else:
-                found = self.ref_fast(a)
-            Py_INCREF(found)
-            PyTuple_SET_ITEM(refs, k, found)
-        hit = PyDict_GetItem(self.rec._tokens, id(block))
-        token = <object>hit if hit != NULL else self.rec.block_token(block)
-        key = (token,) + refs
+        refs = self._refs(args, n)
+        key = (self._token(block),) + refs
         hit = PyDict_GetItem(self.state.calls, key)
         if hit == NULL:
             return self._learn_block(block, args, key)
@@ -704,19 +695,11 @@ cdef class FrameCore:
         made = [self._lazy_at(start + offset) for offset in macro.simple[1]]
         return tuple(made) if kind is tuple else made
 
-    cdef object _call_nested(self, object block, tuple args):
-        """``call_block`` of arguments that are lists or tuples of arrays (a
-        recurrent cell's ``[h, c]`` states) or plain constants: the key
-        ``Frame.block_call`` gives them, made here; anything else goes there."""
-        cdef list arrays = []
-        cdef object structure = _structure(args, arrays), a, found, key, token
-        cdef Py_ssize_t k, n
-        cdef tuple refs
-        cdef PyObject* hit
-        if structure is None:
-            return self.block_call(block, args)
-        n = len(arrays)
-        refs = PyTuple_New(n)
+    cdef tuple _refs(self, object arrays, Py_ssize_t n):
+        """The key items of a child-block call's ``n`` arrays, in order."""
+        cdef tuple refs = PyTuple_New(n)
+        cdef Py_ssize_t k
+        cdef object a, found
         for k in range(n):
             a = arrays[k]
             if type(a) is LAZY and _get(a, OFF_NODE) is self:
@@ -725,9 +708,25 @@ cdef class FrameCore:
                 found = self.ref_fast(a)
             Py_INCREF(found)
             PyTuple_SET_ITEM(refs, k, found)
-        hit = PyDict_GetItem(self.rec._tokens, id(block))
-        token = <object>hit if hit != NULL else self.rec.block_token(block)
-        key = (token, structure) + refs
+        return refs
+
+    cdef object _token(self, object block):
+        """``Recorder.block_token``, from the scope's cache when it is there."""
+        cdef PyObject* hit = PyDict_GetItem(self.rec._tokens, id(block))
+        return <object>hit if hit != NULL else self.rec.block_token(block)
+
+    cdef object _call_nested(self, object block, tuple args):
+        """``call_block`` of arguments that are lists or tuples of arrays (a
+        recurrent cell's ``[h, c]`` states) or plain constants: the key
+        ``Frame.block_call`` gives them, made here; anything else goes there."""
+        cdef list arrays = []
+        cdef object structure = _structure(args, arrays), key
+        cdef tuple refs
+        cdef PyObject* hit
+        if structure is None:
+            return self.block_call(block, args)
+        refs = self._refs(arrays, len(arrays))
+        key = (self._token(block), structure) + refs
         hit = PyDict_GetItem(self.state.calls, key)
         if hit == NULL:
             return self._learn_block(block, args, key)
@@ -762,11 +761,11 @@ cdef class FrameCore:
             self.vals[read[1]] = a
             self.ext[id(a)] = read[1]
             given[read[1]] = a
-        return self._build_out(macro.outputs, start, given)
+        return self.build_out(macro.outputs, start, given)
 
-    cdef object _build_out(self, tuple obj, Py_ssize_t start, dict made):
-        """``Frame._build``: the outputs of a replayed call (``made``: position ->
-        array)."""
+    cpdef object build_out(self, tuple obj, Py_ssize_t start, dict made):
+        """The outputs of a replayed child-block call, as its ``outputs`` name them
+        (``made``: position -> array)."""
         cdef object kind = obj[0], lazy, pos
         cdef list items
         if kind == "v":
@@ -779,7 +778,7 @@ cdef class FrameCore:
                     return self.vals[pos]
                 lazy = made[pos] = self._lazy_at(pos)
             return lazy
-        items = [self._build_out(o, start, made) for o in obj[1]]
+        items = [self.build_out(o, start, made) for o in obj[1]]
         return kind(items) if kind is list or kind is tuple else kind(*items)
 
     cdef void _read(self, object a, tuple item):

@@ -302,7 +302,7 @@ class Frame(FrameCore):
                 base = base_of(a)
                 if base is not None and base._node is self:
                     given.setdefault(base._idx, base)
-            out = self._build(macro.outputs, start, given)
+            out = self.build_out(macro.outputs, start, given)
         elif simple[0] is None:
             out = self.new_lazy(start + simple[1])
             self.lazies.append(out)
@@ -312,23 +312,6 @@ class Frame(FrameCore):
         if macro.bases is not None:         # outputs that reshape values of the call
             replay_bases(self, out, macro.bases, arrays)
         return out
-
-    def _build(self, obj, start, made):
-        """The outputs of a replayed child-block call (``made``: position -> array)."""
-        kind = obj[0]
-        if kind == "v":
-            return obj[1]
-        if kind == "pos":
-            pos = obj[1]
-            lazy = made.get(pos)
-            if lazy is None:
-                if pos < start:                 # an array read from outside
-                    return self.vals[pos]
-                lazy = made[pos] = self.new_lazy(pos)
-                self.lazies.append(lazy)
-            return lazy
-        items = [self._build(o, start, made) for o in obj[1]]
-        return kind(items) if kind in (list, tuple) else kind(*items)
 
     def _learn_block(self, block, args, key):
         """Trace a child-block call met for the first time here; learn its macro.
