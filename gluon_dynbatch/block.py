@@ -6,7 +6,8 @@ from .plan import budget
 from .record import dispatch
 from .record.recursion import helper_frames, recursive_closures, recursive_helpers
 from .run.cache import PlanCache
-from .scope import STRATEGIES, check_granularity
+from .run.choice import ExecutorChoice
+from .scope import STRATEGIES, check_compiled, check_granularity
 
 
 class DynBatchBlock(gluon.HybridBlock):
@@ -29,9 +30,11 @@ class DynBatchBlock(gluon.HybridBlock):
         depth plan (see :func:`batching`); ``"auto"`` searches only where the
         depth plan is above its lower bound.  None (the default) is ``"auto"``
         with ``strategy="depth"`` and no search with the others; 0 never searches.
-    compiled : bool or "step", default False
+    compiled : bool, "plan" or "step", default False
         Run flushes as compiled MXNet graphs (CachedOp) kept in a plan cache:
-        one graph per plan (``True``) or one per step (``"step"``).
+        one graph per plan (``"plan"``) or one per step (``"step"``); ``True``
+        chooses among these and imperative calls by what each costs this
+        block (see :func:`batching`).
     max_cached_plans : int, default 64
         Bound of this block's plan cache (least recently used plans go first).
     max_pending_nodes : int, optional
@@ -59,13 +62,8 @@ class DynBatchBlock(gluon.HybridBlock):
         self.recent_execute_s = None        # smoothed, for analysis_budget="auto"
         self.plan_memory = budget.new_memory()  # plan structure -> winning planner
         self.reads_inside = False           # its samples read values (``BatchingScope.read``)
-        self.whole_plans = 0                # compiled=True flushes counted, and those
-        self.whole_plan_misses = 0          # that met a new plan (``scope._whole_plans_repeat``)
-        self.step_flushes = 0               # compiled=True flushes of the step trial,
-        self.step_misses = self.step_lookups = 0    # their steps' cache lookups, seconds
-        self.step_costs = ([], [])          # a node (imperative, step) and the outcome
-        self.steps_pay = True               # (``scope._step_trial_mode``)
-        self.compiled = compiled
+        self.executors = ExecutorChoice(self.name)     # for compiled=True
+        self.compiled = check_compiled(compiled)
         self.plan_cache = PlanCache(max_cached_plans)
         if max_pending_nodes is not None and max_pending_nodes < 1:
             raise ValueError("max_pending_nodes must be at least 1, got %r"

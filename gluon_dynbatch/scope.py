@@ -79,7 +79,7 @@ class BatchingScope:
             raise ValueError("max_pending_nodes must be at least 1, got %r"
                              % (max_pending_nodes,))
         self.strategy = strategy
-        self.compiled = compiled
+        self.compiled = None if compiled is None else check_compiled(compiled)
         self.max_pending_nodes = max_pending_nodes
         self.keep_plan = keep_plan
         self.replay = replay
@@ -277,21 +277,19 @@ class BatchingScope:
             stats.planners = {choice.strategy: 1}
             stats.reused_choices = int(choice.reused)
         t1 = time.perf_counter()
-        mode = chosen = self._compiled()
-        if mode and mode != "step" and not _whole_plans_repeat(owner):
-            mode = "step"
-        if mode == "step" and chosen is True:
-            mode = _step_trial_mode(owner)
+        mode = self._compiled()
+        choice = owner.executors if mode is True and owner is not None else None
+        if choice is not None:
+            mode = choice.next_mode()
         if mode == "step":
             run_steps(plan, live, ctx, self._cache(), stats)
-        elif mode:
+        elif mode:                                  # True or "plan": whole plans
             run_compiled(plan, live, ctx, self._cache(), stats)
-            _count_whole_plan(owner, stats)
         else:
             run_interpreted(plan, live, ctx, rows_out=bool(self.recorder.tasks.waiting))
         t2 = time.perf_counter()
-        if chosen is True and mode is not True:     # (True: whole plans)
-            _count_steps(owner, stats, mode, (t2 - t1) / max(plan.num_nodes, 1))
+        if choice is not None:
+            choice.note(mode, t2 - t1, plan.num_nodes)
         stats.plan_ms += 1000.0 * (t1 - t0)
         stats.execute_ms = 1000.0 * (t2 - t1)
         if owner is not None:       # for analysis_budget="auto"
@@ -325,78 +323,6 @@ def _note_program_batches(plan, samples):
             counts[2] += 1
     for usage, nodes, steps in seen.values():
         usage.note_flush(nodes, steps, samples)
-
-
-#: ``compiled=True``: flushes of a model after which, if most of its whole
-#: plans were new (compiled, then never met again), it compiles step by step;
-#: the first ``TRIAL_WARMUP`` flushes (parameters getting their shapes, the
-#: first plans) are not counted.
-WHOLE_PLAN_TRIAL = 6
-TRIAL_WARMUP = 2
-#: ``compiled=True`` compiling step by step: flushes of a trial (after
-#: ``TRIAL_WARMUP``) that alternate compiled steps and imperative calls; the
-#: model keeps compiling its steps only if that was no slower per planned node
-#: and at most ``STEP_MISS_RATE`` of its steps met a new shape (a compile each).
-STEP_TRIAL = 8
-STEP_MISS_RATE = 0.1
-
-
-def _whole_plans_repeat(owner):
-    """Whether ``compiled=True`` should go on compiling whole plans for ``owner``.
-
-    A model whose plans never repeat (sentences of every length in a batch)
-    would compile a graph at every flush; after ``WHOLE_PLAN_TRIAL`` flushes
-    with misses in most of those after the first few, its scopes compile and
-    cache each step instead (``compiled="step"``), whose shapes do repeat.
-    """
-    if owner is None or owner.whole_plans < WHOLE_PLAN_TRIAL:
-        return True
-    return owner.whole_plan_misses * 2 <= owner.whole_plans - TRIAL_WARMUP
-
-
-def _count_whole_plan(owner, stats):
-    if owner is None or owner.whole_plans >= WHOLE_PLAN_TRIAL:
-        return
-    owner.whole_plans += 1
-    if owner.whole_plans > TRIAL_WARMUP and stats.cache_misses:
-        owner.whole_plan_misses += 1
-    if owner.whole_plans == WHOLE_PLAN_TRIAL and not _whole_plans_repeat(owner):
-        log.info("%s: compiled=True met a new plan in %d of %d flushes; compiling "
-                 "step by step from now on", owner.name, owner.whole_plan_misses,
-                 WHOLE_PLAN_TRIAL - TRIAL_WARMUP)
-
-
-def _step_trial_mode(owner):
-    """How ``compiled=True`` runs a flush once it compiles step by step: during
-    the trial, compiled steps and imperative calls in turn; after it, what the
-    trial found faster (``STEP_TRIAL``)."""
-    if owner is None:
-        return "step"
-    flushes = owner.step_flushes
-    if flushes < STEP_TRIAL:
-        return "step" if flushes < TRIAL_WARMUP or flushes % 2 == 0 else False
-    return "step" if owner.steps_pay else False
-
-
-def _count_steps(owner, stats, mode, cost):
-    """Count a flush of the step trial: its steps' cache lookups and its time per node."""
-    if owner is None or owner.step_flushes >= STEP_TRIAL:
-        return
-    owner.step_flushes += 1
-    if owner.step_flushes > TRIAL_WARMUP:
-        owner.step_costs[mode == "step"].append(cost)
-        if mode == "step":
-            owner.step_misses += stats.cache_misses
-            owner.step_lookups += stats.cache_misses + stats.cache_hits
-    if owner.step_flushes == STEP_TRIAL:
-        imperative, steps = (sum(c) / max(len(c), 1) for c in owner.step_costs)
-        owner.steps_pay = steps <= imperative \
-            and owner.step_misses <= STEP_MISS_RATE * max(owner.step_lookups, 1)
-        if not owner.steps_pay:
-            log.info("%s: compiled=True, step by step: %d of %d steps compiled, %.1f us a "
-                     "node against %.1f imperatively; running imperatively from now on",
-                     owner.name, owner.step_misses, owner.step_lookups, 1e6 * steps,
-                     1e6 * imperative)
 
 
 DEFAULT_CACHE = PlanCache(64)
@@ -495,6 +421,20 @@ def check_granularity(value):
         raise ValueError("unknown granularity %r; choose one of %s" % (value, GRANULARITIES))
 
 
+COMPILED = (False, True, "plan", "step")
+
+
+def check_compiled(value):
+    """``value`` as a ``compiled`` setting (``True``/``False`` for truth
+    values); ValueError unless it is one of ``COMPILED``."""
+    if isinstance(value, str):
+        if value in COMPILED:
+            return value
+    elif value in (False, True):
+        return bool(value)
+    raise ValueError("unknown compiled setting %r; choose one of %s" % (value, COMPILED))
+
+
 def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=False,
              replay=True, analysis_budget=None, granularity=None):
     """Open a batching scope on this thread.
@@ -510,14 +450,14 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
     strategy : str, optional
         ``"depth"``, ``"agenda"``, ``"unbatched"`` or ``"reference"``;
         defaults to the strategy of the first DynBatchBlock called ("depth").
-    compiled : bool or "step", optional
-        ``True``: run each flush as one compiled MXNet graph (CachedOp), cached
-        by plan shape; a model whose plans rarely repeat (most of its flushes
-        after the first few meet a new plan) compiles step by step instead
-        after ``WHOLE_PLAN_TRIAL`` flushes.  ``"step"``: compile and cache each step separately
-        (shapes of steps repeat across batches even when whole plans do not).
-        ``False``: batched imperative calls.  Defaults to the setting of the
-        first DynBatchBlock called.
+    compiled : bool, "plan" or "step", optional
+        ``"plan"``: run each flush as one compiled MXNet graph (CachedOp),
+        cached by plan shape.  ``"step"``: compile and cache each step
+        separately (shapes of steps repeat across batches even when whole plans
+        do not).  ``False``: batched imperative calls.  ``True``: whichever of
+        the three has cost the model least per planned node, compiles
+        included, measured on its own flushes (``run.choice``).  Defaults to the
+        setting of the first DynBatchBlock called.
     max_pending_nodes : int, optional
         Bound on recorded, not yet executed nodes (default 500,000, about
         0.5 GB): past it the scope flushes by itself, so memory stays bounded.

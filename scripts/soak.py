@@ -46,7 +46,7 @@ import gluon_dynbatch as gdb  # noqa: E402
 from examples.sick_data import attach_words, parse_parents, random_parents  # noqa: E402
 from examples.sick_model import ChildSumTreeLSTM  # noqa: E402
 
-COMPILED = {"off": False, "plan": True, "step": "step"}
+COMPILED = {"off": False, "plan": "plan", "step": "step", "auto": True}
 SCRIPT = "scripts/soak.py"
 QUICK = {"batches": 600, "warmup": 100}
 """Settings of ``--quick``."""
@@ -180,7 +180,8 @@ def parse_args(argv=None):
                         help="batching strategy (default agenda)")
     parser.add_argument("--compiled", default="off", choices=sorted(COMPILED),
                         help="off: imperative; plan: one CachedOp per plan (LRU plan "
-                             "cache); step: one CachedOp per step (default off)")
+                             "cache); step: one CachedOp per step; auto: compiled=True, "
+                             "the executor measured cheapest (default off)")
     parser.add_argument("--bound-mb", type=float, default=50.0,
                         help="largest acceptable RSS growth after warm-up (default 50)")
     parser.add_argument("--sample-every", type=int, default=50,

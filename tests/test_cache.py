@@ -16,8 +16,8 @@ def _relabel(tree, r, vocab):
     return Tree(r.randrange(vocab), [_relabel(c, r, vocab) for c in tree.children])
 
 
-def _compiled_run(model, trees, emb):
-    with gdb.batching(compiled=True) as scope:
+def _compiled_run(model, trees, emb, compiled="plan"):
+    with gdb.batching(compiled=compiled) as scope:
         outs = [model(t, emb) for t in trees]
     return [h.asnumpy() for h, _ in outs], scope.stats
 
@@ -33,7 +33,7 @@ def test_same_plan_shape_hits_and_stays_exact():
     _, second = _compiled_run(model, others, emb)
     assert (second.cache_hits, second.cache_misses) == (1, 0)
     expected = reference_run(model, others, [emb])
-    assert_same(run_model(model, others, [emb], "agenda", compiled=True), expected)
+    assert_same(run_model(model, others, [emb], "agenda", compiled="plan"), expected)
 
 
 def test_replacing_a_child_does_not_reuse_a_stale_plan():
@@ -68,11 +68,11 @@ def test_changing_dtype_does_not_reuse_a_stale_plan():
     model = RowDense()
     model.initialize(mx.init.Uniform(0.5))
     table = nd.random.uniform(shape=(6, 4))
-    with gdb.batching(compiled=True):
+    with gdb.batching(compiled="plan"):
         [model(k, table) for k in range(3)]
     model.cast("float64")
     table64 = table.astype("float64")
-    with gdb.batching(compiled=True) as scope:
+    with gdb.batching(compiled="plan") as scope:
         outs = [model(k, table64) for k in range(3)]
     assert scope.stats.cache_misses == 1
     for k, out in enumerate(outs):
@@ -184,42 +184,81 @@ def test_batches_of_different_trees_with_one_height_share_a_compiled_plan():
     assert stats.cache_misses <= 2 and stats.cache_hits >= 2
 
 
-def test_compiled_plans_that_never_repeat_switch_to_step_compiling():
-    from gluon_dynbatch.scope import STEP_TRIAL, TRIAL_WARMUP, WHOLE_PLAN_TRIAL, _step_trial_mode
-    r = rng(7)
-    model = make_model(ChildSumTreeLSTM, hidden=4)
-    emb = nd.random.uniform(shape=(20, 3))
-    kinds = []
-    for k in range(WHOLE_PLAN_TRIAL + 2):
-        # A new shape of plan every time: a chain of k + 1 nodes beside a tree.
+def _chain_batches(count, seed=7):
+    """Batches whose plans all differ: a chain of k + 1 nodes beside a tree."""
+    r = rng(seed)
+    for k in range(count):
         chain = Tree(r.randrange(20))
         for _ in range(k):
             chain = Tree(r.randrange(20), [chain])
-        trees = [chain, random_tree(r, 20, max_depth=2)]
-        _, stats = _compiled_run(model, trees, emb)
-        kinds.append(stats.cache_misses)
-    assert model.whole_plans == WHOLE_PLAN_TRIAL, kinds
-    assert model.whole_plan_misses * 2 > WHOLE_PLAN_TRIAL - TRIAL_WARMUP, kinds
+        yield [chain, random_tree(r, 20, max_depth=2)]
+
+
+def test_compiled_true_tries_every_executor_and_stays_exact():
+    from gluon_dynbatch.run import choice
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(20, 3))
+    misses = []
+    for trees in _chain_batches(choice.WARMUP + len(choice.MODES) * choice.TRIAL):
+        _, stats = _compiled_run(model, trees, emb, compiled=True)
+        misses.append(stats.cache_misses)
+    assert all(len(model.executors.costs[mode]) == choice.TRIAL for mode in choice.MODES)
+    # Whole plans in the warm-up (the first a compile), then the trial's turns:
+    # whole plans, steps (compiled anew: the model has run no step yet), then
+    # imperative calls, which compile nothing.
+    assert misses[0] == 1 and misses[choice.WARMUP + 1] > 0, misses
+    assert misses[choice.WARMUP + 2] == 0, misses
     expected = reference_run(model, trees, [emb])
     assert_same(run_model(model, trees, [emb], "depth", compiled=True), expected)
-    assert model.step_flushes < STEP_TRIAL
-    if _step_trial_mode(model) != "step":
-        _compiled_run(model, trees, emb)        # the trial's imperative turn
-    _, stats = _compiled_run(model, trees, emb)
-    # Step by step: the last run's steps were met before, so no compiling at all.
-    assert stats.cache_hits >= stats.steps > 0 and stats.cache_misses == 0
 
 
-def test_compiled_plans_that_repeat_stay_whole():
-    from gluon_dynbatch.scope import WHOLE_PLAN_TRIAL
+def _choice_after(costs, flushes):
+    """An ExecutorChoice fed ``flushes`` flushes of ``costs[mode]`` seconds a node."""
+    from gluon_dynbatch.run.choice import ExecutorChoice
+    chooser, modes = ExecutorChoice("model"), []
+    for _ in range(flushes):
+        mode = chooser.next_mode()
+        modes.append(mode)
+        chooser.note(mode, costs[mode] * 10, 10)
+    return chooser, modes
+
+
+def test_executor_choice_runs_the_cheapest_and_tries_the_others_now_and_then():
+    from gluon_dynbatch.run import choice
+    costs = {True: 3e-4, "step": 1e-4, False: 2e-4}
+    chooser, modes = _choice_after(costs, 200)
+    trial = choice.WARMUP + len(choice.MODES) * choice.TRIAL
+    assert modes[:trial] == [True] * choice.WARMUP + list(choice.MODES) * choice.TRIAL
+    assert chooser.best == "step"
+    later = modes[trial:]
+    assert later.count("step") > 0.85 * len(later)
+    # The slower an executor was, the less often it runs again.
+    assert 0 < later.count(True) < later.count(False)
+
+
+def test_executor_choice_follows_a_change_of_costs():
+    from gluon_dynbatch.run.choice import ExecutorChoice
+    chooser = ExecutorChoice("model")
+    costs = {True: 1e-4, "step": 2e-4, False: 3e-4}
+    for flush in range(300):
+        if flush == 40:
+            costs[True] = 9e-4          # plans stop repeating: a compile each
+        mode = chooser.next_mode()
+        chooser.note(mode, costs[mode], 1)
+        if flush == 39:
+            assert chooser.best is True
+    assert chooser.best == "step"
+
+
+def test_compiled_plans_that_repeat_are_found_in_the_cache():
     r = rng(8)
     model = make_model(ChildSumTreeLSTM, hidden=4)
     emb = nd.random.uniform(shape=(20, 3))
     trees = [random_tree(r, 20, max_depth=3) for _ in range(4)]
-    for _ in range(WHOLE_PLAN_TRIAL + 2):
+    for _ in range(6):
         _, stats = _compiled_run(model, [_relabel(t, r, 20) for t in trees], emb)
     assert (stats.cache_hits, stats.cache_misses) == (1, 0)
-    assert model.whole_plan_misses == 0
+    assert len(model.plan_cache) == 1
 
 
 class Widths(gdb.DynBatchBlock):
@@ -229,18 +268,17 @@ class Widths(gdb.DynBatchBlock):
         return F.tanh(x) * 2 + F.sigmoid(x)
 
 
-def test_compiled_steps_that_never_repeat_run_imperatively():
-    from gluon_dynbatch.scope import STEP_TRIAL, WHOLE_PLAN_TRIAL
+def test_compiled_true_runs_the_executor_it_measured_cheapest():
+    from gluon_dynbatch.run import choice
     model = Widths()
-    for k in range(WHOLE_PLAN_TRIAL + STEP_TRIAL + 1):
+    for k in range(choice.WARMUP + len(choice.MODES) * choice.TRIAL + 1):
         # A new width every time: every plan and every step shape is new.
         xs = [nd.random.uniform(-1, 1, shape=(1, k + 2)) for _ in range(3)]
-        with gdb.batching(compiled=True) as scope:
+        with gdb.batching(compiled=True):
             outs = [model(x) for x in xs]
         got = [o.asnumpy() for o in outs]
-    assert model.whole_plan_misses > 0
-    assert model.step_flushes == STEP_TRIAL and model.step_misses > 0
-    # The last flush compiled nothing, and gave eager's values.
-    assert scope.stats.cache_hits == scope.stats.cache_misses == 0
+    executors = model.executors
+    assert executors.best == min(choice.MODES, key=executors.mean), executors.summary()
+    assert executors.measured_at[executors.best] == executors.flushes - 1   # the last flush
     for x, value in zip(xs, got):
         np.testing.assert_allclose(value, model(x).asnumpy(), rtol=1e-5, atol=1e-6)

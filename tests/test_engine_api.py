@@ -245,6 +245,15 @@ def test_unknown_strategy_is_refused():
         Scaled(strategy="nope")
 
 
+def test_unknown_compiled_setting_is_refused():
+    with pytest.raises(ValueError, match="compiled setting 'whole'"):
+        gdb.batching(compiled="whole")
+    with pytest.raises(ValueError, match="compiled setting 2"):
+        Scaled(compiled=2)
+    assert Scaled(compiled=1).compiled is True
+    assert gdb.batching(compiled="plan").compiled == "plan"
+
+
 def test_graph_invariants_hold_after_recording():
     r = rng(8)
     trees = [random_tree(r, 10, max_depth=3) for _ in range(3)]

@@ -5,6 +5,7 @@ Leaves: every live LazyArray filled with its rows of the batched results,
 with autograd history as ordinary MXNet calls.  ``lowering`` locates every
 value as row segments and computes the gathers; ``executors`` run steps
 imperatively, as one CachedOp per plan or one per step, kept in a
-``cache``; ``reference`` runs the graph node by node as recorded (the oracle
+``cache``; ``choice`` picks among them by measured cost under
+``compiled=True``; ``reference`` runs the graph node by node as recorded (the oracle
 of the tests).
 """
