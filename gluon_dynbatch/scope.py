@@ -91,6 +91,7 @@ class BatchingScope:
         self.recorder = None
         self._outer = None
         self._mark = None
+        self._executor = None       # compiled=True: this scope's (``run.choice``)
         self._reads = self._reads_counted = 0     # flushes caused by reads (``read``)
         self._where_read = None
 
@@ -102,6 +103,7 @@ class BatchingScope:
             self.recorder = outer
             return self
         patches.install()
+        self._executor = None
         self.recorder = Recorder(self.flush, read=self.read, recipe_for=recipe_for)
         self.recorder.scope = self
         if self.max_pending_nodes is not None:
@@ -280,7 +282,9 @@ class BatchingScope:
         mode = self._compiled()
         choice = owner.executors if mode is True and owner is not None else None
         if choice is not None:
-            mode = choice.next_mode()
+            if self._executor is None:      # the scope's first flush
+                self._executor = choice.begin()
+            mode = self._executor
         if mode == "step":
             run_steps(plan, live, ctx, self._cache(), stats)
         elif mode:                                  # True or "plan": whole plans
@@ -289,7 +293,7 @@ class BatchingScope:
             run_interpreted(plan, live, ctx, rows_out=bool(self.recorder.tasks.waiting))
         t2 = time.perf_counter()
         if choice is not None:
-            choice.note(mode, t2 - t1, plan.num_nodes)
+            choice.count(t2 - t1, plan.num_nodes)
         stats.plan_ms += 1000.0 * (t1 - t0)
         stats.execute_ms = 1000.0 * (t2 - t1)
         if owner is not None:       # for analysis_budget="auto"
@@ -456,7 +460,7 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
         separately (shapes of steps repeat across batches even when whole plans
         do not).  ``False``: batched imperative calls.  ``True``: whichever of
         the three has cost the model least per planned node, compiles
-        included, measured on its own flushes (``run.choice``).  Defaults to the
+        included, measured on its own scopes (``run.choice``).  Defaults to the
         setting of the first DynBatchBlock called.
     max_pending_nodes : int, optional
         Bound on recorded, not yet executed nodes (default 500,000, about

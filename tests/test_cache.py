@@ -3,6 +3,7 @@ import threading
 
 import mxnet as mx
 import numpy as np
+import pytest
 from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
@@ -184,49 +185,21 @@ def test_batches_of_different_trees_with_one_height_share_a_compiled_plan():
     assert stats.cache_misses <= 2 and stats.cache_hits >= 2
 
 
-def _chain_batches(count, seed=7):
-    """Batches whose plans all differ: a chain of k + 1 nodes beside a tree."""
-    r = rng(seed)
-    for k in range(count):
-        chain = Tree(r.randrange(20))
-        for _ in range(k):
-            chain = Tree(r.randrange(20), [chain])
-        yield [chain, random_tree(r, 20, max_depth=2)]
-
-
-def test_compiled_true_tries_every_executor_and_stays_exact():
-    from gluon_dynbatch.run import choice
-    model = make_model(ChildSumTreeLSTM, hidden=4)
-    emb = nd.random.uniform(shape=(20, 3))
-    misses = []
-    for trees in _chain_batches(choice.WARMUP + len(choice.MODES) * choice.TRIAL):
-        _, stats = _compiled_run(model, trees, emb, compiled=True)
-        misses.append(stats.cache_misses)
-    assert all(len(model.executors.costs[mode]) == choice.TRIAL for mode in choice.MODES)
-    # Whole plans in the warm-up (the first a compile), then the trial's turns:
-    # whole plans, steps (compiled anew: the model has run no step yet), then
-    # imperative calls, which compile nothing.
-    assert misses[0] == 1 and misses[choice.WARMUP + 1] > 0, misses
-    assert misses[choice.WARMUP + 2] == 0, misses
-    expected = reference_run(model, trees, [emb])
-    assert_same(run_model(model, trees, [emb], "depth", compiled=True), expected)
-
-
-def _choice_after(costs, flushes):
-    """An ExecutorChoice fed ``flushes`` flushes of ``costs[mode]`` seconds a node."""
-    from gluon_dynbatch.run.choice import ExecutorChoice
-    chooser, modes = ExecutorChoice("model"), []
-    for _ in range(flushes):
+def _chooser_run(chooser, costs, cycles, nodes=10):
+    """Feed ``chooser`` cycles of ``nodes`` nodes costing ``costs[mode]`` seconds
+    a node; the executors it chose, in order."""
+    modes = []
+    for _ in range(cycles):
         mode = chooser.next_mode()
         modes.append(mode)
-        chooser.note(mode, costs[mode] * 10, 10)
-    return chooser, modes
+        chooser.note(mode, costs[mode] * nodes, nodes)
+    return modes
 
 
 def test_executor_choice_runs_the_cheapest_and_tries_the_others_now_and_then():
     from gluon_dynbatch.run import choice
-    costs = {True: 3e-4, "step": 1e-4, False: 2e-4}
-    chooser, modes = _choice_after(costs, 200)
+    chooser = choice.ExecutorChoice("model")
+    modes = _chooser_run(chooser, {True: 3e-4, "step": 1e-4, False: 2e-4}, 200)
     trial = choice.WARMUP + len(choice.MODES) * choice.TRIAL
     assert modes[:trial] == [True] * choice.WARMUP + list(choice.MODES) * choice.TRIAL
     assert chooser.best == "step"
@@ -236,18 +209,51 @@ def test_executor_choice_runs_the_cheapest_and_tries_the_others_now_and_then():
     assert 0 < later.count(True) < later.count(False)
 
 
+def test_executor_choice_keeps_its_executor_against_one_within_noise():
+    from gluon_dynbatch.run import choice
+    chooser = choice.ExecutorChoice("model")
+    costs = {True: 1.00e-4, "step": 5e-4, False: 1.02e-4}
+    _chooser_run(chooser, costs, choice.WARMUP + len(choice.MODES) * choice.TRIAL)
+    assert chooser.best is True and chooser.decided
+    costs[True] = 1.03e-4       # now a little dearer than imperative calls
+    _chooser_run(chooser, costs, 300)
+    assert chooser.best is True
+    costs[True] = 1.2e-4        # now clearly dearer
+    _chooser_run(chooser, costs, 20)
+    assert chooser.best is False
+
+
 def test_executor_choice_follows_a_change_of_costs():
     from gluon_dynbatch.run.choice import ExecutorChoice
     chooser = ExecutorChoice("model")
     costs = {True: 1e-4, "step": 2e-4, False: 3e-4}
-    for flush in range(300):
-        if flush == 40:
-            costs[True] = 9e-4          # plans stop repeating: a compile each
-        mode = chooser.next_mode()
-        chooser.note(mode, costs[mode], 1)
-        if flush == 39:
-            assert chooser.best is True
+    _chooser_run(chooser, costs, 40)
+    assert chooser.best is True
+    costs[True] = 9e-4          # plans stop repeating: a compile each
+    _chooser_run(chooser, costs, 260)
     assert chooser.best == "step"
+
+
+def test_executor_choice_sets_aside_one_long_pause_of_the_loop():
+    from gluon_dynbatch.run import choice
+    chooser = choice.ExecutorChoice("model")
+    costs = {True: 1e-4, "step": 2e-4, False: 3e-4}
+    _chooser_run(chooser, costs, 40)
+    chooser.note(True, 1.0, 10)         # an evaluation between two training batches
+    assert chooser.mean(True) == 1e-4 and chooser.best is True
+
+
+def test_executor_choice_measures_a_scope_over_all_its_flushes():
+    from gluon_dynbatch.run import choice
+    chooser = choice.ExecutorChoice("model")
+    for _ in range(choice.WARMUP + len(choice.MODES) * choice.TRIAL + 1):
+        mode = chooser.begin()
+        # A large flush, then a small one whose cost per node is higher.
+        per_node = {True: 3e-4, "step": 1e-4, False: 2e-4}[mode]
+        chooser.count(per_node * 90, 90)
+        chooser.count(per_node * 10 * 5, 10)
+    assert chooser.best == "step"
+    assert chooser.mean("step") == pytest.approx(1.4e-4)
 
 
 def test_compiled_plans_that_repeat_are_found_in_the_cache():
@@ -268,17 +274,21 @@ class Widths(gdb.DynBatchBlock):
         return F.tanh(x) * 2 + F.sigmoid(x)
 
 
-def test_compiled_true_runs_the_executor_it_measured_cheapest():
+def test_compiled_true_tries_every_executor_runs_the_cheapest_and_stays_exact():
     from gluon_dynbatch.run import choice
     model = Widths()
     for k in range(choice.WARMUP + len(choice.MODES) * choice.TRIAL + 1):
         # A new width every time: every plan and every step shape is new.
         xs = [nd.random.uniform(-1, 1, shape=(1, k + 2)) for _ in range(3)]
-        with gdb.batching(compiled=True):
+        with gdb.batching(compiled=True) as scope:
             outs = [model(x) for x in xs]
         got = [o.asnumpy() for o in outs]
+        for x, value in zip(xs, got):
+            np.testing.assert_allclose(value, model(x).asnumpy(), rtol=1e-5, atol=1e-6)
     executors = model.executors
-    assert executors.best == min(choice.MODES, key=executors.mean), executors.summary()
-    assert executors.measured_at[executors.best] == executors.flushes - 1   # the last flush
-    for x, value in zip(xs, got):
-        np.testing.assert_allclose(value, model(x).asnumpy(), rtol=1e-5, atol=1e-6)
+    assert all(len(executors.costs[mode]) >= choice.TRIAL for mode in choice.MODES)
+    # Every scope but the last is noted; the last scope ran the choice.
+    assert sum(map(len, executors.costs.values())) == k - choice.WARMUP
+    assert executors.open[0] == executors.best and scope.stats.flushes == 1
+    cheapest = min(executors.mean(mode) for mode in choice.MODES)
+    assert executors.mean(executors.best) <= cheapest / (1 - choice.MARGIN), executors.summary()
