@@ -1,4 +1,4 @@
-"""``compiled=True``: which executor runs a model's next flush, from what each cost.
+"""``compiled=True``: which executor runs a model's next scope, from what each cost.
 
 Three executors can run a plan: the whole plan as one cached CachedOp
 (``True``), one cached CachedOp per step (``"step"``) and batched imperative
@@ -60,7 +60,7 @@ class ExecutorChoice:
 
     Attributes
     ----------
-    flushes : int
+    scopes : int
         Scopes noted so far.
     costs : dict
         Executor -> the last ``WINDOW`` times per planned node, seconds.
@@ -74,7 +74,7 @@ class ExecutorChoice:
 
     def __init__(self, name):
         self.name = name
-        self.flushes = 0
+        self.scopes = 0
         self.costs = {mode: deque(maxlen=WINDOW) for mode in MODES}
         self.measured_at = {mode: -1 for mode in MODES}
         self.best = False
@@ -110,12 +110,12 @@ class ExecutorChoice:
     def next_mode(self):
         """The executor of the next scope: ``True`` (whole plans), ``"step"`` or
         ``False`` (imperative calls)."""
-        if self.flushes < WARMUP:
+        if self.scopes < WARMUP:
             return True
         if self.in_trial():
             return min(MODES, key=lambda mode: (len(self.costs[mode]), MODES.index(mode)))
         due = [mode for mode in MODES if mode != self.best
-               and self.flushes - self.measured_at[mode] >= self._interval(mode)]
+               and self.scopes - self.measured_at[mode] >= self._interval(mode)]
         return min(due, key=self.measured_at.get) if due else self.best
 
     def _interval(self, mode):
@@ -125,11 +125,11 @@ class ExecutorChoice:
 
     def note(self, mode, seconds, nodes):
         """Note a scope whose flushes ran ``nodes`` planned nodes in ``seconds`` with ``mode``."""
-        if self.flushes >= WARMUP and mode in self.costs and nodes:
+        if self.scopes >= WARMUP and mode in self.costs and nodes:
             self.costs[mode].append(seconds / nodes)
-            self.measured_at[mode] = self.flushes
-        self.flushes += 1
-        if self.flushes >= WARMUP and not self.in_trial():
+            self.measured_at[mode] = self.scopes
+        self.scopes += 1
+        if self.scopes >= WARMUP and not self.in_trial():
             self._choose()
 
     def cost(self, mode):
