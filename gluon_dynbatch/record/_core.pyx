@@ -44,7 +44,8 @@ cdef extern from "descrobject.h":
 cdef object LAZY = None            # the LazyArray class (``bind``)
 cdef object NDARRAY = None         # mxnet.nd.NDArray
 cdef list MODES = None             # context.MODE_CHANGES
-cdef Py_ssize_t OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_ROWS, OFF_WRITABLE
+cdef Py_ssize_t OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_ROWS, OFF_WRITABLE, OFF_EPOCH
+cdef list EPOCH = None             # lazy.BACKWARD_EPOCH
 cdef object FLOAT = float
 cdef object INT = int
 
@@ -60,10 +61,14 @@ cdef Py_ssize_t _offset(cls, name) except -1:
     return (<PyMemberDescrObject*>descr).d_member.offset
 
 
-def bind(lazy_class, ndarray_class, mode_changes):
-    """Learn where ``lazy_class`` (LazyArray) keeps its slots; the NDArray class
-    and the counter of autograd's mode changes (``context.MODE_CHANGES``)."""
+def bind(lazy_class, ndarray_class, mode_changes, backward_epoch):
+    """Learn where ``lazy_class`` (LazyArray) keeps its slots; the NDArray class,
+    the counter of autograd's mode changes (``context.MODE_CHANGES``) and that
+    of backward passes (``lazy.BACKWARD_EPOCH``)."""
     global LAZY, NDARRAY, MODES, OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_ROWS, OFF_WRITABLE
+    global OFF_EPOCH, EPOCH
+    OFF_EPOCH = _offset(lazy_class, "_epoch")
+    EPOCH = backward_epoch
     OFF_H = _offset(lazy_class, "_h")
     OFF_NODE = _offset(lazy_class, "_node")
     OFF_IDX = _offset(lazy_class, "_idx")
@@ -376,6 +381,7 @@ cdef class RecorderCore:
     cdef public dict _tokens             # id(block) -> ``Recorder.block_token``, per scope
     cdef public dict _roots              # (id(block), modes, helper) -> trie root, per scope
     cdef public object frames            # whether calls are recorded as frames, once known
+    cdef public object rows_token        # marks values this scope's flushes handed out
 
     cdef object root_of(self, object block):
         """``Recorder.frame_root(block)``: this scope's root while the modes hold."""
@@ -392,6 +398,74 @@ cdef class RecorderCore:
         if hit != NULL and (<tuple><object>hit)[0] is block:
             return (<tuple><object>hit)[1]
         return self.params_of(block)
+
+    cpdef tuple value_of(self, object x):
+        """(node, index) of array ``x`` in the current graph (``Recorder.slow_value_of``
+        for anything but a value of this graph or an array to make a leaf of)."""
+        cdef object node
+        if type(x) is LAZY:
+            node = _get(x, OFF_NODE)
+            if node is None:
+                return (_get(self.leaf(x), OFF_NODE), 0)
+            if type(node) is NODE and <object>_peek(node, N_GRAPH) is self.graph:
+                return (node, _get(x, OFF_IDX))
+        elif type(x) is NDARRAY:
+            return (_get(self.leaf(x), OFF_NODE), 0)
+        return self.slow_value_of(x)
+
+    cpdef object leaf(self, object array):
+        """The LazyArray standing for concrete ``array`` in this graph: found, or rows
+        handed out by an earlier flush of this scope (``rows_leaf``); anything else
+        is ``Recorder.new_leaf``."""
+        cdef object found, lazy, rows
+        cdef PyObject* hit = PyDict_GetItem(self.graph.leaf_by_id, id(array))
+        if hit != NULL and (<tuple><object>hit)[2] is array:
+            found = <object>hit
+            if _get(found[1], OFF_NODE) is not None:
+                return found[1]
+            return self._relazy(found)
+        if type(array) is LAZY:
+            rows = _get(array, OFF_ROWS)
+            if rows is not None:
+                lazy = self.rows_leaf(array, rows)
+                if lazy is not None:
+                    return lazy
+        return self.new_leaf(array)
+
+    cdef object rows_leaf(self, object array, tuple rows):
+        """A view node of the rows ``array`` holds of a batched output this scope's
+        flush handed out (``lazy.Rows``), which a batched step gathers from that
+        output; None where ``Recorder.new_leaf`` decides (another scope's rows,
+        literals, a value a backward pass may have freed, an unknown row view)."""
+        cdef object group = rows[0], graph = self.graph, base, src, shape, dtype, node, lazy
+        cdef object begin, end, found
+        cdef list nodes
+        cdef object epoch = _get(array, OFF_EPOCH)
+        cdef PyObject* hit
+        if group.token is not self.rows_token or group.literal or (
+                epoch is not None and epoch != EPOCH[0]):
+            return None
+        base = self.leaf(group.array)
+        src = _get(base, OFF_NODE)
+        shape = (<object>_peek(src, N_SHAPES))[0]
+        dtype = (<object>_peek(src, N_DTYPES))[0]
+        begin, end = group.bounds[rows[1]]
+        hit = PyDict_GetItem(self.row_views, (begin, end, shape[1:], dtype))
+        if hit == NULL:
+            return None
+        found = <object>hit
+        if graph.mode is None:
+            graph.mode = self.mode
+        nodes = graph.nodes
+        node = make_node(graph, nodes, "view", found[2], [(src, 0)], found[3], found[1],
+                         found[0], self.sample, self.path)
+        _set(node, N_DEPTH, <object>_peek(src, N_DEPTH))
+        nodes.append(node)
+        self.num_recorded += 1
+        lazy = _fresh_lazy(node, 0)
+        _set(lazy, OFF_ROWS, rows)      # read as an array: its rows, sliced (``lazy.Rows``)
+        graph.leaf_by_id[id(array)] = (node, lazy, array)
+        return lazy
 
     cpdef object row_slice(self, object x, object begin, object end):
         """Rows ``begin:end`` of array ``x`` (``x[i:j]``, ``F.slice_axis(x, axis=0,

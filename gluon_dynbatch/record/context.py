@@ -93,4 +93,4 @@ def autograd_mode():
     return (autograd.is_recording(), autograd.is_training())
 
 
-_core.bind(lazy_mod.LazyArray, NDArray, MODE_CHANGES)
+_core.bind(lazy_mod.LazyArray, NDArray, MODE_CHANGES, lazy_mod.BACKWARD_EPOCH)

@@ -165,12 +165,10 @@ class Recorder(RecorderCore):
             raise BatchingError("%s: arrays on different contexts (%s and %s)" % (
                 describe_call(self.sample, self.path), self.ctx, ctx))
 
-    def leaf(self, array):
-        """The LazyArray standing for concrete ``array`` in this graph."""
+    def new_leaf(self, array):
+        """The LazyArray standing for concrete ``array`` in this graph, not found in
+        it (``RecorderCore.leaf`` looks first)."""
         graph = self.graph
-        found = graph.leaf_by_id.get(id(array))
-        if found is not None and found[2] is array:
-            return found[1] if found[1]._node is not None else self._relazy(found)
         found = self.param_table().get(id(array))
         if found is not None and found[0] is array:     # ``p.data()`` read in the model
             return self.param(found[1])                 # ``p`` itself, shared by every call
@@ -284,8 +282,9 @@ class Recorder(RecorderCore):
                 block, {name: self.param(p) for name, p in block._reg_params.items()})
         return found[1]
 
-    def value_of(self, x):
-        """(node, index) of array ``x`` in the current graph."""
+    def slow_value_of(self, x):
+        """(node, index) of array ``x`` in the current graph (``RecorderCore.value_of``
+        answers values of this graph and arrays to make leaves of)."""
         if isinstance(x, LazyArray):
             node = x._node
             if node is None and type(x) is Pending:   # a waiting sample's result
