@@ -202,6 +202,33 @@ def test_row_slices_of_an_input_become_views_not_steps():
     assert scope.stats.planned_nodes < scope.stats.nodes    # views are not steps
 
 
+def test_row_views_at_new_rows_take_the_analysis_of_their_width():
+    """A row slice of a width and trailing shape seen before, at rows never seen,
+    is not analysed again; what it reuses equals a fresh analysis."""
+    from gluon_dynbatch.ir import calls
+    from gluon_dynbatch.ir.graph import OP, Node
+    from gluon_dynbatch.record import context, recorder
+
+    table = nd.random.uniform(shape=(900, 7))
+    with gdb.batching():
+        rec = context.current()
+        rec.row_slice(table, 3, 5)
+        before = calls.analyse
+        calls.analyse = None        # any analysis now fails the test
+        try:
+            view = rec.row_slice(table, 811, 813)
+        finally:
+            calls.analyse = before
+        node = view._node
+        probe = Node(rec.graph, OP, node.op, list(node.inputs), node.args,
+                     {"axis": 0, "begin": 811, "end": 813})
+        fresh = before(probe, ((900, 7),), (np.float32,))
+        for name in calls.CallInfo.__slots__:
+            assert getattr(node.info, name) == getattr(fresh, name), name
+        got = view.asnumpy()
+    np.testing.assert_array_equal(got, table[811:813].asnumpy())
+
+
 def test_training_with_trainer_matches_eager_training():
     r = rng(6)
     trees = [random_tree(r, 15, max_depth=3) for _ in range(6)]

@@ -14,6 +14,7 @@ the graph when it ends.  Everything else is recorded here, a node per call:
 A child block called outside any frame is recorded as a frame of its own
 (``block_frame``), so it too becomes one program node.
 """
+import copy
 import weakref
 
 import mxnet as mx
@@ -46,6 +47,8 @@ _ONE_SLOT = (slot(0),)
 _DIM0 = {"dim": 0}              # the kwargs of row concatenations (never mutated)
 _DIM0_ITEMS = (("dim", 0),)
 _ROW_SLICES = {}    # (begin, end, trailing shape, dtype) -> (CallInfo, kwargs) of a row-slice view
+_ROW_WIDTHS = {}    # (end - begin, trailing shape, dtype) -> a CallInfo of such a view
+MAX_ROW_WIDTHS = 100000
 
 
 class Recorder(RecorderCore):
@@ -512,13 +515,15 @@ class Recorder(RecorderCore):
             kwargs = {"axis": 0, "begin": begin, "end": end}
             key = (_SLICE_AXIS, _ONE_SLOT, (("axis", 0), ("begin", begin), ("end", end)),
                    (shape,), (src.out_dtypes[idx],))
-            info = calls.INFOS.get(key)
+            info = calls.INFOS.get(key) or _moved_row_slice(begin, end, key)
             if info is None:    # analysed here: ``add_node`` may start a new graph
                 probe = Node(graph, OP, _SLICE_AXIS, [value], _ONE_SLOT, kwargs)
                 info = calls.analyse(probe, key[3], key[4])
                 calls.remember(key, info)
             if info.kind != VIEW:
                 return self.add_node(_SLICE_AXIS, [value], _ONE_SLOT, kwargs)
+            if len(_ROW_WIDTHS) < MAX_ROW_WIDTHS:
+                _ROW_WIDTHS[(end - begin, shape[1:], src.out_dtypes[idx])] = info
             # Nodes never change their kwargs: views of the same rows share one dict.
             found = _ROW_SLICES[(begin, end, shape[1:], src.out_dtypes[idx])] = (
                 info, kwargs, _SLICE_AXIS, _ONE_SLOT)
@@ -836,3 +841,20 @@ def _row_concat(rec, op, args, kwargs):
 
 # The recorder's own forms of calls as written (views), kept in faithful recordings.
 _FORMS = {"slice_axis": _row_slice, "concat": _row_concat, "Concat": _row_concat}
+
+
+def _moved_row_slice(begin, end, key):
+    """The CallInfo of the row-slice view ``key`` (``Recorder._view_rows``) from one of
+    the same width, trailing shape and dtype at other rows, or None.
+
+    Where a view's rows start changes nothing but its constant arguments;
+    literals of a sample's own length (``F.array(sentence)``) start at new rows
+    in every batch, and would otherwise each pay a full analysis.
+    """
+    shape, dtype = key[3][0], key[4][0]
+    known = _ROW_WIDTHS.get((end - begin, shape[1:], dtype))
+    if known is None:
+        return None
+    info = copy.copy(known)
+    info.attrs = ((), key[2])
+    return info

@@ -27,6 +27,7 @@ from mxnet import autograd, nd
 from mxnet.ndarray import NDArray
 
 from ..ir.ops import opdef
+from .context import MODE_CHANGES
 from .lazy import LazyArray
 from ..errors import BatchingError
 
@@ -62,6 +63,7 @@ class Tasks:
         self.started = []           # every task of the scope not collected yet
         self.rounds = 0             # flushes run to resume waiting tasks
         self.longest = 0            # reads of the sample that read most
+        self._modes = (None, None)  # (MODE_CHANGES, autograd's modes) when last read
 
     # -- running ------------------------------------------------------------------
     def start(self, fn, args):
@@ -170,17 +172,29 @@ class Tasks:
     # -- what a task's recording is -----------------------------------------------
     def _state(self):
         rec = self.rec
+        recording, training = self._autograd_modes()
         # The streams too: a sample printing inside ``redirect_stdout`` prints
         # into its own buffer, whatever the others do meanwhile.
-        return (rec.frame, rec.depth, rec.path, rec.sample, autograd.is_recording(),
-                autograd.is_training(), sys.gettrace(), sys.stdout, sys.stderr)
+        return (rec.frame, rec.depth, rec.path, rec.sample, recording, training,
+                sys.gettrace(), sys.stdout, sys.stderr)
+
+    def _autograd_modes(self):
+        """Autograd's (recording, training), read from MXNet only when a mode may
+        have changed since the last read (``context.MODE_CHANGES``): two ctypes
+        calls per task switch would cost more than the switch."""
+        seen, modes = self._modes
+        if seen != MODE_CHANGES[0]:
+            modes = (autograd.is_recording(), autograd.is_training())
+            self._modes = (MODE_CHANGES[0], modes)
+        return modes
 
     def _restore(self, state):
         rec = self.rec
         rec.frame, rec.depth, rec.path, rec.sample = state[:4]
-        if autograd.is_recording() != state[4]:
+        recording, training = self._autograd_modes()
+        if recording != state[4]:
             autograd.set_recording(state[4])
-        if autograd.is_training() != state[5]:
+        if training != state[5]:
             autograd.set_training(state[5])
         if sys.gettrace() is not state[6]:
             sys.settrace(state[6])
