@@ -1,7 +1,7 @@
 """Packaging for gluon_dynbatch: the Python package and its compiled recording core.
 
 ``pip install .`` (or ``pip install -e .``) compiles ``gluon_dynbatch/record/_core.pyx``
-with Cython (installed by pip as a build requirement).  It needs a C compiler
+and ``gluon_dynbatch/run/_walk.pyx`` with Cython (installed by pip as a build requirement).  It needs a C compiler
 and the Python headers: on Debian or Ubuntu ``apt install gcc python3-dev``.
 """
 import sys
@@ -26,7 +26,8 @@ class BuildCore(build_ext):
 
 def extensions():
     from Cython.Build import cythonize
-    return cythonize(["gluon_dynbatch/record/_core.pyx"], language_level=3, quiet=True)
+    return cythonize(["gluon_dynbatch/record/_core.pyx", "gluon_dynbatch/run/_walk.pyx"],
+                     language_level=3, quiet=True)
 
 
 setup(

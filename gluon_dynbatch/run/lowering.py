@@ -24,6 +24,7 @@ from ..ir.graph import LEAF, VIEW
 from ..ir.known import device_array
 from ..record import context
 from ..record.lazy import Rows, split_rows
+from . import _walk
 from ..ir.rules import BROW, KNOWN, SHARED
 
 _CONCATS = ("concat", "Concat")
@@ -349,27 +350,16 @@ class Lowering(SegmentWalker):
         array held in one segment, else None.
 
         Each tree node's word row of an embedding table is such a view: its rows
-        come from the slices' bounds at once, without resolving view by view.
+        come from the slices' bounds at once (``_walk.slice_bounds``), without
+        resolving view by view.
         """
-        first = values[0][0]
-        if first.kind != VIEW or first.op.name != "slice_axis":
+        found = _walk.slice_bounds(values)
+        if found is None:
             return None
-        op, base = first.op, first.inputs[0]
-        begins, ends = [], []
-        for view, idx in values:
-            if idx or view.kind != VIEW or view.op is not op or view.inputs[0] != base:
-                return None
-            kwargs = view.kwargs
-            begins.append(kwargs["begin"])
-            ends.append(kwargs["end"])
+        base, begins, ends = found
         segs = self.segs.get(base) or self.segments(*base)
         if len(segs) != 1:
             return None
-        begins = np.array(begins)
-        ends = np.array(ends)
-        if begins.dtype.kind != "i" or ends.dtype.kind != "i" or not (
-                (begins >= 0).all() and (ends > begins).all()):
-            return None     # open (None) or negative bounds: resolved one by one
         sid, start, _ = segs[0]
         return np.full(len(values), sid, dtype=np.int64), begins + start, ends + start
 
@@ -483,15 +473,10 @@ class Lowering(SegmentWalker):
                 node0.meta, tails)
 
     def _walk_outputs(self, live):
-        groups = {}
-        for node, idx, lazy in live:
-            gkey = (node.out_dtypes[idx], node.out_shapes[idx][1:])
-            groups.setdefault(gkey, []).append((node, idx, lazy))
-        for gkey, members in groups.items():
-            segs = []
-            for node, idx, _ in members:
-                segs.extend(self.segments(node, idx))
-            if self.rows_out and len(members) > 1 and self._in_step_outputs(members, segs):
+        groups = _walk.output_groups(live, self.token, self.segments)
+        for gkey, (members, segs) in groups.items():
+            if self.rows_out and len(members) > 1 and \
+                    _walk.whole_step_rows(members, segs, self.source_desc):
                 # Imperative: each value is rows of one step's output, which it
                 # keeps (``Rows``); no gather into one array (``deliver``).
                 self.outputs.append((("rows", tuple(segs)), members))
@@ -500,15 +485,6 @@ class Lowering(SegmentWalker):
             self.outputs.append((desc, members))
             if self.keyed:
                 self.key_parts.append(("out", gkey, desc))
-
-    def _in_step_outputs(self, members, segs):
-        """Whether each of ``members`` is one segment ``segs`` of a step's output."""
-        if len(segs) != len(members):
-            return False
-        for (node, idx, _), seg in zip(members, segs):
-            if self.source_desc[seg[0]][0] != "step" or seg[2] - seg[1] != node.rows(idx):
-                return False
-        return True
 
     # -- building and running ----------------------------------------------------------
     def inputs(self, names):
