@@ -1,8 +1,9 @@
-"""Packaging for gluon_dynbatch: the Python package and its compiled recording core.
+"""Packaging for gluon_dynbatch: the Python package and its compiled hot paths.
 
 ``pip install .`` (or ``pip install -e .``) compiles ``gluon_dynbatch/record/_core.pyx``
-and ``gluon_dynbatch/run/_walk.pyx`` with Cython (installed by pip as a build requirement).  It needs a C compiler
-and the Python headers: on Debian or Ubuntu ``apt install gcc python3-dev``.
+(recording), ``ir/_scan.pyx`` and ``run/_walk.pyx`` (a flush's per-node loops) with
+Cython (installed by pip as a build requirement).  It needs a C compiler and the
+Python headers: on Debian or Ubuntu ``apt install gcc python3-dev``.
 """
 import sys
 
@@ -18,7 +19,7 @@ class BuildCore(build_ext):
             super().run()
         except Exception as err:  # CompileError, LinkError, DistutilsExecError
             sys.stderr.write(
-                "\ngluon_dynbatch: compiling its recording core (Cython) failed: %s\n"
+                "\ngluon_dynbatch: building its Cython modules failed: %s\n"
                 "It needs a C compiler and the Python headers, e.g. on Debian/Ubuntu:\n"
                 "    apt install gcc python3-dev\n\n" % err)
             raise
@@ -26,8 +27,8 @@ class BuildCore(build_ext):
 
 def extensions():
     from Cython.Build import cythonize
-    return cythonize(["gluon_dynbatch/record/_core.pyx", "gluon_dynbatch/run/_walk.pyx"],
-                     language_level=3, quiet=True)
+    return cythonize(["gluon_dynbatch/record/_core.pyx", "gluon_dynbatch/ir/_scan.pyx",
+                      "gluon_dynbatch/run/_walk.pyx"], language_level=3, quiet=True)
 
 
 setup(

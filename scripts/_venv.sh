@@ -10,13 +10,22 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/pip" install -q --upgrade pip
 fi
 STAMP="$VENV/.installed-$1"
-CORE="$ROOT/gluon_dynbatch/record/_core"
-# Install (which compiles the recording core, Cython) when the venv has not got
-# these extras yet, when setup.py changed, or when the core's source is newer
-# than its compiled module.
-if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ] \
-    || ! ls "$CORE".*.so > /dev/null 2>&1 || [ "$CORE.pyx" -nt "$(ls "$CORE".*.so | head -n 1)" ]; then
-  echo "[setup] installing gluon_dynbatch[$1] (mxnet 1.9.1, numpy<1.24, Cython; compiling its core)"
+# Install (which compiles the Cython modules) when the venv has not got these
+# extras yet, when setup.py changed, or when a module's source is newer than its
+# compiled form (or has none).
+stale() {
+  local pyx
+  for pyx in "$ROOT"/gluon_dynbatch/*/_*.pyx; do
+    local so
+    so="$(ls "${pyx%.pyx}".*.so 2> /dev/null | head -n 1)"
+    if [ -z "$so" ] || [ "$pyx" -nt "$so" ]; then
+      return 0
+    fi
+  done
+  return 1
+}
+if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ] || stale; then
+  echo "[setup] installing gluon_dynbatch[$1] (mxnet 1.9.1, numpy<1.24, Cython; compiling its modules)"
   # Fail loudly (and leave no stamp) when pip fails; drop one harmless warning.
   if ! "$VENV/bin/pip" install -q -e "$ROOT[$1]" > "$VENV/pip-$1.log" 2>&1; then
     grep -v "is ignored: it is neither" "$VENV/pip-$1.log" >&2

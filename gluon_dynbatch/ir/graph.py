@@ -3,6 +3,8 @@
 Creation order is a topological order: a node's inputs always exist before it.
 A value is referenced as ``(node, output_index)``.
 """
+from . import _scan
+
 LEAF, OP, VIEW = "leaf", "op", "view"
 NO_KWARGS = {}   # shared by nodes without keyword arguments; never mutated
 
@@ -205,34 +207,11 @@ class Graph:
         """(live, needed): every output a user still holds, as ``(node, idx,
         LazyArray)``, and the nodes they depend on, in creation order.
 
-        One backward pass over the nodes finds both: creation order is
-        topological, so a node is known to be needed (held by a user, or an
-        input of a needed node) before its inputs are visited.
+        One backward pass over the nodes finds both (compiled: ``_scan``):
+        creation order is topological, so a node is known to be needed (held
+        by a user, or an input of a needed node) before its inputs are visited.
         """
-        nodes = self.nodes
-        mark = bytearray(len(nodes))
-        live = []
-        for node in reversed(nodes):
-            outs = node.outs
-            if outs is not None and node.kind != LEAF:
-                if len(outs) == 1:                  # the common case, unrolled
-                    ref = outs[0]
-                    lazy = ref() if ref is not None else None
-                    if lazy is not None and lazy._h is None:     # held and pending
-                        live.append((node, 0, lazy))
-                        mark[node.id] = 1
-                else:
-                    for idx in range(len(outs) - 1, -1, -1):
-                        ref = outs[idx]
-                        lazy = ref() if ref is not None else None
-                        if lazy is not None and lazy._h is None:
-                            live.append((node, idx, lazy))
-                            mark[node.id] = 1
-            if mark[node.id]:
-                for src, _ in node.inputs:
-                    mark[src.id] = 1
-        live.reverse()
-        return live, [n for n, m in zip(nodes, mark) if m]
+        return _scan.live_and_needed(self.nodes)
 
     def lint(self):
         """Check the invariants; raise AssertionError naming the first broken one."""
