@@ -467,6 +467,48 @@ cdef class RecorderCore:
         graph.leaf_by_id[id(array)] = (node, lazy, array)
         return lazy
 
+    cpdef object literal(self, object values):
+        """``literals.record(self, values)`` where the graph has a pool of the literal's
+        dtype and row shape and its row view is known: the pool's next rows as a
+        view node; None where ``literals.record`` decides (a new pool, a flush due,
+        changed autograd modes, no context yet)."""
+        cdef object graph = self.graph, pool, src, shape, tail, found, node, lazy
+        cdef list nodes, parts
+        cdef PyObject* hit
+        if self.ctx is None or self._mode_seen != MODES[0]:
+            return None
+        nodes = graph.nodes
+        if len(nodes) + 2 >= self.max_pending:
+            return None
+        shape = values.shape
+        tail = shape[1:]
+        hit = PyDict_GetItem(graph.literals, (values.dtype.str, tail))
+        if hit == NULL:
+            return None
+        pool = <object>hit
+        src = pool[0]
+        parts = pool[1]
+        begin = (<object>_peek(src, N_SHAPES))[0][0] if parts else 0
+        end = begin + shape[0]
+        hit = PyDict_GetItem(self.row_views, (begin, end, tail, (<object>_peek(src, N_DTYPES))[0]))
+        if hit == NULL:
+            return None
+        found = <object>hit
+        parts.append(values)
+        graph.literal_parts[(_get(src, N_ID), begin)] = values
+        _set(src, N_SHAPES, ((end,) + tail,))
+        if graph.mode is None:
+            graph.mode = self.mode
+        self.num_calls += 1
+        node = make_node(graph, nodes, "view", found[2], [(src, 0)], found[3], found[1],
+                         found[0], self.sample, self.path)
+        _set(node, N_DEPTH, <object>_peek(src, N_DEPTH))
+        nodes.append(node)
+        self.num_recorded += 1
+        lazy = _fresh_lazy(node, 0)
+        _set(node, N_OUTS, [WEAKREF(lazy)])
+        return lazy
+
     cpdef object row_slice(self, object x, object begin, object end):
         """Rows ``begin:end`` of array ``x`` (``x[i:j]``, ``F.slice_axis(x, axis=0,
         ...)``): a view node of the graph, made here when the rows are in range of

@@ -18,6 +18,10 @@ from .lazy import LazyArray, Rows
 
 def record(rec, values, ctx=None):
     """The LazyArray of literal ``values`` (a numpy array, rows first) in ``rec``'s graph."""
+    if ctx is None or ctx is rec.ctx:
+        lazy = rec.literal(values)          # the common case, compiled
+        if lazy is not None:
+            return lazy
     rec._set_ctx(ctx or rec.ctx or mx.current_context())  # pylint: disable=protected-access
     graph = rec.graph
     if len(graph.nodes) + 2 >= rec.max_pending:

@@ -164,7 +164,7 @@ class Recorder(RecorderCore):
     def _set_ctx(self, ctx):
         if self.ctx is None:
             self.ctx = self.graph.ctx = ctx
-        elif ctx != self.ctx:
+        elif ctx is not self.ctx and ctx != self.ctx:
             raise BatchingError("%s: arrays on different contexts (%s and %s)" % (
                 describe_call(self.sample, self.path), self.ctx, ctx))
 
