@@ -775,6 +775,8 @@ cdef class FrameCore:
             return found
         if type(a) is LAZY:
             found = self._unread(a, _get(a, OFF_NODE))
+            if found is None:
+                found = self._handed_ref(a)
             if found is not None:
                 self._read(a, found)
                 return found
@@ -925,6 +927,16 @@ cdef class FrameCore:
                     node.inputs[0][0].id in graph.literal_ids)
         return None
 
+    cdef object _handed_ref(self, object a):
+        """``_unread`` of LazyArray ``a`` holding rows a flush of this scope handed
+        out (``lazy.Rows``), once ``RecorderCore.leaf`` made them a view node of
+        this graph; None for any other array."""
+        cdef object lazy
+        if _get(a, OFF_NODE) is not None or _get(a, OFF_ROWS) is None:
+            return None
+        lazy = self.rec.leaf(a)
+        return self._unread(lazy, _get(lazy, OFF_NODE))
+
     cpdef object call_written(self, object op, tuple args, dict kwargs):
         """``op(*args, **kwargs)``, a call as written that a pass may rewrite: the
         replay of what it recorded the first time on this path (``Frame.written``
@@ -956,6 +968,8 @@ cdef class FrameCore:
                     found = self._known_ref(a)
                     if found is None:
                         found = self._unread(a, node)
+                        if found is None:
+                            found = self._handed_ref(a)
                         if found is None:
                             return self.written(op, args, kwargs)
                     arrays = arrays or type(found) is INT or found[0] == "x"
@@ -1018,9 +1032,10 @@ cdef class Operator:
 
     In a frame, with autograd's modes unchanged, an operator that no pass
     rewrites, called on values without bases, goes straight to the frame's
-    trie (``FrameCore.op``); one that a pass may rewrite replays what it
-    recorded the first time on the frame's path (``FrameCore.call_written``);
-    anything else goes to ``Recorder.record``.
+    trie (``FrameCore.op``); one that a pass may rewrite (its operator's
+    passes, or those of calls reading a reshaped value of the frame) replays
+    what it recorded the first time on the frame's path
+    (``FrameCore.call_written``); anything else goes to ``Recorder.record``.
     """
 
     cdef RecorderCore rec
@@ -1057,6 +1072,10 @@ cdef class Operator:
             if type(a) is LAZY:
                 base = _peek(a, OFF_BASE)
                 if base != NULL and <object>base is not None:
+                    if _get(a, OFF_NODE) is frame:
+                        # A pass of ``passes.ON_BASES`` may rewrite it: what it
+                        # recorded on this path is replayed (``Frame.written``).
+                        return (<FrameCore>frame).call_written(self.op, args, kwargs)
                     return self.record(self.op, args, kwargs)
         return (<FrameCore>frame).op(self.op, args, kwargs)
 
