@@ -79,8 +79,8 @@ def test_exception_in_user_code_names_sample_and_leaves_nothing_behind():
     model.fail_on = None
     with gdb.batching():                          # the next batch works
         outs = [model(s, x) for s in range(4)]
-    for s, out in enumerate(outs):
-        np.testing.assert_allclose(out.asnumpy(), model(s, x).asnumpy(), rtol=1e-6)
+    for s, out in enumerate(outs):                # equal to float32 rounding
+        np.testing.assert_allclose(out.asnumpy(), model(s, x).asnumpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_shape_mismatch_is_a_clear_error_naming_sample_and_operator():

@@ -437,9 +437,8 @@ cdef class RecorderCore:
         flush handed out (``lazy.Rows``), which a batched step gathers from that
         output; None where ``Recorder.new_leaf`` decides (another scope's rows,
         literals, a value a backward pass may have freed, an unknown row view)."""
-        cdef object group = rows[0], graph = self.graph, base, src, shape, dtype, node, lazy
-        cdef object begin, end, found
-        cdef list nodes
+        cdef object group = rows[0], graph = self.graph, base, src, shape, dtype, lazy
+        cdef object begin, end
         cdef object epoch = _get(array, OFF_EPOCH)
         cdef PyObject* hit
         if group.token is not self.rows_token or group.literal or (
@@ -453,18 +452,9 @@ cdef class RecorderCore:
         hit = PyDict_GetItem(self.row_views, (begin, end, shape[1:], dtype))
         if hit == NULL:
             return None
-        found = <object>hit
-        if graph.mode is None:
-            graph.mode = self.mode
-        nodes = graph.nodes
-        node = make_node(graph, nodes, "view", found[2], [(src, 0)], found[3], found[1],
-                         found[0], self.sample, self.path)
-        _set(node, N_DEPTH, <object>_peek(src, N_DEPTH))
-        nodes.append(node)
-        self.num_recorded += 1
-        lazy = _fresh_lazy(node, 0)
+        lazy = self._row_view(graph, graph.nodes, <tuple><object>hit, src, 0)
         _set(lazy, OFF_ROWS, rows)      # read as an array: its rows, sliced (``lazy.Rows``)
-        graph.leaf_by_id[id(array)] = (node, lazy, array)
+        graph.leaf_by_id[id(array)] = (_get(lazy, OFF_NODE), lazy, array)
         return lazy
 
     cpdef object literal(self, object values):
@@ -472,7 +462,7 @@ cdef class RecorderCore:
         dtype and row shape and its row view is known: the pool's next rows as a
         view node; None where ``literals.record`` decides (a new pool, a flush due,
         changed autograd modes, no context yet)."""
-        cdef object graph = self.graph, pool, src, shape, tail, found, node, lazy
+        cdef object graph = self.graph, pool, src, shape, tail, found
         cdef list nodes, parts
         cdef PyObject* hit
         if self.ctx is None or self._mode_seen != MODES[0]:
@@ -497,16 +487,26 @@ cdef class RecorderCore:
         parts.append(values)
         graph.literal_parts[(_get(src, N_ID), begin)] = values
         _set(src, N_SHAPES, ((end,) + tail,))
+        self.num_calls += 1
+        return self._held_view(graph, nodes, found, src, 0)
+
+    cdef object _row_view(self, object graph, list nodes, tuple found, object src, object idx):
+        """A view node of rows of output ``idx`` of ``src`` (``found``: the row view's
+        ``row_views`` entry), appended to ``nodes``; its LazyArray."""
+        cdef object node
         if graph.mode is None:
             graph.mode = self.mode
-        self.num_calls += 1
-        node = make_node(graph, nodes, "view", found[2], [(src, 0)], found[3], found[1],
+        node = make_node(graph, nodes, "view", found[2], [(src, idx)], found[3], found[1],
                          found[0], self.sample, self.path)
         _set(node, N_DEPTH, <object>_peek(src, N_DEPTH))
         nodes.append(node)
         self.num_recorded += 1
-        lazy = _fresh_lazy(node, 0)
-        _set(node, N_OUTS, [WEAKREF(lazy)])
+        return _fresh_lazy(node, 0)
+
+    cdef object _held_view(self, object graph, list nodes, tuple found, object src, object idx):
+        """``_row_view``, its node holding the LazyArray as an output (a user's value)."""
+        cdef object lazy = self._row_view(graph, nodes, found, src, idx)
+        _set(_get(lazy, OFF_NODE), N_OUTS, [WEAKREF(lazy)])
         return lazy
 
     cpdef object row_slice(self, object x, object begin, object end):
@@ -514,7 +514,7 @@ cdef class RecorderCore:
         ...)``): a view node of the graph, made here when the rows are in range of
         a value of this graph and their call shape is known; else
         ``Recorder.slow_row_slice``."""
-        cdef object graph = self.graph, src, idx, shape, found, node, lazy, dtype
+        cdef object graph = self.graph, src, idx, shape, dtype
         cdef list nodes
         cdef PyObject* hit
         if type(begin) is not INT or type(end) is not INT or self._mode_seen != MODES[0]:
@@ -540,18 +540,8 @@ cdef class RecorderCore:
         hit = PyDict_GetItem(self.row_views, (begin, end, shape[1:], dtype))
         if hit == NULL:
             return self.slow_row_slice(x, begin, end)
-        found = <object>hit
-        if graph.mode is None:
-            graph.mode = self.mode
         self.num_calls += 1
-        node = make_node(graph, nodes, "view", found[2], [(src, idx)], found[3], found[1],
-                         found[0], self.sample, self.path)
-        _set(node, N_DEPTH, <object>_peek(src, N_DEPTH))
-        nodes.append(node)
-        self.num_recorded += 1
-        lazy = _fresh_lazy(node, 0)
-        _set(node, N_OUTS, [WEAKREF(lazy)])
-        return lazy
+        return self._held_view(graph, nodes, <tuple><object>hit, src, idx)
 
 
 cdef class FrameCore:
