@@ -435,8 +435,9 @@ cdef class RecorderCore:
     cdef object rows_leaf(self, object array, tuple rows):
         """A view node of the rows ``array`` holds of a batched output this scope's
         flush handed out (``lazy.Rows``), which a batched step gathers from that
-        output; None where ``Recorder.new_leaf`` decides (another scope's rows,
-        literals, a value a backward pass may have freed, an unknown row view)."""
+        output (a row view not known yet is analysed by ``Recorder._rows_of``);
+        None where ``Recorder.new_leaf`` makes a leaf (another scope's rows,
+        literals, a value a backward pass may have freed)."""
         cdef object group = rows[0], graph = self.graph, base, src, shape, dtype, lazy
         cdef object begin, end
         cdef object epoch = _get(array, OFF_EPOCH)
@@ -451,8 +452,9 @@ cdef class RecorderCore:
         begin, end = group.bounds[rows[1]]
         hit = PyDict_GetItem(self.row_views, (begin, end, shape[1:], dtype))
         if hit == NULL:
-            return None
-        lazy = self._row_view(graph, graph.nodes, <tuple><object>hit, src, 0)
+            lazy = self._rows_of(base, begin, end)
+        else:
+            lazy = self._row_view(graph, graph.nodes, <tuple><object>hit, src, 0)
         _set(lazy, OFF_ROWS, rows)      # read as an array: its rows, sliced (``lazy.Rows``)
         graph.leaf_by_id[id(array)] = (_get(lazy, OFF_NODE), lazy, array)
         return lazy

@@ -169,22 +169,12 @@ class Recorder(RecorderCore):
                 describe_call(self.sample, self.path), self.ctx, ctx))
 
     def new_leaf(self, array):
-        """The LazyArray standing for concrete ``array`` in this graph, not found in
-        it (``RecorderCore.leaf`` looks first)."""
+        """The LazyArray standing for concrete ``array`` in this graph, neither found
+        in it nor rows a flush of this scope handed out (``RecorderCore.leaf``)."""
         graph = self.graph
         found = self.param_table().get(id(array))
         if found is not None and found[0] is array:     # ``p.data()`` read in the model
             return self.param(found[1])                 # ``p`` itself, shared by every call
-        rows = array._rows if type(array) is LazyArray else None
-        if rows is not None and rows[0].token is self.rows_token and not rows[0].literal \
-                and not array.history_freed():
-            # Handed out by an earlier flush of this scope: rows of its batched
-            # output (``lazy.Rows``), which a batched step gathers from that array.
-            group = rows[0]
-            lazy = self._rows_of(self.leaf(group.array), *group.bounds[rows[1]])
-            lazy._rows = rows       # read as an array: its rows, sliced (``lazy.Rows``)
-            graph.leaf_by_id[id(array)] = (lazy._node, lazy, array)
-            return lazy
         self._set_ctx(array.context)
         node = graph.add(Node(graph, LEAF))
         node.value = array
