@@ -202,6 +202,36 @@ def test_row_slices_of_an_input_become_views_not_steps():
     assert scope.stats.planned_nodes < scope.stats.nodes    # views are not steps
 
 
+def test_stacked_children_states_are_views_made_without_the_general_path(monkeypatch):
+    """``F.concat(*states, dim=0)`` of the children's states, once its call shape is
+    known, becomes a view node in compiled code: neither ``Frame.written`` nor the
+    recorder's general path runs for it, and the results equal eager."""
+    from gluon_dynbatch.record import frames, recorder
+
+    r = rng(8)
+    emb = nd.random.uniform(shape=(20, 3))
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    trees = [random_tree(r, 20, max_depth=2) for _ in range(6)]
+    with gdb.batching():        # learns the templates and the views' call shapes
+        [model(t, emb) for t in trees]
+    general = []
+    for cls, name in ((frames.Frame, "written"), (recorder.Recorder, "graph_op")):
+        original = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda self, op, *rest, _f=original: (
+            general.append(op.name), _f(self, op, *rest))[1])
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(t, emb) for t in trees]
+    assert "concat" not in general, general
+    stacked = [src for step in scope.last_plan.steps for node in step.nodes
+               for src, _ in node.inputs if src.kind == "view" and src.op.name == "concat"]
+    assert stacked                  # the steps read the children's states as views
+    monkeypatch.undo()
+    for (h, c), tree in zip(outs, trees):
+        eh, ec = model(tree, emb)
+        np.testing.assert_allclose(h.asnumpy(), eh.asnumpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(c.asnumpy(), ec.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_row_views_at_new_rows_take_the_analysis_of_their_width():
     """A row slice of a width and trailing shape seen before, at rows never seen,
     is not analysed again; what it reuses equals a fresh analysis."""

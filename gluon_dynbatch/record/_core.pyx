@@ -144,10 +144,12 @@ cdef Py_ssize_t N_META, N_ATTRS, N_INFO, N_AT
 cdef dict DIM0 = {"dim": 0}         # the keywords of row concatenations (never mutated)
 
 
-def bind_nodes(node_class, no_kwargs, concat):
-    """Learn where ``ir.graph.Node`` keeps its slots; the OpDef of ``concat``."""
-    global CONCAT
-    CONCAT = concat
+def bind_nodes(node_class, no_kwargs, concat, infos, slots_of, Py_ssize_t max_row_concat):
+    """Learn where ``ir.graph.Node`` keeps its slots; the OpDef of ``concat``, the
+    memo of call analyses (``ir.calls.INFOS``), ``ir.graph.slots_of`` and the longest
+    row concatenation made as a view here (``recorder.MAX_ROW_CONCAT``)."""
+    global CONCAT, INFOS, SLOTS_OF, MAX_ROW_CONCAT
+    CONCAT, INFOS, SLOTS_OF, MAX_ROW_CONCAT = concat, infos, slots_of, max_row_concat
     global NODE, NO_KWARGS, N_ID, N_GRAPH, N_KIND, N_OP, N_INPUTS, N_ARGS, N_KWARGS, N_SHAPES
     global N_DTYPES, N_SIG, N_RULE, N_DEPS, N_DEPTH, N_SAMPLE, N_PATH, N_VALUE, N_PARAM
     global N_OUTS, N_META, N_ATTRS, N_INFO, N_AT
@@ -189,6 +191,10 @@ cdef object make_node(object graph, list nodes, object kind, object op, object i
 
 
 cdef object CONCAT = None            # the OpDef of ``concat`` (a row concatenation view)
+cdef dict INFOS = None               # ir.calls.INFOS: call shape -> CallInfo
+cdef object SLOTS_OF = None          # ir.graph.slots_of
+cdef Py_ssize_t MAX_ROW_CONCAT = 0   # recorder.MAX_ROW_CONCAT
+cdef tuple DIM0_ITEMS = (("dim", 0),)
 
 
 def apply_program(FrameCore frame, list alive, object recipe, tuple found):
@@ -510,6 +516,49 @@ cdef class RecorderCore:
         cdef object lazy = self._row_view(graph, nodes, found, src, idx)
         _set(_get(lazy, OFF_NODE), N_OUTS, [WEAKREF(lazy)])
         return lazy
+
+    cpdef object row_concat(self, object op, tuple args, bint plain=False):
+        """``F.concat(*args, dim=0)`` of values of this graph (not of the frame
+        recording; with ``plain``, none reshaped) whose call shape is known, or None
+        (the caller records it otherwise).
+
+        A node's children's states, stacked: recursive models make one or two
+        per tree node, so the view node is made here directly (as in
+        ``row_slice``), without the generic ``Recorder.graph_op``."""
+        cdef object graph = self.graph, a, src, idx, info
+        cdef list nodes = graph.nodes, values = [], shapes = [], dtypes = []
+        cdef object depth = 0
+        cdef Py_ssize_t n = len(args)
+        if n == 0 or n > MAX_ROW_CONCAT or len(nodes) >= self.max_pending \
+                or self._mode_seen != MODES[0]:
+            return None
+        for a in args:
+            if type(a) is not LAZY or plain and _get(a, OFF_BASE) is not None:
+                return None
+            src = _get(a, OFF_NODE)
+            if type(src) is not NODE or <object>_peek(src, N_GRAPH) is not graph:
+                return None
+            idx = _get(a, OFF_IDX)
+            values.append((src, idx))
+            shapes.append((<object>_peek(src, N_SHAPES))[idx])
+            dtypes.append((<object>_peek(src, N_DTYPES))[idx])
+            if <object>_peek(src, N_DEPTH) > depth:
+                depth = <object>_peek(src, N_DEPTH)
+        targs = SLOTS_OF(n)
+        info = INFOS.get((op, targs, DIM0_ITEMS, tuple(shapes), tuple(dtypes)))
+        if info is None or info.kind != "view":
+            return None
+        if graph.mode is None:
+            graph.mode = self.mode
+        node = make_node(graph, nodes, "view", op, values, targs, DIM0, info, self.sample,
+                         self.path)
+        _set(node, N_DEPTH, depth)
+        nodes.append(node)
+        self.num_recorded += 1
+        self.num_calls += 1
+        a = _fresh_lazy(node, 0)
+        _set(node, N_OUTS, [WEAKREF(a)])
+        return a
 
     cpdef object row_slice(self, object x, object begin, object end):
         """Rows ``begin:end`` of array ``x`` (``x[i:j]``, ``F.slice_axis(x, axis=0,
@@ -1035,7 +1084,7 @@ cdef class Operator:
     cdef public object op
     cdef public object __name__
     cdef bint plain                  # no pass rewrites its calls
-    cdef int form                    # 1: slice_axis (rows along axis 0 are a view)
+    cdef int form                    # views along axis 0: 1 slice_axis, 2 concat
     cdef Py_ssize_t arrays           # array arguments before attributes (-1: any)
 
     def __init__(self, RecorderCore rec, op, name, bint plain):
@@ -1044,7 +1093,8 @@ cdef class Operator:
         self.op = op
         self.__name__ = name
         self.plain = plain
-        self.form = 1 if op.name == "slice_axis" else 0
+        self.form = 1 if op.name == "slice_axis" else 2 if op.name in ("concat", "Concat") \
+            else 0
         self.arrays = -1 if op.arrays is None else op.arrays
 
     def __call__(self, *args, **kwargs):
@@ -1058,6 +1108,12 @@ cdef class Operator:
                 and kwargs.get("axis", None) == 0 and type(kwargs.get("begin", None)) is INT \
                 and type(kwargs.get("end", None)) is INT:
             return rec.row_slice(args[0], kwargs["begin"], kwargs["end"])
+        if self.form == 2 and len(kwargs) == 1 and type(kwargs.get("dim", None)) is INT \
+                and kwargs["dim"] == 0:
+            # Of values outside the frame (children's states): a view of the graph.
+            a = rec.row_concat(self.op, args, True)
+            if a is not None:
+                return a
         if not self.plain:
             return (<FrameCore>frame).call_written(self.op, args, kwargs)
         for a in args:

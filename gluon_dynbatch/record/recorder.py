@@ -39,13 +39,11 @@ from .namespace import DETERMINISTIC, RecordingNamespace
 from .tasks import Pending, Tasks
 from ..ir.ops import opdef
 
-_core.bind_nodes(Node, NO_KWARGS, opdef("concat"))
 DEFAULT_MAX_PENDING = 500000    # pending nodes after which a scope flushes by itself
 MAX_ROW_CONCAT = 4096           # longer row concatenations take the generic path
 _SLICE_AXIS = opdef("slice_axis")
 _ONE_SLOT = (slot(0),)
-_DIM0 = {"dim": 0}              # the kwargs of row concatenations (never mutated)
-_DIM0_ITEMS = (("dim", 0),)
+_core.bind_nodes(Node, NO_KWARGS, opdef("concat"), calls.INFOS, slots_of, MAX_ROW_CONCAT)
 _ROW_SLICES = {}    # (begin, end, trailing shape, dtype) -> (CallInfo, kwargs) of a row-slice view
 _ROW_WIDTHS = {}    # (end - begin, trailing shape, dtype) -> a CallInfo of such a view
 MAX_ROW_WIDTHS = 100000
@@ -118,13 +116,13 @@ class Recorder(RecorderCore):
             if frame is not None:       # its calls so far enter the graph under the old modes
                 frame.fallback("autograd's mode changed")
             self.mode = mode
-            pending = self.graph.mode
-            if pending is not None and pending != mode:
-                task = self.tasks.current
-                if task is None or task.done:   # the scope's code, or a finished task's
-                    self._flush()               # results handed to its placeholders
-                else:
-                    self._wait_for_modes(mode)
+        pending = self.graph.mode
+        if pending is not None and pending != mode:
+            task = self.tasks.current
+            if task is None or task.done:   # the scope's code, or a finished task's
+                self._flush()               # results handed to its placeholders
+            else:                           # (another task may have left them)
+                self._wait_for_modes(mode)
         return mode
 
     def _wait_for_modes(self, mode):
@@ -529,47 +527,6 @@ class Recorder(RecorderCore):
         node.outs = [weakref.ref(lazy)]
         return lazy
 
-    def row_concat(self, op, args):
-        """``F.concat(*args, dim=0)`` of values of this graph whose call shape is known,
-        or None (the caller records it otherwise).
-
-        A node's children's states, stacked: recursive models make one or two
-        per tree node, so the view node is made here directly (as in
-        ``row_slice``), without the generic ``graph_op``.
-        """
-        graph = self.graph
-        if len(graph.nodes) >= self.max_pending or \
-                self._mode_seen != context.MODE_CHANGES[0] or len(args) > MAX_ROW_CONCAT:
-            return None
-        values = []
-        shapes = []
-        dtypes = []
-        depth = 0
-        for a in args:
-            if type(a) is not LazyArray:
-                return None
-            src = a._node
-            if src is None or src.graph is not graph:
-                return None
-            idx = a._idx
-            values.append((src, idx))
-            shapes.append(src.out_shapes[idx])
-            dtypes.append(src.out_dtypes[idx])
-            if src.depth > depth:
-                depth = src.depth
-        targs = slots_of(len(args))
-        info = calls.INFOS.get((op, targs, _DIM0_ITEMS, tuple(shapes), tuple(dtypes)))
-        if info is None or info.kind != VIEW:
-            return None
-        node = analysed_node(graph, VIEW, op, values, targs, _DIM0, info, self.sample, self.path)
-        node.depth = depth
-        graph.nodes.append(node)
-        self.num_recorded += 1
-        self.num_calls += 1
-        lazy = LazyArray(node, 0)
-        node.outs = [weakref.ref(lazy)]
-        return lazy
-
     def constant(self, op, args, kwargs):
         """An operator without array inputs (zeros, random, ...) runs now."""
         return self.make_constant(op.nd_fn, op.path, args, kwargs)
@@ -816,7 +773,7 @@ def _row_slice(rec, op, args, kwargs):
 
 
 def _row_concat(rec, op, args, kwargs):
-    """``F.concat(*xs, dim=0)``: a row view (``Recorder.row_concat``); of values
+    """``F.concat(*xs, dim=0)``: a row view (``RecorderCore.row_concat``); of values
     outside the recording frame, a view in the graph read by the frame as one input."""
     if len(kwargs) != 1 or kwargs.get("dim") != 0 or not args:
         return None
