@@ -575,3 +575,51 @@ def test_a_sample_printing_into_its_own_stream_while_it_waits_equals_eager():
         got = [text for text, _ in gdb.map(model, [1, 2, 3])]
     assert sys.stdout is stdout
     assert got == eager             # the same text, ``<NDArray 1x1 @cpu(0)>`` included
+
+
+class ReadsUnderPause(gdb.DynBatchBlock):
+    """Reads a value computed under ``autograd.pause()`` (``kind == "pause"``) or
+    one it differentiates through."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(8, activation="tanh")
+
+    def hybrid_forward(self, F, kind, x):
+        h = self.dense(x)
+        if kind == "pause":
+            with autograd.pause():
+                F.max(h).asscalar()
+            return h
+        h.asnumpy()
+        return h * 3
+
+
+@pytest.mark.parametrize("how", ["map", "loop"])
+@pytest.mark.parametrize("options", [{}, {"strategy": "reference"}, {"compiled": "step"}])
+def test_samples_waiting_under_other_modes_record_under_their_own(how, options):
+    """A sample that resumes after one whose calls ran under ``autograd.pause()``
+    records under its own modes: its gradients reach the parameters, as eagerly."""
+    mx.random.seed(1)
+    model = ReadsUnderPause()
+    model.initialize(mx.init.Uniform(0.7))
+    r = np.random.RandomState(0)
+    samples = [(kind, nd.array(r.uniform(-1, 1, (1, 4))))
+               for kind in ("pause", "read", "read", "pause", "read")]
+    results = []
+    for batched in (False, True):
+        with autograd.record():
+            if not batched:
+                outs = [model(*s) for s in samples]
+            else:
+                with gdb.batching(**options):
+                    outs = gdb.map(lambda s: model(*s), samples) if how == "map" \
+                        else [model(*s) for s in samples]
+            loss = nd.add_n(*[(o * o).sum() for o in outs])
+        loss.backward()
+        results.append(([o.asnumpy() for o in outs], model.dense.weight.grad().asnumpy().copy()))
+    (want, want_grad), (got, got_grad) = results
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-5)

@@ -176,7 +176,7 @@ class Tasks:
         # The streams too: a sample printing inside ``redirect_stdout`` prints
         # into its own buffer, whatever the others do meanwhile.
         return (rec.frame, rec.depth, rec.path, rec.sample, recording, training,
-                sys.gettrace(), sys.stdout, sys.stderr)
+                sys.gettrace(), sys.stdout, sys.stderr, rec.mode)
 
     def _autograd_modes(self):
         """Autograd's (recording, training), read from MXNet only when a mode may
@@ -199,6 +199,14 @@ class Tasks:
         if sys.gettrace() is not state[6]:
             sys.settrace(state[6])
         sys.stdout, sys.stderr = state[7], state[8]
+        # The modes the task's calls were recorded under are its own: where
+        # another task left other ones, or pending calls of other modes, its
+        # next call reads autograd's modes again (``Recorder.sync_mode``), and
+        # waits if the pending calls' modes are not its own.
+        mode, pending = state[9], rec.graph.mode
+        if rec.mode != mode or pending is not None and pending != mode:
+            rec.mode = mode
+            rec._mode_seen = None       # pylint: disable=protected-access
 
 
 def form_of(result):
