@@ -4,8 +4,8 @@ import pytest
 from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import (ChildSumTreeLSTM, Tree, assert_same, make_model, random_tree,
-                              rng, run_model)
+from dynbatch_testing import (ChildSumTreeLSTM, Tree, assert_same, check_all_strategies,
+                              make_model, random_tree, rng, run_model)
 from gluon_dynbatch.templates.programs import PROGRAM_RULE, Program
 
 STRATEGIES = ["depth", "agenda", "unbatched"]
@@ -236,3 +236,30 @@ def test_reference_executor_runs_call_nodes_one_call_at_a_time():
         want_h, want_c = model(tree, emb)
         np.testing.assert_allclose(h.asnumpy(), want_h.asnumpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(c.asnumpy(), want_c.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+class WeightAndItsFunction(gdb.DynBatchBlock):
+    """Adds one value to a parameter and to a function of that parameter:
+    two calls of one operator whose first inputs are weights, not rows."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+            self.bias = self.params.get("bias", shape=(1, 4))
+
+    def hybrid_forward(self, F, sample, x, bias):
+        h = self.dense(x[sample:sample + 1])
+        if self.form == "tanh":
+            return bias + h, F.tanh(bias) + h
+        if self.form == "scaled":
+            return bias - h, bias * 2 - h
+        return bias * 1 + h, bias * 2 + h
+
+
+@pytest.mark.parametrize("form", ["tanh", "scaled", "both_scaled"])
+def test_calls_reading_a_weight_and_a_function_of_it_equal_eager(form):
+    model = make_model(WeightAndItsFunction, form=form)
+    x = nd.random.uniform(-1, 1, shape=(9, 3))
+    check_all_strategies(model, list(range(5)), [x], strategies=("depth",))

@@ -317,6 +317,8 @@ def _group_inputs(members, owner, produced, frame):
             continue
         if role == BROW and not _rows_kept(members, [_outside_rows(r, frame) for r in refs]):
             return None       # a row broadcast to several: stacked, it would not line up
+        if any(type(r) is not int and r[0] == "p" for r in refs):
+            return None       # weights are the program's parameters, not rows to stack
         inputs.append(("stack", refs))
     if not any(how[0] in ("stack", "group") for how in inputs):
         return None       # every member reads the same rows: nothing to stack
