@@ -409,7 +409,14 @@ def map(fn, samples, *args, **options):  # pylint: disable=redefined-builtin
 
 def _map_tasks(tasks, fn, samples, args):
     started = [tasks.start(fn, (sample,) + tuple(args)) for sample in samples]
-    tasks.drain()
+    if tasks.current is None:
+        tasks.drain()
+    else:                           # inside a sample: it waits for each of its own
+        for task in started:
+            tasks.drain(task)
+    # Their errors are raised here, not again when the scope ends.
+    mine = {id(task) for task in started}
+    tasks.started = [task for task in tasks.started if id(task) not in mine]
     for task in started:
         if task.error is not None:
             raise task.error

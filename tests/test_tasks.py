@@ -623,3 +623,73 @@ def test_samples_waiting_under_other_modes_record_under_their_own(how, options):
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-5)
+
+
+class ReadsThenScales(gdb.DynBatchBlock):
+    """Doubles its output where a value it reads is positive."""
+
+    def __init__(self, fail_on=None, **kwargs):
+        super().__init__(**kwargs)
+        self.fail_on = fail_on
+        with self.name_scope():
+            self.dense = nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        if h.sum().asscalar() > 0:
+            h = h * 2
+        if self.fail_on is not None and float(x.sum().asscalar()) == self.fail_on:
+            raise ValueError("sample %s failed on purpose" % self.fail_on)
+        return h
+
+
+class MapsItsGroup(gdb.DynBatchBlock):
+    """Runs ``gluon_dynbatch.map`` over a group of samples inside its own call."""
+
+    def __init__(self, inner, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inner = inner
+
+    def hybrid_forward(self, F, group):
+        return F.concat(*gdb.map(self.inner, group), dim=0)
+
+
+def _groups():
+    r = np.random.RandomState(4)
+    xs = [nd.array(r.uniform(-1, 1, (1, 3))) for _ in range(6)]
+    return [xs[:2], xs[2:5], xs[5:]]
+
+
+def test_map_inside_a_sample_waits_for_its_own_samples():
+    """``gluon_dynbatch.map`` called by a sample (a mapped function, a block's
+    call) returns its samples' results once they finish, equal to eager."""
+    mx.random.seed(0)
+    inner = ReadsThenScales()
+    inner.initialize()
+    outer = MapsItsGroup(inner)
+    groups = _groups()
+    want = [[inner(x).asnumpy() for x in g] for g in groups]
+    with gdb.batching():
+        got = gdb.map(lambda g: gdb.map(inner, g), groups)
+    for g_got, g_want in zip(got, want):
+        assert len(g_got) == len(g_want)
+        for a, b in zip(g_got, g_want):
+            np.testing.assert_allclose(a.asnumpy(), b, rtol=1e-5, atol=1e-6)
+    with gdb.batching():
+        stacked = [outer(g) for g in groups]
+    for a, g_want in zip(stacked, want):
+        np.testing.assert_allclose(a.asnumpy(), np.concatenate(g_want), rtol=1e-5, atol=1e-6)
+
+
+def test_an_error_of_map_the_user_caught_is_not_raised_again():
+    mx.random.seed(0)
+    model = ReadsThenScales(fail_on=3.0)
+    model.initialize()
+    xs = [nd.ones((1, 3)) * k / 3.0 for k in range(4)]     # sample 3 sums to 3
+    with gdb.batching():
+        with pytest.raises(ValueError, match="failed on purpose"):
+            gdb.map(model, xs)
+        got = gdb.map(model, xs[:3])
+    for a, x in zip(got, xs):
+        np.testing.assert_allclose(a.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-6)

@@ -99,6 +99,9 @@ class Tasks:
         self.current = task
         if task.state is not None:
             self._restore(task.state)
+        # A wait returns to whoever runs the task now: the scope's rounds, or
+        # the task that started it (``gluon_dynbatch.map`` inside a sample).
+        task.glet.parent = greenlet.getcurrent()
         try:
             result = task.glet.switch()
             if task.glet.dead:
