@@ -693,3 +693,37 @@ def test_an_error_of_map_the_user_caught_is_not_raised_again():
         got = gdb.map(model, xs[:3])
     for a, x in zip(got, xs):
         np.testing.assert_allclose(a.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+class ChoosesTokens(gdb.DynBatchBlock):
+    """Returns the tokens it chose (as many as ``steps``) and its last state."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x, steps):
+        h, tokens = x, []
+        for _ in range(steps):
+            h = F.tanh(self.dense(h))
+            tokens.append(int(F.argmax(h, axis=1).asscalar()))
+        return tokens, h
+
+
+def test_token_lists_of_different_lengths_in_a_plain_loop_equal_eager():
+    """A list of plain values in a result (the tokens a decoder chose) may have
+    another length in every sample: the first scope's plain loop batches too."""
+    mx.random.seed(0)
+    model = ChoosesTokens()
+    model.initialize(mx.init.Uniform(0.8))
+    r = np.random.RandomState(2)
+    samples = [(nd.array(r.uniform(-1, 1, (1, 4))), steps) for steps in (1, 3, 2, 4, 3)]
+    want = [model(*s) for s in samples]
+    with gdb.batching() as scope:
+        got = [model(*s) for s in samples]
+    for (tokens, h), (ref_tokens, ref_h) in zip(got, want):
+        assert list(tokens) == ref_tokens and len(tokens) == len(ref_tokens)
+        np.testing.assert_allclose(h.asnumpy(), ref_h.asnumpy(), rtol=1e-5, atol=1e-6)
+    # The first sample runs to its end alone (it shows the form); the others batch.
+    assert scope.stats.flushes <= 1 + 4 + 1 < scope.stats.reads

@@ -213,10 +213,15 @@ class Tasks:
 
 
 def form_of(result):
-    """The form of a call's result: ``"array"``, ``"value"`` (anything else), or
-    ``(container type, item forms[, keys])`` of a tuple, list or dict."""
+    """The form of a call's result: ``"array"``, ``"value"`` (anything else, and
+    a list of values only, such as the tokens a decoder chose, whose length
+    varies from sample to sample), or ``(container type, item forms[, keys])``
+    of a tuple, list or dict."""
     if isinstance(result, NDArray):
         return "array"
+    if type(result) is list:
+        items = tuple(form_of(item) for item in result)
+        return "value" if all(item == "value" for item in items) else (list, items)
     if type(result) is dict:
         return (dict, tuple(form_of(v) for v in result.values()), tuple(result))
     if isinstance(result, (tuple, list)) and type(result) in (tuple, list) \
