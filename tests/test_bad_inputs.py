@@ -299,6 +299,34 @@ def test_exception_in_user_code_mid_scope_names_sample_and_block(compiled):
     assert_next_batch_ok(model, compiled=compiled)
 
 
+class AccumulatesInPlace(gdb.DynBatchBlock):
+    """Sums Dense rows into ``F.zeros(...)`` with ``+=``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=IN_UNITS)
+
+    def hybrid_forward(self, F, rows, x):
+        acc = F.zeros((1, 4))
+        for k in rows:
+            acc += self.dense(x[k:k + 1])
+        return acc
+
+
+def test_in_place_update_of_a_constant_names_sample_and_way_out():
+    """``acc = F.zeros(...); acc += y`` (eager runs it outside autograd) is a
+    clear error inside a scope, naming the sample and ``x = x + y``; the next
+    batch works."""
+    model = AccumulatesInPlace()
+    model.initialize()
+    x = table()
+    with pytest.raises(gdb.BatchingError, match=r"sample 1, .*in-place update.*x = x \+ y"):
+        with gdb.batching():
+            [model(rows, x) for rows in ([], [1, 2], [3])]
+    assert_next_batch_ok(make_probe())
+
+
 def test_exception_in_user_code_names_the_sample_index():
     model, x = make_probe(), table()
     model.fail_on = (4, 1)

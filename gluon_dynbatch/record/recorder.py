@@ -346,7 +346,8 @@ class Recorder(RecorderCore):
             return lazy
         if node.kind == LEAF:
             raise BatchingError(
-                "%s: in-place update of an input array inside a batching scope; "
+                "%s: in-place update (x += y) inside a batching scope of an array no "
+                "recorded call computed (an input, or a constant such as F.zeros(...)); "
                 "write x = x + y instead" % describe_call(self.sample, self.path))
         if node.graph is not self.graph:
             lazy.handle  # pylint: disable=pointless-statement  (runs its graph)
