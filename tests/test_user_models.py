@@ -793,3 +793,23 @@ def test_a_new_use_of_a_block_learns_its_paths_without_a_trial():
     usage = _usage_of(model)
     assert usage.trial_ms is None and not usage.irregular
     assert usage.watch["trial"] is None and usage.watch["flushes"] >= 7
+
+
+def test_calls_recorded_one_by_one_take_compiled_code_once_known(monkeypatch):
+    """Operator by operator (``granularity="op"``, and blocks whose samples each
+    take a path of their own), a call whose call shape is known is recorded in
+    compiled code (``RecorderCore.graph_call``), not through ``Recorder.graph_op``;
+    outputs and gradients equal eager on a new batch."""
+    from gluon_dynbatch.record import recorder
+
+    case = um.CASES["graph_conv"](seed=0, n=8)
+    um.run_case(case, {"granularity": "op"})            # learns the call shapes
+    general = []
+    original = recorder.Recorder.graph_op
+    monkeypatch.setattr(recorder.Recorder, "graph_op", lambda self, op, *rest: (
+        general.append(op.name), original(self, op, *rest))[1])
+    batched = um.run_case(case, {"granularity": "op"})
+    monkeypatch.undo()
+    assert not {"FullyConnected", "Activation", "relu", "broadcast_add", "_div_scalar",
+                "add_n"} & set(general), general
+    assert_same(batched, um.run_case(case))

@@ -144,12 +144,14 @@ cdef Py_ssize_t N_META, N_ATTRS, N_INFO, N_AT
 cdef dict DIM0 = {"dim": 0}         # the keywords of row concatenations (never mutated)
 
 
-def bind_nodes(node_class, no_kwargs, concat, infos, slots_of, Py_ssize_t max_row_concat):
+def bind_nodes(node_class, no_kwargs, concat, infos, slot, slots_of,
+               Py_ssize_t max_row_concat):
     """Learn where ``ir.graph.Node`` keeps its slots; the OpDef of ``concat``, the
-    memo of call analyses (``ir.calls.INFOS``), ``ir.graph.slots_of`` and the longest
-    row concatenation made as a view here (``recorder.MAX_ROW_CONCAT``)."""
-    global CONCAT, INFOS, SLOTS_OF, MAX_ROW_CONCAT
-    CONCAT, INFOS, SLOTS_OF, MAX_ROW_CONCAT = concat, infos, slots_of, max_row_concat
+    memo of call analyses (``ir.calls.INFOS``), ``ir.graph.slot`` and ``slots_of``
+    and the longest row concatenation made as a view here
+    (``recorder.MAX_ROW_CONCAT``)."""
+    global CONCAT, INFOS, SLOT, SLOTS_OF, MAX_ROW_CONCAT
+    CONCAT, INFOS, SLOT, SLOTS_OF, MAX_ROW_CONCAT = concat, infos, slot, slots_of, max_row_concat
     global NODE, NO_KWARGS, N_ID, N_GRAPH, N_KIND, N_OP, N_INPUTS, N_ARGS, N_KWARGS, N_SHAPES
     global N_DTYPES, N_SIG, N_RULE, N_DEPS, N_DEPTH, N_SAMPLE, N_PATH, N_VALUE, N_PARAM
     global N_OUTS, N_META, N_ATTRS, N_INFO, N_AT
@@ -192,6 +194,7 @@ cdef object make_node(object graph, list nodes, object kind, object op, object i
 
 cdef object CONCAT = None            # the OpDef of ``concat`` (a row concatenation view)
 cdef dict INFOS = None               # ir.calls.INFOS: call shape -> CallInfo
+cdef object SLOT = None              # ir.graph.slot
 cdef object SLOTS_OF = None          # ir.graph.slots_of
 cdef Py_ssize_t MAX_ROW_CONCAT = 0   # recorder.MAX_ROW_CONCAT
 cdef tuple DIM0_ITEMS = (("dim", 0),)
@@ -559,6 +562,81 @@ cdef class RecorderCore:
         a = _fresh_lazy(node, 0)
         _set(node, N_OUTS, [WEAKREF(a)])
         return a
+
+    cpdef object graph_call(self, object op, tuple args, dict kwargs):
+        """``op(*args, **kwargs)`` recorded outside any frame (a block whose calls are
+        recorded one by one) as an op node of the graph, made here when its
+        arguments are values of this graph (none reshaped, not all parameters)
+        and numbers, its call shape is known and its node needs nothing particular
+        (``Recorder.add_node`` and ``place`` do the rest); None where the call
+        takes the general path (``Recorder.graph_op``)."""
+        cdef object graph = self.graph, a, kind, src, idx, info, node, key, depth = 0
+        cdef list nodes = graph.nodes, inputs = [], targs = [], shapes = [], dtypes = [], outs
+        cdef Py_ssize_t k, n
+        cdef bint computed = False      # an input not a parameter: not a call on weights
+        if self._mode_seen != MODES[0] or len(nodes) >= self.max_pending or graph.weight_nodes:
+            return None
+        if op.arrays is not None and len(args) > op.arrays:   # attributes given by position
+            args, kwargs = op.named(args, kwargs)
+        for a in args:
+            kind = type(a)
+            if kind is LAZY:
+                src = _get(a, OFF_NODE)
+                if _get(a, OFF_BASE) is not None or type(src) is not NODE \
+                        or <object>_peek(src, N_GRAPH) is not graph:
+                    return None
+                computed = computed or <object>_peek(src, N_PARAM) is None
+                idx = _get(a, OFF_IDX)
+                targs.append(SLOT(len(inputs)))
+                inputs.append((src, idx))
+                shapes.append((<object>_peek(src, N_SHAPES))[idx])
+                dtypes.append((<object>_peek(src, N_DTYPES))[idx])
+                if <object>_peek(src, N_DEPTH) > depth:
+                    depth = <object>_peek(src, N_DEPTH)
+            elif kind is FLOAT or kind is INT:
+                targs.append(a)
+            else:
+                return None
+        if not computed:                # weights alone (or no array): the general path
+            return None
+        if kwargs:
+            if "name" in kwargs:
+                kwargs = {name: a for name, a in kwargs.items() if name != "name"}
+            for a in kwargs.values():
+                if isinstance(a, NDARRAY):
+                    return None
+        key = (op, tuple(targs), tuple(kwargs.items()) if kwargs else (), tuple(shapes),
+               tuple(dtypes))
+        try:
+            info = INFOS.get(key)
+        except TypeError:               # an unhashable constant
+            return None
+        if info is None or info.kind != "op" or info.stateful or info.sig is None \
+                or info.shared_pos and info.low:
+            return None
+        if graph.mode is None:
+            graph.mode = self.mode
+        node = make_node(graph, nodes, "op", op, inputs, key[1], kwargs if kwargs else {},
+                         info, self.sample, self.path)
+        _set(node, N_DEPTH, depth + 1)
+        if info.shared_pos:             # batches with calls sharing the same weights
+            _set(node, N_SIG, (info.sig, tuple([
+                (<object>_peek(inputs[k][0], N_ID), inputs[k][1]) for k in info.shared_pos])))
+        else:
+            _set(node, N_SIG, info.sig)
+        if info.link:
+            graph.links.append(node)
+        nodes.append(node)
+        self.num_recorded += 1
+        self.num_calls += 1
+        n = len(info.out_shapes)
+        if n == 1:
+            a = _fresh_lazy(node, 0)
+            _set(node, N_OUTS, [WEAKREF(a)])
+            return a
+        outs = [_fresh_lazy(node, k) for k in range(n)]
+        _set(node, N_OUTS, [WEAKREF(a) for a in outs])
+        return outs
 
     cpdef object row_slice(self, object x, object begin, object end):
         """Rows ``begin:end`` of array ``x`` (``x[i:j]``, ``F.slice_axis(x, axis=0,
@@ -1102,6 +1180,10 @@ cdef class Operator:
         cdef object frame = rec.frame
         cdef object a
         cdef PyObject* base
+        if frame is None and self.plain and self.form == 0:
+            a = rec.graph_call(self.op, args, kwargs)     # a block recorded call by call
+            if a is not None:
+                return a
         if frame is None or rec._mode_seen != MODES[0] or 0 <= self.arrays < len(args):
             return self.record(self.op, args, kwargs)
         if self.form == 1 and len(args) == 1 and len(kwargs) == 3 \
@@ -1149,6 +1231,16 @@ def binary_method(fn, aop, sop, bint reflected, tls, on_weights):
             return fn(other, self) if reflected else fn(self, other)
         rec = <RecorderCore>rec_obj
         frame = rec.frame
+        if frame is None and rec._mode_seen == MODES[0]:      # recorded call by call
+            kind = type(other)
+            if kind is FLOAT or kind is INT:
+                key = rec.graph_call(sop, (self, float(other)), {})
+            elif kind is LAZY and not reflected:
+                key = rec.graph_call(aop, (self, other), {})
+            else:
+                key = None
+            if key is not None:
+                return key
         if frame is None or rec._mode_seen != MODES[0]:
             return fn(other, self) if reflected else fn(self, other)
         if _get(self, OFF_NODE) is frame:

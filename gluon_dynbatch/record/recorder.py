@@ -43,7 +43,8 @@ DEFAULT_MAX_PENDING = 500000    # pending nodes after which a scope flushes by i
 MAX_ROW_CONCAT = 4096           # longer row concatenations take the generic path
 _SLICE_AXIS = opdef("slice_axis")
 _ONE_SLOT = (slot(0),)
-_core.bind_nodes(Node, NO_KWARGS, opdef("concat"), calls.INFOS, slots_of, MAX_ROW_CONCAT)
+_core.bind_nodes(Node, NO_KWARGS, opdef("concat"), calls.INFOS, slot, slots_of,
+                 MAX_ROW_CONCAT)
 _ROW_SLICES = {}    # (begin, end, trailing shape, dtype) -> (CallInfo, kwargs) of a row-slice view
 _ROW_WIDTHS = {}    # (end - begin, trailing shape, dtype) -> a CallInfo of such a view
 MAX_ROW_WIDTHS = 100000
