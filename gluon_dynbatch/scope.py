@@ -8,7 +8,6 @@ import threading
 import time
 
 import mxnet as mx
-from mxnet import autograd
 
 from .errors import BatchingError
 from .plan import budget, sums
@@ -358,19 +357,12 @@ def _read_place(rec):
         _user_line(caller), type(block).__name__, block.name)
 
 
-@contextlib.contextmanager
 def _autograd_modes(mode):
-    """Run under autograd's (recording, training) ``mode``; None keeps the current."""
-    if mode is None:
-        yield
-        return
-    was_recording = autograd.set_recording(mode[0])
-    was_training = autograd.set_training(mode[1])
-    try:
-        yield
-    finally:
-        autograd.set_recording(was_recording)
-        autograd.set_training(was_training)
+    """Run under autograd's (recording, training) ``mode``; None keeps the current.
+
+    Back as before afterwards, no change counted: recording on after the flush
+    (the samples it resumes) need not read the modes again."""
+    return contextlib.nullcontext() if mode is None else context.modes_within(mode)
 
 
 def map(fn, samples, *args, **options):  # pylint: disable=redefined-builtin

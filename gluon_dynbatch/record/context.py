@@ -8,6 +8,7 @@ under: reading them costs a ctypes call each, so every change through
 only when it moved.  Backward passes that free their graph are counted too
 (``lazy.BACKWARD_EPOCH``): a value computed before one is a constant after it.
 """
+import contextlib
 import threading
 
 from mxnet import autograd
@@ -47,6 +48,21 @@ def _counting_set_recording(is_recording):
 def _counting_set_training(train_mode):
     MODE_CHANGES[0] += 1
     return _SET_TRAINING(train_mode)
+
+
+@contextlib.contextmanager
+def modes_within(mode):
+    """Run under autograd's (recording, training) ``mode``, then back as before,
+    without counting a change (``MODE_CHANGES``): what recording knows of the
+    modes is as true after the block as before it.  For a flush, which runs
+    what is pending under its calls' modes and records nothing."""
+    was_recording = _SET_RECORDING(mode[0])
+    was_training = _SET_TRAINING(mode[1])
+    try:
+        yield
+    finally:
+        _SET_RECORDING(was_recording)
+        _SET_TRAINING(was_training)
 
 
 # MXNet's errors of a backward pass through a graph an earlier pass freed.

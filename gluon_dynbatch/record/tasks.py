@@ -202,12 +202,13 @@ class Tasks:
         if sys.gettrace() is not state[6]:
             sys.settrace(state[6])
         sys.stdout, sys.stderr = state[7], state[8]
-        # The modes the task's calls were recorded under are its own: where
-        # another task left other ones, or pending calls of other modes, its
-        # next call reads autograd's modes again (``Recorder.sync_mode``), and
-        # waits if the pending calls' modes are not its own.
+        # The modes the task's calls were recorded under (None: it recorded
+        # nothing yet) are its own: where another task left other ones, or
+        # pending calls of other modes, its next call reads autograd's modes
+        # again (``Recorder.sync_mode``), and waits if the pending calls'
+        # modes are not its own.
         mode, pending = state[9], rec.graph.mode
-        if rec.mode != mode or pending is not None and pending != mode:
+        if mode is not None and (rec.mode != mode or pending is not None and pending != mode):
             rec.mode = mode
             rec._mode_seen = None       # pylint: disable=protected-access
 
