@@ -16,11 +16,10 @@ import os
 import time
 
 import mxnet as mx
-import numpy as np
 from mxnet import autograd
 from mxnet.base import MXNetError
 
-from .lowering import Lowering
+from .lowering import Lowering, dtype_name
 from ..errors import BatchingError, describe_call
 from ..ir.ops import first_line
 from ..ir.rules import KNOWN, NO_GRADIENT, SHAPE_ONLY, call_as_recorded
@@ -246,7 +245,7 @@ def _run_step(node0, shape, variant, arrays, ctx, cache, stats):
     key = ("step", node0.rule.batching, node0.op.name, attrs, node0.meta,
            type(node0.rule).__name__, shape, variant,
            tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
-           tuple(np.dtype(src.out_dtypes[i]).name for src, i in node0.inputs),
+           tuple(dtype_name(src.out_dtypes[i]) for src, i in node0.inputs),
            tuple(s[1:] for s in node0.out_shapes), node0.rule.step_key(node0), str(ctx))
     entry = cache.get(key)
     start = time.perf_counter()

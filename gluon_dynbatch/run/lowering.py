@@ -166,6 +166,17 @@ def shared_inputs(nodes):
     return shared
 
 
+_DTYPE_NAMES = {}
+
+
+def dtype_name(dtype):
+    """``np.dtype(dtype).name``, remembered (numpy takes microseconds to name one)."""
+    found = _DTYPE_NAMES.get(dtype)
+    if found is None:
+        found = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
+    return found
+
+
 def merge_segments(segs):
     """Join adjacent segments of the same source."""
     merged = []
@@ -247,14 +258,14 @@ class Lowering(SegmentWalker):
         if node.param is not None:
             param = node.param
             sid = self._new_source(("param", param.name, id(param), tuple(param.shape),
-                                    np.dtype(param.dtype).name), rows)
+                                    dtype_name(param.dtype)), rows)
             name = "s%d" % sid
             self.feeds[name] = param.data(self.ctx)
             self.param_names.add(name)
         else:
             # The node holds the value's dtype and shape (asking the NDArray is a
             # ctypes call each).
-            sid = self._new_source(("leaf", np.dtype(node.out_dtypes[0]).name,
+            sid = self._new_source(("leaf", dtype_name(node.out_dtypes[0]),
                                     len(node.out_shapes[0])), rows)
             self.feeds["s%d" % sid] = node.value
         self.leaf_ids[node] = sid
@@ -461,7 +472,7 @@ class Lowering(SegmentWalker):
         tails = (tuple(src.out_shapes[i][1:] if role != KNOWN else None
                        for (src, i), role in zip(node0.inputs, node0.meta or _NO_ROLES)),
                  tuple(shape[1:] for shape in node0.out_shapes),
-                 tuple(np.dtype(d).name for d in node0.out_dtypes))
+                 tuple(dtype_name(d) for d in node0.out_dtypes))
         self.key_parts.append(key + (tails, node0.rule.step_key(node0)))
         if kind == "program":
             # Calls of different programs (a leaf's cell and an internal
