@@ -299,13 +299,8 @@ def test_exception_in_user_code_mid_scope_names_sample_and_block(compiled):
     assert_next_batch_ok(model, compiled=compiled)
 
 
-class AccumulatesInPlace(gdb.DynBatchBlock):
+class AccumulatesInPlace(RowWise):
     """Sums Dense rows into ``F.zeros(...)`` with ``+=``."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=IN_UNITS)
 
     def hybrid_forward(self, F, rows, x):
         acc = F.zeros((1, 4))

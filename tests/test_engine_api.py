@@ -237,7 +237,7 @@ def test_row_views_at_new_rows_take_the_analysis_of_their_width():
     is not analysed again; what it reuses equals a fresh analysis."""
     from gluon_dynbatch.ir import calls
     from gluon_dynbatch.ir.graph import OP, Node
-    from gluon_dynbatch.record import context, recorder
+    from gluon_dynbatch.record import context
 
     table = nd.random.uniform(shape=(900, 7))
     with gdb.batching():
