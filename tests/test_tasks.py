@@ -7,6 +7,7 @@ sample's side effects equal eager Gluon's; a scope flushes once per read of
 the sample that reads most, plus once.
 """
 import contextlib
+import copy
 import gc
 import io
 import sys
@@ -725,7 +726,9 @@ def test_token_lists_of_different_lengths_in_a_plain_loop_equal_eager():
     with gdb.batching() as scope:
         got = [model(*s) for s in samples]
     for (tokens, h), (ref_tokens, ref_h) in zip(got, want):
-        assert list(tokens) == ref_tokens and len(tokens) == len(ref_tokens)
+        # A list, as eager returns it: compared, added to, copied as one.
+        assert isinstance(tokens, list) and tokens == ref_tokens
+        assert tokens + [-1] == ref_tokens + [-1] and type(copy.copy(tokens)) is list
         np.testing.assert_allclose(h.asnumpy(), ref_h.asnumpy(), rtol=1e-5, atol=1e-6)
     # The first sample runs to its end alone (it shows the form); the others batch.
     assert scope.stats.flushes <= 1 + 4 + 1 < scope.stats.reads

@@ -214,15 +214,16 @@ class Tasks:
 
 
 def form_of(result):
-    """The form of a call's result: ``"array"``, ``"value"`` (anything else, and
-    a list of values only, such as the tokens a decoder chose, whose length
-    varies from sample to sample), or ``(container type, item forms[, keys])``
-    of a tuple, list or dict."""
+    """The form of a call's result: ``"array"``, ``"values"`` (a list of values
+    only, such as the tokens a decoder chose, whose length varies from sample
+    to sample), ``"value"`` (anything else), or ``(container type, item
+    forms[, keys])`` of a tuple, list or dict."""
     if isinstance(result, NDArray):
         return "array"
     if type(result) is list:
         items = tuple(form_of(item) for item in result)
-        return "value" if all(item == "value" for item in items) else (list, items)
+        return "values" if all(item in ("value", "values") for item in items) \
+            else (list, items)
     if type(result) is dict:
         return (dict, tuple(form_of(v) for v in result.values()), tuple(result))
     if isinstance(result, (tuple, list)) and type(result) in (tuple, list) \
@@ -237,6 +238,8 @@ def placeholders(tasks, task, form, path=()):
     values, each filled in from its place (``path``) when the sample finishes."""
     if form == "array":
         found = Pending(tasks, task, path)
+    elif form == "values":
+        found = PendingList(tasks, task, path)
     elif form == "value":
         found = PendingValue(tasks, task, path)
     else:
@@ -393,6 +396,45 @@ class PendingValue:
         return repr(self._value)
 
     __hash__ = None
+
+
+def _forcing(name):
+    """``list.<name>``, once the list's sample has finished (``PendingList``)."""
+    method = getattr(list, name)
+
+    def forced(self, *args):
+        _force(self._tasks, self._task)     # pylint: disable=protected-access
+        return method(self, *args)
+    forced.__name__ = name
+    return forced
+
+
+class PendingList(list):
+    """A list of values (a decoder's tokens) a top-level call returns while its
+    sample waits: a list, empty until the sample finishes, when it takes the
+    values; reading it earlier runs the rounds its sample needs first."""
+
+    __slots__ = ("_tasks", "_task", "_path")
+
+    def __init__(self, tasks, task, path):
+        super().__init__()
+        self._tasks, self._task, self._path = tasks, task, path
+
+    def fill(self, value):
+        """Hold the values of ``value``."""
+        list.__setitem__(self, slice(None), value)
+
+    for _name in ("__len__", "__iter__", "__reversed__", "__getitem__", "__contains__",
+                  "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__",
+                  "__mul__", "__rmul__", "__repr__", "__str__", "count", "index", "copy"):
+        locals()[_name] = _forcing(_name)
+    del _name
+    __hash__ = None
+
+    def __reduce_ex__(self, protocol):
+        """Pickled and copied as the plain list of its values."""
+        _force(self._tasks, self._task)
+        return (list, (list.__getitem__(self, slice(None)),))
 
 
 def _force(tasks, task):
