@@ -136,6 +136,14 @@ class Tasks:
             self.rounds += 1
             resumed, self.waiting = self.waiting, []
             for task in resumed:
+                # A task whose calls were recorded under other autograd modes
+                # than the calls pending now (samples resumed before it
+                # recorded under ``autograd.pause()``) resumes next round: a
+                # batch runs under one pair of modes.
+                mode, pending = task.state[9], self.rec.graph.mode
+                if mode is not None and pending is not None and pending != mode:
+                    self.waiting.append(task)
+                    continue
                 self._switch(task)
 
     def _finished(self, task):
