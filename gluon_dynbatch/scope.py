@@ -1,5 +1,4 @@
 """The batching scope: records calls while open, plans and runs them at flush."""
-import contextlib
 import gc
 import logging
 import os
@@ -242,7 +241,7 @@ class BatchingScope:
             live, needed = graph.live_and_needed()
             live = literals.hand_out(graph, live, rec.rows_token)
             if live:
-                with _autograd_modes(graph.mode):
+                with context.modes_within(graph.mode):
                     self._run(graph, live, needed, stats)
         except Exception as err:
             graph.error = "%s: %s" % (type(err).__name__, err)
@@ -355,14 +354,6 @@ def _read_place(rec):
     block, caller = found
     return "%s calls %s (%s), which runs as a black box on concrete values" % (
         _user_line(caller), type(block).__name__, block.name)
-
-
-def _autograd_modes(mode):
-    """Run under autograd's (recording, training) ``mode``; None keeps the current.
-
-    Back as before afterwards, no change counted: recording on after the flush
-    (the samples it resumes) need not read the modes again."""
-    return contextlib.nullcontext() if mode is None else context.modes_within(mode)
 
 
 def map(fn, samples, *args, **options):  # pylint: disable=redefined-builtin

@@ -192,6 +192,21 @@ cdef object make_node(object graph, list nodes, object kind, object op, object i
     return node
 
 
+cdef object _held(object node, Py_ssize_t n):
+    """LazyArrays of the ``n`` outputs of new ``node``, which holds them (a user's
+    values, handed their results when the graph runs): the only one if ``n`` is 1."""
+    cdef object lazy
+    cdef list outs
+    cdef Py_ssize_t k
+    if n == 1:
+        lazy = _fresh_lazy(node, 0)
+        _set(node, N_OUTS, [WEAKREF(lazy)])
+        return lazy
+    outs = [_fresh_lazy(node, k) for k in range(n)]
+    _set(node, N_OUTS, [WEAKREF(lazy) for lazy in outs])
+    return outs
+
+
 cdef object CONCAT = None            # the OpDef of ``concat`` (a row concatenation view)
 cdef dict INFOS = None               # ir.calls.INFOS: call shape -> CallInfo
 cdef object SLOT = None              # ir.graph.slot
@@ -463,7 +478,7 @@ cdef class RecorderCore:
         if hit == NULL:
             lazy = self._rows_of(base, begin, end)
         else:
-            lazy = self._row_view(graph, graph.nodes, <tuple><object>hit, src, 0)
+            lazy = _fresh_lazy(self._row_node(graph, graph.nodes, <tuple><object>hit, src, 0), 0)
         _set(lazy, OFF_ROWS, rows)      # read as an array: its rows, sliced (``lazy.Rows``)
         graph.leaf_by_id[id(array)] = (_get(lazy, OFF_NODE), lazy, array)
         return lazy
@@ -499,26 +514,27 @@ cdef class RecorderCore:
         graph.literal_parts[(_get(src, N_ID), begin)] = values
         _set(src, N_SHAPES, ((end,) + tail,))
         self.num_calls += 1
-        return self._held_view(graph, nodes, found, src, 0)
+        return _held(self._row_node(graph, nodes, found, src, 0), 1)
 
-    cdef object _row_view(self, object graph, list nodes, tuple found, object src, object idx):
-        """A view node of rows of output ``idx`` of ``src`` (``found``: the row view's
-        ``row_views`` entry), appended to ``nodes``; its LazyArray."""
+    cdef object _append(self, object graph, list nodes, object kind, object op, object inputs,
+                        object args, object kwargs, object info, object depth):
+        """A node at ``depth`` of a call whose analysis ``info`` is known, appended to
+        ``nodes`` and counted (what ``Recorder.add_node`` does, for the hot paths)."""
         cdef object node
         if graph.mode is None:
             graph.mode = self.mode
-        node = make_node(graph, nodes, "view", found[2], [(src, idx)], found[3], found[1],
-                         found[0], self.sample, self.path)
-        _set(node, N_DEPTH, <object>_peek(src, N_DEPTH))
+        node = make_node(graph, nodes, kind, op, inputs, args, kwargs, info, self.sample,
+                         self.path)
+        _set(node, N_DEPTH, depth)
         nodes.append(node)
         self.num_recorded += 1
-        return _fresh_lazy(node, 0)
+        return node
 
-    cdef object _held_view(self, object graph, list nodes, tuple found, object src, object idx):
-        """``_row_view``, its node holding the LazyArray as an output (a user's value)."""
-        cdef object lazy = self._row_view(graph, nodes, found, src, idx)
-        _set(_get(lazy, OFF_NODE), N_OUTS, [WEAKREF(lazy)])
-        return lazy
+    cdef object _row_node(self, object graph, list nodes, tuple found, object src, object idx):
+        """The view node of rows of output ``idx`` of ``src`` (``found``: the row view's
+        ``row_views`` entry)."""
+        return self._append(graph, nodes, "view", found[2], [(src, idx)], found[3], found[1],
+                            found[0], <object>_peek(src, N_DEPTH))
 
     cpdef object row_concat(self, object op, tuple args, bint plain=False):
         """``F.concat(*args, dim=0)`` of values of this graph (not of the frame
@@ -551,17 +567,8 @@ cdef class RecorderCore:
         info = INFOS.get((op, targs, DIM0_ITEMS, tuple(shapes), tuple(dtypes)))
         if info is None or info.kind != "view":
             return None
-        if graph.mode is None:
-            graph.mode = self.mode
-        node = make_node(graph, nodes, "view", op, values, targs, DIM0, info, self.sample,
-                         self.path)
-        _set(node, N_DEPTH, depth)
-        nodes.append(node)
-        self.num_recorded += 1
         self.num_calls += 1
-        a = _fresh_lazy(node, 0)
-        _set(node, N_OUTS, [WEAKREF(a)])
-        return a
+        return _held(self._append(graph, nodes, "view", op, values, targs, DIM0, info, depth), 1)
 
     cpdef object graph_call(self, object op, tuple args, dict kwargs):
         """``op(*args, **kwargs)`` recorded outside any frame (a block whose calls are
@@ -571,8 +578,8 @@ cdef class RecorderCore:
         (``Recorder.add_node`` and ``place`` do the rest); None where the call
         takes the general path (``Recorder.graph_op``)."""
         cdef object graph = self.graph, a, kind, src, idx, info, node, key, depth = 0
-        cdef list nodes = graph.nodes, inputs = [], targs = [], shapes = [], dtypes = [], outs
-        cdef Py_ssize_t k, n
+        cdef list nodes = graph.nodes, inputs = [], targs = [], shapes = [], dtypes = []
+        cdef Py_ssize_t k
         cdef bint computed = False      # an input not a parameter: not a call on weights
         if self._mode_seen != MODES[0] or len(nodes) >= self.max_pending or graph.weight_nodes:
             return None
@@ -614,11 +621,8 @@ cdef class RecorderCore:
         if info is None or info.kind != "op" or info.stateful or info.sig is None \
                 or info.shared_pos and info.low:
             return None
-        if graph.mode is None:
-            graph.mode = self.mode
-        node = make_node(graph, nodes, "op", op, inputs, key[1], kwargs if kwargs else {},
-                         info, self.sample, self.path)
-        _set(node, N_DEPTH, depth + 1)
+        node = self._append(graph, nodes, "op", op, inputs, key[1], kwargs if kwargs else {},
+                            info, depth + 1)
         if info.shared_pos:             # batches with calls sharing the same weights
             _set(node, N_SIG, (info.sig, tuple([
                 (<object>_peek(inputs[k][0], N_ID), inputs[k][1]) for k in info.shared_pos])))
@@ -626,17 +630,8 @@ cdef class RecorderCore:
             _set(node, N_SIG, info.sig)
         if info.link:
             graph.links.append(node)
-        nodes.append(node)
-        self.num_recorded += 1
         self.num_calls += 1
-        n = len(info.out_shapes)
-        if n == 1:
-            a = _fresh_lazy(node, 0)
-            _set(node, N_OUTS, [WEAKREF(a)])
-            return a
-        outs = [_fresh_lazy(node, k) for k in range(n)]
-        _set(node, N_OUTS, [WEAKREF(a) for a in outs])
-        return outs
+        return _held(node, len(info.out_shapes))
 
     cpdef object row_slice(self, object x, object begin, object end):
         """Rows ``begin:end`` of array ``x`` (``x[i:j]``, ``F.slice_axis(x, axis=0,
@@ -670,7 +665,7 @@ cdef class RecorderCore:
         if hit == NULL:
             return self.slow_row_slice(x, begin, end)
         self.num_calls += 1
-        return self._held_view(graph, nodes, <tuple><object>hit, src, idx)
+        return _held(self._row_node(graph, nodes, <tuple><object>hit, src, idx), 1)
 
 
 cdef class FrameCore:
@@ -1234,13 +1229,13 @@ def binary_method(fn, aop, sop, bint reflected, tls, on_weights):
         if frame is None and rec._mode_seen == MODES[0]:      # recorded call by call
             kind = type(other)
             if kind is FLOAT or kind is INT:
-                key = rec.graph_call(sop, (self, float(other)), {})
+                mine = rec.graph_call(sop, (self, float(other)), {})
             elif kind is LAZY and not reflected:
-                key = rec.graph_call(aop, (self, other), {})
+                mine = rec.graph_call(aop, (self, other), {})
             else:
-                key = None
-            if key is not None:
-                return key
+                mine = None
+            if mine is not None:
+                return mine
         if frame is None or rec._mode_seen != MODES[0]:
             return fn(other, self) if reflected else fn(self, other)
         if _get(self, OFF_NODE) is frame:

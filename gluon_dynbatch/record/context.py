@@ -52,10 +52,13 @@ def _counting_set_training(train_mode):
 
 @contextlib.contextmanager
 def modes_within(mode):
-    """Run under autograd's (recording, training) ``mode``, then back as before,
-    without counting a change (``MODE_CHANGES``): what recording knows of the
-    modes is as true after the block as before it.  For a flush, which runs
-    what is pending under its calls' modes and records nothing."""
+    """Run under autograd's (recording, training) ``mode`` (None: as they are), then
+    back as before, without counting a change (``MODE_CHANGES``): what recording
+    knows of the modes is as true after the block as before it.  For a flush,
+    which runs what is pending under its calls' modes and records nothing."""
+    if mode is None:
+        yield
+        return
     was_recording = _SET_RECORDING(mode[0])
     was_training = _SET_TRAINING(mode[1])
     try:
