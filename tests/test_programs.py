@@ -77,6 +77,24 @@ def test_variant_repeats_one_row_inputs_only_when_a_call_needs_it():
     assert [0, 0, 1] in [list(a) for a in arrays if a.ndim == 1]
 
 
+
+def test_batch_arrays_of_one_call_shape_are_kept_per_count_and_equal_a_fresh_build():
+    model = make_model(ChildSumTreeLSTM, hidden=3)
+    emb = nd.random.uniform(shape=(10, 2))
+    trees = [Tree(w, [Tree(1), Tree(2)]) for w in range(4)]
+    scope, _ = _plan(model, trees, [emb])
+    nodes = scope.last_plan.steps[1].nodes
+    assert len({n.info for n in nodes}) == 1
+    for count in (4, 2, 4):
+        variant, arrays = PROGRAM_RULE.batch_arrays(nodes[:count])
+        fresh_variant, fresh = PROGRAM_RULE._batch_arrays(  # pylint: disable=protected-access
+            nodes[0].op, nodes[:count], False)
+        assert variant == fresh_variant
+        assert [a.tolist() for a in arrays] == [a.tolist() for a in fresh]
+        arrays.clear()                  # the caller's list, not the program's
+    assert (nodes[0].info, 4) in nodes[0].op.batches
+    assert len(PROGRAM_RULE.batch_arrays(nodes)[1]) == len(fresh)
+
 class Pooled(gluon.HybridBlock):
     """Means and sums over a call's rows, kept and dropped axes, reshapes."""
 

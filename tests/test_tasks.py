@@ -738,3 +738,19 @@ def test_token_lists_of_different_lengths_in_a_plain_loop_equal_eager():
         np.testing.assert_allclose(h.asnumpy(), ref_h.asnumpy(), rtol=1e-5, atol=1e-6)
     # The first sample runs to its end alone (it shows the form); the others batch.
     assert scope.stats.flushes <= 1 + 4 + 1 < scope.stats.reads
+
+
+def test_a_leaf_arrays_description_serves_its_graph_and_the_next_only():
+    table, wide = nd.ones((5, 3)), nd.ones((2, 7), dtype="float16")
+    with gdb.batching() as scope:
+        rec = scope.recorder
+        first = rec.new_leaf(table)
+        rec.new_graph()                     # as a flush for a read does
+        again, other = rec.new_leaf(table), rec.new_leaf(wide)
+        assert id(table) in rec._described[0]   # pylint: disable=protected-access
+        assert (again.shape, again.dtype) == (first.shape, first.dtype) == ((5, 3), np.float32)
+        assert (other.shape, other.dtype) == ((2, 7), np.float16)
+        rec.new_graph()
+        rec.new_graph()
+        assert not any(id(table) in kept for kept in rec._described)  # pylint: disable=W0212
+        rec.new_graph()

@@ -91,6 +91,9 @@ class Recorder(RecorderCore):
         self._identities = {}       # id(block) -> (block, block_identity), per scope
         self._roots = {}            # (id(block), modes) -> frame_root, per scope
         self._store = trie.store()
+        # id(array) -> (array, shape, dtype) of plain arrays made leaves of this
+        # graph and of the one before (``_described``).
+        self._described = ({}, {})
 
     @property
     def constant_ids(self):
@@ -144,6 +147,7 @@ class Recorder(RecorderCore):
         """Drop references back to the scope (closures of F refer to the recorder)."""
         self.graph.release()
         self.lazy_pool = []
+        self._described = ({}, {})
         self.F = self._flush = self._read = self.scope = None
         self.tasks.rec = self.tasks._flush = None  # pylint: disable=protected-access
 
@@ -159,6 +163,7 @@ class Recorder(RecorderCore):
     def new_graph(self):
         """Start a fresh graph (after a flush or a failure)."""
         self.graph = Graph(self.ctx, self._flush, self._read)
+        self._described = ({}, self._described[0])
 
     def _set_ctx(self, ctx):
         if self.ctx is None:
@@ -174,7 +179,7 @@ class Recorder(RecorderCore):
         found = self.param_table().get(id(array))
         if found is not None and found[0] is array:     # ``p.data()`` read in the model
             return self.param(found[1])                 # ``p`` itself, shared by every call
-        self._set_ctx(array.context)
+        described = self._described_leaf(array)
         node = graph.add(Node(graph, LEAF))
         node.value = array
         if type(array) is LazyArray and array.history_freed():
@@ -185,11 +190,33 @@ class Recorder(RecorderCore):
                        "eager MXNet does with arrays whose graph a pass freed. If that pass ran "
                        "through another graph (a GAN's critic step), pass retain_graph=True to "
                        "it: the value then keeps its gradient", describe_call(self.sample, self.path))
-        node.out_shapes = (array.shape,)
-        node.out_dtypes = (array.dtype,)
+        node.out_shapes = (described[1],)
+        node.out_dtypes = (described[2],)
         lazy = LazyArray(node, 0)
         graph.leaf_by_id[id(array)] = (node, lazy, array)
         return lazy
+
+    def _described_leaf(self, array):
+        """``(array, shape, dtype)`` of a new leaf's array; its context checked.
+
+        Asking an NDArray its shape, context and dtype takes ~20 us of ctypes
+        calls; a sample that reads values starts a graph per read and makes
+        a leaf of the same arrays (an embedding table) in each, so the
+        answers for plain NDArrays (whose shape and context never change)
+        are kept for the graph and the next one.
+        """
+        current, before = self._described
+        found = current.get(id(array))
+        if found is None:
+            found = before.get(id(array))
+        if found is not None and found[0] is array and self.ctx is not None:
+            current[id(array)] = found
+            return found
+        self._set_ctx(array.context)
+        found = (array, array.shape, array.dtype)
+        if type(array) is NDArray:
+            current[id(array)] = found
+        return found
 
     def before_write(self, arrays):
         """``arrays`` are about to be written in place (``x[:] = ...``, ``x += y``,

@@ -94,6 +94,7 @@ class Program:
         self.sticky_sums = np.zeros(len(counts), dtype=bool)
         self.detached = _detached_inputs(entries, exports)
         self.sticky_columns = np.zeros(sum(e.scalar for e in entries), dtype=bool)
+        self.batches = {}   # (CallInfo, node count) -> batch_arrays of one call shape
 
     def __repr__(self):
         return "Program(%s, %d entries)" % (self.name, len(self.entries))
@@ -210,6 +211,10 @@ class ProgramInfo:
         self.usage = None                   # the usage.Usage of the block calling it
 
 
+MAX_BATCHES = 512
+"""Batches of one call shape whose index arrays a program keeps."""
+
+
 class ProgramRule(Rule):
     """Batches call nodes of one program (see the module docstring)."""
 
@@ -226,6 +231,26 @@ class ProgramRule(Rule):
         that batches of the same shape keep the same plan key.
         """
         op = nodes[0].op
+        if not sticky:
+            # One call shape among the nodes, the common case: the arrays depend
+            # on it and the node count alone, so a batch of the same size reuses
+            # them (a scope whose samples read values walks a plan per read).
+            info = nodes[0].info
+            for node in nodes:
+                if node.info is not info:
+                    break
+            else:
+                key = (info, len(nodes))
+                found = op.batches.get(key)
+                if found is None:
+                    if len(op.batches) >= MAX_BATCHES:
+                        op.batches.clear()
+                    found = op.batches[key] = self._batch_arrays(op, nodes, False)
+                return found[0], list(found[1])
+        return self._batch_arrays(op, nodes, sticky)
+
+    @staticmethod
+    def _batch_arrays(op, nodes, sticky):
         # Few call shapes among many nodes: one row per distinct CallInfo, then
         # picked per node (cheaper than converting every node's tuple).
         distinct = {}
