@@ -5,8 +5,8 @@ import pytest
 from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import (ChildSumTreeLSTM, check_all_strategies, make_model, random_tree,
-                              reference_run, rng, run_model)
+from dynbatch_testing import (ChildSumTreeLSTM, assert_same, check_all_strategies, make_model,
+                              random_tree, reference_run, rng, run_model)
 
 
 class Scaled(gdb.DynBatchBlock):
@@ -426,3 +426,25 @@ def test_mxnet_dispatching_through_its_cython_modules_is_refused_with_a_way_out(
     with pytest.raises(ImportError, match="MXNET_ENABLE_CYTHON=0"):
         check_dispatch(NDArray)
     check_dispatch(nd.NDArray)          # this MXNet: its ctypes dispatch
+
+
+def test_split_gates_of_a_known_frame_are_replayed_in_compiled_code(monkeypatch):
+    """``F.split`` of the gates (several new values, a call a pass rewrites), once
+    learned on a frame's path, is replayed without ``Frame._replay``; the results
+    and gradients equal eager."""
+    from examples.sick_model import OpByOpTreeLSTM
+    from gluon_dynbatch.record import frames
+
+    r = rng(9)
+    emb = nd.random.uniform(shape=(20, 3))
+    model = make_model(OpByOpTreeLSTM, hidden_size=4, input_size=3)
+    trees = [random_tree(r, 20, max_depth=2) for _ in range(6)]
+    run_model(model, trees, [emb], "depth")     # learns the frames' paths
+    replayed = []
+    original = frames.Frame._replay     # pylint: disable=protected-access
+    monkeypatch.setattr(frames.Frame, "_replay", lambda self, macro, *rest: (
+        replayed.append(macro), original(self, macro, *rest))[1])
+    batched = run_model(model, trees, [emb], "depth")
+    assert not replayed
+    monkeypatch.undo()
+    assert_same(batched, run_model(model, trees, [emb], "eager"))

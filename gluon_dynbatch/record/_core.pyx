@@ -215,6 +215,33 @@ cdef Py_ssize_t MAX_ROW_CONCAT = 0   # recorder.MAX_ROW_CONCAT
 cdef tuple DIM0_ITEMS = (("dim", 0),)
 
 
+cdef object PROGRAM_RECIPE = None    # templates.recipes.ProgramRecipe (``bind_recipes``)
+
+
+def bind_recipes(program_recipe):
+    """Learn the recipe class whose common case ``apply_recipe`` runs here."""
+    global PROGRAM_RECIPE
+    PROGRAM_RECIPE = program_recipe
+
+
+cpdef apply_recipe(FrameCore frame, list alive, object recipe):
+    """``recipe.apply(frame, alive)``; a program recipe exporting whole outputs,
+    whose external values this graph already holds, is applied here
+    (``apply_program``) without the Python method."""
+    cdef RecorderCore rec
+    cdef object graph
+    cdef PyObject* hit
+    if type(recipe) is PROGRAM_RECIPE:
+        rec = frame.rec
+        graph = rec.graph
+        hit = PyDict_GetItem(graph.externals, id(recipe))
+        if hit != NULL and graph.mode is not None and (<tuple>hit)[0] is recipe \
+                and (<tuple>hit)[2] is not None and recipe.whole:
+            apply_program(frame, alive, recipe, <tuple>hit)
+            return
+    recipe.apply(frame, alive)
+
+
 def apply_program(FrameCore frame, list alive, object recipe, tuple found):
     """Record ``recipe``'s program node for ``frame`` and point ``alive``, its
     exported values in order, at the node's outputs (a ``templates.ProgramRecipe``
@@ -745,7 +772,7 @@ cdef class FrameCore:
             recipe = self.state.recipes[positions] = self.rec.recipe_for(self, positions)
         else:
             recipe = <object>hit
-        recipe.apply(self, alive)
+        apply_recipe(self, alive, recipe)
 
     cpdef object push(self, State nxt):
         """Move to state ``nxt`` (a one-output call); its provisional output."""
@@ -1105,7 +1132,7 @@ cdef class FrameCore:
         if hit == NULL:
             return self.written(op, args, kwargs)
         macro = <Macro>hit
-        if macro.single < 0:
+        if macro.single < 0 and (macro.simple is None or macro.bases is not None):
             return self._replay(macro, args, refs)
         start = len(self.out_shapes)
         self.out_shapes.extend(macro.shapes)
@@ -1115,7 +1142,12 @@ cdef class FrameCore:
             a = args[k]
             self.vals[pos] = a
             self.ext[id(a)] = pos
-        return self._lazy_at(start + macro.single)
+        if macro.single >= 0:
+            return self._lazy_at(start + macro.single)
+        # Several new values (``F.split``'s list): made here as ``_replay`` would.
+        kind = macro.simple[0]
+        made = [self._lazy_at(start + offset) for offset in macro.simple[1]]
+        return tuple(made) if kind is tuple else made
 
 
 cdef object _structure(object obj, list arrays):

@@ -36,7 +36,7 @@ from ..ir.calls import ShapeFromData
 from ..ir.graph import LEAF
 from .lazy import LazyArray
 from .literals import key_item
-from ._core import FrameCore
+from ._core import FrameCore, apply_recipe
 from .bases import base_of, bases_made, replay_bases
 from .trie import MAX_STATES, Macro, State, flatten_args, learn_call
 
@@ -479,7 +479,7 @@ class Frame(FrameCore):
         recipe = self.state.recipes.get(positions)
         if recipe is None:
             recipe = self.state.recipes[positions] = self.rec.recipe_for(self, positions)
-        recipe.apply(self, alive)
+        apply_recipe(self, alive, recipe)
         return positions
 
     def fallback(self, why):

@@ -19,7 +19,7 @@ from . import programs
 from ..record import sites
 from ..record import weights as weight_calls
 from ..ir.graph import NO_KWARGS, OP, VIEW, analysed_node, slot
-from ..record._core import apply_program
+from ..record._core import apply_program, apply_recipe, bind_recipes
 from ..record.lazy import LazyArray
 from ..ir.ops import Stand, opdef
 from ..ir.rules import SHARED
@@ -300,7 +300,7 @@ class PartsRecipe:
             # Values later parts read go to ``frame.vals``, as arrays read from outside.
             lazies = [by_position[pos] if pos in by_position else LazyArray(frame, pos)
                       for pos in wanted]
-            recipe.apply(frame, lazies)
+            apply_recipe(frame, lazies, recipe)
             for pos, lazy in zip(wanted, lazies):
                 vals[pos] = lazy
 
@@ -592,3 +592,6 @@ class OpsRecipe:
             j, idx = self.produced[lazy._idx]
             places.append((made[j], idx))
         _rebind(alive, places)
+
+
+bind_recipes(ProgramRecipe)
