@@ -19,7 +19,8 @@ from mxnet.gluon import nn
 import gluon_dynbatch as gdb
 from gluon_dynbatch.record import trie
 import user_models as um
-from dynbatch_testing import assert_same, random_tree
+from dynbatch_testing import (assert_same, check_all_strategies, make_model, random_tree,
+                              run_model)
 
 MODES = [(strategy, compiled) for strategy in ("depth", "agenda")
          for compiled in (False, True, "step")]
@@ -813,3 +814,126 @@ def test_calls_recorded_one_by_one_take_compiled_code_once_known(monkeypatch):
     assert not {"FullyConnected", "Activation", "relu", "broadcast_add", "_div_scalar",
                 "add_n"} & set(general), general
     assert_same(batched, um.run_case(case))
+
+
+def test_a_trial_whose_flushes_all_ran_by_operator_still_decides():
+    """Frames that make programs of their own switch their flush to operators
+    (``Usage.note_program``) even where the trial asked for frames: the trial
+    counts each flush the way it ran and decides from what ran."""
+    from gluon_dynbatch.record.usage import LEARNING_TRIAL, Usage
+    usage = Usage()
+    watch = usage.watch = {"trial": {"op": [], "frame": []}}
+    usage.irregular = True
+    for _ in range(2 * LEARNING_TRIAL):
+        usage._trial_flush(watch, 0.5)      # pylint: disable=protected-access
+        if usage.watch == "done":
+            break
+        usage.irregular = True              # the flush switched itself
+    assert usage.watch == "done" and usage.irregular
+    assert usage.trial_ms == (0.5, None)
+
+
+def test_message_passing_over_new_graphs_batch_after_batch_equals_eager():
+    """Each sample its own graph, a new batch every time: past the trial of
+    recording operator by operator, every batch runs and equals eager."""
+    case = um.case_message_passing(seed=0, n=12)
+    for k in range(16):
+        batch = um.Case(case.model, um.case_message_passing(seed=200 + k, n=12).samples,
+                        case.inputs)
+        assert_same(um.run_case(batch, {}), um.run_case(batch, None))
+    assert _usage_of(case.model).watch == "done"
+
+
+class PickedByIndexArrays(gdb.DynBatchBlock):
+    """A sentence's projected rows, elements picked by index arrays (NDArray
+    advanced indexing): one by row and column, or each row's largest."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        with self.name_scope():
+            self.proj = nn.Dense(4)
+
+    def hybrid_forward(self, F, sentence, emb):
+        length = len(sentence)
+        h = self.proj(F.take(emb, F.array(sentence)))
+        if self.form == "row_and_column":
+            return h[F.array([length - 1]), F.array([2])]
+        return h[F.arange(length), F.argmax(h, axis=1)]
+
+
+@pytest.mark.parametrize("form", ["row_and_column", "largest_of_each_row"])
+def test_elements_picked_by_index_arrays_equal_eager(form):
+    """Index arrays stacked for ``gather_nd`` (no gradient) are gathered rows of
+    an earlier step: MXNet's backward crashed the process on them (a zero
+    gradient reaching a take of a concat) before they were detached."""
+    r = random.Random(3)
+    sentences = [[6], [6, 7, 8]] + [[r.randrange(20) for _ in range(r.randint(1, 5))]
+                                    for _ in range(4)]
+    emb = nd.array(np.random.RandomState(0).uniform(-1, 1, (20, 3)))
+    model = make_model(PickedByIndexArrays, form=form)
+    eager = run_model(model, sentences, [emb], "eager")
+    check_all_strategies(model, sentences, [emb], strategies=("depth", "agenda"))
+    assert_same(run_model(model, sentences, [emb], "depth"), eager)
+
+
+class OffsetChildren(gdb.DynBatchBlock):
+    """Children's states added in a loop with a Python number that is 0 for even
+    words: ``F.tanh(h + child + tree.word % 2)``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(4)
+
+    def hybrid_forward(self, F, tree, emb):
+        h = self.inp(emb[tree.word:tree.word + 1])
+        for child in tree.children:
+            h = F.tanh(h + self(child, emb) + tree.word % 2)
+        return h
+
+
+def test_a_sum_of_children_plus_a_number_that_is_zero_equals_eager():
+    from dynbatch_testing import Tree
+    trees = [Tree(0, [Tree(1)]), Tree(3, [Tree(2), Tree(5)]), Tree(4, [Tree(6), Tree(7)])]
+    r = random.Random(5)
+    trees += [random_tree(r, 20, max_depth=3) for _ in range(4)]
+    emb = nd.array(np.random.RandomState(1).uniform(-1, 1, (20, 3)))
+    model = make_model(OffsetChildren)
+    eager = run_model(model, trees, [emb], "eager")
+    check_all_strategies(model, trees, [emb], strategies=("depth", "agenda", "unbatched"))
+    assert_same(run_model(model, trees, [emb], "depth"), eager)
+
+
+class SlicedFromEnd(gdb.DynBatchBlock):
+    """Rows of a sentence's projection sliced with ``F.slice_axis`` at bounds of
+    the sample's own: negative (counted from the end) or ``end=None``."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        with self.name_scope():
+            self.proj = nn.Dense(4, flatten=False)
+
+    def hybrid_forward(self, F, sample, emb):
+        words, k = sample
+        h = self.proj(F.take(emb, F.array(words)))
+        if self.form == "negative":
+            return F.slice_axis(h, axis=0, begin=-k - 1, end=-k)
+        if self.form == "to_the_end":
+            return F.slice_axis(h, axis=0, begin=k, end=None).sum(axis=0, keepdims=True)
+        return F.slice_axis(h, axis=1, begin=-k - 1, end=-k)     # a column from the end
+
+
+@pytest.mark.parametrize("form", ["negative", "to_the_end", "column"])
+def test_slices_at_bounds_counted_from_the_end_equal_eager(form):
+    """Bounds that differ by sample become positions: negative bounds and
+    ``end=None`` are counted from the value's end first (silently row 0 before,
+    or a TypeError for ``None``)."""
+    r = random.Random(4)
+    samples = [([r.randrange(20) for _ in range(r.randint(4, 7))], k) for k in (1, 2, 3, 3, 1, 2)]
+    emb = nd.array(np.random.RandomState(2).uniform(-1, 1, (20, 3)))
+    model = make_model(SlicedFromEnd, form=form)
+    eager = run_model(model, samples, [emb], "eager")
+    check_all_strategies(model, samples, [emb], strategies=("depth", "agenda"))
+    assert_same(run_model(model, samples, [emb], "depth"), eager)

@@ -258,7 +258,10 @@ def _accumulates(where, j, steps, home, readers, its, producer):
         if all(here not in its[k] for k in after):
             return chain
         k = after[0]
+        # (A one-term addition, ``total + 0`` of a number that is 0 here,
+        # adds no term of this iteration: no accumulation.)
         if len(after) != 1 or not _add_like(steps[k]) or here not in its[k] \
+                or len(steps[k].refs) != 2 \
                 or not any(a == out and new_here(b)
                            for a, b in (steps[k].refs, steps[k].refs[::-1])):
             return ()

@@ -132,18 +132,31 @@ class Usage:
         return watch["trial"] is not None
 
     def _trial_flush(self, watch, ms_per_call):
+        """Count a flush of the trial under the way it ran; run the next one the
+        way fewer have run; decide once both ways have run ``LEARNING_TRIAL``
+        flushes between them (or one way alone twice as many)."""
         trial = watch["trial"]
-        trial["op" if self.irregular else "frame"].append(ms_per_call)
-        if len(trial["op"]) + len(trial["frame"]) < LEARNING_TRIAL:
-            self.irregular = not self.irregular
+        ops, frames = trial["op"], trial["frame"]
+        # A flush meant to run as frames may have switched itself to operators
+        # (its frames made programs of their own: ``note_program``).
+        (ops if self.irregular else frames).append(ms_per_call)
+        done = len(ops) + len(frames)
+        if done < LEARNING_TRIAL or (not (ops and frames) and done < 2 * LEARNING_TRIAL):
+            self.irregular = len(ops) <= len(frames)
             return True
-        by_op = sum(trial["op"]) / len(trial["op"])
-        by_frame = sum(trial["frame"]) / len(trial["frame"])
-        self.irregular = self.told = by_op < LEARNING_GAIN * by_frame
+        by_op = sum(ops) / len(ops) if ops else None
+        by_frame = sum(frames) / len(frames) if frames else None
+        self.irregular = self.told = by_frame is None or (
+            by_op is not None and by_op < LEARNING_GAIN * by_frame)
         self.watch, self.trial_ms = "done", (by_op, by_frame)
         if self.irregular:
             log.info("%s: calls keep taking new paths through the code (a structure of each "
-                     "sample's own); recorded operator by operator they cost %.1f us a call "
-                     "against %.1f as templates: recording them operator by operator",
-                     self.name, 1000.0 * by_op, 1000.0 * by_frame)
+                     "sample's own); recorded operator by operator they cost %s us a call "
+                     "against %s as templates: recording them operator by operator",
+                     self.name, _us(by_op), _us(by_frame))
         return True
+
+
+def _us(ms):
+    """Milliseconds as microseconds for the log (``None``: that way never ran)."""
+    return "-" if ms is None else "%.1f" % (1000.0 * ms)

@@ -35,16 +35,21 @@ MAX_SITES = 10000
 def slice_by_position(rec, x, axis, begin, end):
     """A slice of frame value ``x`` along ``axis`` as a gather by a literal
     position, where the position varies at the frame's template state; else None."""
-    if axis == 1 and (len(x.shape) != 2 or end - begin != 1) or axis > 1:
+    if axis > 1 or axis == 1 and len(x.shape) != 2:
+        return None
+    # The rows (columns) as positions: negative bounds count from the end and
+    # ``end=None`` is the end, as in Python and MXNet.
+    first, stop, _ = slice(begin, end).indices(x.shape[axis])
+    if stop <= first or axis == 1 and stop - first != 1:
         return None
     frame = rec.frame
     seen = _SEEN.get(frame.state)
     if seen is None:
         seen = _SEEN[frame.state] = {}
-    key = (x._idx, axis, end - begin)
+    key = (x._idx, axis, stop - first)
     got = seen.get(key)
     if got is None:                     # the first slice here: the trie is learning anyway
-        got = seen[key] = (begin, (sites.capture(frame.caller), axis, end - begin))
+        got = seen[key] = (begin, (sites.capture(frame.caller), axis, stop - first))
     if got[0] != begin and got[0] is not _VARIES:
         if len(_VARYING_SITES) < MAX_SITES:
             _VARYING_SITES.add(got[1])
@@ -52,9 +57,9 @@ def slice_by_position(rec, x, axis, begin, end):
     if got[0] is not _VARIES and got[1] not in _VARYING_SITES:
         return None
     if axis == 0:
-        rows = literals.record(rec, np.arange(begin, end, dtype=np.float32))
+        rows = literals.record(rec, np.arange(first, stop, dtype=np.float32))
         return rec.call_op(_TAKE, (x, rows), {"axis": 0})
-    column = literals.record(rec, np.full(x.shape[0], begin, dtype=np.float32))
+    column = literals.record(rec, np.full(x.shape[0], first, dtype=np.float32))
     return rec.call_op(_PICK, (x, column), {"axis": 1, "keepdims": True})
 
 

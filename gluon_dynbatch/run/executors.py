@@ -141,10 +141,12 @@ def _gather_detached(desc, values, feeds):
 
     Its gradient is zero.  MXNet 1.9's imperative backward crashes (segfault)
     when the only gradient reaching a ``take`` of a ``concat`` is such a zero,
-    so the gathered copy carries no history.
+    so the input carries no history: neither the gathered copy nor an earlier
+    step's output passed whole (rows an earlier step gathered, stacked index
+    arrays for ``gather_nd``).
     """
     with autograd.pause():
-        return _gather(desc, values, feeds)
+        return _gather(desc, values, feeds).detach()
 
 
 def _gather(desc, values, feeds):
