@@ -754,3 +754,70 @@ def test_a_leaf_arrays_description_serves_its_graph_and_the_next_only():
         rec.new_graph()
         assert not any(id(table) in kept for kept in rec._described)  # pylint: disable=W0212
         rec.new_graph()
+
+
+class _ReadsThrice(gdb.DynBatchBlock):
+    """Reads a value at each of three steps; at the second, may wait for another
+    thread (``pause``: the thread's events) before going on."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.pause = None
+        with self.name_scope():
+            self.a = nn.Dense(4)
+            self.b = nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.a(x))
+        for step in range(3):
+            sign = 1.0 if float(F.sum(h).asscalar()) > 0 else -1.0
+            if step == 1 and self.pause is not None:
+                read, other_ran = self.pause
+                read.set()
+                other_ran.wait(30)
+            h = F.tanh(self.b(h)) * sign
+        return h
+
+
+def test_another_threads_backward_pass_leaves_a_scopes_values_differentiable():
+    """A backward pass frees the graph of its own thread only: another thread's
+    pass between two reads of a scope does not make the values the scope's
+    first flushes handed out constants (their gradients were dropped)."""
+    import threading
+    mx.random.seed(0)
+    model = _ReadsThrice()
+    model.initialize(mx.init.Uniform(1.0))
+    xs = [nd.array(np.random.RandomState(i).uniform(-1, 1, (1, 3))) for i in range(3)]
+
+    def gradients(batched):
+        with autograd.record():
+            with gdb.batching() if batched else contextlib.nullcontext():
+                outs = [model(x) for x in xs]
+            loss = nd.add_n(*[(o * o).sum() for o in outs])
+        loss.backward()
+        return {k: p.grad().asnumpy().copy() for k, p in model.collect_params().items()}
+
+    eager = gradients(False)
+    read, other_ran = threading.Event(), threading.Event()
+
+    def other_thread():                 # an unrelated model's eager training step
+        read.wait(30)
+        dense = nn.Dense(2)
+        dense.initialize()
+        with autograd.record():
+            loss = dense(nd.ones((1, 3))).sum()
+        loss.backward()
+        other_ran.set()
+
+    model.pause = (read, other_ran)
+    result = {}
+    threads = [threading.Thread(target=other_thread),
+               threading.Thread(target=lambda: result.update(g=gradients(True)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    model.pause = None
+    assert other_ran.is_set() and "g" in result
+    for name, grad in eager.items():
+        np.testing.assert_allclose(result["g"][name], grad, rtol=1e-5, atol=1e-6)

@@ -45,7 +45,6 @@ cdef object LAZY = None            # the LazyArray class (``bind``)
 cdef object NDARRAY = None         # mxnet.nd.NDArray
 cdef list MODES = None             # context.MODE_CHANGES
 cdef Py_ssize_t OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_ROWS, OFF_WRITABLE, OFF_EPOCH
-cdef list EPOCH = None             # lazy.BACKWARD_EPOCH
 cdef object FLOAT = float
 cdef object INT = int
 
@@ -61,14 +60,12 @@ cdef Py_ssize_t _offset(cls, name) except -1:
     return (<PyMemberDescrObject*>descr).d_member.offset
 
 
-def bind(lazy_class, ndarray_class, mode_changes, backward_epoch):
-    """Learn where ``lazy_class`` (LazyArray) keeps its slots; the NDArray class,
-    the counter of autograd's mode changes (``context.MODE_CHANGES``) and that
-    of backward passes (``lazy.BACKWARD_EPOCH``)."""
+def bind(lazy_class, ndarray_class, mode_changes):
+    """Learn where ``lazy_class`` (LazyArray) keeps its slots; the NDArray class
+    and the counter of autograd's mode changes (``context.MODE_CHANGES``)."""
     global LAZY, NDARRAY, MODES, OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_ROWS, OFF_WRITABLE
-    global OFF_EPOCH, EPOCH
+    global OFF_EPOCH
     OFF_EPOCH = _offset(lazy_class, "_epoch")
-    EPOCH = backward_epoch
     OFF_H = _offset(lazy_class, "_h")
     OFF_NODE = _offset(lazy_class, "_node")
     OFF_IDX = _offset(lazy_class, "_idx")
@@ -494,7 +491,7 @@ cdef class RecorderCore:
         cdef object epoch = _get(array, OFF_EPOCH)
         cdef PyObject* hit
         if group.token is not self.rows_token or group.literal or (
-                epoch is not None and epoch != EPOCH[0]):
+                epoch is not None and (<tuple>epoch)[0][0] != (<tuple>epoch)[1]):
             return None
         base = self.leaf(group.array)
         src = _get(base, OFF_NODE)

@@ -6,7 +6,7 @@ run under the autograd modes (recording, training) its calls were recorded
 under: reading them costs a ctypes call each, so every change through
 ``mxnet.autograd`` bumps ``MODE_CHANGES`` and a recorder re-reads the modes
 only when it moved.  Backward passes that free their graph are counted too
-(``lazy.BACKWARD_EPOCH``): a value computed before one is a constant after it.
+(``lazy.backward_ran``, per thread): a value computed before one is a constant after it.
 """
 import contextlib
 import threading
@@ -90,7 +90,7 @@ def _counting_backward(backward):
             raise MXNetError("%s\n%s" % (err, _SHARED_GRAPH)) from err
         retain = kwargs.get("retain_graph", args[2] if len(args) > 2 else False)
         if not retain:
-            lazy_mod.BACKWARD_EPOCH[0] += 1
+            lazy_mod.backward_ran()
         return result
     wrapper.__doc__ = backward.__doc__
     wrapper.__name__ = backward.__name__
@@ -112,4 +112,4 @@ def autograd_mode():
     return (autograd.is_recording(), autograd.is_training())
 
 
-_core.bind(lazy_mod.LazyArray, NDArray, MODE_CHANGES, lazy_mod.BACKWARD_EPOCH)
+_core.bind(lazy_mod.LazyArray, NDArray, MODE_CHANGES)

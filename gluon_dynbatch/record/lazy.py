@@ -8,6 +8,7 @@ fluent methods on it (and ``mx.nd`` operators called on it directly, see
 operator writing to ``out=``, ``backward``) reaches for ``handle``, which
 first runs what is pending.
 """
+import threading
 import weakref
 
 import numpy as np
@@ -15,6 +16,7 @@ from mxnet import autograd, nd
 from mxnet.base import _LIB, check_call
 
 from ..errors import BatchingError
+from ..ir.known import device_array
 
 def check_dispatch(ndarray_class):
     """Raise ImportError when MXNet dispatches operators through its own Cython
@@ -35,16 +37,37 @@ def check_dispatch(ndarray_class):
 
 check_dispatch(nd.NDArray)
 
-# Backward passes that freed their graph so far (``retain_graph=False``),
-# counted by context.py's wrappers of MXNet's backward functions.
-BACKWARD_EPOCH = [0]
+# Backward passes that freed their graph so far (``retain_graph=False``), per
+# thread (autograd's graphs are each thread's own), counted by context.py's
+# wrappers of MXNet's backward functions.
+_PASSES = threading.local()
+
+
+def _passes():
+    """This thread's count of graph-freeing backward passes, a one-item list."""
+    found = getattr(_PASSES, "count", None)
+    if found is None:
+        found = _PASSES.count = [0]
+    return found
+
+
+def backward_ran():
+    """Count a graph-freeing backward pass of this thread."""
+    _passes()[0] += 1
+
+
+def epoch_stamp():
+    """What a value computed now is stamped with (``LazyArray.history_freed``):
+    its thread's count of backward passes, and the count now."""
+    count = _passes()
+    return (count, count[0])
 
 
 class LazyArray(nd.NDArray):
     """An NDArray produced by a recorded call, materialised on demand."""
 
     # Slots, not a __dict__: a batch makes thousands of LazyArrays.
-    # ``_epoch``: BACKWARD_EPOCH when the value was computed (see ``history_freed``).
+    # ``_epoch``: ``epoch_stamp()`` when the value was computed (see ``history_freed``).
     # ``_base``: (the value this one reshapes, autograd's mode count), see reshapes.py.
     # ``_rows``: (Rows, index) of a value a flush handed out as rows of a batched
     # output (``run.lowering.Lowering.deliver``), or of their view in a later graph.
@@ -61,7 +84,7 @@ class LazyArray(nd.NDArray):
         self._rows = None
         self.writable = writable
         if handle is not None:
-            self._epoch = BACKWARD_EPOCH[0]
+            self._epoch = epoch_stamp()
 
     # -- the handle: materialise on first use --------------------------------
     @property
@@ -84,7 +107,7 @@ class LazyArray(nd.NDArray):
             if self._h is None:             # a value's rows in a later graph (``Recorder.leaf``)
                 piece = rows[0].slice(rows[1])
                 self._h, piece.handle = piece.handle, None
-                self._epoch = BACKWARD_EPOCH[0]
+                self._epoch = epoch_stamp()
         h = self._h
         if h is None:
             raise BatchingError("internal error: value not produced by its flush")
@@ -131,7 +154,7 @@ class LazyArray(nd.NDArray):
         array.handle = None
         self._node = None
         self._rows = None
-        self._epoch = BACKWARD_EPOCH[0]
+        self._epoch = epoch_stamp()
 
     def history_freed(self):
         """Whether a backward pass may have freed the graph that computed this value.
@@ -145,7 +168,7 @@ class LazyArray(nd.NDArray):
         this value's, not its own node): any pass since counts.
         """
         epoch = getattr(self, "_epoch", None)
-        return epoch is not None and epoch != BACKWARD_EPOCH[0]
+        return epoch is not None and epoch[0][0] != epoch[1]
 
     @property
     def is_pending(self):
@@ -300,7 +323,7 @@ class Rows:
         hands out inside a scope are only read again by its next flushes, which
         gather rows from the array itself."""
         members = self.members = []
-        epoch = BACKWARD_EPOCH[0]           # computed now (``LazyArray.history_freed``)
+        epoch = epoch_stamp()               # computed now (``LazyArray.history_freed``)
         for k, lazy in enumerate(lazies):
             lazy._node, lazy._rows, lazy._epoch = None, (self, k), epoch
             members.append(weakref.ref(lazy))
@@ -330,7 +353,7 @@ class Rows:
                 end == begin for (_, end), (begin, _) in zip(bounds, bounds[1:])):
             return self.array
         index = np.concatenate([np.arange(begin, end) for begin, end in bounds])
-        return nd.take(self.array, nd.array(index, ctx=self.array.context, dtype="int32"))
+        return nd.take(self.array, device_array(index.astype(np.int32), self.array.context))
 
     def host_rows(self, k):
         """Value ``k``'s rows as a numpy array, from one host copy of the array."""
