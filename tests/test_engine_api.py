@@ -448,3 +448,35 @@ def test_split_gates_of_a_known_frame_are_replayed_in_compiled_code(monkeypatch)
     assert not replayed
     monkeypatch.undo()
     assert_same(batched, run_model(model, trees, [emb], "eager"))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "float32", "float16", "uint8", "bool"])
+def test_index_arrays_and_literal_pools_reach_mxnet_as_aligned_copies(dtype, monkeypatch):
+    """``known.device_array``: the values, dtype and shape given, in memory of
+    its own (the numpy array may change afterwards), 64-byte aligned; on the
+    CPU without a synchronous copy (which waits for the engine's queue), but
+    for ``bool``, which DLPack does not carry here."""
+    import ctypes
+    from mxnet.base import _LIB, check_call
+    from gluon_dynbatch.ir.known import device_array
+
+    values = (np.arange(15).reshape(3, 5) % 4).astype(dtype)
+    if dtype != "bool":
+        monkeypatch.setattr(mx.nd.NDArray, "_sync_copyfrom", None)
+    array = device_array(values, mx.cpu())
+    monkeypatch.undo()
+    expected = values.copy()
+    values[...] = 0
+    assert array.dtype == np.dtype(dtype) and array.shape == (3, 5)
+    np.testing.assert_array_equal(array.asnumpy(), expected)
+    data = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(data)))
+    assert data.value % 64 == 0
+    if dtype == "bool":             # no index dtype for take
+        return
+    table = nd.arange(10).reshape((5, 2))
+    table.attach_grad()
+    with mx.autograd.record():
+        rows = nd.take(table, device_array(np.array([4, 0, 4], dtype=dtype), mx.cpu()))
+    rows.backward()
+    np.testing.assert_array_equal(table.grad.asnumpy()[:, 0], [1, 0, 0, 0, 2])

@@ -14,6 +14,7 @@ import numpy as np
 from mxnet.base import _LIB, SymbolHandle
 from mxnet.symbol import Symbol
 
+from . import _scan
 from .graph import LEAF, VIEW
 
 
@@ -79,10 +80,25 @@ def taken_rows(indices, size, mode):
 def device_array(values, ctx):
     """Numpy ``values`` as a new NDArray of their dtype on ``ctx``.
 
-    What ``mx.nd.array`` does for a numpy array, without its checks for
-    other kinds of sources (a quarter of its cost here): one synchronous copy,
-    made once per flush for every index array and literal pool together.
+    On the CPU, a copy handed over through DLPack (``_scan.dlpack_copy``): no
+    engine operation, where a copy into an NDArray (``mx.nd.array``) first
+    waits for everything the engine has queued (its ``WaitToWrite``: a flush
+    would wait for the previous batch's backward pass to finish).  Elsewhere,
+    or for a dtype DLPack does not carry here, one synchronous copy.  Made once
+    per flush for every index array and literal pool together.
     """
+    code = _DLPACK_TYPES.get(values.dtype)
+    if code is not None and values.size and values.ndim and ctx.device_type == "cpu" \
+            and ctx.device_id == 0:
+        values = np.ascontiguousarray(values)
+        capsule = _scan.dlpack_copy(values.reshape(-1).view(np.uint8), values.shape, *code)
+        return mx.nd.from_dlpack(capsule)
     out = mx.nd.empty(values.shape, ctx=ctx, dtype=values.dtype)
     out._sync_copyfrom(values)  # pylint: disable=protected-access
     return out
+
+
+# dtype -> DLPack (type code, bits): 0 int, 1 uint, 2 float.
+_DLPACK_TYPES = {np.dtype(name): (code, np.dtype(name).itemsize * 8) for name, code in (
+    ("int8", 0), ("int32", 0), ("int64", 0), ("uint8", 1),
+    ("float16", 2), ("float32", 2), ("float64", 2))}
