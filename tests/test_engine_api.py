@@ -188,6 +188,46 @@ def test_deferred_initialisation_inside_scope():
     np.testing.assert_allclose(out.asnumpy(), model(0, x).asnumpy(), rtol=1e-6)
 
 
+class PausedChild(gdb.DynBatchBlock):
+    """A child without ``in_units`` called under ``autograd.pause()``: its
+    parameters, passed before autograd's modes change, meet a flush."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(5, activation="tanh")
+            self.probe = gluon.nn.Dense(5)
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        with autograd.pause():
+            p = self.probe(h)
+        return h * p
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}])
+def test_deferred_initialisation_of_a_child_under_pause_equals_eager(options):
+    mx.random.seed(3)
+    model = PausedChild()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.random.uniform(shape=(1, 3)) for _ in range(3)]
+    runs = []
+    for batched in (True, False):   # batched first: the scope finishes initialisation
+        with autograd.record():
+            if batched:
+                with gdb.batching(**options):
+                    outs = [model(x) for x in xs]
+            else:
+                outs = [model(x) for x in xs]
+            loss = nd.add_n(*[o.sum() for o in outs])
+        loss.backward()
+        runs.append(([o.asnumpy() for o in outs], model.dense.weight.grad().asnumpy()))
+    assert model.probe.weight.shape == (5, 5)
+    for a, b in zip(*[outs for outs, _ in runs]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-6)
+
+
 def test_row_slices_of_an_input_become_views_not_steps():
     r = rng(5)
     trees = [random_tree(r, 20, max_depth=2) for _ in range(5)]

@@ -313,6 +313,10 @@ class Recorder(RecorderCore):
             if type(node) is Frame:         # a value of a call still recording
                 node.cut("its value is used outside it")
                 return self.value_of(x)
+            if node is not None and node.kind == LEAF and node.param is not None:
+                # A parameter passed to a call before a flush (autograd's modes
+                # changed inside it): the same parameter in this graph.
+                return self.value_of(self.param(node.param))
             if node is not None:          # pending in an older graph: run it
                 x.handle  # pylint: disable=pointless-statement
         lazy = self.leaf(x)
