@@ -634,6 +634,62 @@ def test_samples_waiting_under_other_modes_record_under_their_own(how, options):
     _assert_runs_agree(results[::2], grad_atol=1e-5)
 
 
+class SearchesThenScores(gdb.DynBatchBlock):
+    """A search of its own number of steps under ``autograd.pause()``, each step
+    reading a value (as a beam search does), then a score that is differentiated
+    and read once more."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(8, activation="tanh")
+            self.step = nn.Dense(8)
+            self.after = nn.Dense(8)
+
+    def hybrid_forward(self, F, sample):
+        steps, x = sample
+        h = self.dense(x)
+        with autograd.pause():
+            probe = h
+            for _ in range(steps):
+                probe = self.step(probe)
+                if float(F.max(probe).asscalar()) > 0:
+                    probe = probe * 0.5
+        score = self.after(h + probe)
+        if float(F.sum(score).asscalar()) > 0:
+            score = score * 2
+        return score
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}])
+def test_samples_leaving_pause_at_different_rounds_keep_batching(options):
+    """Samples whose searches under ``autograd.pause()`` end at different reads
+    go on batching: a round resumes the samples under its pair of autograd modes
+    together, so a scope flushes once per read of the longest sample (and once
+    more per change of modes), not once per sample leaving the search."""
+    mx.random.seed(2)
+    model = SearchesThenScores()
+    model.initialize(mx.init.Uniform(0.7))
+    r = np.random.RandomState(3)
+    samples = [(1 + k % 5, nd.array(r.uniform(-1, 1, (1, 4)))) for k in range(20)]
+    results = []
+    for batched in (False, True, True):
+        with autograd.record():
+            if not batched:
+                outs = [model(s) for s in samples]
+            else:
+                with gdb.batching(**options) as scope:
+                    outs = gdb.map(model, samples)
+            loss = nd.add_n(*[(o * o).sum() for o in outs])
+        loss.backward()
+        results.append(([o.asnumpy() for o in outs], model.dense.weight.grad().asnumpy().copy()))
+    _assert_runs_agree(results[:2], grad_atol=1e-5)
+    _assert_runs_agree(results[::2], grad_atol=1e-5)
+    assert scope.stats.reads == sum(steps + 1 for steps, _ in samples)
+    # The longest sample reads 6 times and changes modes twice (each a wait).
+    assert scope.stats.flushes == 6 + 2 + 1, scope.stats
+
+
 class ReadsThenScales(gdb.DynBatchBlock):
     """Doubles its output where a value it reads is positive."""
 

@@ -121,18 +121,24 @@ class Recorder(RecorderCore):
                 frame.fallback("autograd's mode changed")
             self.mode = mode
         pending = self.graph.mode
-        if pending is not None and pending != mode:
-            task = self.tasks.current
-            if task is None or task.done:   # the scope's code, or a finished task's
-                self._flush()               # results handed to its placeholders
-            else:                           # (another task may have left them)
-                self._wait_for_modes(mode)
+        task = self.tasks.current
+        if task is None or task.done:       # the scope's code, or a finished task's
+            if pending is not None and pending != mode:     # results handed to its
+                self._flush()                               # placeholders
+        elif self._round_modes() not in (None, mode):   # (another task may have left them)
+            self._wait_for_modes(mode)
         return mode
+
+    def _round_modes(self):
+        """The modes a task's calls must run under now: those of the pending calls,
+        or, with nothing pending, those of the tasks the round resumes."""
+        pending = self.graph.mode
+        return self.tasks.mode if pending is None else pending
 
     def _wait_for_modes(self, mode):
         """The running task waits until the pending calls' modes are its own
         (or nothing is pending); the other tasks may change them meanwhile."""
-        while self.graph.mode is not None and self.graph.mode != mode:
+        while self._round_modes() not in (None, mode):
             self.tasks.wait()
         self._mode_seen = context.MODE_CHANGES[0]
         self.mode = mode

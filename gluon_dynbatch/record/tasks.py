@@ -63,6 +63,7 @@ class Tasks:
         self.started = []           # every task of the scope not collected yet
         self.rounds = 0             # flushes run to resume waiting tasks
         self.longest = 0            # reads of the sample that read most
+        self.mode = None            # the autograd modes of the tasks a round resumes now
         self._modes = (None, None)  # (MODE_CHANGES, autograd's modes) when last read
 
     # -- running ------------------------------------------------------------------
@@ -131,20 +132,36 @@ class Tasks:
             while until is not None and not until.done:
                 self.wait()
             return
-        while self.waiting and (until is None or not until.done):
-            self._flush()
-            self.rounds += 1
-            resumed, self.waiting = self.waiting, []
-            for task in resumed:
-                # A task whose calls were recorded under other autograd modes
-                # than the calls pending now (samples resumed before it
-                # recorded under ``autograd.pause()``) resumes next round: a
-                # batch runs under one pair of modes.
-                mode, pending = task.state[9], self.rec.graph.mode
-                if mode is not None and pending is not None and pending != mode:
-                    self.waiting.append(task)
-                    continue
+        try:
+            while self.waiting and (until is None or not until.done):
+                self.mode = self.rec.graph.mode or self.mode
+                self._flush()
+                self.rounds += 1
+                resumed, self.waiting = self.waiting, []
+                self._resume(resumed)
+        finally:
+            self.mode = None
+
+    def _resume(self, resumed):
+        """Resume the tasks of ``resumed`` whose calls ran under the round's
+        autograd modes (a batch runs under one pair); the others wait on.
+
+        A round keeps the modes of the calls it ran while a task waits under
+        them, else takes those of the task waiting longest: samples that each
+        pass through phases (encode, search under ``autograd.pause()``, score)
+        run each phase together, one flush per read of its longest sample.  A
+        task that changes its modes meanwhile waits (``Recorder.sync_mode``).
+        """
+        modes = [task.state[9] for task in resumed]
+        if self.mode not in modes:
+            self.mode = next((mode for mode in modes if mode is not None), None)
+        later = []
+        for task, mode in zip(resumed, modes):
+            if mode is None or mode == self.mode:
                 self._switch(task)
+            else:
+                later.append(task)
+        self.waiting[:0] = later        # they stopped before those stopping now
 
     def _finished(self, task):
         self.longest = max(self.longest, task.reads)
