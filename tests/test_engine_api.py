@@ -520,3 +520,41 @@ def test_index_arrays_and_literal_pools_reach_mxnet_as_aligned_copies(dtype, mon
         rows = nd.take(table, device_array(np.array([4, 0, 4], dtype=dtype), mx.cpu()))
     rows.backward()
     np.testing.assert_array_equal(table.grad.asnumpy()[:, 0], [1, 0, 0, 0, 2])
+
+
+def test_arrays_made_and_written_from_values_in_a_scope_wait_for_no_engine_queue(monkeypatch):
+    """``mx.nd.array(values)`` and ``x[:] = values`` inside a scope (a library's
+    search making its step counters) copy without MXNet's synchronous copy,
+    whose wait for the engine's queue would wait for the flush computing
+    meanwhile (``bool`` aside); the write is ordered after what reads the
+    array before it, as eagerly, and stays outside autograd."""
+    from gluon_dynbatch.record import namespace
+
+    synchronous, calls = namespace._COPY_FROM, []
+
+    def counted(array, source):
+        calls.append(np.dtype(array.dtype))
+        return synchronous(array, source)
+    monkeypatch.setattr(namespace, "_COPY_FROM", counted)
+    x = nd.arange(6).reshape((2, 3))
+    x.attach_grad()
+    with gdb.batching():
+        big = nd.dot(nd.ones((300, 300)), nd.ones((300, 300)))
+        before = (x * nd.sum(big) / 300.0 / 300.0).sum()   # queued reads of x's old values
+        with autograd.record():
+            x[:] = np.array([[1, 2, 3], [4, 5, 6.5]])
+            made = nd.array([[1.7, -2.2]], dtype="int32")
+            plain = nd.array(np.arange(4, dtype="float64"), dtype="float64")
+        flags = nd.array([1, 0], dtype="bool")
+        with pytest.raises(ValueError):
+            x[:] = np.ones((3, 3))
+    assert calls == [np.dtype("bool")]
+    assert before.asscalar() == 300.0 * 15
+    np.testing.assert_array_equal(x.asnumpy(), [[1, 2, 3], [4, 5, 6.5]])
+    np.testing.assert_array_equal(made.asnumpy(), [[1, -2]])
+    assert made.dtype == np.int32 and plain.dtype == np.float64
+    np.testing.assert_array_equal(plain.asnumpy(), np.arange(4))
+    np.testing.assert_array_equal(flags.asnumpy(), [True, False])
+    with autograd.record():
+        (x * 2).sum().backward()                     # x is still a variable
+    np.testing.assert_array_equal(x.grad.asnumpy(), np.full((2, 3), 2.0))

@@ -11,7 +11,7 @@ import ctypes
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import _LIB, SymbolHandle
+from mxnet.base import _LIB, SymbolHandle, check_call
 from mxnet.symbol import Symbol
 
 from . import _scan
@@ -97,6 +97,36 @@ def device_array(values, ctx):
     out._sync_copyfrom(values)  # pylint: disable=protected-access
     return out
 
+
+def copy_into(array, source):
+    """Write array-like ``source`` into NDArray ``array`` on the CPU without
+    waiting for the engine (``x[:] = values``, ``mx.nd.array(values)`` inside a
+    scope, where the engine computes a flush meanwhile): the values are copied
+    now (``device_array``), into ``array`` by an engine operation ordered after
+    those queued on it, outside autograd as a synchronous copy is.  False where
+    this does not apply (the caller copies synchronously, or raises MXNet's error).
+    """
+    dtype = np.dtype(array.dtype)
+    if dtype not in _DLPACK_TYPES or array.context != _CPU:
+        return False
+    try:
+        values = np.asarray(source, dtype=dtype, order="C")
+    except (TypeError, ValueError):
+        return False
+    if values.shape != array.shape or not values.size or not values.ndim:
+        return False
+    staged = device_array(values, _CPU)
+    recording = ctypes.c_int()
+    check_call(_LIB.MXAutogradSetIsRecording(0, ctypes.byref(recording)))
+    try:
+        staged.copyto(array)
+    finally:
+        if recording.value:
+            check_call(_LIB.MXAutogradSetIsRecording(1, ctypes.byref(ctypes.c_int())))
+    return True
+
+
+_CPU = mx.cpu(0)
 
 # dtype -> DLPack (type code, bits): 0 int, 1 uint, 2 float.
 _DLPACK_TYPES = {np.dtype(name): (code, np.dtype(name).itemsize * 8) for name, code in (

@@ -24,6 +24,7 @@ from . import literals
 from . import passes
 from ._core import Operator
 from .lazy import LazyArray
+from ..ir import known
 from ..ir.ops import opdef
 from ..ir.rules import RULES
 
@@ -260,12 +261,17 @@ _COPY_FROM = mx.nd.NDArray._sync_copyfrom  # pylint: disable=protected-access
 
 
 def _recording_copyfrom(self, source_array):
-    """``NDArray._sync_copyfrom`` (``x[:] = numpy_values``): recorded calls that
-    read ``x`` run first (``Recorder.before_write``)."""
+    """``NDArray._sync_copyfrom`` (``x[:] = numpy_values``, ``mx.nd.array``):
+    recorded calls that read ``x`` run first (``Recorder.before_write``); then
+    the values are written in the engine's order, without waiting for it to
+    finish what it has queued (``known.copy_into``)."""
     rec = context.TLS.recorder
-    if rec is not None:
-        rec.before_write((self,))
-    return _COPY_FROM(self, source_array)
+    if rec is None:
+        return _COPY_FROM(self, source_array)
+    rec.before_write((self,))
+    if type(self) is not mx.nd.NDArray or not known.copy_into(self, source_array):
+        _COPY_FROM(self, source_array)
+    return None
 
 
 def install():
