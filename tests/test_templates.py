@@ -4,6 +4,7 @@ Each test checks the structure of the plan (how many programs, how many
 steps) and that the results equal eager Gluon, outputs and every gradient.
 """
 import mxnet as mx
+import numpy as np
 import pytest
 from mxnet import gluon, nd
 
@@ -298,3 +299,50 @@ def test_a_non_broadcasting_call_on_a_state_every_member_reads_equals_eager(read
     model = make_model(SharedState, read=read)
     emb = nd.random.uniform(-1, 1, shape=(10, 3))
     check_all_strategies(model, [(1, 2), (3, 3), (0, 1)], [emb], strategies=("depth",))
+
+
+class RowsOfATable(gdb.DynBatchBlock):
+    """A sample's rows of a table (its own count of them), an unused sum of them
+    and a reshaped row (``form``), and their mean: frames whose first read of
+    the rows comes from a sum the fast arithmetic path leaves to the slow one."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+
+    def hybrid_forward(self, F, rows, table):
+        a = table[0:rows]
+        lead = (a[0] * 2).reshape((1, -1))
+        if self.form == "add":
+            _ = a + lead
+        elif self.form == "mul":
+            _ = a * lead
+        elif self.form == "rows":
+            _ = a + (a[0:1] * 2).reshape((1, -1))
+        return F.mean(a, axis=0, keepdims=True) * 3.0
+
+
+@pytest.mark.parametrize("form", ["add", "mul", "rows"])
+def test_a_value_first_read_by_a_sum_keeps_its_row_count_in_the_template(form):
+    """Samples with other row counts than the first template's, in later scopes,
+    get their own template: the mean divides by their own count."""
+    model = RowsOfATable(form)
+    model.initialize()
+    table = nd.random.uniform(-1, 1, shape=(6, 4))
+    table.attach_grad()
+    for counts in ([3, 3], [2, 4, 1], [4, 2, 3]):
+        runs = []
+        for batched in (False, True):
+            with mx.autograd.record():
+                if batched:
+                    with gdb.batching():
+                        outs = [model(rows, table) for rows in counts]
+                else:
+                    outs = [model(rows, table) for rows in counts]
+                loss = nd.add_n(*[(o * o).sum() for o in outs])
+            loss.backward()
+            runs.append(([o.asnumpy() for o in outs], table.grad.asnumpy().copy()))
+        (want, want_grad), (got, got_grad) = runs
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-6)

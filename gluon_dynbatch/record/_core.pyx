@@ -1267,13 +1267,18 @@ def binary_method(fn, aop, sop, bint reflected, tls, on_weights):
                 return mine
         if frame is None or rec._mode_seen != MODES[0]:
             return fn(other, self) if reflected else fn(self, other)
+        kind = type(other)
+        if not (kind is FLOAT or kind is INT or kind is LAZY and not reflected
+                and _get(other, OFF_BASE) is None):
+            # Before ``self`` is read: a first read's key item (its shape) must
+            # enter the key of the call that reads it, which the slow path makes.
+            return fn(other, self) if reflected else fn(self, other)
         if _get(self, OFF_NODE) is frame:
             mine = _get(self, OFF_IDX)
         elif on_weights(rec, frame, self, other):
             return fn(other, self) if reflected else fn(self, other)
         else:
             mine = (<FrameCore>frame).ref_fast(self)
-        kind = type(other)
         if kind is FLOAT or kind is INT:
             number = (FLOAT, float(other))
             key = (sop, mine, number)
@@ -1283,19 +1288,17 @@ def binary_method(fn, aop, sop, bint reflected, tls, on_weights):
                 if nxt.single:
                     return (<FrameCore>frame).push(nxt)
             return frame.call(sop, (self, float(other)), {}, key, (mine, number), None)
-        if kind is LAZY and not reflected and _get(other, OFF_BASE) is None:
-            if _get(other, OFF_NODE) is frame:
-                theirs = _get(other, OFF_IDX)
-            else:
-                theirs = (<FrameCore>frame).ref_fast(other)
-            key = (aop, mine, theirs)
-            hit = PyDict_GetItem((<FrameCore>frame).state.next, key)
-            if hit != NULL:
-                nxt = <State>hit
-                if nxt.single:
-                    return (<FrameCore>frame).push(nxt)
-            return frame.call(aop, (self, other), {}, key, (mine, theirs), None)
-        return fn(other, self) if reflected else fn(self, other)
+        if _get(other, OFF_NODE) is frame:
+            theirs = _get(other, OFF_IDX)
+        else:
+            theirs = (<FrameCore>frame).ref_fast(other)
+        key = (aop, mine, theirs)
+        hit = PyDict_GetItem((<FrameCore>frame).state.next, key)
+        if hit != NULL:
+            nxt = <State>hit
+            if nxt.single:
+                return (<FrameCore>frame).push(nxt)
+        return frame.call(aop, (self, other), {}, key, (mine, theirs), None)
     return method
 
 
