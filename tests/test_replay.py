@@ -342,3 +342,32 @@ def test_a_child_setting_changed_between_its_calls_in_one_scope_equals_eager(com
     for _ in range(2):
         expected = run_model(model, samples, [emb], "eager")
         assert_same(run_model(model, samples, [emb], "depth", compiled=compiled), expected)
+
+
+class KeepsItsLastState(gdb.DynBatchBlock):
+    """Keeps the state of its last step in an attribute, reset per sample to
+    ``reset`` (None, a number) as ``rnn.ZoneoutCell`` resets its last output."""
+
+    def __init__(self, reset, **kwargs):
+        super().__init__(**kwargs)
+        self.reset, self.last = reset, None
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        self.last = self.reset
+        for t in range(x.shape[0]):
+            h = F.tanh(self.dense(x[t:t + 1]))
+            self.last = h if self.last is None or isinstance(self.last, float) \
+                else h + self.last
+        return self.last
+
+
+@pytest.mark.parametrize("reset", [None, 0.0])
+def test_an_attribute_holding_an_array_set_back_to_a_setting_equals_eager(reset):
+    """``self.last = None`` where it held a value (``Block.__setattr__`` inside a
+    scope compares settings only with settings: an array's ``!=`` raised)."""
+    model = make_model(KeepsItsLastState, reset=reset)
+    xs = [nd.random.uniform(-1, 1, shape=(t, 3)) for t in (2, 3, 1)]
+    expected = run_model(model, xs, [], "eager")
+    assert_same(run_model(model, xs, [], "depth"), expected)

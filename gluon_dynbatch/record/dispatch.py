@@ -306,7 +306,9 @@ def _watching_setattr(self, name, value):
     rec = context.TLS.recorder
     if rec is not None and trie.is_setting(name, value):
         old = self.__dict__.get(name, _MISSING)
-        if old is not value and old != value:
+        # Compared only with an old setting: ``!=`` of an array (a state a
+        # block keeps between calls, reset to None) is elementwise, or raises.
+        if old is not value and not (trie.is_setting(name, old) and old == value):
             rec._tokens.clear()  # pylint: disable=protected-access
     _ORIGINAL_SETATTR(self, name, value)
 
