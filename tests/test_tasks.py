@@ -796,6 +796,43 @@ def test_token_lists_of_different_lengths_in_a_plain_loop_equal_eager():
     assert scope.stats.flushes <= 1 + 4 + 1 < scope.stats.reads
 
 
+class ReturnsWhatItRead(gdb.DynBatchBlock):
+    """Returns a number it read (a confidence) and a count, not arrays."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(1, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        score = float(F.sigmoid(self.dense(x)).asscalar())
+        return score, int(score > 0.5) + 1
+
+
+def test_numbers_a_plain_loop_returns_act_as_the_numbers_eager_returns():
+    """A waiting call's numbers (a plain loop) act as numbers once the scope ends:
+    arithmetic both ways, comparisons, ``round``, ``format``, ``hash``, ``sum``,
+    ``divmod``, numpy, indexing with the count."""
+    mx.random.seed(3)
+    model = ReturnsWhatItRead()
+    model.initialize(mx.init.Uniform(1.0))
+    r = np.random.RandomState(5)
+    xs = [nd.array(r.uniform(-1, 1, (1, 4))) for _ in range(5)]
+    want = [model(x) for x in xs]
+    with gdb.batching():
+        got = [model(x) for x in xs]
+    for (score, count), (ref_score, ref_count) in zip(got, want):
+        assert score + 1 == ref_score + 1 and 1 - score == 1 - ref_score
+        assert (score < 0.5) == (ref_score < 0.5) and (0.5 <= score) == (0.5 <= ref_score)
+        assert round(score, 2) == round(ref_score, 2)
+        assert "{:.3f}".format(score) == "{:.3f}".format(ref_score)
+        assert hash(score) == hash(ref_score) and sum([score, score]) == 2 * ref_score
+        assert divmod(count, 2) == divmod(ref_count, 2) and -count == -ref_count
+        assert ["a", "b", "c"][count] == ["a", "b", "c"][ref_count]
+        assert np.array([score, count]).dtype == np.float64
+        assert type(float(score)) is float and str(count) == str(ref_count)
+
+
 def test_a_leaf_arrays_description_serves_its_graph_and_the_next_only():
     table, wide = nd.ones((5, 3)), nd.ones((2, 7), dtype="float16")
     with gdb.batching() as scope:

@@ -19,10 +19,13 @@ swaps them.  A top-level call that waits returns a :class:`Pending` value,
 filled in when its sample finishes.  An exception in a task is that sample's
 error: the other tasks finish first.
 """
+import math
+import operator
 import sys
 import weakref
 
 import greenlet
+import numpy as np
 from mxnet import autograd, nd
 from mxnet.ndarray import NDArray
 
@@ -370,9 +373,24 @@ class Pending(LazyArray):
         return LazyArray.__repr__(self)
 
 
+def _on_value(fn, reflected=False):
+    """A method of :class:`PendingValue` applying ``fn`` to its value (and the
+    other operand, on its left when ``reflected``)."""
+    if reflected:
+        def method(self, other):
+            return fn(other, self.value())
+    else:
+        def method(self, *args):
+            return fn(self.value(), *args)
+    method.__name__ = getattr(fn, "__name__", "method")
+    return method
+
+
 class PendingValue:
     """A value (not an array) a top-level call returns while its sample waits:
-    using it runs the rounds its sample needs, then acts as the value."""
+    using it runs the rounds its sample needs, then acts as the value (a
+    number in arithmetic, comparisons, ``round``, ``format``, ``hash``,
+    numpy); ``value()`` or ``float(x)`` gives the value itself."""
 
     __slots__ = ("_tasks", "_task", "_path", "_value")
 
@@ -391,36 +409,29 @@ class PendingValue:
     def __getattr__(self, name):
         return getattr(self.value(), name)
 
-    def __iter__(self):
-        return iter(self.value())
-
-    def __len__(self):
-        return len(self.value())
-
-    def __getitem__(self, key):
-        return self.value()[key]
-
-    def __eq__(self, other):
-        return self.value() == other
-
-    def __ne__(self, other):
-        return self.value() != other
-
-    def __bool__(self):
-        return bool(self.value())
-
-    def __int__(self):
-        return int(self.value())
-
-    def __float__(self):
-        return float(self.value())
-
     def __repr__(self):
         if self._task is not None and not self._task.done:
             return "<Pending value of a sample waiting at a read>"
         return repr(self._value)
 
-    __hash__ = None
+    def __array__(self, dtype=None):
+        return np.asarray(self.value(), dtype=dtype)
+
+    for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul",
+                  "and", "or", "xor", "lshift", "rshift"):
+        _fn = getattr(operator, "__%s__" % _name)
+        locals()["__%s__" % _name] = _on_value(_fn)
+        locals()["__r%s__" % _name] = _on_value(_fn, reflected=True)
+    for _name in ("eq", "ne", "lt", "le", "gt", "ge", "neg", "pos", "abs", "invert",
+                  "index", "getitem", "contains"):
+        locals()["__%s__" % _name] = _on_value(getattr(operator, "__%s__" % _name))
+    for _name, _fn in (("bool", bool), ("int", int), ("float", float), ("complex", complex),
+                       ("str", str), ("hash", hash), ("len", len), ("iter", iter),
+                       ("format", format), ("round", round), ("divmod", divmod),
+                       ("trunc", math.trunc), ("floor", math.floor), ("ceil", math.ceil)):
+        locals()["__%s__" % _name] = _on_value(_fn)
+    __rdivmod__ = _on_value(divmod, reflected=True)
+    del _name, _fn
 
 
 def _forcing(name):
