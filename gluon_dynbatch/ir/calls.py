@@ -26,7 +26,9 @@ STATEFUL_WARNING = (
     "outputs and gradients are exact; but MXNet updates its running mean and variance "
     "during backward, in the order backward visits the calls, which batching can change: "
     "the running statistics may differ slightly from one-sample-at-a-time execution. "
-    "strategy='unbatched' keeps eager's order.")
+    "strategy='unbatched' keeps eager's order, unless samples wait (at a read, or at "
+    "a change of autograd's modes such as train_mode() inside the call): samples that "
+    "wait take turns, in another order than eager's.")
 # Additions: chains of them become segment sums (``sums.py``).
 ADDS = frozenset(["broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus",
                   "_grad_add"])
