@@ -10,8 +10,9 @@ the sample (over a node's children, carrying a sum; an RNN over a value's
 rows), attention of a row over a value's rows, weights made from parameters
 alone, literal matrices times a value and rows picked by a literal index list,
 ``mx.nd`` operators called directly,
-and values read in the middle of the scope (``asnumpy``) and then used
-further.  Each node's program is its own Python path through the model, so
+values read in the middle of the scope (``asnumpy``, also under
+``autograd.pause()``) and then used further, and calls under other autograd
+modes (``predict_mode``).  Each node's program is its own Python path through the model, so
 the templates of a scope's calls differ from node to node.  Each case runs eagerly, one
 sample at a time, and batched with one strategy and one compiled mode; the
 outputs, every value read mid-scope and all gradients (parameters and inputs)
@@ -34,7 +35,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from hypothesis import event, given, settings, strategies as st
-from mxnet import gluon, nd
+from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import BATCHED, assert_same, reference_run, run_model
@@ -140,6 +141,7 @@ class FuzzNet(gdb.DynBatchBlock):
             self.row = self.params.get("row", shape=(1, W))
             self.vec = self.params.get("vec", shape=(W,))
             self.prelu = gluon.nn.PReLU()
+            self.drop = gluon.nn.Dropout(0.5)
 
     def hybrid_forward(self, F, node, table, mat, embed, row, vec):
         # pylint: disable=arguments-differ
@@ -271,6 +273,15 @@ class FuzzNet(gdb.DynBatchBlock):
         if op == "read":
             self.reads.append((node, a.asnumpy().copy()))
             return [a * 1.5]
+        if op == "pauseread":                  # read under autograd.pause(): a constant
+            with autograd.pause():
+                p = F.tanh(self.dense(a))
+                self.reads.append((node, p.asnumpy().copy()))
+            return [a + p]
+        if op == "predict":                    # Dropout in predict mode: the identity
+            with autograd.predict_mode():
+                z = self.drop(F.tanh(a))
+            return [z]
         if op == "cumsum":                     # no batching rule
             return [F.cumsum(a, axis=1) * 0.25]
         if op == "tile":                       # no batching rule
@@ -364,7 +375,8 @@ def fuzz_run(model, samples, table, strategy, compiled=False, share=False):
     """
     model.reads = []
     model.memo = {} if share else None
-    reads = any(ins[0] == "read" for node in _all_nodes(samples) for ins in node.program)
+    reads = any(ins[0] in ("read", "pauseread", "predict")     # samples that wait
+                for node in _all_nodes(samples) for ins in node.program)
     # Samples that read run through gdb.map: their results may differ in form
     # from sample to sample (what a plain loop's placeholders cannot stand for).
     result = run_model(model, samples, [table], strategy, compiled, per_sample=reads)
@@ -373,24 +385,28 @@ def fuzz_run(model, samples, table, strategy, compiled=False, share=False):
 
 
 def _reads_per_sample(reads, samples):
-    """The values read, sample by sample, each in that sample's order."""
-    owner = {}
+    """The values read, sample by sample, each in that sample's order; then those
+    read at nodes several samples share, node by node: the samples take turns
+    at reads, so which of them reaches a shared node first differs from eager's.
+    A node read twice (by two samples, or by a sample and the memo's user)
+    counts once: its first read."""
+    owners = {}
     for k, root in enumerate(samples):
         stack = [root]
         while stack:
             node = stack.pop()
-            owner.setdefault(id(node), k)
+            owners.setdefault(id(node), set()).add(k)
             stack.extend(node.children)
     found = [[] for _ in samples]
-    seen = set()
+    shared = {}
     for node, value in reads:
-        # A node samples share (``share``) reads once in eager code, where the
-        # first sample to reach it computes it; waiting samples may both
-        # compute it before either has finished it.  Its first read counts.
-        if id(node) not in seen:
-            seen.add(id(node))
-            found[owner[id(node)]].append(value)
-    return [value for sample in found for value in sample]
+        ks = owners[id(node)]
+        if len(ks) > 1:
+            shared.setdefault(id(node), value)
+        elif not any(n is node for n, _ in found[min(ks)]):
+            found[min(ks)].append((node, value))
+    order = list(dict.fromkeys(id(n) for n in _all_nodes(samples) if id(n) in shared))
+    return [value for sample in found for _, value in sample] + [shared[i] for i in order]
 
 
 def assert_sample_set_matches_eager(samples, strategy, compiled):
@@ -419,7 +435,8 @@ ROW_OPS = ("tanh", "sigmoid", "dense", "dot", "layernorm", "nested", "sub", "sca
            "softmax1", "logsoftmax1", "reverse1", "clip", "split", "reshape", "opaque",
            "opaque_hybrid", "read", "cumsum", "tile", "sum_all", "softmax0", "flip0",
            "transpose", "stack0", "literal", "madeweight", "direct", "rowparam", "perscale",
-           "vector", "act", "crf", "adjacency", "selfattend", "pairmix")
+           "vector", "act", "crf", "adjacency", "selfattend", "pairmix", "pauseread",
+           "predict")
 SHAPE_OPS = ("lse0", "sum0", "mean0", "chain", "rows", "bcast", "embed", "childloop",
              "childsum", "childtotal", "childterms", "attend", "rowsum", "twice",
              "attend2", "unroll", "pick", "pickmany", "lowrank")
