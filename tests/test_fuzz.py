@@ -409,9 +409,9 @@ def _reads_per_sample(reads, samples):
     return [value for sample in found for _, value in sample] + [shared[i] for i in order]
 
 
-def assert_sample_set_matches_eager(samples, strategy, compiled):
+def assert_sample_set_matches_eager(samples, strategy, compiled, **net_kwargs):
     """A fixed set of samples (a regression): batched equals eager."""
-    model = make_fuzz_net(0)
+    model = make_fuzz_net(0, **net_kwargs)
     table = random_table(0)
     expected = fuzz_run(model, samples, table, "eager")
     got = fuzz_run(model, samples, table, strategy, compiled)
@@ -844,6 +844,20 @@ def test_regression_a_literal_held_across_a_flush_is_a_constant(strategy, compil
     samples = [Node(0, 1, [Node(0, 1, [], [], 0, [])],
                     [("tanh", 0), ("embed", [0]), ("opaque", 0)], 3, [])]
     assert_sample_set_matches_eager(samples, strategy, compiled)
+
+
+@pytest.mark.parametrize("strategy,compiled", MODES, ids=MODE_IDS)
+def test_regression_embedding_indices_gathered_with_other_rows_take_no_gradient(strategy,
+                                                                               compiled):
+    """Ids of ``F.array`` reach an ``Embedding`` after samples took turns (a call
+    in predict mode) and the scope flushed by itself (``max_pending_nodes``):
+    they entered a CachedOp with autograd history, whose backward then asked
+    for their gradient, which ``Embedding`` refuses (hypothesis found it)."""
+    program = [("predict", 0), ("embed", [0]), ("tanh", 0)]
+    samples = [Node(0, 1, [], program, 2, []),
+               Node(0, 1, [Node(0, 1, [], program, 2, [])], [], 0, []),
+               Node(0, 1, [], [], 0, []), Node(0, 1, [], [], 0, [])]
+    assert_sample_set_matches_eager(samples, strategy, compiled, max_pending_nodes=4)
 
 
 @pytest.mark.parametrize("strategy,compiled", MODES, ids=MODE_IDS)

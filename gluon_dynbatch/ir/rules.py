@@ -28,6 +28,8 @@ adds rules for more operators.
 import threading
 from collections import namedtuple
 
+from mxnet.symbol import Symbol
+
 ROW, BROW, SHARED, KNOWN = "row", "brow", "shared", "known"
 LOW = "low"     # role: a lower-rank input computed per sample (``rules.broadcasts``)
 
@@ -108,6 +110,9 @@ def call_as_recorded(F, node, inputs, extra_kwargs=None):
     fn = F
     for part in node.op.path:
         fn = getattr(fn, part)
+    blocked = NO_INPUT_GRADIENT.get(node.op.name)
+    if blocked:
+        inputs = _without_gradient(F, inputs, blocked)
     args = [inputs[a.k] if type(a).__name__ == "Slot" else a for a in node.args]
     kwargs = {k: (inputs[v.k] if type(v).__name__ == "Slot" else v)
               for k, v in node.kwargs.items()}
@@ -119,6 +124,23 @@ def call_as_recorded(F, node, inputs, extra_kwargs=None):
     if hasattr(out, "list_outputs") and len(out.list_outputs()) > 1:
         return [out[i] for i in range(len(out.list_outputs()))]
     return [out]
+
+
+# Inputs an operator refuses a gradient for (MXNet raises in backward when one is
+# asked): ``Embedding``'s indices.  Eager code passes constants there; batched, they
+# may carry autograd history (gathered by an earlier flush), and a CachedOp's
+# backward then asks for their gradient.  They are passed without history.
+NO_INPUT_GRADIENT = {"Embedding": (0,)}
+
+
+def _without_gradient(F, inputs, slots):
+    """``inputs`` with those at ``slots`` cut from autograd (``BlockGrad`` in a symbol)."""
+    inputs = list(inputs)
+    for k in slots:
+        if k < len(inputs):
+            x = inputs[k]
+            inputs[k] = F.BlockGrad(x) if isinstance(x, Symbol) else x.detach()
+    return inputs
 
 
 class AloneRule(Rule):
