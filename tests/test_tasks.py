@@ -616,22 +616,30 @@ def test_samples_waiting_under_other_modes_record_under_their_own(how, options):
     r = np.random.RandomState(0)
     samples = [(kind, nd.array(r.uniform(-1, 1, (1, 4))))
                for kind in ("pause", "read", "read")]
-    results = []
     # Eager, then two scopes: the second knows the form of the block's results,
     # so every sample starts before the first read.
+    _eager_then_twice_batched(model, samples, options, how == "map")
+
+
+def _eager_then_twice_batched(model, samples, options, use_map):
+    """Outputs and ``model.dense``'s weight gradient: eager, then two scopes
+    with ``options`` (through ``gdb.map`` with ``use_map``), all agreeing; the
+    last scope."""
+    results = []
     for batched in (False, True, True):
         with autograd.record():
             if not batched:
                 outs = [model(s) for s in samples]
             else:
-                with gdb.batching(**options):
-                    outs = gdb.map(model, samples) if how == "map" \
+                with gdb.batching(**options) as scope:
+                    outs = gdb.map(model, samples) if use_map \
                         else [model(s) for s in samples]
             loss = nd.add_n(*[(o * o).sum() for o in outs])
         loss.backward()
         results.append(([o.asnumpy() for o in outs], model.dense.weight.grad().asnumpy().copy()))
     _assert_runs_agree(results[:2], grad_atol=1e-5)
     _assert_runs_agree(results[::2], grad_atol=1e-5)
+    return scope
 
 
 class SearchesThenScores(gdb.DynBatchBlock):
@@ -672,19 +680,7 @@ def test_samples_leaving_pause_at_different_rounds_keep_batching(options):
     model.initialize(mx.init.Uniform(0.7))
     r = np.random.RandomState(3)
     samples = [(1 + k % 5, nd.array(r.uniform(-1, 1, (1, 4)))) for k in range(20)]
-    results = []
-    for batched in (False, True, True):
-        with autograd.record():
-            if not batched:
-                outs = [model(s) for s in samples]
-            else:
-                with gdb.batching(**options) as scope:
-                    outs = gdb.map(model, samples)
-            loss = nd.add_n(*[(o * o).sum() for o in outs])
-        loss.backward()
-        results.append(([o.asnumpy() for o in outs], model.dense.weight.grad().asnumpy().copy()))
-    _assert_runs_agree(results[:2], grad_atol=1e-5)
-    _assert_runs_agree(results[::2], grad_atol=1e-5)
+    scope = _eager_then_twice_batched(model, samples, options, True)
     assert scope.stats.reads == sum(steps + 1 for steps, _ in samples)
     # The longest sample reads 6 times and changes modes twice (each a wait).
     assert scope.stats.flushes == 6 + 2 + 1, scope.stats

@@ -1248,9 +1248,7 @@ def binary_method(fn, aop, sop, bint reflected, tls, on_weights):
     def method(self, other):
         cdef object rec_obj = tls.recorder
         cdef RecorderCore rec
-        cdef object frame, mine, theirs, kind, key, number
-        cdef PyObject* hit
-        cdef State nxt
+        cdef object frame, mine, theirs, kind, number
         if rec_obj is None or _get(self, OFF_BASE) is not None:
             return fn(other, self) if reflected else fn(self, other)
         rec = <RecorderCore>rec_obj
@@ -1281,25 +1279,25 @@ def binary_method(fn, aop, sop, bint reflected, tls, on_weights):
             mine = (<FrameCore>frame).ref_fast(self)
         if kind is FLOAT or kind is INT:
             number = (FLOAT, float(other))
-            key = (sop, mine, number)
-            hit = PyDict_GetItem((<FrameCore>frame).state.next, key)
-            if hit != NULL:
-                nxt = <State>hit
-                if nxt.single:
-                    return (<FrameCore>frame).push(nxt)
-            return frame.call(sop, (self, float(other)), {}, key, (mine, number), None)
+            return _arithmetic_step(frame, sop, (self, float(other)), (mine, number))
         if _get(other, OFF_NODE) is frame:
             theirs = _get(other, OFF_IDX)
         else:
             theirs = (<FrameCore>frame).ref_fast(other)
-        key = (aop, mine, theirs)
-        hit = PyDict_GetItem((<FrameCore>frame).state.next, key)
-        if hit != NULL:
-            nxt = <State>hit
-            if nxt.single:
-                return (<FrameCore>frame).push(nxt)
-        return frame.call(aop, (self, other), {}, key, (mine, theirs), None)
+        return _arithmetic_step(frame, aop, (self, other), (mine, theirs))
     return method
+
+
+cdef object _arithmetic_step(object frame, object op, tuple args, tuple refs):
+    """The trie edge of ``op`` on ``refs`` from ``frame``'s state (learned on a miss)."""
+    cdef tuple key = (op,) + refs
+    cdef PyObject* hit = PyDict_GetItem((<FrameCore>frame).state.next, key)
+    cdef State nxt
+    if hit != NULL:
+        nxt = <State>hit
+        if nxt.single:
+            return (<FrameCore>frame).push(nxt)
+    return frame.call(op, args, {}, key, refs, None)
 
 
 # -- block calls ---------------------------------------------------------------------------
