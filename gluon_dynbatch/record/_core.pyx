@@ -1334,6 +1334,11 @@ def dispatching_call(self, *args):
     cdef PyObject* hit
     if rec is None:
         return ORIGINAL_CALL(self, *args)
+    if (<RecorderCore>rec)._mode_seen != MODES[0]:
+        # Autograd's modes changed (``predict_mode()``, ``pause()`` around this
+        # call): the frame falls back and the calls of the old modes go first,
+        # before a template learned under other modes could be replayed.
+        rec.sync_mode()
     cls = type(self)
     hit = PyDict_GetItem(KINDS, cls)
     kind = <object>hit if hit != NULL else KIND_OF(cls)

@@ -103,6 +103,8 @@ class Tasks:
         self.current = task
         if task.state is not None:
             self._restore(task.state)
+        else:       # its first call compares its modes with the pending calls' (``sync_mode``)
+            self.rec._mode_seen = None  # pylint: disable=protected-access
         # A wait returns to whoever runs the task now: the scope's rounds, or
         # the task that started it (``gluon_dynbatch.map`` inside a sample).
         task.glet.parent = greenlet.getcurrent()
