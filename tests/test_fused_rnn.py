@@ -10,8 +10,9 @@ import random
 
 import numpy as np
 import pytest
-from mxnet import nd
-from mxnet.gluon import rnn
+import mxnet as mx
+from mxnet import autograd, nd
+from mxnet.gluon import nn, rnn
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import check_all_strategies, make_model
@@ -144,3 +145,44 @@ def test_fused_layer_weights_are_resolved_once_per_batch(monkeypatch):
     assert 0 < per_batch == len(made)
     for a, b in zip(first, outs):
         assert np.allclose(a.asnumpy(), b.asnumpy())
+
+
+class FusedEncoder(gdb.DynBatchBlock):
+    """A fused RNN layer without ``input_size``, whose call reshapes its
+    weights before any operator could tell their shapes."""
+
+    def __init__(self, kind, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.rnn = getattr(rnn, kind)(6)
+            self.out = nn.Dense(1, flatten=False)
+
+    def hybrid_forward(self, F, x):
+        return F.sum(self.out(self.rnn(x)))
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}])
+def test_deferred_initialisation_of_a_fused_rnn_layer_inside_scope(kind, options):
+    xs = [nd.random.uniform(shape=(n, 1, 3)) for n in (3, 5, 4)]
+    runs = []
+    for batched in (True, False):   # each run initialises a model of its own
+        mx.random.seed(11)
+        model = FusedEncoder(kind)
+        model.initialize(mx.init.Uniform(0.5))
+        with autograd.record():
+            if batched:
+                with gdb.batching(**options):
+                    outs = [model(x) for x in xs]
+            else:
+                outs = [model(x) for x in xs]
+            loss = nd.add_n(*outs)
+        loss.backward()
+        weight = model.rnn.l0_i2h_weight
+        runs.append(([o.asnumpy() for o in outs], weight.data().asnumpy(),
+                     weight.grad().asnumpy()))
+    assert runs[0][1].shape == (runs[0][1].shape[0], 3)
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])     # the same initial values
+    for a, b in zip(runs[0][0], runs[1][0]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(runs[0][2], runs[1][2], rtol=1e-5, atol=1e-6)

@@ -752,6 +752,7 @@ class Recorder(RecorderCore):
         try:
             for hook in block._forward_pre_hooks.values():
                 hook(block, args)
+            _infer_own_shapes(block, args)
             params = {name: self.param(p) for name, p in block._reg_params.items()}
             out = block.hybrid_forward(self.F, *args, **params)
             for hook in block._forward_hooks.values():
@@ -844,3 +845,25 @@ def _moved_row_slice(begin, end, key):
     info = copy.copy(known)
     info.attrs = ((), key[2])
     return info
+
+
+
+def _infer_own_shapes(block, args):
+    """Finish the deferred initialisation of a block's parameters as its first
+    eager call would, by MXNet's symbolic shape inference over the block.
+
+    Calls whose operators tell their weights' shapes finish it as they are
+    analysed; this is for blocks whose ``hybrid_forward`` first changes a
+    weight of unknown shape (Gluon's fused RNN layers reshape theirs to one
+    vector).  If inference fails, the calls are left to tell the shapes.
+    """
+    params = block._reg_params.values()  # pylint: disable=protected-access
+    if not any(p._deferred_init for p in params):  # pylint: disable=protected-access
+        return
+    try:
+        block._deferred_infer_shape(*args)  # pylint: disable=protected-access
+    except Exception:  # pylint: disable=broad-except
+        return
+    for param in params:
+        if param._deferred_init:  # pylint: disable=protected-access
+            param._finish_deferred_init()  # pylint: disable=protected-access
