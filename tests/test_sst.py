@@ -552,3 +552,34 @@ def test_handbatched_sst_rejects_non_binary_trees():
     assign_ids([tree], build_vocab([tree]))
     with pytest.raises(ValueError, match="binary"):
         SSTLevelPlan([tree])
+
+
+def test_the_recording_floor_runs_as_many_operator_calls_as_a_scope_records():
+    """``scripts/profile_recording.py`` compares recording with the model's own
+    Python run on operators that do nothing: the same calls, one for one."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+    import profile_recording
+
+    calls = [0]
+
+    class Counted(profile_recording._Nothing):
+        def _same(self, *_):
+            calls[0] += 1
+            return self
+
+        __getitem__ = __add__ = __radd__ = __sub__ = __mul__ = __rmul__ = __neg__ = _same
+
+    trees = small_trees()
+    encoder = sst_model.OpByOpBinaryTreeLSTM(4, 4)
+    encoder.initialize()
+    floor = profile_recording._FloorEncoder(encoder)
+    value = Counted()
+    floor.F.value, floor.params = value, {name: value for name in floor.params}
+    for name in profile_recording.FLOOR_OPERATORS:
+        setattr(floor.F, name, lambda *args, **kwargs: value._same())
+    for tree in trees:
+        floor(tree, value)
+    table = mx.nd.random.uniform(shape=(20, 4))
+    with gdb.batching() as scope:
+        outs = [encoder(tree, table) for tree in trees]  # noqa: F841
+    assert calls[0] == scope.stats.calls > 0
