@@ -894,6 +894,14 @@ cdef class FrameCore:
         return self._outputs(nxt)
 
 
+    cdef bint _plain_output(self, object node):
+        """Whether ``node`` is an operator node of this graph computed from more
+        than weights: ``ref`` gives its output the next position."""
+        cdef object graph = self.rec.graph
+        return node is not None and not isinstance(node, FrameCore) \
+            and node.graph is graph and node.kind != "leaf" \
+            and node.id not in graph.weight_nodes
+
     cdef object _known_ref(self, object a):
         """The key item of outside array ``a`` read before, or of a parameter or
         constant; None for an array not read yet."""

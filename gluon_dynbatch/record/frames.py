@@ -135,13 +135,6 @@ class Frame(FrameCore):
         self.ext[id(a)] = pos
         return key_item(self.rec, a, shape, dtype)    # marks values rules may read
 
-    def _plain_output(self, node):
-        """Whether ``node`` is an operator node of this graph computed from more
-        than weights: ``ref`` gives its output the next position."""
-        graph = self.rec.graph
-        return node is not None and type(node) is not Frame and node.graph is graph \
-            and node.kind is not LEAF and node.id not in graph.weight_nodes
-
     def _op(self, op, args, kwargs):
         if self._on_weights(op, args, kwargs):
             # Weights only: one node per graph, outside templates (weight_calls.py).
