@@ -762,3 +762,70 @@ def test_inputs_read_only_for_their_shape_are_gathered_without_gradient(granular
     for strategy in ("depth", "agenda"):
         assert_same(run_model(model, [1, 2, 3], [x], strategy, granularity=granularity),
                     expected)
+
+
+class _Square(mx.autograd.Function):
+    """``x * x`` with its own backward, from the saved input."""
+
+    def forward(self, x):  # pylint: disable=arguments-differ
+        self.save_for_backward(x)
+        return x * x
+
+    def backward(self, dy):  # pylint: disable=arguments-differ
+        x, = self.saved_tensors
+        return 2 * x * dy
+
+
+class _SquaredChild(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, flatten=False, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        return _Square()(self.dense(x))
+
+
+class SquaredByFunction(gdb.DynBatchBlock):
+    """An ``mx.autograd.Function`` applied to a child's output, in the block or
+    inside a child block."""
+
+    def __init__(self, in_child, **kwargs):
+        super().__init__(**kwargs)
+        self.in_child = in_child
+        with self.name_scope():
+            self.child = _SquaredChild()
+
+    def hybrid_forward(self, F, x):
+        if self.in_child:
+            return F.sum(self.child(x))
+        return F.sum(_Square()(self.child.dense(x)))
+
+
+@pytest.mark.parametrize("in_child", [False, True])
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"compiled": "step"},
+                                     {"granularity": "op"}, {"strategy": "reference"},
+                                     "map"])
+def test_an_autograd_function_in_the_samples_code_equals_eager(in_child, options):
+    model = SquaredByFunction(in_child)
+    model.initialize(mx.init.Xavier())
+    weight = model.child.dense.weight
+    for scope in range(3):          # templates learned in the first are replayed after
+        rs = np.random.RandomState(scope)
+        xs = [nd.array(rs.randn(n, 4)) for n in (2, 3, 1)]
+        runs = []
+        for batched in (False, True):
+            with autograd.record():
+                if batched and options == "map":
+                    outs = gdb.map(model, xs)
+                elif batched:
+                    with gdb.batching(**options):
+                        outs = [model(x) for x in xs]
+                else:
+                    outs = [model(x) for x in xs]
+                loss = nd.add_n(*outs)
+            loss.backward()
+            runs.append(([o.asnumpy() for o in outs], weight.grad().asnumpy()))
+        for a, b in zip(*[outs for outs, _ in runs]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-5)

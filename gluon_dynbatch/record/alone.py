@@ -8,10 +8,17 @@ runs as eager MXNet runs it: the values it reads are computed first (what is
 pending runs, as a read of a value does), the operator runs on them, and its
 outputs enter the graph as inputs, with their autograd history.  Where eager
 MXNet raises, the error names the sample and the call.
+
+A user's ``mx.autograd.Function`` runs the same way: its ``forward`` is
+Python that MXNet's autograd links to the Function's own ``backward``
+through the arrays it is given and returns, which must be those of that
+call alone; its outputs enter the graph as inputs, with that history.
 """
+import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from .lazy import LazyArray
+from . import context
 from ..errors import BatchingError, describe_call
 from ..ir.graph import LEAF
 from ..ir.ops import first_line
@@ -42,3 +49,31 @@ def _concrete(value):
         if node is not None and node.kind == LEAF:
             return node.value if node.value is not None else node.param.data(node.graph.ctx)
     return value
+
+
+_FUNCTION_CALL = mx.autograd.Function.__call__
+
+
+def _function_call(self, *inputs):
+    """``mx.autograd.Function.__call__``: inside a scope, on concrete values
+    (what is pending runs first, as a read of a value does)."""
+    rec = context.TLS.recorder
+    if rec is None or rec.eager or not any(type(a) is LazyArray for a in inputs):
+        return _FUNCTION_CALL(self, *inputs)
+    frame = rec.frame
+    if frame is not None:
+        # No template may replay this call's block without running the Function.
+        frame.cut("an autograd.Function")
+    inputs = [_concrete(a) for a in inputs]
+    for array in inputs:
+        if isinstance(array, NDArray):
+            array.wait_to_read()        # runs what the value needs
+    # Plain arrays, with the values' autograd history: the Function's
+    # ``forward`` and ``backward`` compute on them as eager code does.
+    inputs = [mx.nd.identity(a) if type(a) is LazyArray else a for a in inputs]
+    return rec.wrap_inputs(_FUNCTION_CALL(self, *inputs))
+
+
+def install():
+    """Run ``mx.autograd.Function`` calls inside scopes on concrete values."""
+    mx.autograd.Function.__call__ = _function_call

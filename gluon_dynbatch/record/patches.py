@@ -11,13 +11,15 @@ batching scope of the process installs, once:
 * ``nn.HybridLambda.hybrid_forward``: an operator given by name
   (``HybridLambda("tanh")``) is looked up in the recording ``F`` (``namespace``);
 * ``autograd.set_recording``/``set_training`` and the backward functions,
-  counted (``context``).
+  counted (``context``);
+* ``autograd.Function.__call__``: a user's Function runs on concrete values
+  (``alone``).
 
 Outside scopes each replacement does what the original does.
 """
 import threading
 
-from . import context, dispatch, namespace
+from . import alone, context, dispatch, namespace
 
 _LOCK = threading.Lock()
 _INSTALLED = []
@@ -32,4 +34,5 @@ def install():
             dispatch.install()
             namespace.install()
             context.install()
+            alone.install()
             _INSTALLED.append(True)
