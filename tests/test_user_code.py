@@ -829,3 +829,53 @@ def test_an_autograd_function_in_the_samples_code_equals_eager(in_child, options
         for a, b in zip(*[outs for outs, _ in runs]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-5)
+
+
+class Chain(gdb.DynBatchBlock):
+    """``f(k) = tanh(W f(k - 1))``, ``f(0) = x``: a call of the block per level."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, depth, x):
+        if depth == 0:
+            return x
+        return F.tanh(self.dense(self(depth - 1, x)))
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"},
+                                     "map"])
+def test_forward_hooks_of_the_batched_block_run_at_each_call_as_eager(options):
+    """Hooks on the DynBatchBlock itself run at every (recursive) call, in
+    eager's order within each sample, given the call's output; a hook reading
+    its value reads eager's (the sample waits there while the others go on)."""
+    model = Chain()
+    model.initialize()
+    logs = []           # per run: id(the sample's x, passed down) -> its calls in order
+
+    def log(entry, x):
+        logs[-1].setdefault(id(x), []).append(entry)
+
+    model.register_forward_pre_hook(lambda block, args: log(("pre", args[0]), args[1]))
+    model.register_forward_hook(lambda block, args, out: log(
+        ("post", args[0], out, float(out.sum().asscalar())), args[1]))
+    samples = [(depth, x) for depth, x in zip((1, 3, 2), _inputs(3))]
+    for batched in (False, True):
+        logs.append({})
+        if batched and options == "map":
+            gdb.map(lambda s: model(*s), samples)
+        elif batched:
+            with gdb.batching(**options):
+                outs = [model(*s) for s in samples]  # noqa: F841
+        else:
+            outs = [model(*s) for s in samples]  # noqa: F841
+    eager, batched = [list(run.values()) for run in logs]     # samples in order of start
+    assert [len(calls) for calls in eager] == [len(calls) for calls in batched] == [4, 8, 6]
+    for mine, theirs in zip(batched, eager):
+        assert [entry[:2] for entry in mine] == [entry[:2] for entry in theirs]
+        for a, b in zip(mine, theirs):
+            if a[0] == "post":
+                np.testing.assert_allclose(a[2].asnumpy(), b[2].asnumpy(), rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(a[3], b[3], rtol=1e-5, atol=1e-6)

@@ -1370,7 +1370,21 @@ def dispatching_call(self, *args):
 
 cpdef object record_frame(object block, RecorderCore rec, tuple args):
     """One call of DynBatchBlock ``block`` inside a scope: a frame (``frames.py``)
-    around its ``hybrid_forward``, which runs with the recording ``F``."""
+    around its ``hybrid_forward``, which runs with the recording ``F``; the
+    block's forward hooks around it, as ``Block.__call__`` runs them."""
+    cdef object hooks = block._forward_pre_hooks, out
+    if hooks:
+        for hook in list(hooks.values()):
+            hook(block, args)
+    out = _frame_call(block, rec, args)
+    hooks = block._forward_hooks
+    if hooks:
+        for hook in list(hooks.values()):
+            hook(block, args, out)
+    return out
+
+
+cdef object _frame_call(object block, RecorderCore rec, tuple args):
     cdef object outer_path = rec.path, outer_frame = rec.frame
     cdef object frame = None, root, out, tracer = None, params
     rec.depth += 1
