@@ -879,3 +879,53 @@ def test_forward_hooks_of_the_batched_block_run_at_each_call_as_eager(options):
             if a[0] == "post":
                 np.testing.assert_allclose(a[2].asnumpy(), b[2].asnumpy(), rtol=1e-5, atol=1e-6)
                 np.testing.assert_allclose(a[3], b[3], rtol=1e-5, atol=1e-6)
+
+
+class IndexedWrites(gdb.DynBatchBlock):
+    """Index arrays computed per sample: ``scatter_nd`` of row sums at
+    (row, the sample's own column), or ``take`` of the flat array at
+    ``ravel_multi_index`` of (row, row % 6)."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(6, flatten=False)
+
+    def hybrid_forward(self, F, x, column):
+        h = self.dense(x)
+        n = h.shape[0]
+        if self.form == "scatter_nd":
+            rows = F.arange(n).astype("int32")
+            return F.scatter_nd(F.sum(h, axis=1), F.stack(rows, column, axis=0),
+                                shape=(n, 6)) + h
+        flat = F.ravel_multi_index(F.stack(F.arange(n), F.arange(n) % 6), shape=h.shape)
+        return F.take(F.reshape(h, (-1,)), flat)
+
+
+@pytest.mark.parametrize("form", ["scatter_nd", "ravel_take"])
+@pytest.mark.parametrize("options", [{}, {"strategy": "agenda"}, {"compiled": True},
+                                     {"granularity": "op"}, {"strategy": "reference"}])
+def test_index_arrays_computed_per_sample_equal_eager(form, options):
+    """Their gradient is zero; MXNet's imperative backward crashed the process
+    when that zero was all that reached the gather of them."""
+    model = IndexedWrites(form)
+    model.initialize()
+    rs = np.random.RandomState(0)
+    for lengths in [(2, 3, 5), (4, 1, 6, 3)]:       # learned, then replayed
+        samples = [(nd.array(rs.uniform(-1, 1, (n, 4))),
+                    nd.array(rs.randint(0, 6, n), dtype="int32")) for n in lengths]
+        runs = []
+        for batched in (False, True):
+            with autograd.record():
+                if batched:
+                    with gdb.batching(**options):
+                        outs = [model(*s) for s in samples]
+                else:
+                    outs = [model(*s) for s in samples]
+                loss = nd.add_n(*[(o * o).sum() for o in outs])
+            loss.backward()
+            runs.append(([o.asnumpy() for o in outs], model.dense.weight.grad().asnumpy()))
+        for a, b in zip(*[outs for outs, _ in runs]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-6)

@@ -126,11 +126,16 @@ def call_as_recorded(F, node, inputs, extra_kwargs=None):
     return [out]
 
 
-# Inputs an operator refuses a gradient for (MXNet raises in backward when one is
-# asked): ``Embedding``'s indices.  Eager code passes constants there; batched, they
-# may carry autograd history (gathered by an earlier flush), and a CachedOp's
-# backward then asks for their gradient.  They are passed without history.
-NO_INPUT_GRADIENT = {"Embedding": (0,)}
+# Index inputs, whose gradient is zero or refused: passed without autograd
+# history.  Eager code often passes constants there; batched, they may carry
+# history (gathered by an earlier flush, or by the step itself), and then
+# ``Embedding``'s backward in a CachedOp asks for their gradient, which it
+# refuses, and MXNet 1.9.1's imperative backward crashes (segfault) when the
+# zero gradient of an index (``scatter_nd``'s, ``take``'s) is all that reaches
+# a gather of it (see ``NO_GRADIENT``).
+NO_INPUT_GRADIENT = {"Embedding": (0,), "take": (1,), "batch_take": (1,), "pick": (1,),
+                     "gather_nd": (1,), "scatter_nd": (1,), "where": (0,),
+                     "SequenceMask": (1,), "SequenceLast": (1,), "SequenceReverse": (1,)}
 
 
 def _without_gradient(F, inputs, slots):
