@@ -929,3 +929,25 @@ def test_index_arrays_computed_per_sample_equal_eager(form, options):
         for a, b in zip(*[outs for outs, _ in runs]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("where", ["inside", "after"])
+def test_outputs_assigned_into_an_array_equal_eager(where):
+    """``buf[i:i + 1] = out`` (predictions gathered into a preallocated array),
+    inside the scope or after it."""
+    model = Chain()
+    model.initialize()
+    samples = list(zip((1, 3, 2), _inputs(3)))
+    eager = nd.zeros((3, 4))
+    for i, s in enumerate(samples):
+        eager[i:i + 1] = model(*s)
+    buf = nd.zeros((3, 4))
+    with gdb.batching():
+        outs = [model(*s) for s in samples]
+        if where == "inside":
+            for i, out in enumerate(outs):
+                buf[i:i + 1] = out
+    if where == "after":
+        for i, out in enumerate(outs):
+            buf[i] = out[0]
+    np.testing.assert_allclose(buf.asnumpy(), eager.asnumpy(), rtol=1e-5, atol=1e-6)

@@ -274,10 +274,26 @@ def _recording_copyfrom(self, source_array):
     return None
 
 
+_PREPARE_VALUE = mx.nd.NDArray._prepare_value_nd  # pylint: disable=protected-access
+
+
+def _prepare_value_nd(self, value, bcast_shape, squeeze_axes=None):
+    """``NDArray._prepare_value_nd`` (``buf[i:j] = value``): a LazyArray assigned is
+    an array, its values computed first (MXNet's check of the value's exact
+    class took it for a sequence and recursed)."""
+    if isinstance(value, LazyArray):
+        value.wait_to_read()            # a read of a pending value: it runs first
+        with mx.autograd.pause():
+            value = mx.nd.identity(value.as_in_context(self.ctx))
+    return _PREPARE_VALUE(self, value, bcast_shape, squeeze_axes)
+
+
 def install():
     """Record ``mx.nd`` operators called on pending values (``_recording_invoke``);
-    run what reads an array before it is written in place; let
-    ``nn.HybridLambda`` name its operator in the recording ``F``."""
+    run what reads an array before it is written in place; take LazyArrays as
+    values assigned to arrays' items; let ``nn.HybridLambda`` name its
+    operator in the recording ``F``."""
     _register._imperative_invoke = _recording_invoke
     mx.nd.NDArray._sync_copyfrom = _recording_copyfrom  # pylint: disable=protected-access
+    mx.nd.NDArray._prepare_value_nd = _prepare_value_nd  # pylint: disable=protected-access
     gluon.nn.HybridLambda.hybrid_forward = _lambda_hybrid_forward

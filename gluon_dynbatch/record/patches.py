@@ -8,6 +8,8 @@ batching scope of the process installs, once:
   layers' ``hybrid_forward`` (``dispatch``);
 * MXNet's ``_imperative_invoke``: ``mx.nd`` operators called on pending
   values are recorded (``namespace``);
+* ``NDArray._prepare_value_nd``: a LazyArray assigned to an array's items
+  (``buf[i] = out``) is an array (``namespace``);
 * ``nn.HybridLambda.hybrid_forward``: an operator given by name
   (``HybridLambda("tanh")``) is looked up in the recording ``F`` (``namespace``);
 * ``autograd.set_recording``/``set_training`` and the backward functions,
