@@ -114,12 +114,14 @@ class BatchingScope:
 
     def __exit__(self, exc_type, exc, tb):
         if self._outer is not None:
-            if exc_type is None:
+            if exc_type is None or exc_type is GeneratorExit:
                 self._outer.scope.flush()
             return False
         tasks = self.recorder.tasks
         try:
-            if exc_type is None:
+            # A generator closed while its scope is open (its consumer stopped
+            # early) leaves by GeneratorExit: no failure, what it yielded is kept.
+            if exc_type is None or exc_type is GeneratorExit:
                 tasks.drain()           # samples waiting at reads finish, round by round
                 self.flush()
                 tasks.raise_first_error()

@@ -951,3 +951,27 @@ def test_outputs_assigned_into_an_array_equal_eager(where):
         for i, out in enumerate(outs):
             buf[i] = out[0]
     np.testing.assert_allclose(buf.asnumpy(), eager.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_generator_closed_inside_its_scope_keeps_what_it_yielded():
+    """A consumer taking the first outputs of a generator that yields them from
+    inside a scope, then closing it (``GeneratorExit`` leaves the scope)."""
+    import itertools
+
+    model = Chain()
+    model.initialize()
+    samples = list(zip((1, 3, 2, 2), _inputs(4)))
+
+    def outputs():
+        with gdb.batching():
+            for s in samples:
+                yield model(*s)
+
+    gen = outputs()
+    first = list(itertools.islice(gen, 2))
+    gen.close()
+    for out, s in zip(first, samples):
+        np.testing.assert_allclose(out.asnumpy(), model(*s).asnumpy(), rtol=1e-5, atol=1e-6)
+    with gdb.batching():                # the next scope works
+        out = model(*samples[2])
+    np.testing.assert_allclose(out.asnumpy(), model(*samples[2]).asnumpy(), rtol=1e-5)
