@@ -860,10 +860,14 @@ def _infer_own_shapes(block, args):
     params = block._reg_params.values()  # pylint: disable=protected-access
     if not any(p._deferred_init for p in params):  # pylint: disable=protected-access
         return
+    rec = context.TLS.recorder
+    context.set_current(None)       # its symbolic trace calls its children: not recorded
     try:
         block._deferred_infer_shape(*args)  # pylint: disable=protected-access
     except Exception:  # pylint: disable=broad-except
         return
+    finally:
+        context.set_current(rec)
     for param in params:
         if param._deferred_init:  # pylint: disable=protected-access
             param._finish_deferred_init()  # pylint: disable=protected-access
