@@ -285,12 +285,14 @@ class UsesTempered(gdb.DynBatchBlock):
         return self.cell(emb[word:word + 1])
 
 
+@pytest.mark.parametrize("number", [float, np.float32, np.float64, np.float16])
 @pytest.mark.parametrize("compiled", [False, True])
-def test_a_child_whose_attribute_changed_is_not_replayed_as_before(compiled):
+def test_a_child_whose_attribute_changed_is_not_replayed_as_before(compiled, number):
+    """Python's numbers and numpy's (a temperature annealed with numpy)."""
     model = make_model(UsesTempered)
     emb = nd.random.uniform(-1, 1, shape=(10, 3))
     for tau in (1.0, 0.1, 2.5, 1.0):
-        model.cell.tau = tau
+        model.cell.tau = number(tau)
         expected = run_model(model, [1, 2, 3], [emb], "eager")
         assert_same(run_model(model, [1, 2, 3], [emb], "depth", compiled=compiled), expected)
 

@@ -15,6 +15,8 @@ import logging
 import threading
 import weakref
 
+import numpy as np
+
 from mxnet.ndarray import NDArray
 
 from ..ir.graph import slot
@@ -137,7 +139,9 @@ def parameters(block):
 _GLUON_ATTRS = frozenset("""_empty_prefix _prefix _params _name _scope _children _reg_params
 _forward_hooks _forward_pre_hooks _cached_graph _cached_op _cached_op_args _out_format
 _in_format _active _flags _callback _monitor_all _backend _backend_opts""".split())
-_PLAIN = (type(None), bool, int, float, str, bytes)
+_PLAIN = (type(None), bool, int, float, str, bytes, np.bool_, np.int8, np.int16, np.int32,
+          np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.float16, np.float32,
+          np.float64, np.str_)       # numpy's numbers too: a setting annealed by numpy
 _MAX_DEPTH = 8
 MAX_ALIKE = 256     # kinds of blocks made alike whose tries a thread keeps
 
