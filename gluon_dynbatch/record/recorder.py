@@ -18,6 +18,7 @@ import copy
 import weakref
 
 import mxnet as mx
+from mxnet import gluon
 import numpy as np
 from mxnet.ndarray import NDArray
 
@@ -863,7 +864,10 @@ def _infer_own_shapes(block, args):
     rec = context.TLS.recorder
     context.set_current(None)       # its symbolic trace calls its children: not recorded
     try:
-        block._deferred_infer_shape(*args)  # pylint: disable=protected-access
+        if type(block).infer_shape is gluon.HybridBlock.infer_shape:
+            _infer_param_shapes(block, args)
+        else:
+            block.infer_shape(*args)
     except Exception:  # pylint: disable=broad-except
         return
     finally:
@@ -871,3 +875,21 @@ def _infer_own_shapes(block, args):
     for param in params:
         if param._deferred_init:  # pylint: disable=protected-access
             param._finish_deferred_init()  # pylint: disable=protected-access
+
+
+def _infer_param_shapes(block, args):
+    """``HybridBlock.infer_shape``: the shapes MXNet infers for ``block``'s
+    parameters from its symbolic graph on arguments of ``args``' shapes,
+    without Gluon's scan of the block's list attributes (``trie.parameters``)."""
+    inputs, out = block._get_graph(*args)  # pylint: disable=protected-access
+    flat = [a for a in gluon.block._flatten(args, "input")[0]  # pylint: disable=protected-access
+            if a is not None]
+    arg_shapes, _, aux_shapes = out.infer_shape(
+        **{i.name: a.shape for i, a in zip(inputs, flat)})
+    if arg_shapes is None:
+        raise ValueError("shapes not inferred")
+    shapes = dict(zip(out.list_arguments(), arg_shapes))
+    shapes.update(zip(out.list_auxiliary_states(), aux_shapes))
+    for param in trie.parameters(block):
+        if param.name in shapes:
+            param.shape = shapes[param.name]
