@@ -975,3 +975,56 @@ def test_a_generator_closed_inside_its_scope_keeps_what_it_yielded():
     with gdb.batching():                # the next scope works
         out = model(*samples[2])
     np.testing.assert_allclose(out.asnumpy(), model(*samples[2]).asnumpy(), rtol=1e-5)
+
+
+class AsksItsF(gluon.HybridBlock):
+    """A child whose code asks which ``F`` it got, as gluonnlp's blocks do: by
+    identity (``F is mx.nd``) or by equality (``F == nd``, AWDRNN's states)."""
+
+    def __init__(self, test, **kwargs):
+        super().__init__(**kwargs)
+        self.test = test
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, flatten=False, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        imperative = F is mx.nd if self.test == "is" else F == nd
+        if imperative:
+            shift = nd.ones((x.shape[0], 3)) * x.shape[0]
+        else:                           # the symbolic branch: no shapes
+            shift = F.zeros((0, 3))
+        return self.dense(x) + shift
+
+
+class CallsAsksItsF(gdb.DynBatchBlock):
+    def __init__(self, test, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.child = AsksItsF(test)
+
+    def hybrid_forward(self, F, x):
+        return F.sum(self.child(x))
+
+
+@pytest.mark.parametrize("test", ["is", "=="])
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"strategy": "reference"}])
+def test_a_child_asking_whether_its_F_is_nd_takes_the_imperative_branch(test, options):
+    model = CallsAsksItsF(test)
+    model.initialize()
+    weight = model.child.dense.weight
+    for lengths in [(2, 3, 5), (4, 1)]:
+        xs = [nd.random.uniform(shape=(n, 4)) for n in lengths]
+        runs = []
+        for batched in (False, True):
+            with autograd.record():
+                if batched:
+                    with gdb.batching(**options):
+                        outs = [model(x) for x in xs]
+                else:
+                    outs = [model(x) for x in xs]
+                loss = nd.add_n(*outs)
+            loss.backward()
+            runs.append(([o.asnumpy() for o in outs], weight.grad().asnumpy()))
+        for a, b in zip(*[outs for outs, _ in runs]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-5)

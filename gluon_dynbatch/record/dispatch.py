@@ -21,6 +21,7 @@ Gluon's recurrent cells and fused RNN layers make their zero states with
 states records its ``F.RNN`` without state outputs, so calls of every length
 share one padded call (``rules.layers.PaddedRNNRule``).
 """
+import dis
 import logging
 import sys
 
@@ -165,12 +166,43 @@ def _kind(cls):
         elif issubclass(cls, gluon.HybridBlock):
             found = _WRAPPERS.get(cls.forward, _OPAQUE)
             if cls.hybrid_forward is gluon.HybridBlock.hybrid_forward \
-                    or issubclass(cls, STATEFUL_CELLS):
+                    or issubclass(cls, STATEFUL_CELLS) \
+                    or _tests_identity_of_F(cls.hybrid_forward):
                 found = _OPAQUE
         else:
             found = _PLAIN
         _KINDS[cls] = found
     return found
+
+
+def _tests_identity_of_F(function):
+    """Whether ``function`` (a ``hybrid_forward``) asks whether its ``F`` is some
+    namespace (``if F is mx.nd:``): it would take its symbolic branch on the
+    recording ``F``, so its block runs on concrete values, with ``mx.nd``.
+
+    Gluon's own blocks ask so only in numpy-array mode, or are recorded by
+    code of this package (``_layer_hybrid_forward``): they are not asked.
+    """
+    code = getattr(function, "__code__", None)
+    if code is None or code.co_argcount < 2 \
+            or getattr(function, "__module__", "").startswith(("mxnet.", "gluon_dynbatch.")):
+        return False
+    name = code.co_varnames[1]
+    instructions = list(dis.get_instructions(code))
+    for k, ins in enumerate(instructions):
+        if ins.opname != "IS_OP":
+            continue
+        # The operands: ``F`` then a name or dotted name, or the reverse.
+        j = k - 1
+        while j > 0 and instructions[j].opname == "LOAD_ATTR":
+            j -= 1
+        if _loads(instructions[k - 1], name) or j > 0 and _loads(instructions[j - 1], name):
+            return True
+    return False
+
+
+def _loads(ins, name):
+    return ins.opname == "LOAD_FAST" and ins.argval == name
 
 
 _ORIGINAL_CALL = gluon.Block.__call__

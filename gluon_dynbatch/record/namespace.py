@@ -57,6 +57,16 @@ class RecordingNamespace:
         self.__dict__[name] = value      # later lookups skip __getattr__
         return value
 
+    def __eq__(self, other):
+        # ``F == nd`` (gluonnlp's AWDRNN picks its begin states so): the
+        # recording F stands for ``mx.nd``, values with shapes known.
+        return other is self or other is self._module
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = object.__hash__
+
 
 def _operator(rec, op, name):
     """``F.<op>``: the call as written goes to the recorder (``Recorder.record``),
