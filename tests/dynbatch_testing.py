@@ -228,6 +228,29 @@ def assert_same(result, expected, rtol=1e-5, atol=1e-6):
                                    atol=atol * scale, err_msg=name)
 
 
+def assert_batched_equals_eager(model, samples, options=None, rtol=1e-5, atol=1e-5):
+    """Forward and backward of ``model(*sample)`` for every sample, eagerly and
+    then inside ``gdb.batching(**options)`` (``"map"``: through ``gdb.map``):
+    outputs and every parameter's gradient equal."""
+    runs = []
+    for batched in (False, True):
+        with autograd.record():
+            if batched and options == "map":
+                outs = gdb.map(lambda sample: model(*sample), samples)
+            elif batched:
+                with gdb.batching(**(options or {})):
+                    outs = [model(*sample) for sample in samples]
+            else:
+                outs = [model(*sample) for sample in samples]
+            loss = _loss(outs)
+        loss.backward()
+        runs.append(([o.asnumpy() for o in _flatten(outs)],
+                     {name: p.grad().asnumpy().copy()
+                      for name, p in model.collect_params().items() if p.grad_req != "null"},
+                     None))
+    assert_same(runs[1], runs[0], rtol=rtol, atol=atol)
+
+
 def reference_run(model, samples, inputs):
     """The reference executor's run, checked against eager Gluon first.
 

@@ -7,7 +7,8 @@ from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
 from gluon_dynbatch.scope import READS_BEFORE_EAGER
-from dynbatch_testing import assert_same, check_all_strategies, run_model
+from dynbatch_testing import (assert_batched_equals_eager, assert_same,
+                              check_all_strategies, run_model)
 
 
 def _inputs(n, seed=0):
@@ -809,26 +810,10 @@ class SquaredByFunction(gdb.DynBatchBlock):
 def test_an_autograd_function_in_the_samples_code_equals_eager(in_child, options):
     model = SquaredByFunction(in_child)
     model.initialize(mx.init.Xavier())
-    weight = model.child.dense.weight
     for scope in range(3):          # templates learned in the first are replayed after
         rs = np.random.RandomState(scope)
-        xs = [nd.array(rs.randn(n, 4)) for n in (2, 3, 1)]
-        runs = []
-        for batched in (False, True):
-            with autograd.record():
-                if batched and options == "map":
-                    outs = gdb.map(model, xs)
-                elif batched:
-                    with gdb.batching(**options):
-                        outs = [model(x) for x in xs]
-                else:
-                    outs = [model(x) for x in xs]
-                loss = nd.add_n(*outs)
-            loss.backward()
-            runs.append(([o.asnumpy() for o in outs], weight.grad().asnumpy()))
-        for a, b in zip(*[outs for outs, _ in runs]):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-5)
+        samples = [(nd.array(rs.randn(n, 4)),) for n in (2, 3, 1)]
+        assert_batched_equals_eager(model, samples, options)
 
 
 class Chain(gdb.DynBatchBlock):
@@ -915,20 +900,7 @@ def test_index_arrays_computed_per_sample_equal_eager(form, options):
     for lengths in [(2, 3, 5), (4, 1, 6, 3)]:       # learned, then replayed
         samples = [(nd.array(rs.uniform(-1, 1, (n, 4))),
                     nd.array(rs.randint(0, 6, n), dtype="int32")) for n in lengths]
-        runs = []
-        for batched in (False, True):
-            with autograd.record():
-                if batched:
-                    with gdb.batching(**options):
-                        outs = [model(*s) for s in samples]
-                else:
-                    outs = [model(*s) for s in samples]
-                loss = nd.add_n(*[(o * o).sum() for o in outs])
-            loss.backward()
-            runs.append(([o.asnumpy() for o in outs], model.dense.weight.grad().asnumpy()))
-        for a, b in zip(*[outs for outs, _ in runs]):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-6)
+        assert_batched_equals_eager(model, samples, options, atol=1e-6)
 
 
 @pytest.mark.parametrize("where", ["inside", "after"])
@@ -1011,20 +983,6 @@ class CallsAsksItsF(gdb.DynBatchBlock):
 def test_a_child_asking_whether_its_F_is_nd_takes_the_imperative_branch(test, options):
     model = CallsAsksItsF(test)
     model.initialize()
-    weight = model.child.dense.weight
     for lengths in [(2, 3, 5), (4, 1)]:
-        xs = [nd.random.uniform(shape=(n, 4)) for n in lengths]
-        runs = []
-        for batched in (False, True):
-            with autograd.record():
-                if batched:
-                    with gdb.batching(**options):
-                        outs = [model(x) for x in xs]
-                else:
-                    outs = [model(x) for x in xs]
-                loss = nd.add_n(*outs)
-            loss.backward()
-            runs.append(([o.asnumpy() for o in outs], weight.grad().asnumpy()))
-        for a, b in zip(*[outs for outs, _ in runs]):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-5)
+        assert_batched_equals_eager(
+            model, [(nd.random.uniform(shape=(n, 4)),) for n in lengths], options)
