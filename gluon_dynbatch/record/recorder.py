@@ -848,7 +848,6 @@ def _moved_row_slice(begin, end, key):
     return info
 
 
-
 def _infer_own_shapes(block, args):
     """Finish the deferred initialisation of a block's parameters as its first
     eager call would, by MXNet's symbolic shape inference over the block.
@@ -873,7 +872,8 @@ def _infer_own_shapes(block, args):
     finally:
         context.set_current(rec)
     for param in params:
-        if param._deferred_init:  # pylint: disable=protected-access
+        # (A shape inference left partly unknown is left to the calls.)
+        if param._deferred_init and all(d > 0 for d in param.shape):  # pylint: disable=W0212
             param._finish_deferred_init()  # pylint: disable=protected-access
 
 
