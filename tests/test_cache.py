@@ -301,3 +301,35 @@ def test_compiled_true_tries_every_executor_runs_the_cheapest_and_stays_exact():
     assert executors.open[0] == executors.best and scope.stats.flushes == 1
     cheapest = min(executors.cost(mode) for mode in choice.MODES)
     assert executors.cost(executors.best) <= cheapest / (1 - choice.MARGIN), executors.summary()
+
+
+class BiLM(gdb.DynBatchBlock):
+    """gluonnlp's two-layer BiLMEncoder (skip connections) over one sentence:
+    MXNet 1.9.1 refuses to build a graph of its whole plan."""
+
+    def __init__(self, **kwargs):
+        import gluonnlp
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.encoder = gluonnlp.model.BiLMEncoder("lstm", 2, 4, 6, skip_connection=True)
+
+    def hybrid_forward(self, F, x):
+        out, _ = self.encoder(F.transpose(x, axes=(1, 0, 2)),
+                              self.encoder.begin_state(F.zeros, batch_size=1))
+        return out
+
+
+@pytest.mark.parametrize("compiled", ["plan", True])
+def test_a_plan_mxnet_refuses_to_build_runs_as_imperative_calls(compiled, caplog, monkeypatch):
+    from dynbatch_testing import assert_batched_equals_eager
+    from gluon_dynbatch import logs
+    monkeypatch.setattr(logs, "_WARNED", set())     # told once a process
+    model = BiLM()
+    model.initialize()
+    rs = np.random.RandomState(0)
+    with caplog.at_level("WARNING", logger="gluon_dynbatch"):
+        for lengths in [(2, 3, 5, 1), (4, 2, 3)]:
+            samples = [(nd.array(rs.uniform(-1, 1, (1, n, 4))),) for n in lengths]
+            assert_batched_equals_eager(model, samples, {"compiled": compiled})
+    told = [r for r in caplog.records if "refused to build a plan's graph" in r.getMessage()]
+    assert len(told) == 1

@@ -21,6 +21,7 @@ from mxnet.base import MXNetError
 
 from .lowering import Lowering, dtype_name
 from ..errors import BatchingError, describe_call
+from ..logs import warn_once
 from ..ir.ops import first_line
 from ..ir.rules import KNOWN, NO_GRADIENT, SHAPE_ONLY, call_as_recorded
 
@@ -188,22 +189,40 @@ class CompiledPlan:
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
+class RefusedPlan:
+    """A plan MXNet refused to make a CachedOp of (its error's first line)."""
+
+    def __init__(self, why):
+        self.why = why
+
+
 def run_compiled(plan, live, ctx, cache, stats):
     """Run ``plan`` through a cached (or new) CachedOp; fill ``stats``.
 
     On a miss, building the symbol, creating the CachedOp and its first call
-    (where MXNet builds the graph) count as compilation.
+    (where MXNet builds the graph) count as compilation.  A plan whose graph
+    MXNet refuses to build runs as batched imperative calls, which compute
+    the same (``RefusedPlan``, kept in the cache: not built again).
     """
     compiler = Lowering(ctx)
     key = (str(compiler.ctx),) + compiler.walk(plan, live)
     entry = cache.get(key)
     start = time.perf_counter()
     if entry is None:
-        entry = CompiledPlan(plan_symbol(compiler), compiler.param_names)
+        try:
+            entry = CompiledPlan(plan_symbol(compiler), compiler.param_names)
+        except MXNetError as err:
+            entry = RefusedPlan(first_line(err))
         stats.evictions += cache.put(key, entry)
         stats.cache_misses += 1
     else:
         stats.cache_hits += 1
+    if type(entry) is RefusedPlan:
+        warn_once(("refused plan", entry.why),
+                  "compiled plans: MXNet refused to build a plan's graph (%s); such plans "
+                  "run as batched imperative calls", entry.why)
+        run_interpreted(plan, live, ctx)
+        return
     results = entry(compiler.inputs(entry.names))
     if stats.cache_misses and entry.calls == 1:
         stats.compile_ms += 1000.0 * (time.perf_counter() - start)
