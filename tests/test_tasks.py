@@ -1018,3 +1018,40 @@ def test_a_nested_block_called_under_pause_by_some_samples_equals_eager():
         runs.append((loss.asscalar(), model.word.emb.weight.grad().asnumpy().copy()))
     assert runs[0][0] == pytest.approx(runs[1][0], rel=1e-5)
     np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-6)
+
+
+class ReadsThenSums(gdb.DynBatchBlock):
+    """Reads a value of its input, then a layer's output weighted by position."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(3, flatten=False, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        scale = 2.0 if float(x.sum().asscalar()) > 1.0 else 1.0
+        return F.sum(self.dense(x) * F.arange(x.shape[0]).reshape((-1, 1))) * scale
+
+
+@pytest.mark.parametrize("form", ["sum", "generator", "add_n", "plus"])
+def test_the_scopes_code_combining_results_of_waiting_samples_equals_eager(form):
+    """``sum(outs)`` in the scope of samples that wait at reads: settling one
+    sample's result ran flushes that left another's, looked up before it, in a
+    graph already run (an internal error)."""
+    model = ReadsThenSums()
+    model.initialize()
+    xs = [nd.random.uniform(shape=(n, 4)) for n in (1, 3, 1, 2)]
+    combine = {"sum": sum, "add_n": lambda outs: nd.add_n(*outs),
+               "plus": lambda outs: ((outs[0] + outs[1]) + outs[2]) + outs[3]}
+    runs = []
+    for batched in (False, True):
+        with autograd.record():
+            with gdb.batching() if batched else contextlib.nullcontext():
+                if form == "generator":
+                    total = sum(model(x) for x in xs)
+                else:
+                    total = combine[form]([model(x) for x in xs])
+        total.backward()
+        runs.append((total.asnumpy(), model.dense.weight.grad().asnumpy()))
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(runs[1][1], runs[0][1], rtol=1e-5, atol=1e-6)

@@ -410,6 +410,15 @@ class Recorder(RecorderCore):
         """
         if op.arrays is not None and len(args) > op.arrays:   # F.swapaxes(x, 0, 1)
             args, kwargs = op.named(args, kwargs)
+        for a in args:
+            if type(a) is Pending:
+                # Results of waiting samples (``outs[0] + outs[1]``) are settled
+                # before any input is looked up: settling one runs flushes, which
+                # would leave an input looked up before it in a graph run already.
+                for b in args:
+                    if type(b) is Pending:
+                        b.settled_node()
+                break
         if not self.faithful():
             for fn in passes.BY_NAME.get(op.name, ()):
                 found = fn(self, op, args, kwargs)
