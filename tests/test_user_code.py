@@ -986,3 +986,26 @@ def test_a_child_asking_whether_its_F_is_nd_takes_the_imperative_branch(test, op
     for lengths in [(2, 3, 5), (4, 1)]:
         assert_batched_equals_eager(
             model, [(nd.random.uniform(shape=(n, 4)),) for n in lengths], options)
+
+
+class Reversed(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, flatten=False, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        return F.sum(self.dense(x[::-1]) * F.arange(x.shape[0]).reshape((-1, 1)))
+
+
+def test_a_reversed_one_word_sentence_is_no_read():
+    """``x[::-1]`` of one row takes that row: recorded, not NDArray's view of a
+    computed value (a read, which sent the rest of the scope eager)."""
+    model = Reversed()
+    model.initialize()
+    xs = [nd.random.uniform(shape=(n, 4)) for n in (1, 3, 1, 2)]
+    with gdb.batching() as scope:
+        total = sum(model(x) for x in xs)
+    assert scope.stats.reads == 0
+    np.testing.assert_allclose(total.asnumpy(), sum(model(x) for x in xs).asnumpy(),
+                               rtol=1e-5, atol=1e-6)

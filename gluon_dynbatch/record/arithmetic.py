@@ -266,6 +266,17 @@ LazyArray.copyto = _copyto
 LazyArray.T = property(_T)
 
 
+def _one_step(part, size):
+    """A slice with a step (``x[::-1]``) that takes one element, as the slice of
+    that element: on a one-word sentence NDArray's own indexing makes it a
+    view, which reads the value."""
+    if isinstance(part, slice) and part.step not in (None, 1):
+        taken = range(*part.indices(size))
+        if len(taken) == 1:
+            return slice(taken[0], taken[0] + 1)
+    return part
+
+
 def _getitem(self, key):
     rec = current()
     if rec is None:
@@ -283,6 +294,8 @@ def _getitem(self, key):
             return rec.row_slice(self, key.start, key.stop)
     parts = key if isinstance(key, tuple) else (key,)
     shape = self.shape
+    parts = tuple(_one_step(p, shape[axis]) if axis < len(shape) else p
+                  for axis, p in enumerate(parts))
     if len(parts) > len(shape) or not all(
             isinstance(p, (int, np.integer)) or (isinstance(p, slice) and p.step in (None, 1))
             for p in parts):
