@@ -26,12 +26,9 @@ from ..ir.ops import first_line
 
 def run_alone(rec, op, args, kwargs):
     """``op(*args, **kwargs)`` run now on concrete values; its outputs as leaves."""
-    args = [_concrete(a) for a in args]
-    kwargs = {k: _concrete(v) for k, v in kwargs.items()}
-    arrays = [a for a in args if isinstance(a, NDArray)]
-    arrays += [v for v in kwargs.values() if isinstance(v, NDArray)]
-    for array in arrays:
-        array.wait_to_read()            # runs what the value needs
+    args = _computed(args)
+    kwargs = dict(zip(kwargs, _computed(kwargs.values())))
+    arrays = [a for a in args + list(kwargs.values()) if isinstance(a, NDArray)]
     try:
         out = op.nd_fn(*args, **kwargs)
     except Exception as err:  # MXNetError, and MXNet's own argument checks
@@ -39,6 +36,16 @@ def run_alone(rec, op, args, kwargs):
             describe_call(rec.sample, rec.path, op.name), [a.shape for a in arrays],
             first_line(err))) from None
     return rec.wrap_inputs(out)
+
+
+def _computed(values):
+    """The arrays ``values`` stand for (``_concrete``), each computed first:
+    what is pending runs, as a read of a value does."""
+    values = [_concrete(v) for v in values]
+    for value in values:
+        if isinstance(value, NDArray):
+            value.wait_to_read()
+    return values
 
 
 def _concrete(value):
@@ -64,10 +71,7 @@ def _function_call(self, *inputs):
     if frame is not None:
         # No template may replay this call's block without running the Function.
         frame.cut("an autograd.Function")
-    inputs = [_concrete(a) for a in inputs]
-    for array in inputs:
-        if isinstance(array, NDArray):
-            array.wait_to_read()        # runs what the value needs
+    inputs = _computed(inputs)
     # Plain arrays, with the values' autograd history: the Function's
     # ``forward`` and ``backward`` compute on them as eager code does.
     inputs = [mx.nd.identity(a) if type(a) is LazyArray else a for a in inputs]

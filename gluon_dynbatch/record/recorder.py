@@ -415,10 +415,7 @@ class Recorder(RecorderCore):
                 # Results of waiting samples (``outs[0] + outs[1]``) are settled
                 # before any input is looked up: settling one runs flushes, which
                 # would leave an input looked up before it in a graph run already.
-                for b in args:
-                    if type(b) is Pending:
-                        b.settled_node()
-                break
+                a.settled_node()
         if not self.faithful():
             for fn in passes.BY_NAME.get(op.name, ()):
                 found = fn(self, op, args, kwargs)
