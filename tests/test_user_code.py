@@ -1009,3 +1009,61 @@ def test_a_reversed_one_word_sentence_is_no_read():
     assert scope.stats.reads == 0
     np.testing.assert_allclose(total.asnumpy(), sum(model(x) for x in xs).asnumpy(),
                                rtol=1e-5, atol=1e-6)
+
+
+class ZeroGradientOutputs(gdb.DynBatchBlock):
+    """Outputs computed through zero-gradient operators only: the predicted class
+    (``argmax``) of a layer in the sample's own call or of a child call's
+    output, or a comparison's mask, scaled."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(5, in_units=3)
+            self.out = gluon.nn.Dense(4, in_units=5)
+
+    def hybrid_forward(self, F, depth, x, top=True):
+        h = F.tanh(self.dense(x))
+        if depth > 0:
+            h = h + self(depth - 1, x, False)
+        if not top:
+            return h
+        if self.form == "argmax":
+            return F.argmax(self.out(h), axis=1)
+        if self.form == "child_argmax":
+            return F.argmax(self.out(self(depth, x, False)), axis=1)
+        return (self.out(h) > 0) * 2
+
+
+@pytest.mark.parametrize("form", ["argmax", "child_argmax", "mask"])
+@pytest.mark.parametrize("options", [{}, {"strategy": "agenda"}, {"granularity": "op"},
+                                     {"compiled": "step"}, {"granularity": "op", "compiled": "step"},
+                                     {"compiled": True}])
+def test_a_loss_of_zero_gradient_outputs_alone_gives_zero_gradients_as_eager(form, options):
+    """Eager MXNet records ``argmax`` and comparisons (their gradient zero): a
+    loss of such outputs alone differentiates, writing zeros into the weights'
+    gradients.  Batched, those steps run outside autograd, and such a loss was
+    not in any graph ("Cannot differentiate node ...")."""
+    model = ZeroGradientOutputs(form)
+    model.initialize()
+    rs = np.random.RandomState(1)
+    for depths in [(0, 2, 1), (1, 0, 3, 2)]:        # learned, then replayed
+        samples = [(d, nd.array(rs.uniform(-1, 1, (1 + d % 2, 3)))) for d in depths]
+        runs = []
+        for batched in (False, True):
+            for param in model.collect_params().values():
+                param.grad()[:] = 7.0               # a backward must overwrite these
+            with autograd.record():
+                if batched:
+                    with gdb.batching(**options):
+                        outs = [model(*s) for s in samples]
+                else:
+                    outs = [model(*s) for s in samples]
+                loss = nd.add_n(*[o.sum() for o in outs])
+            loss.backward()
+            runs.append((loss.asscalar(), [p.grad().asnumpy().copy()
+                                           for p in model.collect_params().values()]))
+        assert runs[1][0] == pytest.approx(runs[0][0])
+        for batched_grad, eager_grad in zip(runs[1][1], runs[0][1]):
+            np.testing.assert_array_equal(batched_grad, eager_grad)

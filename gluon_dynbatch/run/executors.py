@@ -12,12 +12,14 @@ All three read the :class:`lowering.Lowering`'s walk: every index array reaches
 MXNet in one copy, and the live values get their rows at the end.
 """
 import contextlib
+import ctypes
 import os
 import time
 
 import mxnet as mx
 from mxnet import autograd
-from mxnet.base import MXNetError
+from mxnet.base import _LIB, MXNetError, SymbolHandle
+from mxnet.symbol import Symbol
 
 from .lowering import Lowering, dtype_name
 from ..errors import BatchingError, describe_call
@@ -85,11 +87,14 @@ def run_interpreted(plan, live, ctx, rows_out=False):
     walker.walk(plan, live)
     feeds = walker.feed_arrays()
     values = {}
+    detached = []
     for kind, node0, ins, outs, count, variant in walker.steps:
         with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE, \
                 _naming_step(node0, count):
-            detach = node0.op.detached if kind == "program" else \
-                SHAPE_ONLY.get(node0.op.name, ())
+            detach = range(len(ins)) if node0.op.name in NO_GRADIENT else \
+                node0.op.detached if kind == "program" else SHAPE_ONLY.get(node0.op.name, ())
+            if detach:
+                detached.append((ins, detach))
             inputs = [_gather_detached(d, values, feeds) if k in detach
                       else _gather(d, values, feeds) for k, d in enumerate(ins)]
             if kind == "program":
@@ -100,7 +105,54 @@ def run_interpreted(plan, live, ctx, rows_out=False):
                 results = node0.rule.batched_call(mx.nd, node0, inputs)
         for sid, array in zip(outs, results):
             values[sid] = array
-    walker.deliver([_gather(desc, values, feeds) for desc, _ in walker.outputs])
+    results = [_gather(desc, values, feeds) for desc, _ in walker.outputs]
+    walker.deliver(_with_history(results, detached, values, feeds))
+
+
+def _with_history(results, detached, values, feeds):
+    """``results`` where each that autograd would leave without history is tied
+    to the inputs of the steps run without it (``detached``: ``(inputs, slots)``)
+    by a zero: ``x + sum(0 * input)``.
+
+    Steps of zero-gradient operators (``argmax``, comparisons) run outside
+    autograd (``_gather_detached``).  A result computed from them alone would
+    carry no history, where eager's has some (its gradient zero): a loss of
+    such results alone then fails in ``backward()`` ("not in a computational
+    graph") instead of giving the weights a zero gradient as eager does.  The
+    zero reaches the inputs' gathers as an array, which MXNet's backward
+    survives (a missing gradient there it does not: see ``_gather_detached``).
+    """
+    if not detached or not autograd.is_recording():
+        return results
+    anchor = []
+
+    def tied(array):
+        if not _no_history(array):
+            return array
+        if not anchor:
+            parts = [mx.nd.sum(_gather(ins[k], values, feeds) * 0)
+                     for ins, slots in detached for k in slots]
+            anchor.append(mx.nd.add_n(*parts) if len(parts) > 1 else parts[0])
+        return mx.nd.broadcast_add(array, anchor[0].astype(array.dtype))
+
+    out = []
+    for array in results:
+        if isinstance(array, list):         # a "rows" output: (array, begin, end)
+            seen = {}
+            array = [(seen.setdefault(id(a), tied(a)), begin, end) for a, begin, end in array]
+        else:
+            array = tied(array)
+        out.append(array)
+    return out
+
+
+def _no_history(array):
+    """Whether autograd holds no history of ``array`` (a constant to it)."""
+    handle = SymbolHandle()
+    if _LIB.MXAutogradGetSymbol(array.handle, ctypes.byref(handle)) != 0:
+        return True
+    Symbol(handle)          # (frees the handle)
+    return False
 
 
 @contextlib.contextmanager
@@ -242,7 +294,10 @@ def run_steps(plan, live, ctx, cache, stats):
     walker.walk(plan, live)
     feeds = walker.feed_arrays()
     values = {}
+    detached = []
     for kind, node0, ins, outs, count, variant in walker.steps:
+        if node0.op.name in NO_GRADIENT:
+            detached.append((ins, range(len(ins))))
         arrays, shape = [], []
         for desc in ins:
             if desc[0] == "take":
@@ -257,7 +312,8 @@ def run_steps(plan, live, ctx, cache, stats):
             results = _run_step(node0, tuple(shape), variant, arrays, walker.ctx, cache, stats)
         for sid, array in zip(outs, results):
             values[sid] = array
-    walker.deliver([_gather(desc, values, feeds) for desc, _ in walker.outputs])
+    results = [_gather(desc, values, feeds) for desc, _ in walker.outputs]
+    walker.deliver(_with_history(results, detached, values, feeds))
 
 
 def _run_step(node0, shape, variant, arrays, ctx, cache, stats):
