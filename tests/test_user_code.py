@@ -7,7 +7,7 @@ from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
 from gluon_dynbatch.scope import READS_BEFORE_EAGER
-from dynbatch_testing import (assert_batched_equals_eager, assert_same,
+from dynbatch_testing import (Tree, assert_batched_equals_eager, assert_same,
                               check_all_strategies, run_model)
 
 
@@ -1038,8 +1038,8 @@ class ZeroGradientOutputs(gdb.DynBatchBlock):
 
 @pytest.mark.parametrize("form", ["argmax", "child_argmax", "mask"])
 @pytest.mark.parametrize("options", [{}, {"strategy": "agenda"}, {"granularity": "op"},
-                                     {"compiled": "step"}, {"granularity": "op", "compiled": "step"},
-                                     {"compiled": True}])
+                                     {"compiled": "step"}, {"compiled": True},
+                                     {"granularity": "op", "compiled": "step"}])
 def test_a_loss_of_zero_gradient_outputs_alone_gives_zero_gradients_as_eager(form, options):
     """Eager MXNet records ``argmax`` and comparisons (their gradient zero): a
     loss of such outputs alone differentiates, writing zeros into the weights'
@@ -1067,3 +1067,42 @@ def test_a_loss_of_zero_gradient_outputs_alone_gives_zero_gradients_as_eager(for
         assert runs[1][0] == pytest.approx(runs[0][0])
         for batched_grad, eager_grad in zip(runs[1][1], runs[0][1]):
             np.testing.assert_array_equal(batched_grad, eager_grad)
+
+
+class RanksChildren(gdb.DynBatchBlock):
+    """A tree node adding a term of the ranks of its children's outputs
+    (``topk`` returning indices or a mask, zero-gradient outputs)."""
+
+    def __init__(self, call, **kwargs):
+        super().__init__(**kwargs)
+        self.call = call
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(8, flatten=False, in_units=6)
+
+    def hybrid_forward(self, F, tree, emb):
+        x = F.tanh(self.dense(emb[tree.word:tree.word + 1]))
+        if not tree.children:
+            return x
+        hs = F.concat(*[self(child, emb) for child in tree.children], dim=0)
+        return x + F.sum(self.call(F, hs) * 0.01)
+
+
+@pytest.mark.parametrize("call", [
+    lambda F, hs: F.topk(hs, axis=1, k=2, ret_typ="indices"),
+    lambda F, hs: F.topk(hs, axis=1, k=2, ret_typ="mask"),
+    lambda F, hs: F.topk(hs, axis=0, k=1),                  # indices by default
+    lambda F, hs: F.topk(hs, 1, 2, "mask"),                 # ret_typ positional
+    lambda F, hs: F.topk(hs, axis=1, k=2, ret_typ="both")[1]],
+    ids=["indices", "mask", "default", "positional", "both"])
+@pytest.mark.parametrize("options", [{"granularity": "op"},
+                                     {"granularity": "op", "strategy": "agenda"}, {}])
+def test_ranks_of_children_by_topk_equal_eager(call, options):
+    """``topk``'s indices and masks have zero gradient: batched, their steps run
+    outside autograd, as ``argmax``'s do (recorded over the executor's gather,
+    MXNet 1.9.1's backward crashed the process)."""
+    model = RanksChildren(call)
+    model.initialize(mx.init.Uniform(0.5))
+    emb = nd.random.normal(shape=(30, 6))
+    trees = [Tree(1, [Tree(2, [Tree(3), Tree(4)]), Tree(5)]), Tree(6, [Tree(7), Tree(8)])]
+    for samples in (trees[:1], trees):              # learned, then replayed
+        assert_batched_equals_eager(model, [(t, emb) for t in samples], options, atol=1e-6)

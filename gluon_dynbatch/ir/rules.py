@@ -215,3 +215,15 @@ _logical_and_scalar _logical_or_scalar _logical_xor_scalar logical_not broadcast
 broadcast_not_equal broadcast_greater broadcast_greater_equal broadcast_lesser
 broadcast_lesser_equal broadcast_logical_and broadcast_logical_or broadcast_logical_xor
 _equal _not_equal _greater _greater_equal _lesser _lesser_equal""".split())
+
+
+def zero_gradient(op_name, args, kwargs):
+    """Whether a call's outputs have zero gradient everywhere: an operator of
+    ``NO_GRADIENT``, or ``topk`` returning indices or a mask (its default is
+    indices; ``ret_typ`` may come fourth among the positional arguments)."""
+    if op_name in NO_GRADIENT:
+        return True
+    if op_name != "topk":
+        return False
+    returns = kwargs.get("ret_typ", args[3] if len(args) > 3 else "indices")
+    return returns in ("indices", "mask")

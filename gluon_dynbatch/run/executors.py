@@ -25,7 +25,7 @@ from .lowering import Lowering, dtype_name
 from ..errors import BatchingError, describe_call
 from ..logs import warn_once
 from ..ir.ops import first_line
-from ..ir.rules import KNOWN, NO_GRADIENT, SHAPE_ONLY, call_as_recorded
+from ..ir.rules import KNOWN, SHAPE_ONLY, call_as_recorded, zero_gradient
 
 _NO_CHANGE = contextlib.nullcontext()
 
@@ -89,9 +89,9 @@ def run_interpreted(plan, live, ctx, rows_out=False):
     values = {}
     detached = []
     for kind, node0, ins, outs, count, variant in walker.steps:
-        with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE, \
-                _naming_step(node0, count):
-            detach = range(len(ins)) if node0.op.name in NO_GRADIENT else \
+        zero = zero_gradient(node0.op.name, node0.args, node0.kwargs)
+        with autograd.pause() if zero else _NO_CHANGE, _naming_step(node0, count):
+            detach = range(len(ins)) if zero else \
                 node0.op.detached if kind == "program" else SHAPE_ONLY.get(node0.op.name, ())
             if detach:
                 detached.append((ins, detach))
@@ -296,7 +296,8 @@ def run_steps(plan, live, ctx, cache, stats):
     values = {}
     detached = []
     for kind, node0, ins, outs, count, variant in walker.steps:
-        if node0.op.name in NO_GRADIENT:
+        zero = zero_gradient(node0.op.name, node0.args, node0.kwargs)
+        if zero:
             detached.append((ins, range(len(ins))))
         arrays, shape = [], []
         for desc in ins:
@@ -307,8 +308,7 @@ def run_steps(plan, live, ctx, cache, stats):
             else:
                 arrays.append(_gather(desc, values, feeds))
                 shape.append(("d",))
-        with autograd.pause() if node0.op.name in NO_GRADIENT else _NO_CHANGE, \
-                _naming_step(node0, count):
+        with autograd.pause() if zero else _NO_CHANGE, _naming_step(node0, count):
             results = _run_step(node0, tuple(shape), variant, arrays, walker.ctx, cache, stats)
         for sid, array in zip(outs, results):
             values[sid] = array

@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from ..ir.rules import BROW, NO_GRADIENT, ROW, SHAPE_ONLY, SHARED, Rule, call_as_recorded, \
+from ..ir.rules import BROW, ROW, SHAPE_ONLY, SHARED, Rule, call_as_recorded, zero_gradient, \
     intern
 
 # "own": the rule's batched call, right on one call's rows as on many (``Rule.program_form``).
@@ -171,7 +171,8 @@ def _detached_inputs(entries, exports):
                 using.append(k)
     free = [False] * len(entries)       # no gradient flows back through entry k
     for k in reversed(range(len(entries))):
-        free[k] = entries[k].op.name in NO_GRADIENT or (
+        entry = entries[k]
+        free[k] = zero_gradient(entry.op.name, entry.args, entry.kwargs) or (
             k not in exported and all(free[r] for r in readers.get(k, ())))
     return frozenset(key[1] for key, using in readers.items()
                      if type(key) is tuple and all(free[r] for r in using))
