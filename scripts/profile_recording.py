@@ -9,7 +9,9 @@ samples' code ran inside the scope, interception included):
    differences give the cost of a frame (a DynBatchBlock call with no
    operator), of the first operator (it reads the child's value, and the
    frame becomes a program node of the graph) and of each further operator
-   call on a matched template path.
+   call on a matched template path; and 2,050 samples of one frame each,
+   giving what a sample's top-level call costs beyond its frame (the task it
+   runs as).
 2. The SST Tree-LSTM written operator by operator (``examples/sst_model.py``,
    E = H = 128) on batches of ``--trees`` SST train trees: recording per
    call, and the floor of the same Python code run with an ``F`` whose
@@ -105,8 +107,13 @@ def synthetic(rounds, warmup):
         ms, _ = record_ms(lambda k, b=block: [b(CHAIN, x) for _ in range(SAMPLES)],
                           rounds, warmup)
         per_frame[ops] = ms * 1e3 / (SAMPLES * (CHAIN + 1))
+    block = Chain(0)
+    block.initialize()
+    ms, _ = record_ms(lambda k: [block(0, x) for _ in range(SAMPLES * (CHAIN + 1))],
+                      rounds, warmup)
+    sample_us = ms * 1e3 / (SAMPLES * (CHAIN + 1)) - per_frame[0]
     return {"frame_us": per_frame[0], "first_call_us": per_frame[1] - per_frame[0],
-            "call_us": (per_frame[25] - per_frame[1]) / 24}
+            "call_us": (per_frame[25] - per_frame[1]) / 24, "sample_us": sample_us}
 
 
 class _Nothing:
@@ -196,6 +203,8 @@ def main(argv=None):
     print("  its first operator (reads the child's value; a program node) %6.2f us"
           % parts["first_call_us"])
     print("  each further operator call      %6.2f us" % parts["call_us"])
+    print("  a sample: a top-level call, beyond its frame (its task) %6.2f us"
+          % parts["sample_us"])
     found = sst(args.rounds, args.warmup, args.trees)
     print("SST op-by-op, %d trees a batch: recording %.1f ms for %d calls (%.2f us a call); "
           "the same code with operators that do nothing %.1f ms (%.2f us a call)"

@@ -31,7 +31,6 @@ import sys
 import tempfile
 import time
 
-import greenlet
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 from tqdm import tqdm
@@ -43,6 +42,7 @@ for _path in (ROOT, os.path.join(ROOT, "scripts")):
 
 import benchlib  # noqa: E402
 import gluon_dynbatch as gdb  # noqa: E402
+from gluon_dynbatch.record.tasks import live_tasks  # noqa: E402
 from examples.sick_data import attach_words, parse_parents, random_parents  # noqa: E402
 from examples.sick_model import ChildSumTreeLSTM  # noqa: E402
 
@@ -123,8 +123,7 @@ class LoopStopped(Exception):
 def live_greenlets():
     """Greenlets started and not finished (tasks of samples still waiting)."""
     gc.collect()
-    return sum(1 for obj in gc.get_objects()
-               if isinstance(obj, greenlet.greenlet) and obj and not obj.dead)
+    return live_tasks()
 
 
 def stopped_step(model, trees, emb):

@@ -19,9 +19,11 @@ swaps them.  A top-level call that waits returns a :class:`Pending` value,
 filled in when its sample finishes.  An exception in a task is that sample's
 error: the other tasks finish first.
 """
+import gc
 import math
 import operator
 import sys
+import threading
 import weakref
 
 import greenlet
@@ -39,13 +41,73 @@ _FORMS = weakref.WeakKeyDictionary()     # block -> the form of its calls' resul
 _VARYING = "varying"                     # a block whose results change form
 
 
+_DONE = object()    # what a worker switches back with when its task's call has ended
+
+
+def _work():
+    """A worker greenlet's loop: run each job ``(fn, args)`` left in ``_IDLE.job``,
+    leave ``(result, error)`` in ``_IDLE.finished``, switch back with ``_DONE``,
+    and wait for the next.  A greenlet's first switch costs ten times a switch
+    to one already running (tens of microseconds a top-level call), so
+    finished workers serve later tasks (``_IDLE.workers``).  Jobs and results
+    pass outside the switches' arguments, which a suspended switch (or a
+    greenlet's first call, for its whole life) keeps alive: an idle worker
+    holds nothing of its last task.  ``GreenletExit`` (``Tasks.close``) ends
+    the worker."""
+    while True:
+        (fn, args), _IDLE.job = _IDLE.job, None
+        try:
+            _IDLE.finished = (fn(*args), None)
+        except greenlet.GreenletExit:
+            raise
+        except BaseException as err:  # pylint: disable=broad-except
+            _IDLE.finished = (None, err)
+        fn = args = None
+        greenlet.getcurrent().parent.switch(_DONE)
+
+
+class _Idle(threading.local):
+    """Worker greenlets of this thread with no task (greenlets are per thread)."""
+
+    def __init__(self):
+        super().__init__()
+        self.workers = []
+        self.job = None         # (fn, args) of the task whose worker starts it now
+        self.finished = None    # (result, error) of the task whose worker just ended it
+
+
+_IDLE = _Idle()
+_MAX_IDLE = 8
+
+
+def _worker():
+    """An idle worker greenlet of this thread, or a new one."""
+    idle = _IDLE.workers
+    while idle:
+        glet = idle.pop()
+        if not glet.dead:       # (one thrown into from outside ends)
+            return glet
+    return greenlet.greenlet(_work)
+
+
+def live_tasks():
+    """Greenlets started and not finished, idle workers and threads' main
+    greenlets aside: tasks of samples still waiting at a read (none once every
+    scope has ended)."""
+    idle = {id(glet) for glet in _IDLE.workers}
+    return sum(1 for obj in gc.get_objects() if isinstance(obj, greenlet.greenlet)
+               and obj and obj.parent is not None and id(obj) not in idle)
+
+
 class Task:
     """One sample's call running on a greenlet of its own (see the module docstring)."""
 
-    __slots__ = ("glet", "state", "result", "error", "done", "placeholders", "form", "reads")
+    __slots__ = ("glet", "job", "state", "result", "error", "done", "placeholders", "form",
+                 "reads")
 
-    def __init__(self, glet):
+    def __init__(self, glet, job):
         self.glet = glet
+        self.job = job              # ``(fn, args)`` until its first switch
         self.state = None           # recording state while it waits (``Tasks._state``)
         self.result = None
         self.error = None
@@ -72,7 +134,7 @@ class Tasks:
     # -- running ------------------------------------------------------------------
     def start(self, fn, args):
         """``fn(*args)`` as a task, run until it finishes or waits; the task."""
-        task = Task(greenlet.greenlet(lambda: fn(*args)))
+        task = Task(_worker(), (fn, args))
         self.started.append(task)
         self._switch(task)
         return task
@@ -107,12 +169,21 @@ class Tasks:
             self.rec._mode_seen = None  # pylint: disable=protected-access
         # A wait returns to whoever runs the task now: the scope's rounds, or
         # the task that started it (``gluon_dynbatch.map`` inside a sample).
-        task.glet.parent = greenlet.getcurrent()
+        glet = task.glet
+        glet.parent = greenlet.getcurrent()
         try:
-            result = task.glet.switch()
-            if task.glet.dead:
-                task.done, task.result = True, result
-                self._finished(task)
+            if task.job is not None:
+                _IDLE.job, task.job = task.job, None
+            done = glet.switch()
+            if done is _DONE:
+                if len(_IDLE.workers) < _MAX_IDLE:
+                    _IDLE.workers.append(glet)
+                (task.result, task.error), _IDLE.finished = _IDLE.finished, None
+                task.done = True
+                if task.error is None:
+                    self._finished(task)
+            elif glet.dead:             # (its worker was ended: ``close``)
+                task.done = True
         except BaseException as err:  # pylint: disable=broad-except
             if isinstance(err, greenlet.GreenletExit):
                 err = None
