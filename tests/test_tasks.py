@@ -1089,3 +1089,39 @@ def test_the_scopes_code_combining_results_of_waiting_samples_equals_eager(form)
         runs.append((total.asnumpy(), model.dense.weight.grad().asnumpy()))
     np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(runs[1][1], runs[0][1], rtol=1e-5, atol=1e-6)
+
+
+class ReadsInTwoModes(gdb.DynBatchBlock):
+    """A block whose mode argument changes what its calls return: ``"pick"``
+    gives the chosen class and the scores, ``"score"`` the chosen class, its
+    score read as a number, and the scores."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, x, mode):
+        h = self.dense(x)
+        k = int(F.argmax(h, axis=1).asscalar())         # a read: the sample waits
+        if mode == "pick":
+            return [k], h
+        return [k], float(h[0, k].asscalar()), h
+
+
+def test_results_of_a_blocks_modes_in_a_plain_loop_take_each_modes_form():
+    """The form of a waiting call's results (what a plain loop hands out before
+    the sample finishes) is learned per block and settings: a scope of one
+    mode after a scope of another hands out results of its own form."""
+    model = ReadsInTwoModes()
+    model.initialize()
+    xs = [nd.array(np.random.RandomState(i).randn(1, 4)) for i in range(4)]
+    for mode in ("pick", "score", "pick", "score"):
+        want = [model(x, mode) for x in xs]
+        with gdb.batching():
+            outs = [model(x, mode) for x in xs]
+        for got, ref in zip(outs, want):
+            assert len(got) == len(ref) and list(got[0]) == ref[0]
+            if mode == "score":
+                assert float(got[1]) == pytest.approx(ref[1], rel=1e-5)
+            np.testing.assert_allclose(got[-1].asnumpy(), ref[-1].asnumpy(), rtol=1e-5)

@@ -33,6 +33,7 @@ from . import context
 from . import trie
 from .frames import NOT_RECORDED, Frame
 from .lazy import LazyArray
+from .tasks import settings_of
 from .recursion import (raise_limit, recursion_note, restore_limit, stop_watching,
                         watch_closures)
 from ..errors import BatchingError, describe_call
@@ -47,7 +48,7 @@ def record_call(self, rec, args):
     if rec.eager:
         return eager_call(self, rec, args)
     if rec.tasks.current is None:
-        return rec.tasks.call(_record_sample, (self, rec, args), self)
+        return rec.tasks.call(_record_sample, (self, rec, args), self, settings_of(args))
     return _record_sample(self, rec, args)
 
 

@@ -37,7 +37,7 @@ from .lazy import LazyArray
 from ..errors import BatchingError
 
 _IDENTITY = opdef("identity")
-_FORMS = weakref.WeakKeyDictionary()     # block -> the form of its calls' results
+_FORMS = weakref.WeakKeyDictionary()     # block -> {settings: the form of its calls' results}
 _VARYING = "varying"                     # a block whose results change form
 
 
@@ -139,24 +139,25 @@ class Tasks:
         self._switch(task)
         return task
 
-    def call(self, fn, args, owner):
-        """``fn(*args)``, a call of block ``owner``, as a task: its result if it
-        finishes without waiting (or its error, at once); else, when an earlier
-        call of ``owner`` showed the form of its results, placeholders of that
+    def call(self, fn, args, owner, settings=()):
+        """``fn(*args)``, a call of block ``owner`` with ``settings`` (see
+        ``settings_of``), as a task: its result if it finishes without waiting
+        (or its error, at once); else, when an earlier call of ``owner`` with
+        these settings showed the form of its results, placeholders of that
         form filled in when it finishes (``placeholders``); else, the first
         time, its result once it has finished (the waiting samples go on
         meanwhile)."""
         task = self.start(fn, args)
-        form = _FORMS.get(owner)
+        form = _FORMS.get(owner, {}).get(settings)
         if not task.done and form is not None and form is not _VARYING:
-            task.form = (form, owner)
+            task.form = (form, owner, settings)
             return placeholders(self, task, form)
         if not task.done:
             self.drain(task)
         self.started.remove(task)
         if task.error is not None:
             raise task.error
-        _note_form(owner, form_of(task.result))
+        _note_form(owner, settings, form_of(task.result))
         return task.result
 
     def _switch(self, task):
@@ -354,18 +355,29 @@ def placeholders(tasks, task, form, path=()):
     return found
 
 
-def _note_form(owner, form):
-    """Remember the form of a result of block ``owner``'s calls; a block whose
-    results change form is never given placeholders again."""
-    known = _FORMS.get(owner)
-    _FORMS[owner] = form if known is None or known == form else _VARYING
+def settings_of(args):
+    """The arguments of a call that look like settings (strings, booleans, None),
+    by position: the forms of a block's results are learned per settings, as a
+    mode (``model(x, "beam")``) may change what its calls return."""
+    return tuple((k, a) for k, a in enumerate(args)
+                 if a is None or type(a) is str or type(a) is bool)
+
+
+def _note_form(owner, settings, form):
+    """Remember the form of a result of block ``owner``'s calls with ``settings``;
+    calls whose results change form are never given placeholders again."""
+    forms = _FORMS.get(owner)
+    if forms is None:
+        forms = _FORMS[owner] = {}
+    known = forms.get(settings)
+    forms[settings] = form if known is None or known == form else _VARYING
 
 
 def _at(result, path, form):
     """The part of ``result`` at ``path``; ``form``: (the form it was expected in,
-    the block)."""
+    the block, the call's settings)."""
     if form_of(result) != form[0]:
-        _note_form(form[1], form_of(result))
+        _note_form(form[1], form[2], form_of(result))
         raise BatchingError(
             "a sample's call returned %r where an earlier call of its block returned a "
             "result of another form; run such samples with gluon_dynbatch.map, which "
