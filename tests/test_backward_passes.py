@@ -167,3 +167,57 @@ def _written_in_place(batched):
 def test_arrays_written_in_place_inside_a_scope_give_each_call_its_values():
     for got, want in zip(_written_in_place(True), _written_in_place(False)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+class Carries(gdb.DynBatchBlock):
+    """A step of a recurrence over chunks (truncated backpropagation through
+    time): its loss and the state the next chunk starts from."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, chunk, h):
+        for x in chunk:
+            h = F.tanh(self.dense(x) + h)
+        return F.sum(h * h), h
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_states_carried_over_by_detach_are_constants_without_a_warning(batched, caplog,
+                                                                       monkeypatch):
+    """``h.detach()`` of the previous scope's state (the truncated-BPTT idiom):
+    the user asked for a constant, so no warning about a freed graph; the
+    losses and weights as eager's."""
+    from gluon_dynbatch import logs
+    monkeypatch.setattr(logs, "_WARNED", set())
+    runs = []
+    for run_batched in (False, batched):
+        mx.random.seed(0)
+        model = Carries()
+        model.initialize()
+        trainer = gluon.Trainer(model.collect_params(), "sgd", {"learning_rate": 0.1})
+        rs = np.random.RandomState(3)
+        states, losses = [nd.zeros((1, 4)) for _ in range(3)], []
+        for _ in range(3):
+            chunks = [[nd.array(rs.randn(1, 3)) for _ in range(rs.randint(1, 4))]
+                      for _ in states]
+            with autograd.record():
+                outs = _carry(model, chunks, states, run_batched)
+                loss = nd.add_n(*[out[0] for out in outs])
+            loss.backward()
+            trainer.step(1)
+            states = [out[1] for out in outs]
+            losses.append(loss.asscalar())
+        runs.append((losses, model.dense.weight.data().asnumpy()))
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-5)
+    np.testing.assert_allclose(runs[1][1], runs[0][1], rtol=1e-5, atol=1e-6)
+    assert not [r for r in caplog.records if "earlier batch" in r.getMessage()]
+
+
+def _carry(block, chunks, states, batched):
+    if not batched:
+        return [block(chunk, h.detach()) for chunk, h in zip(chunks, states)]
+    with gdb.batching():
+        return [block(chunk, h.detach()) for chunk, h in zip(chunks, states)]

@@ -238,7 +238,7 @@ def _copy(self):
 
 def _detach(self):
     rec = current()
-    if rec is None or self._h is not None:      # computed: MXNet's own detach
+    if rec is None or not self.is_pending:      # computed: MXNet's own detach
         return nd.NDArray.detach(self)
     return rec.F.BlockGrad(self)        # pending: the same values, no gradient
 
