@@ -373,3 +373,138 @@ def test_an_attribute_holding_an_array_set_back_to_a_setting_equals_eager(reset)
     xs = [nd.random.uniform(-1, 1, shape=(t, 3)) for t in (2, 3, 1)]
     expected = run_model(model, xs, [], "eager")
     assert_same(run_model(model, xs, [], "depth"), expected)
+
+
+SCALE = 1.0             # set by ``SetsState`` per sample (see ``ReadsState``)
+
+
+class ReadsState(gluon.HybridBlock):
+    """A child reading state its token does not hold, by ``how``: a module
+    global, a dict attribute changed in place, a counter of its calls kept in a
+    list; or storing its last output on itself (``"stores"``)."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how, self.cfg, self.calls, self.last = how, {"scale": 1.0}, [0], None
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        if self.how == "global":
+            return h * SCALE
+        if self.how == "dict":
+            return h * self.cfg["scale"]
+        if self.how == "counter":
+            self.calls[0] += 1
+            return h * float(self.calls[0])
+        self.last = h
+        return h
+
+
+class SetsState(gdb.DynBatchBlock):
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.child = ReadsState(how)
+
+    def hybrid_forward(self, F, word, emb):
+        global SCALE
+        SCALE = 1.0 + word
+        self.child.cfg["scale"] = 2.0 - word
+        out = self.child(emb[word:word + 1])
+        return out + self.child.last if self.child.how == "stores" else out
+
+
+@pytest.mark.parametrize("how", ["global", "dict", "counter", "stores"])
+@pytest.mark.parametrize("strategy, compiled", [("depth", False), ("agenda", "plan"),
+                                               ("depth", "step")])
+def test_a_child_reading_state_its_token_does_not_hold_equals_eager(how, strategy, compiled):
+    """Such a child's code runs at every call (``record/purity.py``); a replay of
+    its first call gave every sample the first sample's scale, or its stored
+    output; a plain global it reads is part of its key instead."""
+    model = make_model(SetsState, how=how)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    for words in ([1, 2, 3], [4, 2, 5, 1]):
+        model.child.calls[0] = 0
+        expected = run_model(model, words, [emb], "eager")
+        model.child.calls[0] = 0
+        assert_same(run_model(model, words, [emb], strategy, compiled), expected)
+
+
+class Pure(gluon.HybridBlock):
+    """Computes from its arguments, parameters and settings only (a helper
+    method, a module-level function, a constant global, a nested function)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.width = 3
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def _gate(self, F, x):
+        return F.sigmoid(x) * SCALE
+
+    def hybrid_forward(self, F, x):
+        def squash(y):
+            return F.tanh(y) * self.width
+        return squash(_scaled(F, self.dense(x))) + self._gate(F, x)
+
+
+def _scaled(F, x):
+    return F.relu(x) * np.float32(0.5)
+
+
+class Prints(Pure):
+    def hybrid_forward(self, F, x):
+        print("called")
+        return super().hybrid_forward(F, x)
+
+
+def test_which_children_replay_without_running_their_code():
+    """Gluon's blocks and code computing from what the token holds replay (a
+    constant global read is guarded by its value); code acting besides
+    computing (``print``) or reading changing state runs at every call."""
+    from gluon_dynbatch.record.purity import replay_guards
+    assert replay_guards(gluon.nn.Dense(3)) == ()
+    assert replay_guards(gluon.rnn.LSTMCell(3)) == ()
+    guards = replay_guards(Pure())
+    assert [name for _, name in guards] == ["SCALE"]
+    assert replay_guards(Prints()) is None
+    for how in ("dict", "counter", "stores"):
+        assert replay_guards(ReadsState(how)) is None
+
+
+class ScalesByGlobal(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x)) * SCALE
+
+
+class SetsGlobal(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.child = ScalesByGlobal()
+
+    def hybrid_forward(self, F, word, emb):
+        global SCALE
+        SCALE = 1.0 + word % 3
+        return self.child(emb[word:word + 1])
+
+
+@pytest.mark.parametrize("compiled", [False, "plan"])
+def test_a_replayed_child_reading_a_global_is_keyed_by_its_value(compiled):
+    """The child replays (its code only computes), once learned per value of
+    the global its parent sets per sample."""
+    from gluon_dynbatch.record.purity import replay_guards
+    model = make_model(SetsGlobal)
+    assert [name for _, name in replay_guards(model.child)] == ["SCALE"]
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    for words in ([1, 2, 3], [4, 2, 5, 1, 6]):
+        expected = run_model(model, words, [emb], "eager")
+        assert_same(run_model(model, words, [emb], "depth", compiled), expected)

@@ -342,7 +342,7 @@ def _watching_setattr(self, name, value):
         # Compared only with an old setting: ``!=`` of an array (a state a
         # block keeps between calls, reset to None) is elementwise, or raises.
         if old is not value and not (trie.is_setting(name, old) and old == value):
-            rec._tokens.clear()  # pylint: disable=protected-access
+            rec.forget_tokens()
     _ORIGINAL_SETATTR(self, name, value)
 
 

@@ -315,7 +315,8 @@ class Frame(FrameCore):
         """
         rec = self.rec
         before = self.state
-        gkey = grafts.key_of(self, args, key)
+        replay = rec.replays(block)
+        gkey = grafts.key_of(self, args, key) if replay else None
         if gkey is not None:
             graft = grafts.find(self, gkey)
             if graft is not None:
@@ -339,7 +340,7 @@ class Frame(FrameCore):
             self.macro_ok = outer_ok and self.macro_ok
             self.call_start = outer_call
         new_ext = len(self.ext) - ext_before
-        if ok and new_ext == 0 and rec.replay:
+        if ok and new_ext == 0 and replay:
             arrays = flatten_args(args)[0] or ()
             outputs = self._map_out(out, start, arrays)
             if outputs is not None:

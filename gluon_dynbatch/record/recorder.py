@@ -25,6 +25,7 @@ from mxnet.ndarray import NDArray
 from ..ir import calls
 from . import context
 from . import passes
+from . import purity
 from . import trie
 from . import weights as weight_calls
 from ..errors import BatchingError, describe_call
@@ -89,6 +90,8 @@ class Recorder(RecorderCore):
         self._mode_seen = None      # MODE_CHANGES[0] when self.mode was read
         self._versions = {}         # id(block) -> parameter identity, per scope
         self._tokens = {}           # id(block) -> block_token, per scope
+        self._guarded = {}          # id(block) -> (token, globals read), per scope
+        self._unreplayable = set()  # ids of blocks whose code runs at every call
         self._identities = {}       # id(block) -> (block, block_identity), per scope
         self._roots = {}            # (id(block), modes) -> frame_root, per scope
         self._store = trie.store()
@@ -713,13 +716,39 @@ class Recorder(RecorderCore):
         return found
 
     def block_token(self, block):
-        """A small int naming ``block``, its parameters and settings in this thread."""
+        """A small int naming ``block``, its parameters and settings in this thread;
+        with the values of the plain globals its code reads, if any
+        (``purity.replay_guards``: a replay holds for those values)."""
         found = self._tokens.get(id(block))
-        if found is None:
-            found = self._tokens[id(block)] = trie.token(
+        if found is not None:
+            return found
+        guarded = self._guarded.get(id(block))
+        if guarded is None:
+            token = trie.token(
                 (self.block_identity(block), self.block_version(block), trie.settings(block)),
                 block)
-        return found
+            guards = purity.replay_guards(block)
+            if not guards:
+                if guards is None:
+                    self._unreplayable.add(id(block))
+                self._tokens[id(block)] = token
+                return token
+            guarded = self._guarded[id(block)] = (token, guards)
+        token, guards = guarded
+        return (token,) + tuple([space.get(name) for space, name in guards])
+
+    def replays(self, block):
+        """Whether calls of child ``block`` may be replayed without running its
+        code (``purity``), in this scope."""
+        if id(block) not in self._tokens and id(block) not in self._guarded:
+            self.block_token(block)
+        return self.replay and id(block) not in self._unreplayable
+
+    def forget_tokens(self):
+        """Make the blocks' tokens anew (a block's setting changed)."""
+        self._tokens.clear()
+        self._guarded.clear()
+        self._unreplayable.clear()
 
     def block_identity(self, block):
         """What names ``block`` in the tries: ``id(block)``, or the key of blocks
