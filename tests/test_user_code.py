@@ -1106,3 +1106,55 @@ def test_ranks_of_children_by_topk_equal_eager(call, options):
     trees = [Tree(1, [Tree(2, [Tree(3), Tree(4)]), Tree(5)]), Tree(6, [Tree(7), Tree(8)])]
     for samples in (trees[:1], trees):              # learned, then replayed
         assert_batched_equals_eager(model, [(t, emb) for t in samples], options, atol=1e-6)
+
+
+class SteppedVariationalDropout(gdb.DynBatchBlock):
+    """A ``VariationalDropoutCell`` stepped over a sentence: it keeps its masks
+    between calls until ``reset()``, so it runs on concrete values."""
+
+    def __init__(self, reset, **kwargs):
+        super().__init__(**kwargs)
+        self.reset = reset
+        with self.name_scope():
+            self.cell = gluon.contrib.rnn.VariationalDropoutCell(
+                gluon.rnn.GRUCell(5, input_size=4), drop_inputs=0.5, drop_states=0.5,
+                drop_outputs=0.5)
+
+    def hybrid_forward(self, F, x):
+        if self.reset:
+            self.cell.reset()
+        state = self.cell.begin_state(batch_size=1, func=F.zeros)
+        outs = []
+        for t in range(x.shape[0]):
+            h, state = self.cell(x[t:t + 1], state)
+            outs.append(h)
+        return F.concat(*outs, dim=0)
+
+
+@pytest.mark.parametrize("hybridized", [False, True])
+@pytest.mark.parametrize("reset", [False, True])
+def test_a_variational_dropout_cell_keeps_its_masks_as_eager(hybridized, reset):
+    """In predict mode its masks are ones: outputs and gradients as eager.  A
+    hybridized cell's eager call left a Symbol in its masks, which a trace of
+    its code then multiplied by (``TypeError``)."""
+    model = SteppedVariationalDropout(reset)
+    model.initialize(mx.init.Uniform(0.3))
+    if hybridized:
+        model.cell.hybridize()
+    rs = np.random.RandomState(0)
+    for _ in range(2):
+        xs = [nd.array(rs.randn(rs.randint(1, 5), 4)) for _ in range(3)]
+        runs = []
+        for batched in (False, True):
+            with autograd.record(train_mode=False):
+                if batched:
+                    with gdb.batching():
+                        outs = [model(x) for x in xs]
+                else:
+                    outs = [model(x) for x in xs]
+                loss = nd.add_n(*[(o * o).sum() for o in outs])
+            loss.backward()
+            runs.append(([o.asnumpy() for o in outs],
+                         [p.grad().asnumpy().copy() for p in model.collect_params().values()]))
+        for got, want in zip(runs[1][0] + runs[1][1], runs[0][0] + runs[0][1]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

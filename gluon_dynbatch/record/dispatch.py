@@ -145,8 +145,9 @@ _WRAPPERS = {gluon.HybridBlock.forward: _TRACED,
 
 
 # Cells whose ``hybrid_forward`` keeps state in the block between calls
-# (ZoneoutCell remembers its previous output): run on concrete values.
-STATEFUL_CELLS = (gluon.rnn.ZoneoutCell,)
+# (ZoneoutCell remembers its previous output, VariationalDropoutCell its masks
+# until ``reset()``): run on concrete values.
+STATEFUL_CELLS = (gluon.rnn.ZoneoutCell, gluon.contrib.rnn.VariationalDropoutCell)
 
 
 def _kind(cls):
