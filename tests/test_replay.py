@@ -1,4 +1,6 @@
 """Replay of traced child-block calls: same results as tracing every call."""
+import random
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -508,3 +510,42 @@ def test_a_replayed_child_reading_a_global_is_keyed_by_its_value(compiled):
     for words in ([1, 2, 3], [4, 2, 5, 1, 6]):
         expected = run_model(model, words, [emb], "eager")
         assert_same(run_model(model, words, [emb], "depth", compiled), expected)
+
+
+class Draws(gluon.HybridBlock):
+    """Word dropout in a child: a Python draw decides at every call."""
+
+    def __init__(self, source, **kwargs):
+        super().__init__(**kwargs)
+        self.source = source
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        keep = (np.random.rand() if self.source == "numpy" else random.random()) < 0.5
+        return F.tanh(self.dense(x)) * (1.0 if keep else 0.0)
+
+
+class DropsWords(gdb.DynBatchBlock):
+    def __init__(self, source, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.child = Draws(source)
+
+    def hybrid_forward(self, F, words, emb):
+        return F.concat(*[self.child(emb[w:w + 1]) for w in words], dim=0)
+
+
+@pytest.mark.parametrize("source", ["numpy", "python"])
+def test_a_child_drawing_random_numbers_runs_at_every_call(source):
+    """Its draws come in eager's order, one per call: the same seed, the same
+    words dropped."""
+    model = make_model(DropsWords, source=source)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    samples = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    runs = []
+    for strategy in ("eager", "depth"):
+        random.seed(5)
+        np.random.seed(5)
+        runs.append(run_model(model, samples, [emb], strategy))
+    assert_same(runs[1], runs[0])

@@ -5,12 +5,14 @@ per path and replayed from then on (``frames.Frame._learn_block``): its
 Python code does not run again.  That is right for code whose calls depend
 only on its arguments' shapes and on what the block's token watches (its
 parameters and plain attributes: ``trie.settings``).  Code that reads other
-state (a module global, which the parent may set per sample; a dict, list or
-namespace attribute, changed in place; a function stored on the block) or
-does something besides computing (stores an attribute such as the last
-attention weights, sets a global) must run at every call, as eager code does:
-such a block is traced at every call instead, as code written operator by
-operator is recorded.
+state (a dict, list or namespace attribute, changed in place; a function
+stored on the block; a global list or object; Python's or numpy's random
+draws) or does something besides computing (stores an attribute such as the
+last attention weights, sets a global, prints) must run at every call, as
+eager code does: such a block is traced at every call instead, as code
+written operator by operator is recorded.  A global number or string the
+code reads (which the parent may set per sample) is guarded instead: its
+value is part of the block's key.
 
 The check reads the bytecode of the class's ``hybrid_forward`` (each class of
 its MRO that defines one), of the methods it calls on ``self``, of the
@@ -33,6 +35,10 @@ _SAFE_GLOBALS = (types.ModuleType, type, types.BuiltinFunctionType)
 _MAX_DEPTH = 6
 _ACTING_BUILTINS = frozenset(["print", "open", "input", "exec", "eval", "setattr", "delattr",
                               "globals", "vars", "next", "iter"])
+# Modules whose functions draw, tell the time or act on the process: code
+# calling them must run at every call (``np.random`` too).
+_ACTING_MODULES = frozenset(["random", "numpy.random", "time", "datetime", "os", "sys",
+                             "logging", "warnings", "builtins"])
 
 _CLASSES = {}       # class -> None (code that must run), or (attributes, globals) it reads
 _CODES = {}         # (code, class or None) -> None, or (attributes read on self, globals read)
@@ -117,6 +123,10 @@ def _code_facts(code, globals_, cls, depth, self_name=None):
     for ins in dis.get_instructions(code):
         if ins.opname in _STORES:
             return None
+        if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval == "random" \
+                and previous is not None and previous.opname == "LOAD_GLOBAL" \
+                and getattr(globals_.get(previous.argval), "__name__", "") == "numpy":
+            return None                 # ``np.random``: draws at every call
         if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
             found = _global_facts(ins.argval, globals_, cls, depth)
             if found is None:
@@ -165,6 +175,8 @@ def _global_facts(name, globals_, cls, depth):
         value = getattr(builtins, name, None) if isinstance(builtins, types.ModuleType) \
             else (builtins or {}).get(name)
         return None if value is None or name in _ACTING_BUILTINS else _NOTHING
+    if isinstance(value, types.ModuleType) and value.__name__ in _ACTING_MODULES:
+        return None
     if isinstance(value, _SAFE_GLOBALS):
         return _NOTHING
     if isinstance(value, types.FunctionType):
