@@ -463,6 +463,30 @@ class Prints(Pure):
         return super().hybrid_forward(F, x)
 
 
+class Scales(gluon.HybridBlock):
+    """A block with a helper method its owner calls (not its ``hybrid_forward``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.cfg = {"scale": 2.0}
+
+    def scaled(self, x):
+        return x * self.cfg["scale"]
+
+    def hybrid_forward(self, F, x):
+        return x
+
+
+class UsesHelperOfChild(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.scales = Scales()
+
+    def hybrid_forward(self, F, x):
+        return self.scales.scaled(F.tanh(x))
+
+
 def test_which_children_replay_without_running_their_code():
     """Gluon's blocks and code computing from what the token holds replay (a
     constant global read is guarded by its value); code acting besides
@@ -475,6 +499,7 @@ def test_which_children_replay_without_running_their_code():
     assert replay_guards(Prints()) is None
     for how in ("dict", "counter", "stores"):
         assert replay_guards(ReadsState(how)) is None
+    assert replay_guards(UsesHelperOfChild()) is None      # through a child's method
 
 
 class ScalesByGlobal(gluon.HybridBlock):

@@ -62,14 +62,37 @@ def replay_guards(block):
             return None
         names, reads = facts
         for name in names:
-            value = getattr(current, name, None)
+            attribute, _, method = name.partition(".")
+            value = getattr(current, attribute, None)
             if not _watched(value):
                 return None
+            if method and isinstance(value, gluon.Block):
+                found = _method_reads(value, method)
+                if found is None:
+                    return None
+                reads = reads + found
             if isinstance(value, gluon.Block):
                 stack.append(value)
         guards.update(reads)
         stack.extend(current._children.values())  # pylint: disable=protected-access
     return tuple(sorted(guards, key=lambda read: (hash(read[0]), read[1])))
+
+
+def _method_reads(block, method):
+    """What code of ``block`` called as ``self.block.method(...)`` reads: None if
+    it must run at every call, else the plain globals it reads (the attributes
+    it reads on ``block`` must be what a replay holds)."""
+    function = _function_of(getattr(type(block), method, None))
+    if not isinstance(function, types.FunctionType):
+        return ()
+    facts = _facts(function, type(block), 1)
+    if facts is None:
+        return None
+    for name in facts[0]:
+        attribute = name.partition(".")[0]
+        if not _watched(getattr(block, attribute, None)):
+            return None
+    return tuple(facts[1])
 
 
 def _class_reads(cls):
@@ -112,40 +135,35 @@ _NOTHING = (frozenset(), frozenset())
 def _code_facts(code, globals_, cls, depth, self_name=None):
     """None if ``code`` (or code it calls) must run at every call; else the
     names of the attributes it reads on ``self`` (its first argument, or the
-    enclosing function's for a nested one; ``""``: none) and the plain globals
-    it reads."""
+    enclosing function's for a nested one; ``""``: none), ``"child.method"``
+    for a method it calls on an attribute, and the plain globals it reads."""
     if depth > _MAX_DEPTH:
         return None
     if self_name is None and code.co_argcount:
         self_name = code.co_varnames[0]
     names, reads = set(), set()
-    previous = None
-    for ins in dis.get_instructions(code):
+    instructions = list(dis.get_instructions(code))
+    for k, ins in enumerate(instructions):
         if ins.opname in _STORES:
             return None
+        previous = instructions[k - 1] if k else None
         if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval == "random" \
                 and previous is not None and previous.opname == "LOAD_GLOBAL" \
                 and getattr(globals_.get(previous.argval), "__name__", "") == "numpy":
             return None                 # ``np.random``: draws at every call
         if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
             found = _global_facts(ins.argval, globals_, cls, depth)
-            if found is None:
-                return None
-            names |= found[0]
-            reads |= found[1]
-        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and self_name \
-                and previous is not None and previous.opname in ("LOAD_FAST", "LOAD_DEREF") \
-                and previous.argval == self_name:
-            method = getattr(cls, ins.argval, None)
-            if isinstance(method, (types.FunctionType, staticmethod, classmethod, property)):
-                found = _facts(_function_of(method), cls, depth + 1)
-                if found is None:
-                    return None
-                names |= found[0]
-                reads |= found[1]
-            else:
-                names.add(ins.argval)
-        previous = ins
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and _loads_self(previous, self_name):
+            found = _self_attribute(ins.argval, cls, depth)
+        elif ins.opname == "LOAD_METHOD" and previous.opname == "LOAD_ATTR" \
+                and _loads_self(instructions[k - 2], self_name):
+            found = (frozenset([previous.argval + "." + ins.argval]), frozenset())
+        else:
+            continue
+        if found is None:
+            return None
+        names |= found[0]
+        reads |= found[1]
     for const in code.co_consts:        # nested functions and lambdas
         if isinstance(const, types.CodeType):
             found = _code_facts(const, globals_, cls, depth + 1, self_name)
@@ -154,6 +172,19 @@ def _code_facts(code, globals_, cls, depth, self_name=None):
             names |= found[0]
             reads |= found[1]
     return frozenset(names), frozenset(reads)
+
+
+def _loads_self(ins, self_name):
+    return bool(self_name) and ins is not None and ins.argval == self_name \
+        and ins.opname in ("LOAD_FAST", "LOAD_DEREF")
+
+
+def _self_attribute(name, cls, depth):
+    """What reading ``self.name`` takes: a method's own facts, or the name."""
+    method = getattr(cls, name, None)
+    if isinstance(method, (types.FunctionType, staticmethod, classmethod, property)):
+        return _facts(_function_of(method), cls, depth + 1)
+    return frozenset([name]), frozenset()
 
 
 def _function_of(member):
