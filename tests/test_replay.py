@@ -1,5 +1,6 @@
 """Replay of traced child-block calls: same results as tracing every call."""
 import random
+import types
 
 import mxnet as mx
 import numpy as np
@@ -499,7 +500,28 @@ def test_which_children_replay_without_running_their_code():
     assert replay_guards(Prints()) is None
     for how in ("dict", "counter", "stores"):
         assert replay_guards(ReadsState(how)) is None
-    assert replay_guards(UsesHelperOfChild()) is None      # through a child's method
+    # A dict of settings read through a child's method: its content is guarded.
+    assert [name for _, name in replay_guards(UsesHelperOfChild())] == ["cfg"]
+
+
+class ScalesThroughItsChild(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.child = UsesHelperOfChild()
+
+    def hybrid_forward(self, F, word, emb):
+        self.child.scales.cfg["scale"] = 1.0 + word % 3     # changed in place per sample
+        return self.child(emb[word:word + 1])
+
+
+@pytest.mark.parametrize("compiled", [False, "plan"])
+def test_a_dict_of_settings_changed_in_place_is_part_of_the_key(compiled):
+    model = make_model(ScalesThroughItsChild)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    for words in ([1, 2, 3], [4, 2, 5, 1, 6]):
+        expected = run_model(model, words, [emb], "eager")
+        assert_same(run_model(model, words, [emb], "depth", compiled), expected)
 
 
 class ScalesByGlobal(gluon.HybridBlock):
@@ -574,3 +596,99 @@ def test_a_child_drawing_random_numbers_runs_at_every_call(source):
         np.random.seed(5)
         runs.append(run_model(model, samples, [emb], strategy))
     assert_same(runs[1], runs[0])
+
+
+KNOBS = types.ModuleType("knobs")       # a module of settings a model changes
+KNOBS.SCALE = 1.0
+
+
+class _Scaler:
+    def __init__(self):
+        self.value = 1.0
+
+    def get(self):
+        return self.value
+
+
+def _closing_over(state):
+    class ClosesOver(gluon.HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.dense = gluon.nn.Dense(3, in_units=3)
+
+        def hybrid_forward(self, F, x):
+            return F.tanh(self.dense(x)) * state["scale"]
+    return ClosesOver()
+
+
+class ReadsElsewhere(gluon.HybridBlock):
+    """A child reading a setting ``how``: through ``type(self)``, a module's
+    attribute, the length of a list its owner appends to, a bound method of
+    another object."""
+
+    scale = 1.0
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how, self.items, self.scaler = how, [], _Scaler()
+        self.get = self.scaler.get
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        if self.how == "class":
+            return h * type(self).scale
+        if self.how == "module":
+            return h * KNOBS.SCALE
+        if self.how == "length":
+            return h * float(len(self.items))
+        return h * self.get()
+
+
+def _knob(how, child, word):
+    value = 1.0 + word % 3
+    if how == "class":
+        type(child).scale = value
+    elif how == "module":
+        KNOBS.SCALE = value
+    elif how == "length":
+        child.items.append(word)
+    elif how == "bound":
+        child.scaler.value = value
+    else:
+        child.state["scale"] = value
+
+
+class TurnsAKnob(gdb.DynBatchBlock):
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            if how == "closure":
+                state = {"scale": 1.0}
+                self.child = _closing_over(state)
+                self.child.state = state
+            else:
+                self.child = ReadsElsewhere(how)
+
+    def hybrid_forward(self, F, word, emb):
+        _knob(self.how, self.child, word)
+        return self.child(emb[word:word + 1])
+
+
+@pytest.mark.parametrize("how", ["class", "module", "length", "bound", "closure"])
+def test_a_child_reading_settings_held_elsewhere_equals_eager(how):
+    """Settings a child reads besides its own attributes: guarded by their
+    values (a class or module attribute, a list's content, a closure's dict),
+    or its code runs at every call (a bound method of another object)."""
+    model = make_model(TurnsAKnob, how=how)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    for words in ([1, 2, 3], [4, 2, 5, 1, 6]):
+        if how == "length":
+            model.child.items.clear()
+        expected = run_model(model, words, [emb], "eager")
+        if how == "length":
+            model.child.items.clear()
+        assert_same(run_model(model, words, [emb], "depth", "plan"), expected)

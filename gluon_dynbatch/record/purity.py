@@ -3,52 +3,73 @@
 A child HybridBlock's call is learned by tracing its ``hybrid_forward`` once
 per path and replayed from then on (``frames.Frame._learn_block``): its
 Python code does not run again.  That is right for code whose calls depend
-only on its arguments' shapes and on what the block's token watches (its
-parameters and plain attributes: ``trie.settings``).  Code that reads other
-state (a dict, list or namespace attribute, changed in place; a function
-stored on the block; a global list or object; Python's or numpy's random
-draws) or does something besides computing (stores an attribute such as the
-last attention weights, sets a global, prints) must run at every call, as
-eager code does: such a block is traced at every call instead, as code
-written operator by operator is recorded.  A global number or string the
-code reads (which the parent may set per sample) is guarded instead: its
-value is part of the block's key.
+only on its arguments' shapes and on what the block's token holds (its
+parameters and the plain attributes of its instance: ``trie.settings``).
+
+Code that reads other state is *guarded*: the values it read are part of the
+block's key (``Recorder.block_token``), read again at every call, so a
+change is a new call to learn.  Such state is a plain value (numbers,
+strings, small numpy arrays, and lists, tuples and dicts of them) held by a
+module's globals, an attribute of a module or class, a class attribute read
+through ``self``, a list or dict attribute of the instance, or a cell of a
+closure.
+
+Code that reads state no key can hold (an object's attributes, a function
+stored on the block or bound to another object, values of arrays, Python's or
+numpy's random draws, the clock) or acts besides computing (stores or
+deletes an attribute, writes into a container it did not make, appends to
+one, prints, sets a global) must run at every call, as eager code does: such
+a block is traced at every call instead, as code written operator by operator
+is recorded.
 
 The check reads the bytecode of the class's ``hybrid_forward`` (each class of
-its MRO that defines one), of the methods it calls on ``self``, of the
-module-level functions it calls and of the functions nested in them, once per
-class; the values of the attributes the code reads are checked at each
-learning, as they belong to the instance.  Gluon's, gluonnlp's and this
-package's blocks are trusted.
+its MRO that defines one), of the methods it calls on ``self`` or on its
+child blocks, of the functions it calls and of the functions nested in them,
+once per class; the values of the attributes the code reads are checked per
+block, as they belong to the instance.  Gluon's, gluonnlp's, numpy's and
+this package's code is trusted.
 """
 import dis
+import inspect
+import sys
 import types
 
+import numpy as np
 from mxnet import gluon
 from mxnet.ndarray import NDArray
 
 from .trie import is_setting
 
-_TRUSTED = ("mxnet.", "gluonnlp.", "gluon_dynbatch.")
-_STORES = frozenset(["STORE_ATTR", "DELETE_ATTR", "STORE_GLOBAL", "DELETE_GLOBAL"])
-_SAFE_GLOBALS = (types.ModuleType, type, types.BuiltinFunctionType)
-_MAX_DEPTH = 6
+_TRUSTED = ("mxnet.", "gluonnlp.", "gluon_dynbatch.", "numpy.")
+_STORES = frozenset(["STORE_ATTR", "DELETE_ATTR", "STORE_GLOBAL", "DELETE_GLOBAL",
+                     "DELETE_DEREF"])
+_SUBSCRIPT_STORES = frozenset(["STORE_SUBSCR", "DELETE_SUBSCR"])
+_MAX_DEPTH = 10
 _ACTING_BUILTINS = frozenset(["print", "open", "input", "exec", "eval", "setattr", "delattr",
-                              "globals", "vars", "next", "iter"])
+                              "globals", "vars", "next", "iter", "__import__", "breakpoint"])
 # Modules whose functions draw, tell the time or act on the process: code
 # calling them must run at every call (``np.random`` too).
 _ACTING_MODULES = frozenset(["random", "numpy.random", "time", "datetime", "os", "sys",
-                             "logging", "warnings", "builtins"])
+                             "logging", "warnings", "builtins", "secrets", "uuid"])
+# Attributes whose use acts on an object or reads an array's values.
+_ACTING_ATTRIBUTES = frozenset(["__setattr__", "__delattr__", "__dict__", "asscalar",
+                                "asnumpy", "tolist", "item", "wait_to_read"])
+# Methods that change a list, dict or set in place.
+_MUTATORS = frozenset(["append", "extend", "insert", "pop", "update", "setdefault", "add",
+                       "clear", "remove", "discard", "popitem", "sort", "reverse",
+                       "appendleft", "__setitem__", "__delitem__", "__iadd__", "fill", "put",
+                       "itemset", "resize", "setflags", "partition"])
 
-_CLASSES = {}       # class -> None (code that must run), or (attributes, globals) it reads
-_CODES = {}         # (code, class or None) -> None, or (attributes read on self, globals read)
+_CLASSES = {}       # class -> None (code that must run), or the facts of its code
+_CODES = {}         # (code, or a closure's function; class or None) -> None, or facts
+_NOTHING = (frozenset(), frozenset())   # facts: (names read on self, guards)
 
 
 def replay_guards(block):
     """None if calls of child ``block`` must run its code (or its children's);
-    else the plain globals its code reads, as ``(namespace, name)`` pairs: a
-    replay holds for the values they had when the call was learned, so their
-    values are part of the block's key (``Recorder.block_token``)."""
+    else what a replay holds for, as ``(space, name)`` pairs whose
+    ``space.get(name)`` is the value read now: their values are part of the
+    block's key (``Recorder.block_token``)."""
     guards, stack, seen = set(), [block], set()
     while stack:
         current = stack.pop()
@@ -57,50 +78,81 @@ def replay_guards(block):
         seen.add(id(current))
         facts = _CLASSES.get(type(current), False)
         if facts is False:
-            facts = _CLASSES[type(current)] = _class_reads(type(current))
-        if facts is None:
+            facts = _CLASSES[type(current)] = _class_facts(type(current))
+        found = None if facts is None else _instance_guards(current, facts, stack)
+        if found is None:
             return None
-        names, reads = facts
-        for name in names:
-            attribute, _, method = name.partition(".")
-            value = getattr(current, attribute, None)
-            if not _watched(value):
-                return None
-            if method and isinstance(value, gluon.Block):
-                found = _method_reads(value, method)
-                if found is None:
-                    return None
-                reads = reads + found
-            if isinstance(value, gluon.Block):
-                stack.append(value)
-        guards.update(reads)
+        guards.update(found)
         stack.extend(current._children.values())  # pylint: disable=protected-access
-    return tuple(sorted(guards, key=lambda read: (hash(read[0]), read[1])))
+    return tuple(sorted(guards, key=lambda guard: (hash(guard[0]), guard[1])))
 
 
-def _method_reads(block, method):
-    """What code of ``block`` called as ``self.block.method(...)`` reads: None if
-    it must run at every call, else the plain globals it reads (the attributes
-    it reads on ``block`` must be what a replay holds)."""
-    function = _function_of(getattr(type(block), method, None))
-    if not isinstance(function, types.FunctionType):
-        return ()
-    facts = _facts(function, type(block), 1)
-    if facts is None:
-        return None
-    for name in facts[0]:
-        attribute = name.partition(".")[0]
-        if not _watched(getattr(block, attribute, None)):
+def _instance_guards(block, facts, stack):
+    """The guards of ``block``'s code given its facts (None: it must run);
+    blocks it reaches go on ``stack``."""
+    names, guards = facts
+    guards = set(guards)
+    for name in names:
+        attribute, _, method = name.partition(".")
+        value = getattr(block, attribute, _MISSING)
+        if method:
+            found = _method_guards(value, method, stack)
+        else:
+            found = _attribute_guards(block, attribute, value, stack)
+        if found is None:
             return None
-    return tuple(facts[1])
+        guards.update(found)
+    return guards
 
 
-def _class_reads(cls):
-    """None if code of ``cls`` must run at every call; else the names of the
-    attributes it reads on ``self`` and the plain globals it reads."""
+def _attribute_guards(block, name, value, stack):
+    """What reading ``block.name`` (``value``) takes: None if the code must run."""
+    if value is None or isinstance(value, (gluon.Parameter, gluon.ParameterDict, NDArray)):
+        return ()
+    if value is _MISSING:                   # (set later, or on another path)
+        return ((_Space(block), name),)
+    if isinstance(value, gluon.Block):
+        stack.append(value)
+        return ()
+    if isinstance(value, types.MethodType):
+        return _method_guards(value.__self__, value.__func__.__name__, stack)
+    if type(value) in (list, tuple, dict):
+        items = list(value.values()) if type(value) is dict else list(value)
+        if items and all(isinstance(item, gluon.Block) for item in items):
+            stack.extend(items)             # blocks kept in a list (not registered)
+            return ()
+    if _frozen(value) is _UNFROZEN:
+        return None
+    if name in vars(block) and is_setting(name, value):
+        return ()                           # in the block's token (``trie.settings``)
+    return ((_Space(block), name),)
+
+
+def _method_guards(owner, method, stack):
+    """What calling ``owner.method(...)`` takes: a child block's method is read
+    as its code; a plain container's method must not change it."""
+    if isinstance(owner, gluon.Block):
+        function = _function_of(getattr(type(owner), method, None))
+        if not isinstance(function, types.FunctionType):
+            return ()
+        facts = _facts(function, type(owner), 1)
+        return None if facts is None else _instance_guards(owner, facts, stack)
+    if method in _MUTATORS or type(owner) not in (list, tuple, dict, np.ndarray) \
+            or _frozen(owner) is _UNFROZEN:
+        return None
+    return ()               # (the container itself is guarded by its attribute's read)
+
+
+def _class_facts(cls):
+    """None if code of ``cls`` must run at every call; else the facts of its
+    ``hybrid_forward`` code."""
     if cls.__module__.startswith(_TRUSTED):
-        return (), ()
-    names, reads = set(), set()
+        return _NOTHING
+    if any("__getattr__" in vars(klass) or "__getattribute__" in vars(klass)
+           for klass in cls.__mro__ if not klass.__module__.startswith(_TRUSTED)
+           and klass is not object):
+        return None
+    names, guards = set(), set()
     for klass in cls.__mro__:
         function = vars(klass).get("hybrid_forward")
         if function is None or klass.__module__.startswith(_TRUSTED):
@@ -109,69 +161,167 @@ def _class_reads(cls):
         if facts is None:
             return None
         names |= facts[0]
-        reads |= facts[1]
-    return tuple(sorted(names)), tuple(reads)
+        guards |= facts[1]
+    return frozenset(names), frozenset(guards)
 
 
 def _facts(function, cls, depth, method=True):
-    """``_code_facts`` of a function's code (a method of ``cls``, or a function
-    without ``self``), memoised; a trusted module's function reads and changes
+    """The facts of a function's code (a method of ``cls``, or a function
+    without ``self``), with its closure and defaults, memoised; None if it
+    must run at every call.  A trusted module's function reads and changes
     nothing of the user's."""
     code = getattr(function, "__code__", None)
     if code is None or (getattr(function, "__module__", None) or "").startswith(_TRUSTED):
         return _NOTHING
-    key = (code, cls if method else None)
+    key = (code if function.__closure__ is None else function, cls if method else None)
     found = _CODES.get(key, False)
     if found is False:
         _CODES[key] = _NOTHING                      # (a recursive function)
-        found = _CODES[key] = _code_facts(code, function.__globals__, cls, depth,
-                                          None if method else "")
+        found = _code_facts(code, function.__globals__, cls, depth, None if method else "")
+        if found is not None:
+            found = _closure_facts(function, found, cls, depth)
+        _CODES[key] = found
     return found
 
 
-_NOTHING = (frozenset(), frozenset())
+def _closure_facts(function, facts, cls, depth):
+    """``facts`` with what the function's closure cells and defaults hold."""
+    names, guards = set(facts[0]), set(facts[1])
+    for default in (function.__defaults__ or ()) + tuple((function.__kwdefaults__ or {}).values()):
+        if type(default) in (list, dict, set) or _frozen(default) is _UNFROZEN \
+                and not isinstance(default, (gluon.Block, NDArray, types.ModuleType, type)):
+            return None                     # a mutable default: state kept between calls
+    for cell in function.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:                  # (not bound yet)
+            continue
+        if isinstance(value, types.FunctionType):
+            found = _facts(value, cls, depth + 1, method=False)
+        elif isinstance(value, (types.ModuleType, type, gluon.Block)):
+            found = _NOTHING
+        elif _frozen(value) is not _UNFROZEN:
+            found = (frozenset(), frozenset([(_Cell(cell), "")]))
+        else:
+            return None
+        if found is None:
+            return None
+        names |= found[0]
+        guards |= found[1]
+    return frozenset(names), frozenset(guards)
 
 
 def _code_facts(code, globals_, cls, depth, self_name=None):
     """None if ``code`` (or code it calls) must run at every call; else the
     names of the attributes it reads on ``self`` (its first argument, or the
     enclosing function's for a nested one; ``""``: none), ``"child.method"``
-    for a method it calls on an attribute, and the plain globals it reads."""
+    for a method it calls on an attribute, and the guards of what else it
+    reads."""
     if depth > _MAX_DEPTH:
         return None
     if self_name is None and code.co_argcount:
         self_name = code.co_varnames[0]
-    names, reads = set(), set()
+    names, guards = set(), set()
     instructions = list(dis.get_instructions(code))
     for k, ins in enumerate(instructions):
-        if ins.opname in _STORES:
-            return None
-        previous = instructions[k - 1] if k else None
-        if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval == "random" \
-                and previous is not None and previous.opname == "LOAD_GLOBAL" \
-                and getattr(globals_.get(previous.argval), "__name__", "") == "numpy":
-            return None                 # ``np.random``: draws at every call
-        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            found = _global_facts(ins.argval, globals_, cls, depth)
-        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and _loads_self(previous, self_name):
-            found = _self_attribute(ins.argval, cls, depth)
-        elif ins.opname == "LOAD_METHOD" and previous.opname == "LOAD_ATTR" \
-                and _loads_self(instructions[k - 2], self_name):
-            found = (frozenset([previous.argval + "." + ins.argval]), frozenset())
-        else:
-            continue
+        found = _instruction_facts(instructions, k, globals_, cls, depth, self_name)
         if found is None:
             return None
         names |= found[0]
-        reads |= found[1]
+        guards |= found[1]
     for const in code.co_consts:        # nested functions and lambdas
         if isinstance(const, types.CodeType):
             found = _code_facts(const, globals_, cls, depth + 1, self_name)
             if found is None:
                 return None
             names |= found[0]
-            reads |= found[1]
-    return frozenset(names), frozenset(reads)
+            guards |= found[1]
+    return frozenset(names), frozenset(guards)
+
+
+def _instruction_facts(instructions, k, globals_, cls, depth, self_name):
+    """The facts instruction ``k`` adds (None: the code must run)."""
+    ins = instructions[k]
+    previous = instructions[k - 1] if k else None
+    if ins.opname in _STORES:
+        return None
+    if ins.opname in _SUBSCRIPT_STORES:     # into a container it did not make here
+        return None if _statement_reads_state(instructions, k, self_name) else _NOTHING
+    if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in _ACTING_ATTRIBUTES:
+        return None
+    if ins.opname == "STORE_FAST" and _loads_self(previous, self_name):
+        return None                         # ``me = self``: reads through another name
+    if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and ins.argval == "getattr" \
+            and k + 1 < len(instructions) and _loads_self(instructions[k + 1], self_name):
+        return None                         # ``getattr(self, name)``
+    if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+        following = instructions[k + 1] if k + 1 < len(instructions) else None
+        return _global_facts(ins.argval, globals_, cls, depth, following)
+    if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and _loads_self(previous, self_name):
+        return _self_attribute(ins.argval, cls, depth)
+    if ins.opname == "LOAD_METHOD" and previous is not None \
+            and previous.opname == "LOAD_ATTR" and k >= 2 \
+            and _loads_self(instructions[k - 2], self_name):
+        return frozenset([previous.argval + "." + ins.argval]), frozenset()
+    if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and _after_call(instructions, k, "super"):
+        return _super_facts(ins.argval, cls, depth)
+    if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and _after_call(instructions, k, "type") \
+            and _loads_self(instructions[k - 3], self_name):
+        return _self_attribute(ins.argval, cls, depth)      # ``type(self).name``
+    return _NOTHING
+
+
+def _statement_reads_state(instructions, k, self_name):
+    """Whether the container a subscript store ``k`` writes into is reached from
+    ``self``, a global or a closure cell (not a local the code made)."""
+    start = k
+    while start > 0 and instructions[start].starts_line is None:
+        start -= 1
+    region = instructions[start:k]
+    if not any(ins.opname in ("SWAP", "COPY") for ins in region):
+        need, j = 2, k - 1          # the instructions pushing the container and key
+        while j >= start and need > 0:
+            ins = instructions[j]
+            try:
+                need -= dis.stack_effect(ins.opcode, ins.arg) \
+                    if ins.opcode >= dis.HAVE_ARGUMENT else dis.stack_effect(ins.opcode)
+            except ValueError:
+                break
+            j -= 1
+        else:
+            region = instructions[j + 1:k]
+    return any(ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF")
+               or ins.opname == "LOAD_FAST" and ins.argval == self_name for ins in region)
+
+
+def _after_call(instructions, k, builtin):
+    """Whether instruction ``k`` reads an attribute of ``builtin(...)``
+    (``super()``, ``type(self)``)."""
+    for j in range(k - 1, max(k - 5, -1), -1):
+        ins = instructions[j]
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval == builtin:
+            return True
+        if ins.opname not in ("PRECALL", "CALL", "PUSH_NULL", "CACHE", "LOAD_DEREF",
+                              "LOAD_FAST", "LOAD_CLOSURE"):
+            return False
+    return False
+
+
+def _super_facts(name, cls, depth):
+    """What ``super().name`` reads: every definition of ``name`` in the MRO."""
+    names, guards = set(), set()
+    for klass in cls.__mro__[1:]:
+        member = vars(klass).get(name)
+        if member is None:
+            continue
+        function = _function_of(member)
+        if isinstance(function, types.FunctionType):
+            found = _facts(function, cls, depth + 1)
+            if found is None:
+                return None
+            names |= found[0]
+            guards |= found[1]
+    return frozenset(names), frozenset(guards)
 
 
 def _loads_self(ins, self_name):
@@ -181,9 +331,11 @@ def _loads_self(ins, self_name):
 
 def _self_attribute(name, cls, depth):
     """What reading ``self.name`` takes: a method's own facts, or the name."""
-    method = getattr(cls, name, None)
-    if isinstance(method, (types.FunctionType, staticmethod, classmethod, property)):
-        return _facts(_function_of(method), cls, depth + 1)
+    member = inspect.getattr_static(cls, name, None)
+    if isinstance(member, (staticmethod, classmethod)):     # (no ``self`` in its code)
+        return _facts(member.__func__, cls, depth + 1, method=False)
+    if isinstance(member, (types.FunctionType, property)):
+        return _facts(_function_of(member), cls, depth + 1)
     return frozenset([name]), frozenset()
 
 
@@ -195,59 +347,112 @@ def _function_of(member):
     return member
 
 
-def _global_facts(name, globals_, cls, depth):
-    """What reading global ``name`` takes: None if code must run at every call
-    for it (a list, a dict, an object: changed in place unseen; an acting
-    builtin such as ``print``; a function whose code must run); else the
-    ``_code_facts`` it adds (a plain value: the read itself, guarded)."""
+def _global_facts(name, globals_, cls, depth, following):
+    """What reading global ``name`` takes (``following``: the next instruction,
+    an attribute read on it)."""
     value = globals_.get(name, _MISSING)
     if value is _MISSING:           # a builtin
         builtins = globals_.get("__builtins__")
         value = getattr(builtins, name, None) if isinstance(builtins, types.ModuleType) \
             else (builtins or {}).get(name)
         return None if value is None or name in _ACTING_BUILTINS else _NOTHING
-    if isinstance(value, types.ModuleType) and value.__name__ in _ACTING_MODULES:
-        return None
-    if isinstance(value, _SAFE_GLOBALS):
+    found = _value_facts(value, cls, depth)
+    if found is not _GUARD:
+        if found is not None and isinstance(value, (types.ModuleType, type)) \
+                and following is not None and following.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            return _member_facts(value, following.argval, cls, depth)
+        return found
+    return frozenset(), frozenset([(_Space(globals_, mapping=True), name)])
+
+
+_GUARD = object()       # ``_value_facts``: a plain value, read through a guard
+
+
+def _value_facts(value, cls, depth):
+    """What reading ``value`` (a global, a module's or a class's attribute)
+    takes: None if the code must run, ``_GUARD`` for a plain value."""
+    if isinstance(value, types.ModuleType):
+        return None if value.__name__ in _ACTING_MODULES else _NOTHING
+    if isinstance(value, type):
         return _NOTHING
     if isinstance(value, types.FunctionType):
         return _facts(value, cls, depth + 1, method=False)
-    if is_setting("", value):
-        return frozenset(), frozenset([(_Namespace(globals_), name)])
+    if isinstance(value, (types.BuiltinFunctionType, np.ufunc)):
+        owner = getattr(value, "__self__", None)
+        module = getattr(value, "__module__", None) or getattr(owner, "__name__", "")
+        if owner is not None and not isinstance(owner, types.ModuleType) \
+                or module in _ACTING_MODULES:
+            return None                     # bound to an object (``random.random``), or acting
+        return _NOTHING
+    if _frozen(value) is not _UNFROZEN:
+        return _GUARD
     return None
 
 
-class _Namespace:
-    """A module's globals, hashed by identity (a dict is not hashable)."""
+def _member_facts(owner, name, cls, depth):
+    """What reading ``owner.name`` takes, ``owner`` a module or class global."""
+    module = owner.__name__ if isinstance(owner, types.ModuleType) else owner.__module__
+    if module.startswith(_TRUSTED) or module.partition(".")[0] in sys.stdlib_module_names:
+        if module == "numpy" and name == "random":
+            return None                     # ``np.random``: draws at every call
+        return _NOTHING
+    member = vars(owner).get(name, _MISSING) if isinstance(owner, type) \
+        else getattr(owner, name, _MISSING)
+    if member is _MISSING:
+        member = getattr(owner, name, None)
+    found = _value_facts(_function_of(member), cls, depth)
+    if found is _GUARD:
+        return frozenset(), frozenset([(_Space(owner), name)])
+    return found
 
-    __slots__ = ("space",)
 
-    def __init__(self, space):
-        self.space = space
+class _Space:
+    """Where a guarded value is read: an object's attributes, or a mapping
+    (a module's globals); hashed by identity."""
+
+    __slots__ = ("owner", "mapping")
+
+    def __init__(self, owner, mapping=False):
+        self.owner, self.mapping = owner, mapping
 
     def __hash__(self):
-        return id(self.space)
+        return id(self.owner)
 
     def __eq__(self, other):
-        return type(other) is _Namespace and other.space is self.space
+        return type(other) is _Space and other.owner is self.owner
 
     def get(self, name):
-        return self.space.get(name)
+        value = self.owner.get(name) if self.mapping else getattr(self.owner, name, None)
+        return _frozen(value)
+
+
+class _Cell(_Space):
+    """A closure cell's value."""
+
+    __slots__ = ()
+
+    def get(self, name):
+        try:
+            return _frozen(self.owner.cell_contents)
+        except ValueError:
+            return None
 
 
 _MISSING = object()
+_UNFROZEN = object()
+_PLAIN = (type(None), bool, int, float, str, bytes, np.generic)
+_MAX_ARRAY = 4096       # elements of a numpy array read as a value, guarded by its bytes
 
 
-def _watched(value):
-    """Whether an attribute value is one the block's token or arguments watch:
-    a block, parameters, an array, a plain setting, a bound method."""
-    if value is None or isinstance(value, _WATCHED):
-        return True
-    if type(value) in (list, tuple):        # blocks kept in a list (not registered)
-        return all(isinstance(item, gluon.Block) for item in value) or is_setting("", value)
-    if type(value) is dict:
-        return all(isinstance(item, gluon.Block) for item in value.values())
-    return is_setting("", value)
-
-
-_WATCHED = (gluon.Block, gluon.Parameter, gluon.ParameterDict, NDArray, types.MethodType)
+def _frozen(value, depth=0):
+    """A hashable copy of a plain value (numbers, strings, and lists, tuples and
+    dicts of them), or ``_UNFROZEN``."""
+    if isinstance(value, _PLAIN):
+        return (type(value), value)
+    if type(value) is np.ndarray and value.size <= _MAX_ARRAY:     # a small table of constants
+        return (np.ndarray, value.shape, value.dtype.str, value.tobytes())
+    if depth > 4 or type(value) not in (list, tuple, dict):
+        return _UNFROZEN
+    items = sorted(value.items(), key=repr) if type(value) is dict else value
+    found = tuple(_frozen(item, depth + 1) for item in items)
+    return _UNFROZEN if _UNFROZEN in found else (type(value), found)
