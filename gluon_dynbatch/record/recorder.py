@@ -90,7 +90,7 @@ class Recorder(RecorderCore):
         self._mode_seen = None      # MODE_CHANGES[0] when self.mode was read
         self._versions = {}         # id(block) -> parameter identity, per scope
         self._tokens = {}           # id(block) -> block_token, per scope
-        self._guarded = {}          # id(block) -> (token, globals read), per scope
+        self._guarded = {}          # id(block) -> (token, purity guards), per scope
         self._unreplayable = set()  # ids of blocks whose code runs at every call
         self._identities = {}       # id(block) -> (block, block_identity), per scope
         self._roots = {}            # (id(block), modes) -> frame_root, per scope
@@ -717,8 +717,9 @@ class Recorder(RecorderCore):
 
     def block_token(self, block):
         """A small int naming ``block``, its parameters and settings in this thread;
-        with the values of the plain globals its code reads, if any
-        (``purity.replay_guards``: a replay holds for those values)."""
+        with the values of what else its code reads, if anything (a global, a
+        class attribute, a dict of settings: ``purity.replay_guards``), read at
+        every call, as a replay holds for those values only."""
         found = self._tokens.get(id(block))
         if found is not None:
             return found

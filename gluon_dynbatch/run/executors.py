@@ -12,19 +12,18 @@ All three read the :class:`lowering.Lowering`'s walk: every index array reaches
 MXNet in one copy, and the live values get their rows at the end.
 """
 import contextlib
-import ctypes
 import os
 import time
 
 import mxnet as mx
 from mxnet import autograd
-from mxnet.base import _LIB, MXNetError, SymbolHandle
-from mxnet.symbol import Symbol
+from mxnet.base import MXNetError
 
 from .lowering import Lowering, dtype_name
 from ..errors import BatchingError, describe_call
 from ..logs import warn_once
 from ..ir.ops import first_line
+from ..ir.known import constant_array
 from ..ir.rules import KNOWN, SHAPE_ONLY, call_as_recorded, zero_gradient
 
 _NO_CHANGE = contextlib.nullcontext()
@@ -127,7 +126,7 @@ def _with_history(results, detached, values, feeds):
     anchor = []
 
     def tied(array):
-        if not _no_history(array):
+        if not constant_array(array):
             return array
         if not anchor:
             parts = [mx.nd.sum(_gather(ins[k], values, feeds) * 0)
@@ -144,15 +143,6 @@ def _with_history(results, detached, values, feeds):
             array = tied(array)
         out.append(array)
     return out
-
-
-def _no_history(array):
-    """Whether autograd holds no history of ``array`` (a constant to it)."""
-    handle = SymbolHandle()
-    if _LIB.MXAutogradGetSymbol(array.handle, ctypes.byref(handle)) != 0:
-        return True
-    Symbol(handle)          # (frees the handle)
-    return False
 
 
 @contextlib.contextmanager
