@@ -692,3 +692,19 @@ def test_a_child_reading_settings_held_elsewhere_equals_eager(how):
         if how == "length":
             model.child.items.clear()
         assert_same(run_model(model, words, [emb], "depth", "plan"), expected)
+
+
+def test_code_the_analysis_cannot_read_runs_at_every_call(monkeypatch):
+    """An error inside the analysis never reaches recording: the child's code
+    then runs at every call, as eager."""
+    from gluon_dynbatch.record import purity
+
+    def unreadable(cls):
+        raise ValueError("unreadable bytecode")
+    monkeypatch.setattr(purity, "_CLASSES", {})
+    monkeypatch.setattr(purity, "_class_facts", unreadable)
+    assert purity.replay_guards(Pure()) is None
+    model = make_model(SetsGlobal)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    expected = run_model(model, [1, 2, 3], [emb], "eager")
+    assert_same(run_model(model, [1, 2, 3], [emb], "depth"), expected)

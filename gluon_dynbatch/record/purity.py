@@ -31,6 +31,7 @@ this package's code is trusted.
 """
 import dis
 import inspect
+import logging
 import sys
 import types
 
@@ -39,6 +40,8 @@ from mxnet import gluon
 from mxnet.ndarray import NDArray
 
 from .trie import is_setting
+
+log = logging.getLogger("gluon_dynbatch.record")
 
 _TRUSTED = ("mxnet.", "gluonnlp.", "gluon_dynbatch.", "numpy.")
 _STORES = frozenset(["STORE_ATTR", "DELETE_ATTR", "STORE_GLOBAL", "DELETE_GLOBAL",
@@ -69,7 +72,17 @@ def replay_guards(block):
     """None if calls of child ``block`` must run its code (or its children's);
     else what a replay holds for, as ``(space, name)`` pairs whose
     ``space.get(name)`` is the value read now: their values are part of the
-    block's key (``Recorder.block_token``)."""
+    block's key (``Recorder.block_token``).  Code the analysis cannot read
+    runs at every call."""
+    try:
+        return _replay_guards(block)
+    except Exception as err:  # pylint: disable=broad-except
+        log.debug("%s: its code runs at every call (not analysed: %r)",
+                  type(block).__name__, err)
+        return None
+
+
+def _replay_guards(block):
     guards, stack, seen = set(), [block], set()
     while stack:
         current = stack.pop()
