@@ -1,4 +1,5 @@
 """Replay of traced child-block calls: same results as tracing every call."""
+import functools
 import random
 import types
 
@@ -708,3 +709,81 @@ def test_code_the_analysis_cannot_read_runs_at_every_call(monkeypatch):
     emb = nd.random.uniform(-1, 1, shape=(10, 3))
     expected = run_model(model, [1, 2, 3], [emb], "eager")
     assert_same(run_model(model, [1, 2, 3], [emb], "depth"), expected)
+
+
+
+LOG = []
+
+
+def _logged(method):
+    @functools.wraps(method)
+    def wrapper(self, *args):
+        return method(self, *args)
+    return wrapper
+
+
+class _HasHelper(gluon.HybridBlock):
+    scale = 1.0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.cfg = {"scale": 1.0}
+
+    def helper(self, x):
+        return x * self.cfg["scale"]
+
+
+class Decorated(_HasHelper):
+    @_logged
+    def hybrid_forward(self, F, x):
+        return x * self.cfg["scale"]
+
+
+class LoopsOverLayers(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.layers = gluon.nn.HybridSequential()
+            self.layers.add(Scales())
+
+    def hybrid_forward(self, F, x):
+        for layer in self.layers:
+            x = layer.scaled(x)
+        return x
+
+
+class CallsSuperHelper(_HasHelper):
+    def helper(self, x):
+        return x
+
+    def hybrid_forward(self, F, x):
+        return super(CallsSuperHelper, self).helper(x)
+
+
+class ReadsThroughClassMethod(_HasHelper):
+    @classmethod
+    def _scale(cls):
+        return cls.scale
+
+    def hybrid_forward(self, F, x):
+        return x * self._scale()
+
+
+class AppendsToGlobal(gluon.HybridBlock):
+    def hybrid_forward(self, F, x):
+        LOG.append(1)
+        return x
+
+
+@pytest.mark.parametrize("cls, guarded", [
+    (Decorated, {"cfg"}), (LoopsOverLayers, {"cfg"}), (CallsSuperHelper, {"cfg"}),
+    (ReadsThroughClassMethod, {"scale"}), (AppendsToGlobal, None)])
+def test_state_reached_through_decorators_loops_super_and_class_methods_is_seen(cls, guarded):
+    """A read is guarded, so that a change is seen at every call; code appending
+    to a global list runs at every call."""
+    from gluon_dynbatch.record.purity import replay_guards
+    found = replay_guards(cls())
+    if guarded is None:
+        assert found is None
+    else:
+        assert guarded <= {name for _, name in found}

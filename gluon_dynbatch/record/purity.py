@@ -57,6 +57,9 @@ _ACTING_MODULES = frozenset(["random", "numpy.random", "time", "datetime", "os",
 # Attributes whose use acts on an object or reads an array's values.
 _ACTING_ATTRIBUTES = frozenset(["__setattr__", "__delattr__", "__dict__", "asscalar",
                                 "asnumpy", "tolist", "item", "wait_to_read"])
+# Functions of the standard library that write into their arguments or print.
+_WRITING_FUNCTIONS = frozenset(["setitem", "delitem", "iadd", "isub", "imul", "iconcat",
+                                "pprint", "print_stack", "print_exc", "copyfileobj"])
 # Methods that change a list, dict or set in place.
 _MUTATORS = frozenset(["append", "extend", "insert", "pop", "update", "setdefault", "add",
                        "clear", "remove", "discard", "popitem", "sort", "reverse",
@@ -143,7 +146,13 @@ def _attribute_guards(block, name, value, stack):
 
 def _method_guards(owner, method, stack):
     """What calling ``owner.method(...)`` takes: a child block's method is read
-    as its code; a plain container's method must not change it."""
+    as its code; a plain container's method must not change it (``"*"``: an
+    alias of it, whose methods are not known, is a plain value only)."""
+    if method == "*":
+        if isinstance(owner, gluon.Block):
+            stack.append(owner)
+            return ()
+        return () if isinstance(owner, _PLAIN) or owner is None else None
     if isinstance(owner, gluon.Block):
         function = _function_of(getattr(type(owner), method, None))
         if not isinstance(function, types.FunctionType):
@@ -156,26 +165,64 @@ def _method_guards(owner, method, stack):
     return ()               # (the container itself is guarded by its attribute's read)
 
 
+def _trusted(module):
+    """Whether code of module ``module`` (a name, or None) is trusted."""
+    return (str(module) + ".").startswith(_TRUSTED)
+
+
 def _class_facts(cls):
     """None if code of ``cls`` must run at every call; else the facts of its
-    ``hybrid_forward`` code."""
-    if cls.__module__.startswith(_TRUSTED):
+    methods: ``hybrid_forward`` and every other method its user-defined classes
+    define (a method a parent calls on it, directly or through a local name,
+    runs as part of the parent's replayed call)."""
+    if _trusted(cls.__module__):
         return _NOTHING
-    if any("__getattr__" in vars(klass) or "__getattribute__" in vars(klass)
-           for klass in cls.__mro__ if not klass.__module__.startswith(_TRUSTED)
-           and klass is not object):
-        return None
     names, guards = set(), set()
     for klass in cls.__mro__:
-        function = vars(klass).get("hybrid_forward")
-        if function is None or klass.__module__.startswith(_TRUSTED):
+        if klass is object or _trusted(klass.__module__):
             continue
-        facts = _facts(function, cls, 0)
+        for name, member in vars(klass).items():
+            if name in _NOT_CALLED:
+                continue
+            if name in ("__getattr__", "__getattribute__", "__call__"):
+                return None
+            if isinstance(member, (types.FunctionType, staticmethod, classmethod, property)) \
+                    or name == "hybrid_forward":
+                facts = _member_function_facts(member, cls, 0)
+                if facts is None:
+                    return None
+                names |= facts[0]
+                guards |= facts[1]
+    return frozenset(names), frozenset(guards)
+
+
+# Methods a block's calls do not run (the constructor, Gluon's bookkeeping).
+_NOT_CALLED = frozenset(["__init__", "__new__", "__repr__", "__str__", "__init_subclass__",
+                         "__del__", "__getstate__", "__setstate__", "__reduce__",
+                         "__setattr__", "forward", "initialize", "cast", "hybridize",
+                         "__module__", "__doc__", "__qualname__", "__dict__", "__weakref__"])
+
+
+def _member_function_facts(member, cls, depth):
+    """The facts of a method, a static or class method, a property or a
+    decorated method (through ``__wrapped__``); None for a member the analysis
+    cannot read (a callable object)."""
+    if isinstance(member, staticmethod):
+        return _facts(member.__func__, cls, depth, method=False)
+    if isinstance(member, classmethod):         # its ``cls`` reads as ``self`` does
+        return _facts(member.__func__, cls, depth)
+    if isinstance(member, property):
+        return _facts(member.fget, cls, depth) if member.fget is not None else _NOTHING
+    while hasattr(member, "__wrapped__"):      # ``functools.wraps`` decorators
+        if not isinstance(member, types.FunctionType):
+            return None                         # a decorator object: its code unknown
+        facts = _facts(member, cls, depth, method=False)
         if facts is None:
             return None
-        names |= facts[0]
-        guards |= facts[1]
-    return frozenset(names), frozenset(guards)
+        member = member.__wrapped__
+    if not isinstance(member, types.FunctionType):
+        return None
+    return _facts(member, cls, depth)
 
 
 def _facts(function, cls, depth, method=True):
@@ -184,7 +231,7 @@ def _facts(function, cls, depth, method=True):
     must run at every call.  A trusted module's function reads and changes
     nothing of the user's."""
     code = getattr(function, "__code__", None)
-    if code is None or (getattr(function, "__module__", None) or "").startswith(_TRUSTED):
+    if code is None or _trusted(getattr(function, "__module__", None)):
         return _NOTHING
     key = (code if function.__closure__ is None else function, cls if method else None)
     found = _CODES.get(key, False)
@@ -262,8 +309,14 @@ def _instruction_facts(instructions, k, globals_, cls, depth, self_name):
         return None if _statement_reads_state(instructions, k, self_name) else _NOTHING
     if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in _ACTING_ATTRIBUTES:
         return None
-    if ins.opname == "STORE_FAST" and _loads_self(previous, self_name):
-        return None                         # ``me = self``: reads through another name
+    if ins.opname in ("MATCH_CLASS", "MATCH_MAPPING", "MATCH_KEYS"):
+        return None                         # patterns read attributes without LOAD_ATTR
+    if _loads_self(ins, self_name) and not _self_read_by_attribute(instructions, k):
+        return None                         # ``self`` passed on, stored or aliased
+    if ins.opname == "STORE_FAST" and previous is not None \
+            and previous.opname == "LOAD_ATTR" and k >= 2 \
+            and _loads_self(instructions[k - 2], self_name):
+        return frozenset([previous.argval + ".*"]), frozenset()     # ``kept = self.kept``
     if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and ins.argval == "getattr" \
             and k + 1 < len(instructions) and _loads_self(instructions[k + 1], self_name):
         return None                         # ``getattr(self, name)``
@@ -307,15 +360,29 @@ def _statement_reads_state(instructions, k, self_name):
                or ins.opname == "LOAD_FAST" and ins.argval == self_name for ins in region)
 
 
+def _self_read_by_attribute(instructions, k):
+    """Whether ``self`` loaded at ``k`` is only read by an attribute (``self.x``),
+    or passed to ``super(Cls, self)``, ``type(self)`` or ``isinstance``."""
+    following = instructions[k + 1] if k + 1 < len(instructions) else None
+    if following is not None and following.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+        return True
+    for j in range(k - 1, max(k - 4, -1), -1):
+        ins = instructions[j]
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") \
+                and ins.argval in ("super", "type", "isinstance", "id", "__class__"):
+            return True
+    return False
+
+
 def _after_call(instructions, k, builtin):
     """Whether instruction ``k`` reads an attribute of ``builtin(...)``
     (``super()``, ``type(self)``)."""
-    for j in range(k - 1, max(k - 5, -1), -1):
+    for j in range(k - 1, max(k - 7, -1), -1):
         ins = instructions[j]
         if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval == builtin:
             return True
         if ins.opname not in ("PRECALL", "CALL", "PUSH_NULL", "CACHE", "LOAD_DEREF",
-                              "LOAD_FAST", "LOAD_CLOSURE"):
+                              "LOAD_FAST", "LOAD_CLOSURE", "LOAD_GLOBAL", "LOAD_NAME"):
             return False
     return False
 
@@ -345,11 +412,18 @@ def _loads_self(ins, self_name):
 def _self_attribute(name, cls, depth):
     """What reading ``self.name`` takes: a method's own facts, or the name."""
     member = inspect.getattr_static(cls, name, None)
-    if isinstance(member, (staticmethod, classmethod)):     # (no ``self`` in its code)
-        return _facts(member.__func__, cls, depth + 1, method=False)
-    if isinstance(member, (types.FunctionType, property)):
-        return _facts(_function_of(member), cls, depth + 1)
+    if isinstance(member, (types.FunctionType, staticmethod, classmethod, property)) \
+            or hasattr(member, "__wrapped__"):
+        return _member_function_facts(member, cls, depth + 1)
+    if member is not None and callable(member) and not isinstance(member, type) \
+            and not _trusted(type(member).__module__) \
+            and name not in vars(cls).get("__dict__", {}) and _is_class_member(cls, name):
+        return None                             # a callable object on the class
     return frozenset([name]), frozenset()
+
+
+def _is_class_member(cls, name):
+    return any(name in vars(klass) for klass in cls.__mro__ if klass is not object)
 
 
 def _function_of(member):
@@ -365,10 +439,16 @@ def _global_facts(name, globals_, cls, depth, following):
     an attribute read on it)."""
     value = globals_.get(name, _MISSING)
     if value is _MISSING:           # a builtin
+        if following is not None and following.opname in ("LOAD_ATTR", "LOAD_METHOD") \
+                and (following.argval in _MUTATORS or following.argval in _WRITING_FUNCTIONS):
+            return None                         # ``list.append(self.kept, x)``
         builtins = globals_.get("__builtins__")
         value = getattr(builtins, name, None) if isinstance(builtins, types.ModuleType) \
             else (builtins or {}).get(name)
         return None if value is None or name in _ACTING_BUILTINS else _NOTHING
+    if following is not None and following.opname == "LOAD_METHOD" \
+            and following.argval in _MUTATORS:
+        return None                             # ``LOG.append(x)``
     found = _value_facts(value, cls, depth)
     if found is not _GUARD:
         if found is not None and isinstance(value, (types.ModuleType, type)) \
@@ -404,8 +484,10 @@ def _value_facts(value, cls, depth):
 
 def _member_facts(owner, name, cls, depth):
     """What reading ``owner.name`` takes, ``owner`` a module or class global."""
-    module = owner.__name__ if isinstance(owner, types.ModuleType) else owner.__module__
-    if module.startswith(_TRUSTED) or module.partition(".")[0] in sys.stdlib_module_names:
+    module = (owner.__name__ if isinstance(owner, types.ModuleType) else owner.__module__) or ""
+    if name in _MUTATORS or name in _WRITING_FUNCTIONS:
+        return None                         # ``list.append(self.kept, x)``, ``operator.setitem``
+    if _trusted(module) or module.partition(".")[0] in sys.stdlib_module_names:
         if module == "numpy" and name == "random":
             return None                     # ``np.random``: draws at every call
         return _NOTHING
@@ -413,6 +495,9 @@ def _member_facts(owner, name, cls, depth):
         else getattr(owner, name, _MISSING)
     if member is _MISSING:
         member = getattr(owner, name, None)
+    if isinstance(member, (types.ModuleType, type)) and not _trusted(
+            member.__name__ if isinstance(member, types.ModuleType) else member.__module__):
+        return None                         # ``pkg.sub.VALUE``: read no further here
     found = _value_facts(_function_of(member), cls, depth)
     if found is _GUARD:
         return frozenset(), frozenset([(_Space(owner), name)])
