@@ -7,6 +7,7 @@ sample's side effects equal eager Gluon's; a scope flushes once per read of
 the sample that reads most, plus once.
 """
 import contextlib
+import contextvars
 import copy
 import gc
 import io
@@ -1125,3 +1126,100 @@ def test_results_of_a_blocks_modes_in_a_plain_loop_take_each_modes_form():
             if mode == "score":
                 assert float(got[1]) == pytest.approx(ref[1], rel=1e-5)
             np.testing.assert_allclose(got[-1].asnumpy(), ref[-1].asnumpy(), rtol=1e-5)
+
+
+_SETTING = contextvars.ContextVar("setting", default="default")
+
+
+class ReadsContext(gdb.DynBatchBlock):
+    """Notes a context variable before and after a read, then sets it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seen = []
+
+    def hybrid_forward(self, F, x):
+        self.seen.append(_SETTING.get())
+        float(F.sum(x).asscalar())          # a read: the sample waits
+        self.seen.append(_SETTING.get())
+        _SETTING.set("set by a sample")
+        return x + 1
+
+
+def test_samples_start_in_a_copy_of_their_callers_context():
+    """Each sample sees the context variables its caller set, as a task of
+    asyncio does; what one sets is its own (a worker greenlet serves many)."""
+    model = ReadsContext()
+    xs = [nd.ones((1, 2)) * k for k in range(3)]
+    token = _SETTING.set("caller")
+    try:
+        for how in ("loop", "map"):
+            model.seen.clear()
+            with gdb.batching():
+                if how == "map":
+                    gdb.map(model, xs)
+                else:
+                    [model(x) for x in xs]      # pylint: disable=expression-not-assigned
+            assert model.seen == ["caller"] * 6, how
+    finally:
+        _SETTING.reset(token)
+
+
+class _Heavy:
+    def __init__(self, k):
+        self.x = nd.ones((1, 2)) * k
+
+
+class ReadsThenFails(gdb.DynBatchBlock):
+    def hybrid_forward(self, F, sample, fail=False):
+        float(F.sum(sample.x).asscalar())
+        if fail:
+            raise ValueError("sample failed")
+        return sample.x + 1
+
+
+def test_an_error_kept_by_the_user_keeps_no_later_sample_alive():
+    """A task's error keeps its own frames; not the worker's, which later runs
+    other samples (here: samples of a scope left while they waited)."""
+    model = ReadsThenFails()
+    kept = []
+    try:
+        gdb.map(lambda k: model(_Heavy(k), k == 0), range(2))
+    except ValueError as err:
+        kept.append(err)
+    with gdb.batching():
+        [model(_Heavy(k)) for k in range(2)]    # pylint: disable=expression-not-assigned
+    later = [_Heavy(k) for k in range(2)]
+    refs = [weakref.ref(s) for s in later]
+    with pytest.raises(KeyError):
+        with gdb.batching():
+            outs = [model(s) for s in later]
+            raise KeyError("the user's loop stops")
+    del later
+    gc.collect()
+    assert kept and not any(ref() is not None for ref in refs)
+
+
+def test_idle_workers_of_other_threads_are_no_live_tasks():
+    import threading
+    done, leave = threading.Event(), threading.Event()
+
+    def scopes():
+        model = ReadsThenFails()
+        for _ in range(3):
+            with gdb.batching():
+                [model(_Heavy(k)) for k in range(3)]   # pylint: disable=W0106
+        done.set()
+        leave.wait(30)          # its idle workers stay while it lives
+
+    gc.collect()
+    before = live_tasks()
+    thread = threading.Thread(target=scopes)
+    thread.start()
+    try:
+        assert done.wait(60)
+        gc.collect()
+        assert live_tasks() == before
+    finally:
+        leave.set()
+        thread.join()

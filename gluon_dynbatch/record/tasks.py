@@ -19,6 +19,7 @@ swaps them.  A top-level call that waits returns a :class:`Pending` value,
 filled in when its sample finishes.  An exception in a task is that sample's
 error: the other tasks finish first.
 """
+import contextvars
 import gc
 import math
 import operator
@@ -51,19 +52,26 @@ def _work():
     to one already running (tens of microseconds a top-level call), so
     finished workers serve later tasks (``_IDLE.workers``).  Jobs and results
     pass outside the switches' arguments, which a suspended switch (or a
-    greenlet's first call, for its whole life) keeps alive: an idle worker
-    holds nothing of its last task.  ``GreenletExit`` (``Tasks.close``) ends
-    the worker."""
+    greenlet's first call, for its whole life) keeps alive, and only a frame
+    of the job's own holds it (``_run``): an idle worker holds nothing of its
+    last task.  ``GreenletExit`` (``Tasks.close``)
+    ends the worker."""
     while True:
-        (fn, args), _IDLE.job = _IDLE.job, None
-        try:
-            _IDLE.finished = (fn(*args), None)
-        except greenlet.GreenletExit:
-            raise
-        except BaseException as err:  # pylint: disable=broad-except
-            _IDLE.finished = (None, err)
-        fn = args = None
+        _IDLE.finished = _run()
         greenlet.getcurrent().parent.switch(_DONE)
+
+
+def _run():
+    """The job left for this worker, run; ``(result, error)``.  (Only this frame
+    holds the job: an error's traceback keeps it, and through it the worker's
+    own frame, which must hold nothing of later jobs.)"""
+    (fn, args), _IDLE.job = _IDLE.job, None
+    try:
+        return fn(*args), None
+    except greenlet.GreenletExit:
+        raise
+    except BaseException as err:  # pylint: disable=broad-except
+        return None, err
 
 
 class _Idle(threading.local):
@@ -80,21 +88,32 @@ _IDLE = _Idle()
 _MAX_IDLE = 8
 
 
+_ALL_IDLE = weakref.WeakSet()    # idle workers of every thread (``live_tasks``)
+
+
 def _worker():
     """An idle worker greenlet of this thread, or a new one."""
     idle = _IDLE.workers
     while idle:
         glet = idle.pop()
+        _ALL_IDLE.discard(glet)
         if not glet.dead:       # (one thrown into from outside ends)
             return glet
     return greenlet.greenlet(_work)
+
+
+def _rest(glet):
+    """Keep finished worker ``glet`` for a later task of its thread."""
+    if len(_IDLE.workers) < _MAX_IDLE:
+        _IDLE.workers.append(glet)
+        _ALL_IDLE.add(glet)
 
 
 def live_tasks():
     """Greenlets started and not finished, idle workers and threads' main
     greenlets aside: tasks of samples still waiting at a read (none once every
     scope has ended)."""
-    idle = {id(glet) for glet in _IDLE.workers}
+    idle = {id(glet) for glet in _ALL_IDLE}
     return sum(1 for obj in gc.get_objects() if isinstance(obj, greenlet.greenlet)
                and obj and obj.parent is not None and id(obj) not in idle)
 
@@ -174,11 +193,14 @@ class Tasks:
         glet.parent = greenlet.getcurrent()
         try:
             if task.job is not None:
+                # Each sample starts in a copy of its caller's context
+                # variables, as an asyncio task does: it sees the caller's
+                # values, and what it sets stays its own.
+                glet.gr_context = contextvars.copy_context()
                 _IDLE.job, task.job = task.job, None
             done = glet.switch()
             if done is _DONE:
-                if len(_IDLE.workers) < _MAX_IDLE:
-                    _IDLE.workers.append(glet)
+                _rest(glet)
                 (task.result, task.error), _IDLE.finished = _IDLE.finished, None
                 task.done = True
                 if task.error is None:
