@@ -114,8 +114,12 @@ class BatchingScope:
 
     def __exit__(self, exc_type, exc, tb):
         if self._outer is not None:
-            if exc_type is None or exc_type is GeneratorExit:
-                self._outer.scope.flush()
+            # (The outer scope may have ended first: two generators, each
+            # yielding from a scope of its own, consumed in turn.  Its end ran
+            # what this one recorded.)
+            outer = self._outer.scope
+            if outer is not None and (exc_type is None or exc_type is GeneratorExit):
+                outer.flush()
             return False
         tasks = self.recorder.tasks
         try:

@@ -1158,3 +1158,29 @@ def test_a_variational_dropout_cell_keeps_its_masks_as_eager(hybridized, reset):
                          [p.grad().asnumpy().copy() for p in model.collect_params().values()]))
         for got, want in zip(runs[1][0] + runs[1][1], runs[0][0] + runs[0][1]):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_generators_yielding_from_scopes_of_their_own_consumed_in_turn_equal_eager():
+    """The second scope opens inside the first (it joins it); the first ends
+    before the second: what both recorded runs at its end, as eager."""
+    model = Chain()
+    model.initialize()
+    samples = list(zip((1, 3, 2, 2, 1), _inputs(5)))
+
+    def produce(part, batched):
+        if not batched:
+            yield from (model(*s) for s in part)
+            return
+        with gdb.batching():
+            for s in part:
+                yield model(*s)
+
+    runs = []
+    for batched in (False, True):
+        first, second = produce(samples[:2], batched), produce(samples[2:], batched)
+        pairs = [(next(first), next(second)) for _ in range(2)]
+        first.close()
+        rest = list(second)
+        runs.append([a.asnumpy() for pair in pairs for a in pair] + [a.asnumpy() for a in rest])
+    for got, want in zip(runs[1], runs[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
