@@ -154,10 +154,10 @@ def _method_guards(owner, method, stack):
             return ()
         return () if isinstance(owner, _PLAIN) or owner is None else None
     if isinstance(owner, gluon.Block):
-        function = _function_of(getattr(type(owner), method, None))
-        if not isinstance(function, types.FunctionType):
+        member = inspect.getattr_static(type(owner), method, None)
+        if not _is_function(member):
             return ()
-        facts = _facts(function, type(owner), 1)
+        facts = _member_function_facts(member, type(owner), 1)
         return None if facts is None else _instance_guards(owner, facts, stack)
     if method in _MUTATORS or type(owner) not in (list, tuple, dict, np.ndarray) \
             or _frozen(owner) is _UNFROZEN:
@@ -186,8 +186,7 @@ def _class_facts(cls):
                 continue
             if name in ("__getattr__", "__getattribute__", "__call__"):
                 return None
-            if isinstance(member, (types.FunctionType, staticmethod, classmethod, property)) \
-                    or name == "hybrid_forward":
+            if _is_function(member) or name == "hybrid_forward":
                 facts = _member_function_facts(member, cls, 0)
                 if facts is None:
                     return None
@@ -201,6 +200,13 @@ _NOT_CALLED = frozenset(["__init__", "__new__", "__repr__", "__str__", "__init_s
                          "__del__", "__getstate__", "__setstate__", "__reduce__",
                          "__setattr__", "forward", "initialize", "cast", "hybridize",
                          "__module__", "__doc__", "__qualname__", "__dict__", "__weakref__"])
+
+
+def _is_function(member):
+    """Whether a class member is code: a function, a static or class method, a
+    property, or a decorated function (``__wrapped__``)."""
+    return isinstance(member, (types.FunctionType, staticmethod, classmethod, property)) \
+        or hasattr(member, "__wrapped__")
 
 
 def _member_function_facts(member, cls, depth):
@@ -392,11 +398,8 @@ def _super_facts(name, cls, depth):
     names, guards = set(), set()
     for klass in cls.__mro__[1:]:
         member = vars(klass).get(name)
-        if member is None:
-            continue
-        function = _function_of(member)
-        if isinstance(function, types.FunctionType):
-            found = _facts(function, cls, depth + 1)
+        if _is_function(member):
+            found = _member_function_facts(member, cls, depth + 1)
             if found is None:
                 return None
             names |= found[0]
@@ -412,18 +415,12 @@ def _loads_self(ins, self_name):
 def _self_attribute(name, cls, depth):
     """What reading ``self.name`` takes: a method's own facts, or the name."""
     member = inspect.getattr_static(cls, name, None)
-    if isinstance(member, (types.FunctionType, staticmethod, classmethod, property)) \
-            or hasattr(member, "__wrapped__"):
+    if _is_function(member):
         return _member_function_facts(member, cls, depth + 1)
     if member is not None and callable(member) and not isinstance(member, type) \
-            and not _trusted(type(member).__module__) \
-            and name not in vars(cls).get("__dict__", {}) and _is_class_member(cls, name):
+            and not _trusted(type(member).__module__):
         return None                             # a callable object on the class
     return frozenset([name]), frozenset()
-
-
-def _is_class_member(cls, name):
-    return any(name in vars(klass) for klass in cls.__mro__ if klass is not object)
 
 
 def _function_of(member):
