@@ -1,4 +1,6 @@
 """Replay of traced child-block calls: same results as tracing every call."""
+import collections
+import enum
 import functools
 import random
 import types
@@ -787,3 +789,88 @@ def test_state_reached_through_decorators_loops_super_and_class_methods_is_seen(
         assert found is None
     else:
         assert guarded <= {name for _, name in found}
+
+
+class Pooling(enum.Enum):
+    SUM = 1
+    MAX = 2
+
+
+Config = collections.namedtuple("Config", ["scale", "act"])
+SCALED_WORDS = {1, 4}        # a global set of settings a model changes
+
+
+class ReadsConfigs(gluon.HybridBlock):
+    """A child configured by an enumeration member, a named tuple, a global set
+    or an ordered dict, the way models are often configured."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how, self.pooling = how, Pooling.SUM
+        self.config = Config(1.0, "tanh")
+        self.scales = collections.OrderedDict([("a", 1.0), ("b", 2.0)])
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x, word):
+        h = self.dense(x)
+        if self.how == "enum":
+            return F.tanh(h) if self.pooling is Pooling.SUM else F.relu(h)
+        if self.how == "namedtuple":
+            return F.Activation(h * self.config.scale, act_type=self.config.act)
+        if self.how == "set":
+            return F.tanh(h) * (2.0 if word in SCALED_WORDS else 1.0)
+        return F.tanh(h) * self.scales["b"]
+
+
+class SetsConfigs(gdb.DynBatchBlock):
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.child = ReadsConfigs(how)
+
+    def hybrid_forward(self, F, word, emb):
+        child = self.child
+        if self.how == "enum":
+            child.pooling = Pooling.MAX if word % 2 else Pooling.SUM
+        elif self.how == "namedtuple":
+            child.config = Config(1.0 + word % 3, "relu" if word % 2 else "tanh")
+        elif self.how == "set":
+            SCALED_WORDS.symmetric_difference_update({word})     # changed in place
+        else:
+            child.scales["b"] = 1.0 + word % 3
+        return child(emb[word:word + 1], word)
+
+
+@pytest.mark.parametrize("how", ["enum", "namedtuple", "set", "ordered"])
+def test_children_configured_by_enums_named_tuples_sets_and_ordered_dicts(how):
+    """Such settings are read through guards (the child's code need not run at
+    every call), and a change between calls is seen as eager sees it."""
+    from gluon_dynbatch.record.purity import replay_guards
+    model = make_model(SetsConfigs, how=how)
+    assert replay_guards(model.child) is not None
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    for words in ([1, 2, 3], [4, 2, 5, 1, 6, 4]):
+        SCALED_WORDS.clear()
+        SCALED_WORDS.update({1, 4})
+        expected = run_model(model, words, [emb], "eager")
+        SCALED_WORDS.clear()
+        SCALED_WORDS.update({1, 4})
+        assert_same(run_model(model, words, [emb], "depth", "plan"), expected)
+
+
+class ReadsVocabulary(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.vocabulary = {"w%d" % k: k for k in range(1000)}
+
+    def hybrid_forward(self, F, x):
+        return x * float(len(self.vocabulary))
+
+
+def test_a_large_container_read_by_a_child_makes_its_code_run():
+    """Copying a vocabulary at every call to key a replay costs more than
+    running the code: such a child runs at every call."""
+    from gluon_dynbatch.record.purity import replay_guards
+    assert replay_guards(ReadsVocabulary()) is None

@@ -9,7 +9,8 @@ parameters and the plain attributes of its instance: ``trie.settings``).
 Code that reads other state is *guarded*: the values it read are part of the
 block's key (``Recorder.block_token``), read again at every call, so a
 change is a new call to learn.  Such state is a plain value (numbers,
-strings, small numpy arrays, and lists, tuples and dicts of them) held by a
+strings, enumeration members, small numpy arrays, and lists, tuples, named
+tuples, sets and dicts of them, of at most ``_MAX_ITEMS`` items) held by a
 module's globals, an attribute of a module or class, a class attribute read
 through ``self``, a list or dict attribute of the instance, or a cell of a
 closure.
@@ -29,7 +30,9 @@ once per class; the values of the attributes the code reads are checked per
 block, as they belong to the instance.  Gluon's, gluonnlp's, numpy's and
 this package's code is trusted.
 """
+import collections
 import dis
+import enum
 import inspect
 import logging
 import sys
@@ -64,7 +67,9 @@ _WRITING_FUNCTIONS = frozenset(["setitem", "delitem", "iadd", "isub", "imul", "i
 _MUTATORS = frozenset(["append", "extend", "insert", "pop", "update", "setdefault", "add",
                        "clear", "remove", "discard", "popitem", "sort", "reverse",
                        "appendleft", "__setitem__", "__delitem__", "__iadd__", "fill", "put",
-                       "itemset", "resize", "setflags", "partition"])
+                       "itemset", "resize", "setflags", "partition", "move_to_end",
+                       "intersection_update", "difference_update",
+                       "symmetric_difference_update"])
 
 _CLASSES = {}       # class -> None (code that must run), or the facts of its code
 _CODES = {}         # (code, or a closure's function; class or None) -> None, or facts
@@ -159,8 +164,8 @@ def _method_guards(owner, method, stack):
             return ()
         facts = _member_function_facts(member, type(owner), 1)
         return None if facts is None else _instance_guards(owner, facts, stack)
-    if method in _MUTATORS or type(owner) not in (list, tuple, dict, np.ndarray) \
-            or _frozen(owner) is _UNFROZEN:
+    if method in _MUTATORS or type(owner) not in _SEQUENCES + (np.ndarray,) \
+            and not isinstance(owner, tuple) or _frozen(owner) is _UNFROZEN:
         return None
     return ()               # (the container itself is guarded by its attribute's read)
 
@@ -537,17 +542,29 @@ _MISSING = object()
 _UNFROZEN = object()
 _PLAIN = (type(None), bool, int, float, str, bytes, np.generic)
 _MAX_ARRAY = 4096       # elements of a numpy array read as a value, guarded by its bytes
+# Items of a list, tuple, set or dict read as a value: a larger one (a vocabulary)
+# would be copied at every call, which costs more than running the code.
+_MAX_ITEMS = 256
+_SEQUENCES = (list, tuple, set, frozenset, dict, collections.OrderedDict)
 
 
 def _frozen(value, depth=0):
-    """A hashable copy of a plain value (numbers, strings, and lists, tuples and
-    dicts of them), or ``_UNFROZEN``."""
+    """A hashable copy of a plain value (numbers, strings, enumeration members,
+    and lists, tuples, named tuples, sets and dicts of them), or ``_UNFROZEN``."""
     if isinstance(value, _PLAIN):
         return (type(value), value)
+    if isinstance(value, enum.Enum):
+        return (type(value), value.name)
     if type(value) is np.ndarray and value.size <= _MAX_ARRAY:     # a small table of constants
         return (np.ndarray, value.shape, value.dtype.str, value.tobytes())
-    if depth > 4 or type(value) not in (list, tuple, dict):
+    kind = type(value)
+    if kind not in _SEQUENCES and not (isinstance(value, tuple) and hasattr(kind, "_fields")):
+        return _UNFROZEN                    # (a named tuple's fields are plain values)
+    if depth > 4 or len(value) > _MAX_ITEMS:
         return _UNFROZEN
-    items = sorted(value.items(), key=repr) if type(value) is dict else value
+    # A dict's order is part of it (code iterating over it sees it); a set's is not.
+    items = value.items() if isinstance(value, dict) else value
     found = tuple(_frozen(item, depth + 1) for item in items)
-    return _UNFROZEN if _UNFROZEN in found else (type(value), found)
+    if _UNFROZEN in found:
+        return _UNFROZEN
+    return (kind, tuple(sorted(found, key=repr)) if kind in (set, frozenset) else found)
