@@ -132,6 +132,38 @@ def test_in_place_update_outside_record_updates_aliases():
     np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
 
 
+class HalvesItsChildren(gdb.DynBatchBlock):
+    """``c = self(child); c *= 0.5``: in place on a recursive call's result (a
+    forward hook doing ``out *= 0.5`` does the same at every call)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, depth, x):
+        h = x
+        for _ in range(depth % 3):
+            c = self(depth - 1, x)
+            c *= 0.5
+            h = h + c
+        return F.tanh(self.dense(h))
+
+
+@pytest.mark.parametrize("how", [{}, {"strategy": "agenda"}, {"compiled": "step"}])
+def test_in_place_update_of_a_child_calls_result_equals_eager(how):
+    """It raised AttributeError ('Frame' object has no attribute 'outs')."""
+    model = HalvesItsChildren()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = _inputs(4)
+    want = [model(k + 2, x).asnumpy() for k, x in enumerate(xs)]
+    for _ in range(2):                   # learned, then matched
+        with gdb.batching(**how):
+            outs = [model(k + 2, x) for k, x in enumerate(xs)]
+        for out, expected in zip(outs, want):
+            np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 class Memoised(gdb.DynBatchBlock):
     """Keeps an intermediate in a dict that outlives the batch (a forgotten cache)."""
 

@@ -397,6 +397,11 @@ class Recorder(RecorderCore):
         if node.outs is not None and node.outs[lazy._idx] is not None \
                 and node.outs[lazy._idx]() is lazy:
             node.outs[lazy._idx] = None
+        if type(result._node) is Frame:
+            # A child call's result updated in its caller's frame: the frame may
+            # have read the array as an outside value, so its new value is put
+            # in the graph rather than left a value of the frame.
+            result._node.cut("an in-place update of a value it read")
         new, idx = result._node, result._idx
         lazy._node, lazy._idx = new, idx
         new.outs[idx] = weakref.ref(lazy)
