@@ -864,6 +864,60 @@ def test_numbers_a_plain_loop_returns_act_as_the_numbers_eager_returns():
         assert type(float(score)) is float and str(count) == str(ref_count)
 
 
+class ReturnsRowAndChoice(gdb.DynBatchBlock):
+    """Returns its row, a number and an index it read; None in mode "none"."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x, mode="row"):
+        h = F.tanh(self.dense(x))
+        k = int(F.argmax(h, axis=1).asscalar())
+        if mode == "none":
+            return None
+        return h, float(h[0, k].asscalar()), k
+
+
+def _uses_of_stand_ins(results):
+    """Arrays computed from arrays and the numbers, indices and Nones beside them."""
+    found = []
+    for result in results:
+        if result is None:
+            found.append(None)
+            continue
+        h, score, k = result
+        found.append(nd.concat(h * score, score * h, h / score, h - score, h[:, k].reshape((1, 1)),
+                               h[0, k].reshape((1, 1)), dim=1))
+    return found
+
+
+@pytest.mark.parametrize("when", ["inside", "after"])
+def test_arrays_combined_with_numbers_waiting_samples_return_equal_eager(when):
+    """``h * score`` and ``h[:, k]`` with a waiting sample's number and index (they
+    raised TypeError and ValueError), and a None result is None (it was a stand-in)."""
+    mx.random.seed(4)
+    model = ReturnsRowAndChoice()
+    model.initialize(mx.init.Uniform(1.0))
+    r = np.random.RandomState(6)
+    for mode in ("row", "none"):
+        xs = [nd.array(r.uniform(-1, 1, (1, 4))) for _ in range(8)]
+        want = _uses_of_stand_ins([model(x, mode) for x in xs])
+        assert all(w is None for w in want) == (mode == "none")
+        for _ in range(2):          # the first scope learns the form of the results
+            with gdb.batching():
+                results = [model(x, mode) for x in xs]
+                if when == "inside":
+                    got = _uses_of_stand_ins(results)
+            if when == "after":
+                got = _uses_of_stand_ins(results)
+            for g, w in zip(got, want):
+                assert (g is None) == (w is None)
+                if w is not None:
+                    np.testing.assert_allclose(g.asnumpy(), w.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_leaf_arrays_description_serves_its_graph_and_the_next_only():
     table, wide = nd.ones((5, 3)), nd.ones((2, 7), dtype="float16")
     with gdb.batching() as scope:

@@ -10,7 +10,7 @@ import operator
 import numpy as np
 import mxnet as mx
 from mxnet import autograd, nd
-from mxnet.base import MXNetError, numeric_types
+from mxnet.base import MXNetError
 from mxnet.ndarray.ndarray import indexing_key_expand_implicit_axes
 
 from . import _core
@@ -20,6 +20,7 @@ from . import weights as weight_calls
 from .context import current
 from ..errors import BatchingError, describe_call
 from .lazy import LazyArray
+from .tasks import NUMBERS
 from ..ir.ops import opdef
 
 # name: (array op, scalar op with array on the left, scalar op with array on the right, python op)
@@ -57,7 +58,7 @@ def _make_binary(name):
         lhs_arr, rhs_arr = isinstance(lhs, nd.NDArray), isinstance(rhs, nd.NDArray)
         if lhs_arr and rhs_arr:
             return rec.record(opdef(array_op), (lhs, rhs), {})
-        if not isinstance(rhs if lhs_arr else lhs, numeric_types):
+        if not isinstance(rhs if lhs_arr else lhs, NUMBERS):
             return eager(lhs, rhs)      # a list: eager MXNet's TypeError, reading nothing
         if lhs_arr:
             return rec.record(opdef("_internal", lscalar), (lhs, float(rhs)), {})

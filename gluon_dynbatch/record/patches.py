@@ -15,13 +15,16 @@ batching scope of the process installs, once:
 * ``autograd.set_recording``/``set_training`` and the backward functions,
   counted (``context``);
 * ``autograd.Function.__call__``: a user's Function runs on concrete values
-  (``alone``).
+  (``alone``);
+* the number and integer types ``NDArray`` checks its operands and indices
+  against: a waiting sample's number (``PendingValue``) is taken as its value
+  (``tasks``).
 
 Outside scopes each replacement does what the original does.
 """
 import threading
 
-from . import alone, context, dispatch, namespace
+from . import alone, context, dispatch, namespace, tasks
 
 _LOCK = threading.Lock()
 _INSTALLED = []
@@ -37,4 +40,5 @@ def install():
             namespace.install()
             context.install()
             alone.install()
+            tasks.install()
             _INSTALLED.append(True)

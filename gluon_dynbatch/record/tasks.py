@@ -30,6 +30,7 @@ import weakref
 import greenlet
 import numpy as np
 from mxnet import autograd, nd
+from mxnet.base import integer_types, numeric_types
 from mxnet.ndarray import NDArray
 
 from ..ir.ops import opdef
@@ -264,11 +265,14 @@ class Tasks:
 
     def _finished(self, task):
         self.longest = max(self.longest, task.reads)
-        for holder in task.placeholders:
-            try:
-                holder.fill(_at(task.result, holder._path, task.form))  # pylint: disable=W0212
-            except BatchingError as err:
-                task.error = err
+        if task.form is None:
+            return
+        try:
+            _check_form(task.result, task.form)
+            for holder in task.placeholders:
+                holder.fill(_part(task.result, holder._path))  # pylint: disable=W0212
+        except BatchingError as err:
+            task.error = err
 
     def raise_first_error(self):
         """Raise the first error of a finished task (every task has finished)."""
@@ -338,15 +342,17 @@ class Tasks:
 
 
 def form_of(result):
-    """The form of a call's result: ``"array"``, ``"values"`` (a list of values
-    only, such as the tokens a decoder chose, whose length varies from sample
-    to sample), ``"value"`` (anything else), or ``(container type, item
+    """The form of a call's result: ``"array"``, ``"none"``, ``"values"`` (a list
+    of values only, such as the tokens a decoder chose, whose length varies from
+    sample to sample), ``"value"`` (anything else), or ``(container type, item
     forms[, keys])`` of a tuple, list or dict."""
     if isinstance(result, NDArray):
         return "array"
+    if result is None:
+        return "none"
     if type(result) is list:
         items = tuple(form_of(item) for item in result)
-        return "values" if all(item in ("value", "values") for item in items) \
+        return "values" if all(item in ("value", "values", "none") for item in items) \
             else (list, items)
     if type(result) is dict:
         return (dict, tuple(form_of(v) for v in result.values()), tuple(result))
@@ -366,6 +372,8 @@ def placeholders(tasks, task, form, path=()):
         found = PendingList(tasks, task, path)
     elif form == "value":
         found = PendingValue(tasks, task, path)
+    elif form == "none":
+        return None
     else:
         items = [placeholders(tasks, task, item, path + (k,))
                  for k, item in enumerate(form[1])]
@@ -395,15 +403,19 @@ def _note_form(owner, settings, form):
     forms[settings] = form if known is None or known == form else _VARYING
 
 
-def _at(result, path, form):
-    """The part of ``result`` at ``path``; ``form``: (the form it was expected in,
-    the block, the call's settings)."""
+def _check_form(result, form):
+    """Raise if ``result`` is not of the form its placeholders were made in
+    (``form``: that form, the block, the call's settings)."""
     if form_of(result) != form[0]:
         _note_form(form[1], form[2], form_of(result))
         raise BatchingError(
             "a sample's call returned %r where an earlier call of its block returned a "
             "result of another form; run such samples with gluon_dynbatch.map, which "
             "hands out each result once its sample has finished" % (form_of(result),))
+
+
+def _part(result, path):
+    """The part of ``result`` at ``path``."""
     for key in path:
         result = result[key] if not isinstance(result, dict) else result[list(result)[key]]
     return result
@@ -539,6 +551,37 @@ class PendingValue:
         locals()["__%s__" % _name] = _on_value(_fn)
     __rdivmod__ = _on_value(divmod, reflected=True)
     del _name, _fn
+
+
+class _StandIn(type):
+    """``isinstance(x, cls)`` holds for a :class:`PendingValue` whose value is one
+    of ``cls.kinds``: MXNet's NDArray tells numbers and indices apart so."""
+
+    def __instancecheck__(cls, value):
+        return type(value) is PendingValue and isinstance(value.value(), cls.kinds)
+
+
+class PendingNumber(metaclass=_StandIn):
+    """A waiting sample's number, as ``NDArray`` arithmetic checks numbers."""
+
+    kinds = numeric_types
+
+
+class PendingInteger(metaclass=_StandIn):
+    """A waiting sample's integer, as ``NDArray`` indexing checks integers."""
+
+    kinds = integer_types
+
+
+NUMBERS = numeric_types + (PendingNumber,)
+
+
+def install():
+    """Let ``NDArray`` take a :class:`PendingValue` as the number or the index it
+    stands for (``h * f``, ``h[:, k]``), as it takes the value itself."""
+    from mxnet.ndarray import ndarray as module     # pylint: disable=import-outside-toplevel
+    module.numeric_types = NUMBERS
+    module.integer_types = integer_types + (PendingInteger,)
 
 
 def _forcing(name):
