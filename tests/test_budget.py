@@ -256,3 +256,22 @@ def test_auto_forgets_searches_it_cut_short_and_replans_known_winners(monkeypatc
     again, second = budget.plan_within_budget(nodes, 0.0, memory=memory, auto_execute_s=0.05)
     assert second.reused and second.strategy == "agenda"
     assert [len(s.nodes) for s in again.steps] == [len(s.nodes) for s in plan.steps]
+
+
+def test_auto_budget_weighs_a_search_by_what_the_depth_plan_would_execute():
+    """A search that won makes later flushes execute faster; their budget is
+    still half of what the depth plan would take (it flipped back to depth
+    plans every few flushes on an encoder-decoder recorded op by op)."""
+    model = budget.calibrate()
+    nodes = _recorded_nodes(user_models.case_seq2seq(n=12))
+    depth = make_plan(nodes, "depth")
+    memory = budget.new_memory()
+    expected = (memory.rate or budget.SEARCH_RATE) * depth.num_nodes
+    assert budget.auto_budget(depth, model, expected, memory) == 0.0   # 0.5 x too little
+    memory.speedup = 4.0            # the plan that ran was 4x cheaper than depth's
+    assert budget.auto_budget(depth, model, expected, memory) > 0.0
+    memory = budget.new_memory()
+    _, choice = budget.plan_within_budget(nodes, 10.0, memory=memory)
+    assert choice.strategy == "agenda" and memory.speedup > 1.0
+    _, choice = budget.plan_within_budget(nodes, 10.0, memory=memory)   # known winner
+    assert choice.strategy == "agenda" and memory.speedup > 1.0

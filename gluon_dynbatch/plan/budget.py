@@ -96,10 +96,12 @@ class PlanMemory(OrderedDict):
     """Plan structure -> winning candidate, and how recent searches went.
 
     ``losses`` counts the searches in a row that kept the depth plan,
-    ``asked`` the flushes a search could have helped, and ``rate`` the
-    seconds a search took per operator node (None before the first):
-    :func:`auto_budget` pays for searches that are expected to pay, stops
-    paying for searches that keep losing, but tries again now and then.
+    ``asked`` the flushes a search could have helped, ``rate`` the seconds
+    a search took per operator node (None before the first), and
+    ``speedup`` the depth plan's estimated cost over that of the plan the
+    last flush ran (1 when it ran the depth plan): :func:`auto_budget` pays
+    for searches that are expected to pay, stops paying for searches that
+    keep losing, but tries again now and then.
     """
 
     def __init__(self):
@@ -107,6 +109,7 @@ class PlanMemory(OrderedDict):
         self.losses = 0
         self.asked = 0
         self.rate = None
+        self.speedup = 1.0
 
 
 def new_memory():
@@ -141,9 +144,12 @@ def auto_budget(plan, model, recent_execute_s, memory=None):
     or when the largest gain the bound leaves (the estimated cost of the
     steps above it) is less than the search is expected to take (``rate``
     seconds per operator node, :data:`SEARCH_RATE` before any search).
-    Otherwise twice the expected time, at most half the execution time.  A
-    model whose last :data:`LOSSES_TO_STOP` searches all kept the depth plan
-    gets nothing, except once in :data:`RETRY_EVERY` flushes.
+    Otherwise twice the expected time, at most half the execution time the
+    depth plan would take: ``recent_execute_s`` times the speedup of the plan
+    that ran (``PlanMemory.speedup``; a search that won makes the next
+    flushes' execution faster, which must not make their searches look too
+    dear).  A model whose last :data:`LOSSES_TO_STOP` searches all kept the
+    depth plan gets nothing, except once in :data:`RETRY_EVERY` flushes.
     """
     steps = len(plan.steps)
     bound = lower_bound(plan)
@@ -156,7 +162,8 @@ def auto_budget(plan, model, recent_execute_s, memory=None):
     rate = memory.rate if memory is not None and memory.rate is not None else SEARCH_RATE
     expected = rate * plan.num_nodes
     cost = model.cost(plan)
-    execute = recent_execute_s if recent_execute_s is not None else cost
+    execute = cost if recent_execute_s is None else recent_execute_s * (
+        memory.speedup if memory is not None else 1.0)
     allowed = min(2.0 * expected, 0.5 * execute)
     if cost * (steps - bound) / steps < expected or allowed < expected:
         return 0.0
@@ -180,18 +187,23 @@ def plan_within_budget(nodes, budget_s, model=None, memory=None, auto_execute_s=
     if known is not None:
         memory.move_to_end(key)
         if known == CANDIDATES[0]:
+            memory.speedup = 1.0
             return best, Choice(known, (known,), True)
         # "auto" replans with a known winner whatever it takes: it paid before.
         deadline = None if auto else time.perf_counter() + budget_s
         try:
-            return make_plan(nodes, known, deadline), Choice(known, (known,), True)
+            plan = make_plan(nodes, known, deadline)
         except OutOfTime:
+            memory.speedup = 1.0
             return best, Choice(CANDIDATES[0], (CANDIDATES[0],), True)
+        memory.speedup = model.cost(best) / max(model.cost(plan), 1e-12)
+        return plan, Choice(known, (known,), True)
     if auto:
         budget_s = auto_budget(best, model, auto_execute_s, memory)
     start = time.perf_counter()
     deadline = start + budget_s
-    best_cost, chosen, tried = model.cost(best), CANDIDATES[0], [CANDIDATES[0]]
+    depth_cost = model.cost(best)
+    best_cost, chosen, tried = depth_cost, CANDIDATES[0], [CANDIDATES[0]]
     for strategy in CANDIDATES[1:]:
         try:
             if time.perf_counter() >= deadline:
@@ -206,6 +218,7 @@ def plan_within_budget(nodes, budget_s, model=None, memory=None, auto_execute_s=
     if memory is not None:
         _remember(memory, key, chosen, tried, auto, budget_s and
                   (time.perf_counter() - start) / max(best.num_nodes, 1))
+        memory.speedup = depth_cost / max(best_cost, 1e-12)
     return best, Choice(chosen, tuple(tried), False)
 
 
