@@ -79,16 +79,65 @@ _SHARED_GRAPH = (
     "the last")
 
 
-def _counting_backward(backward):
-    """Wrap one of MXNet's backward functions to count graph-freeing passes."""
+def _in_a_sample():
+    """Whether a sample's code runs now (a task of a scope's recorder)."""
+    rec = TLS.recorder
+    return rec is not None and rec.tasks is not None and rec.tasks.current is not None
+
+
+def _retaining(args, kwargs, position):
+    """``args, kwargs`` of a backward function with ``retain_graph=True``
+    (``position``: its place among the positional arguments)."""
+    if len(args) > position:
+        args = args[:position] + (True,) + args[position + 1:]
+    else:
+        kwargs = dict(kwargs, retain_graph=True)
+    return args, kwargs
+
+
+def _compute(heads):
+    """Compute the pending arrays among ``heads`` (an array or a list)."""
+    for head in heads if isinstance(heads, (list, tuple)) else [heads]:
+        if isinstance(head, lazy_mod.LazyArray):
+            head.wait_to_read()
+
+
+def _others_gradients():
+    """The gradients of arrays other samples attached gradients to, with copies of
+    their values: a sample's backward pass runs through batched steps that
+    reach them too (their arrays alive or not), and writes zeros into them,
+    where eager leaves them."""
+    tasks = TLS.recorder.tasks
+    return [(grad, grad.copy()) for task, grad in tasks.variables if task is not tasks.current]
+
+
+def _counting_backward(backward, position=2, variables=False):
+    """Wrap one of MXNet's backward functions to count graph-freeing passes.
+
+    Inside a sample (a gradient of its own, such as marginals as the gradient
+    of a log-partition), the pass keeps the graph it runs through, whose
+    values were computed in batched steps that other samples' values share,
+    and (``variables=False``: a pass into every array reached) leaves other
+    samples' arrays' gradients as they were.
+    """
     def wrapper(*args, **kwargs):
+        kept = ()
+        if _in_a_sample():
+            args, kwargs = _retaining(args, kwargs, position)
+            if not variables:
+                _compute(args[0] if args else kwargs.get("heads"))    # (the sample may wait)
+                kept = _others_gradients()
         try:
             result = backward(*args, **kwargs)
         except MXNetError as err:
             if not any(text in str(err) for text in _FREED):
                 raise
             raise MXNetError("%s\n%s" % (err, _SHARED_GRAPH)) from err
-        retain = kwargs.get("retain_graph", args[2] if len(args) > 2 else False)
+        for grad, value in kept:
+            value.copyto(grad)
+        retain = kwargs.get("retain_graph", args[position] if len(args) > position else None)
+        if retain is None and variables:    # ``autograd.grad``: as ``create_graph``
+            retain = kwargs.get("create_graph", args[4] if len(args) > 4 else False)
         if not retain:
             lazy_mod.backward_ran()
         return result
@@ -98,9 +147,11 @@ def _counting_backward(backward):
 
 
 def install():
-    """Count changes of autograd's modes and graph-freeing backward passes."""
+    """Count changes of autograd's modes and graph-freeing backward passes
+    (``autograd.grad`` too)."""
     NDArray.backward = _counting_backward(NDArray.backward)
     autograd.backward = _counting_backward(autograd.backward)
+    autograd.grad = _counting_backward(autograd.grad, position=3, variables=True)
     _counting_set_recording.__doc__ = _SET_RECORDING.__doc__
     _counting_set_training.__doc__ = _SET_TRAINING.__doc__
     autograd.set_recording = _counting_set_recording

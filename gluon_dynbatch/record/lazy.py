@@ -148,6 +148,21 @@ class LazyArray(nd.NDArray):
             return rows[0].host_rows(rows[1])
         return nd.NDArray.asnumpy(self)
 
+    def attach_grad(self, grad_req="write", stype=None):
+        """``NDArray.attach_grad`` on the computed value, which from then on is an
+        array of its own (a variable of autograd: ``x = h.detach();
+        x.attach_grad()`` for a gradient inside a sample): later graphs read it
+        as such, not as rows of the batched output that computed it."""
+        self._materialize()
+        self._rows = None
+        from .context import current    # pylint: disable=import-outside-toplevel
+        rec = current()
+        if rec is not None:
+            rec.graph.leaf_by_id.pop(id(self), None)
+        nd.NDArray.attach_grad(self, grad_req, stype)
+        if rec is not None and rec.tasks.current is not None:
+            rec.tasks.variables.append((rec.tasks.current, self.grad))
+
     def _set_result(self, array):
         """Take over ``array``'s handle (and so its autograd history)."""
         self._h = array.handle

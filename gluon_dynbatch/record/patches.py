@@ -12,7 +12,8 @@ batching scope of the process installs, once:
   (``buf[i] = out``) is an array (``namespace``);
 * ``nn.HybridLambda.hybrid_forward``: an operator given by name
   (``HybridLambda("tanh")``) is looked up in the recording ``F`` (``namespace``);
-* ``autograd.set_recording``/``set_training`` and the backward functions,
+* ``autograd.set_recording``/``set_training`` and the backward functions
+  (``autograd.grad`` too),
   counted (``context``);
 * ``autograd.Function.__call__``: a user's Function runs on concrete values
   (``alone``);

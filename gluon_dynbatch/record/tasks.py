@@ -150,6 +150,7 @@ class Tasks:
         self.longest = 0            # reads of the sample that read most
         self.mode = None            # the autograd modes of the tasks a round resumes now
         self._modes = (None, None)  # (MODE_CHANGES, autograd's modes) when last read
+        self.variables = []         # (task, gradient array) of arrays samples attached grads to
 
     # -- running ------------------------------------------------------------------
     def start(self, fn, args):
