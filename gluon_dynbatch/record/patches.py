@@ -13,8 +13,8 @@ batching scope of the process installs, once:
 * ``nn.HybridLambda.hybrid_forward``: an operator given by name
   (``HybridLambda("tanh")``) is looked up in the recording ``F`` (``namespace``);
 * ``autograd.set_recording``/``set_training`` and the backward functions
-  (``autograd.grad`` too),
-  counted (``context``);
+  (``autograd.grad`` too), counted; inside a sample they keep the batched
+  graph (``context``);
 * ``autograd.Function.__call__``: a user's Function runs on concrete values
   (``alone``);
 * the number and integer types ``NDArray`` checks its operands and indices
