@@ -2,6 +2,7 @@
 import collections
 import enum
 import functools
+import math
 import random
 import types
 
@@ -874,3 +875,70 @@ def test_a_large_container_read_by_a_child_makes_its_code_run():
     running the code: such a child runs at every call."""
     from gluon_dynbatch.record.purity import replay_guards
     assert replay_guards(ReadsVocabulary()) is None
+
+
+class Scale(enum.Enum):
+    """A member whose value is a dict the model changes (a bad idea, but eager's)."""
+    ONLY = {"scale": 1.0}
+
+
+KNOB = None     # what ``ReadsAKnob`` reads, set by ``_turn`` per sample
+
+
+class ReadsAKnob(gluon.HybridBlock):
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how, self.sign = how, 0.0
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        if self.how == "enum":
+            return h * Scale.ONLY.value["scale"]
+        if self.how == "set":
+            return F.concat(*[h * k for k in KNOB], dim=1)
+        if self.how == "zero":
+            return h * math.copysign(1.0, KNOB)
+        if self.how == "objects":
+            return h * KNOB[0][0]
+        return h * math.copysign(1.0, self.sign)
+
+
+def _turn(how, child, word):
+    global KNOB
+    odd = word % 2 == 1
+    if how == "enum":
+        Scale.ONLY.value["scale"] = 1.0 + word % 3
+    elif how == "set":
+        KNOB = {1, 9} if odd else set([9, 1])       # the same items, iterated 1, 9 and 9, 1
+    elif how == "zero":
+        KNOB = -0.0 if odd else 0.0
+    elif how == "objects":          # a plain list, then arrays of Python objects
+        KNOB = [[1.0]] if word == 1 else np.array([[[1.0 + word % 3]]], dtype=object)[0]
+    else:
+        child.sign = -0.0 if odd else 0.0
+
+
+class TurnsAKnobBeforeItsChild(gdb.DynBatchBlock):
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.child = ReadsAKnob(how)
+
+    def hybrid_forward(self, F, word, emb):
+        _turn(self.how, self.child, word)
+        return self.child(emb[word:word + 1])
+
+
+@pytest.mark.parametrize("how", ["enum", "set", "zero", "objects", "attribute"])
+def test_settings_that_compare_equal_but_compute_differently_are_told_apart(how):
+    """An enumeration member's value, a set's order, -0.0 against 0.0 (a global or
+    the child's attribute), a global that becomes an array of Python objects: the
+    replay of the first call served calls computing otherwise."""
+    model = make_model(TurnsAKnobBeforeItsChild, how=how)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    for words in ([1, 2, 3], [4, 2, 5, 1, 6]):
+        expected = run_model(model, words, [emb], "eager")
+        assert_same(run_model(model, words, [emb], "depth", "plan"), expected)

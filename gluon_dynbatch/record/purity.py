@@ -42,7 +42,7 @@ import numpy as np
 from mxnet import gluon
 from mxnet.ndarray import NDArray
 
-from .trie import is_setting
+from .trie import exact, is_setting
 
 log = logging.getLogger("gluon_dynbatch.record")
 
@@ -142,7 +142,7 @@ def _attribute_guards(block, name, value, stack):
         if items and all(isinstance(item, gluon.Block) for item in items):
             stack.extend(items)             # blocks kept in a list (not registered)
             return ()
-    if _frozen(value) is _UNFROZEN:
+    if _frozen(value) is UNFROZEN:
         return None
     if name in vars(block) and is_setting(name, value):
         return ()                           # in the block's token (``trie.settings``)
@@ -165,7 +165,7 @@ def _method_guards(owner, method, stack):
         facts = _member_function_facts(member, type(owner), 1)
         return None if facts is None else _instance_guards(owner, facts, stack)
     if method in _MUTATORS or type(owner) not in _SEQUENCES + (np.ndarray,) \
-            and not isinstance(owner, tuple) or _frozen(owner) is _UNFROZEN:
+            and not isinstance(owner, tuple) or _frozen(owner) is UNFROZEN:
         return None
     return ()               # (the container itself is guarded by its attribute's read)
 
@@ -259,7 +259,7 @@ def _closure_facts(function, facts, cls, depth):
     """``facts`` with what the function's closure cells and defaults hold."""
     names, guards = set(facts[0]), set(facts[1])
     for default in (function.__defaults__ or ()) + tuple((function.__kwdefaults__ or {}).values()):
-        if type(default) in (list, dict, set) or _frozen(default) is _UNFROZEN \
+        if type(default) in (list, dict, set) or _frozen(default) is UNFROZEN \
                 and not isinstance(default, (gluon.Block, NDArray, types.ModuleType, type)):
             return None                     # a mutable default: state kept between calls
     for cell in function.__closure__ or ():
@@ -271,7 +271,7 @@ def _closure_facts(function, facts, cls, depth):
             found = _facts(value, cls, depth + 1, method=False)
         elif isinstance(value, (types.ModuleType, type, gluon.Block)):
             found = _NOTHING
-        elif _frozen(value) is not _UNFROZEN:
+        elif _frozen(value) is not UNFROZEN:
             found = (frozenset(), frozenset([(_Cell(cell), "")]))
         else:
             return None
@@ -479,7 +479,7 @@ def _value_facts(value, cls, depth):
                 or module in _ACTING_MODULES:
             return None                     # bound to an object (``random.random``), or acting
         return _NOTHING
-    if _frozen(value) is not _UNFROZEN:
+    if _frozen(value) is not UNFROZEN:
         return _GUARD
     return None
 
@@ -539,7 +539,7 @@ class _Cell(_Space):
 
 
 _MISSING = object()
-_UNFROZEN = object()
+UNFROZEN = object()     # a value no key can hold (a guard reading it: the code must run)
 _PLAIN = (type(None), bool, int, float, str, bytes, np.generic)
 _MAX_ARRAY = 4096       # elements of a numpy array read as a value, guarded by its bytes
 # Items of a list, tuple, set or dict read as a value: a larger one (a vocabulary)
@@ -550,21 +550,32 @@ _SEQUENCES = (list, tuple, set, frozenset, dict, collections.OrderedDict)
 
 def _frozen(value, depth=0):
     """A hashable copy of a plain value (numbers, strings, enumeration members,
-    and lists, tuples, named tuples, sets and dicts of them), or ``_UNFROZEN``."""
+    and lists, tuples, named tuples, sets and dicts of them), or ``UNFROZEN``.
+
+    Two values freeze alike only if code reading them computes alike: floats
+    by their bits (``-0.0`` is not ``0.0``), containers in the order code
+    iterating over them sees (a set's too), an enumeration member with its
+    value and attributes."""
+    if isinstance(value, (float, np.floating)):
+        return exact(value)
     if isinstance(value, _PLAIN):
         return (type(value), value)
     if isinstance(value, enum.Enum):
-        return (type(value), value.name)
-    if type(value) is np.ndarray and value.size <= _MAX_ARRAY:     # a small table of constants
-        return (np.ndarray, value.shape, value.dtype.str, value.tobytes())
+        return _frozen_member(value, depth)
+    if type(value) is np.ndarray and value.size <= _MAX_ARRAY and not value.dtype.hasobject:
+        return (np.ndarray, value.shape, value.dtype.str, value.tobytes())  # a small table
     kind = type(value)
     if kind not in _SEQUENCES and not (isinstance(value, tuple) and hasattr(kind, "_fields")):
-        return _UNFROZEN                    # (a named tuple's fields are plain values)
+        return UNFROZEN                    # (a named tuple's fields are plain values)
     if depth > 4 or len(value) > _MAX_ITEMS:
-        return _UNFROZEN
-    # A dict's order is part of it (code iterating over it sees it); a set's is not.
+        return UNFROZEN
     items = value.items() if isinstance(value, dict) else value
     found = tuple(_frozen(item, depth + 1) for item in items)
-    if _UNFROZEN in found:
-        return _UNFROZEN
-    return (kind, tuple(sorted(found, key=repr)) if kind in (set, frozenset) else found)
+    return UNFROZEN if UNFROZEN in found else (kind, found)
+
+
+def _frozen_member(member, depth):
+    """An enumeration member with its value and its own attributes, frozen."""
+    own = {name: item for name, item in vars(member).items() if not name.startswith("_")}
+    found = (_frozen(member.value, depth + 1), _frozen(own, depth + 1))
+    return UNFROZEN if UNFROZEN in found else (type(member), member.name) + found

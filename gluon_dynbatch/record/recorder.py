@@ -741,7 +741,10 @@ class Recorder(RecorderCore):
                 return token
             guarded = self._guarded[id(block)] = (token, guards)
         token, guards = guarded
-        return (token,) + tuple([space.get(name) for space, name in guards])
+        values = tuple([space.get(name) for space, name in guards])
+        if purity.UNFROZEN in values:   # now a value no key holds (a global set to an object)
+            self._unreplayable.add(id(block))
+        return (token,) + values
 
     def replays(self, block):
         """Whether calls of child ``block`` may be replayed without running its

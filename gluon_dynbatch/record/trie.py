@@ -185,10 +185,20 @@ def _block_form(block, depth):
     return (type(block), own, children)
 
 
+def exact(value):
+    """``value`` as part of a key: a float by its bits (``-0.0`` is not ``0.0``,
+    a NaN equals itself), a tuple item by item; anything else as it is."""
+    if isinstance(value, (float, np.floating)):
+        return (type(value), float(value).hex())
+    if type(value) is tuple:
+        return tuple(exact(item) for item in value)
+    return value
+
+
 def _value_form(value, depth):
     kind = type(value)
     if kind in _PLAIN:
-        return (kind, value)
+        return (kind, exact(value))
     if kind in (tuple, list):
         return (kind, tuple(_value_form(item, depth) for item in value))
     if hasattr(value, "_children") and hasattr(value, "_params"):     # a Gluon block
@@ -220,7 +230,7 @@ def settings(block):
         current = stack.pop()
         for name, value in vars(current).items():
             if is_setting(name, value):
-                found.append((name, value))
+                found.append((name, exact(value)))
         stack.extend(current._children.values())  # pylint: disable=protected-access
     form = tuple(found)
     seen = store().settings.setdefault(id(block), set())
