@@ -888,15 +888,18 @@ def _uses_of_stand_ins(results):
             found.append(None)
             continue
         h, score, k = result
-        found.append(nd.concat(h * score, score * h, h / score, h - score, h[:, k].reshape((1, 1)),
-                               h[0, k].reshape((1, 1)), dim=1))
+        # (the first use of each sample's index: its sample still waits)
+        part = nd.slice(nd.ones((1, 4)), begin=(0, k), end=(1, 4)).sum().reshape((1, 1))
+        found.append(nd.concat(part, h * score, score * h, h / score, h - score,
+                               h[:, k].reshape((1, 1)), h[0, k].reshape((1, 1)), dim=1))
     return found
 
 
 @pytest.mark.parametrize("when", ["inside", "after"])
 def test_arrays_combined_with_numbers_waiting_samples_return_equal_eager(when):
-    """``h * score`` and ``h[:, k]`` with a waiting sample's number and index (they
-    raised TypeError and ValueError), and a None result is None (it was a stand-in)."""
+    """``h * score``, ``h[:, k]`` and ``begin=(0, k)`` with a waiting sample's number
+    and index (they raised TypeError, ValueError and MXNetError), and a None result
+    is None (it was a stand-in)."""
     mx.random.seed(4)
     model = ReturnsRowAndChoice()
     model.initialize(mx.init.Uniform(1.0))

@@ -530,9 +530,8 @@ class PendingValue:
         return getattr(self.value(), name)
 
     def __repr__(self):
-        if self._task is not None and not self._task.done:
-            return "<Pending value of a sample waiting at a read>"
-        return repr(self._value)
+        # As the value's: MXNet writes tuple attributes (``nd.ones((k,))``) by repr.
+        return repr(self.value())
 
     def __array__(self, dtype=None):
         return np.asarray(self.value(), dtype=dtype)
