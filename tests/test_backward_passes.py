@@ -236,7 +236,10 @@ class Marginals(gdb.DynBatchBlock):
 
     def hybrid_forward(self, F, words, emb):
         scores = self.dense(F.concat(*[emb[w:w + 1] for w in words], dim=0))
-        x = scores.detach()
+        if self.how == "plain":         # an array of the sample's own making
+            x = nd.array([[0.1 * w, 0.2, -0.3 * w] for w in words])
+        else:
+            x = scores.detach()
         x.attach_grad()
         with autograd.record():
             top = F.max(x, axis=1, keepdims=True)
@@ -265,7 +268,7 @@ def _marginal_losses(model, sentences, emb, options):
             {name: p.grad().asnumpy().copy() for name, p in model.collect_params().items()})
 
 
-@pytest.mark.parametrize("how", ["grad", "backward"])
+@pytest.mark.parametrize("how", ["grad", "backward", "plain"])
 @pytest.mark.parametrize("options", [{}, {"strategy": "reference"}, {"compiled": "step"},
                                      {"granularity": "op"}])
 def test_a_gradient_a_sample_takes_of_its_own_equals_eager(how, options):
@@ -284,3 +287,41 @@ def test_a_gradient_a_sample_takes_of_its_own_equals_eager(how, options):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
         for name in want[1]:
             np.testing.assert_allclose(got[1][name], want[1][name], rtol=1e-4, atol=1e-5)
+
+
+class SecondOrder(gdb.DynBatchBlock):
+    """``x.grad`` of ``d/dx`` of ``sin(x)``: a gradient of a gradient."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(5, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        v = h.detach()
+        v.attach_grad()
+        with autograd.record():
+            first = autograd.grad(F.sin(v), [v], head_grads=nd.ones((1, 5)),
+                                  create_graph=True)[0]
+        first.backward()
+        return h + v.grad
+
+
+def test_a_gradient_of_a_gradient_inside_a_sample_names_the_sample_and_the_way_out():
+    """MXNet cannot differentiate the batched steps' gathers twice: a clear error
+    (it was MXNet's 'non-differentiable'), and the reference strategy runs it."""
+    model = SecondOrder()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.random.uniform(-1, 1, shape=(1, 3)) for _ in range(3)]
+    with autograd.record():
+        want = [model(x).asnumpy() for x in xs]
+    with pytest.raises(gdb.BatchingError, match="sample 0, in .*create_graph.*reference"):
+        with autograd.record():
+            with gdb.batching():
+                [model(x) for x in xs]
+    with autograd.record():
+        with gdb.batching(strategy="reference"):
+            outs = [model(x) for x in xs]
+    for out, expected in zip(outs, want):
+        np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)

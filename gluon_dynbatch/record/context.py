@@ -15,6 +15,7 @@ from mxnet import autograd
 from mxnet.base import MXNetError
 from mxnet.ndarray import NDArray
 
+from ..errors import BatchingError, describe_call
 from . import _core
 from . import lazy as lazy_mod
 
@@ -79,6 +80,16 @@ _SHARED_GRAPH = (
     "the last")
 
 
+# MXNet's errors of a gradient of a gradient through operators it cannot differentiate twice.
+_SECOND_ORDER = ("is non-differentiable", "does not support higher order gradients")
+_SECOND_ORDER_IN_A_SAMPLE = (
+    "a gradient of a gradient taken inside a sample (autograd.grad with create_graph=True, "
+    "then a pass through its result): the sample's values were computed in batched steps "
+    "that gather them from the samples' arrays, which MXNet cannot differentiate twice; "
+    "run such a model with gluon_dynbatch.batching(strategy='reference'), which runs each "
+    "call on its own")
+
+
 def _in_a_sample():
     """Whether a sample's code runs now (a task of a scope's recorder)."""
     rec = TLS.recorder
@@ -121,8 +132,9 @@ def _counting_backward(backward, position=2, variables=False):
     samples' arrays' gradients as they were.
     """
     def wrapper(*args, **kwargs):
-        kept = ()
+        kept = None
         if _in_a_sample():
+            kept = ()
             args, kwargs = _retaining(args, kwargs, position)
             if not variables:
                 _compute(args[0] if args else kwargs.get("heads"))    # (the sample may wait)
@@ -130,10 +142,14 @@ def _counting_backward(backward, position=2, variables=False):
         try:
             result = backward(*args, **kwargs)
         except MXNetError as err:
+            if kept is not None and any(text in str(err) for text in _SECOND_ORDER):
+                rec = TLS.recorder
+                raise BatchingError("%s: %s" % (describe_call(rec.sample, rec.path),
+                                                _SECOND_ORDER_IN_A_SAMPLE)) from err
             if not any(text in str(err) for text in _FREED):
                 raise
             raise MXNetError("%s\n%s" % (err, _SHARED_GRAPH)) from err
-        for grad, value in kept:
+        for grad, value in kept or ():
             value.copyto(grad)
         retain = kwargs.get("retain_graph", args[position] if len(args) > position else None)
         if retain is None and variables:    # ``autograd.grad``: as ``create_graph``
@@ -146,9 +162,22 @@ def _counting_backward(backward, position=2, variables=False):
     return wrapper
 
 
+_ATTACH_GRAD = NDArray.attach_grad
+
+
+def _attach_grad(self, grad_req="write", stype=None):
+    """``NDArray.attach_grad``; inside a sample, its gradient array is kept so
+    that other samples' backward passes leave it as they found it."""
+    _ATTACH_GRAD(self, grad_req, stype)
+    if _in_a_sample():
+        tasks = TLS.recorder.tasks
+        tasks.variables.append((tasks.current, self.grad))
+
+
 def install():
     """Count changes of autograd's modes and graph-freeing backward passes
-    (``autograd.grad`` too)."""
+    (``autograd.grad`` too); keep the gradients of arrays samples attach them to."""
+    NDArray.attach_grad = _attach_grad
     NDArray.backward = _counting_backward(NDArray.backward)
     autograd.backward = _counting_backward(autograd.backward)
     autograd.grad = _counting_backward(autograd.grad, position=3, variables=True)

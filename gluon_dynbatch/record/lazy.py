@@ -159,9 +159,7 @@ class LazyArray(nd.NDArray):
         rec = current()
         if rec is not None:
             rec.graph.leaf_by_id.pop(id(self), None)
-        nd.NDArray.attach_grad(self, grad_req, stype)
-        if rec is not None and rec.tasks.current is not None:
-            rec.tasks.variables.append((rec.tasks.current, self.grad))
+        nd.NDArray.attach_grad(self, grad_req, stype)    # (``context._attach_grad``)
 
     def _set_result(self, array):
         """Take over ``array``'s handle (and so its autograd history)."""
