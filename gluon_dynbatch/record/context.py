@@ -166,12 +166,15 @@ _ATTACH_GRAD = NDArray.attach_grad
 
 
 def _attach_grad(self, grad_req="write", stype=None):
-    """``NDArray.attach_grad``; inside a sample, its gradient array is kept so
-    that other samples' backward passes leave it as they found it."""
+    """``NDArray.attach_grad``: inside a scope the array is a leaf of its own from
+    now on (not one found before); inside a sample, its gradient array is kept
+    so that other samples' backward passes leave it as they found it."""
     _ATTACH_GRAD(self, grad_req, stype)
-    if _in_a_sample():
-        tasks = TLS.recorder.tasks
-        tasks.variables.append((tasks.current, self.grad))
+    rec = TLS.recorder
+    if rec is not None:
+        rec.graph.leaf_by_id.pop(id(self), None)
+        if rec.tasks is not None and rec.tasks.current is not None:
+            rec.tasks.variables.append((rec.tasks.current, self.grad))
 
 
 def install():

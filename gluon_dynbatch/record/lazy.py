@@ -155,10 +155,6 @@ class LazyArray(nd.NDArray):
         as such, not as rows of the batched output that computed it."""
         self._materialize()
         self._rows = None
-        from .context import current    # pylint: disable=import-outside-toplevel
-        rec = current()
-        if rec is not None:
-            rec.graph.leaf_by_id.pop(id(self), None)
         nd.NDArray.attach_grad(self, grad_req, stype)    # (``context._attach_grad``)
 
     def _set_result(self, array):
