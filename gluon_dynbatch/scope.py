@@ -104,6 +104,8 @@ class BatchingScope:
         self._executor = None
         self.recorder = Recorder(self.flush, read=self.read, recipe_for=recipe_for)
         self.recorder.scope = self
+        caller = sys._getframe(1)  # pylint: disable=protected-access
+        self.recorder.entered = (caller.f_code, caller.f_lasti)     # (``handlers``)
         if self.max_pending_nodes is not None:
             self.recorder.max_pending = self.max_pending_nodes
         self.recorder.replay = self.replay

@@ -1280,3 +1280,57 @@ def test_idle_workers_of_other_threads_are_no_live_tasks():
     finally:
         leave.set()
         thread.join()
+
+
+class RejectsAfterReading(gdb.DynBatchBlock):
+    """Reads a value, then rejects samples it finds bad (``ValueError``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, x, bad):
+        h = F.tanh(self.dense(x))
+        float(h.sum().asscalar())           # a read: the sample waits
+        if bad:
+            raise ValueError("a bad sample")
+        return h
+
+
+def _skipping_bad_samples(model, xs, flags):
+    """A loop that skips the samples whose call raises, as users write it."""
+    outs = []
+    for x, bad in zip(xs, flags):
+        try:
+            outs.append(model(x, bad))
+        except ValueError:
+            continue
+    return outs
+
+
+def test_a_sample_raising_after_a_read_inside_the_callers_try_is_caught_there():
+    """A call inside a ``try`` of the caller runs to its end before it returns, so
+    its error comes out where the loop catches it, as eagerly (it came out at
+    the scope's end, and the whole batch was lost); a ``try`` around the whole
+    scope changes nothing: the samples still wait at their reads together."""
+    mx.random.seed(1)
+    model = RejectsAfterReading()
+    model.initialize()
+    xs = [nd.array(np.random.RandomState(i).randn(1, 4)) for i in range(6)]
+    flags = [0, 0, 1, 0, 1, 0]     # (numbers: a bool would be a setting, of forms of its own)
+    want = _skipping_bad_samples(model, xs, flags)
+    for _ in range(2):          # the first scope learns the form of the results
+        with gdb.batching():
+            outs = _skipping_bad_samples(model, xs, flags)
+        assert len(outs) == len(want) == 4
+        for out, ref in zip(outs, want):
+            np.testing.assert_allclose(out.asnumpy(), ref.asnumpy(), rtol=1e-5, atol=1e-6)
+    try:
+        with gdb.batching() as scope:
+            outs = []
+            for x in xs:
+                outs.append(model(x, 0))
+    except ValueError:
+        pytest.fail("no sample raised")
+    assert scope.stats.flushes <= 2 < scope.stats.reads

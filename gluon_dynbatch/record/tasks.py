@@ -35,6 +35,7 @@ from mxnet.ndarray import NDArray
 
 from ..ir.ops import opdef
 from .context import MODE_CHANGES
+from .handlers import caught_at
 from .lazy import LazyArray
 from ..errors import BatchingError
 
@@ -160,17 +161,19 @@ class Tasks:
         self._switch(task)
         return task
 
-    def call(self, fn, args, owner, settings=()):
+    def call(self, fn, args, owner, settings=(), site=None):
         """``fn(*args)``, a call of block ``owner`` with ``settings`` (see
-        ``settings_of``), as a task: its result if it finishes without waiting
-        (or its error, at once); else, when an earlier call of ``owner`` with
-        these settings showed the form of its results, placeholders of that
-        form filled in when it finishes (``placeholders``); else, the first
-        time, its result once it has finished (the waiting samples go on
-        meanwhile)."""
+        ``settings_of``) made by frame ``site``, as a task: its result if it
+        finishes without waiting (or its error, at once); else, when an
+        earlier call of ``owner`` with these settings showed the form of its
+        results and the call is not inside a ``try`` of the caller's
+        (``handlers``), placeholders of that form filled in when it finishes
+        (``placeholders``); else its result once it has finished (the waiting
+        samples go on meanwhile), or its error."""
         task = self.start(fn, args)
         form = _FORMS.get(owner, {}).get(settings)
-        if not task.done and form is not None and form is not _VARYING:
+        if not task.done and form is not None and form is not _VARYING and (
+                site is None or not caught_at(site, self.rec.entered)):
             task.form = (form, owner, settings)
             return placeholders(self, task, form)
         if not task.done:
