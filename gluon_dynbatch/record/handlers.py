@@ -39,18 +39,26 @@ def caught_at(frame, entered):
 def _catching(code, offset, scope_at):
     table = dis._parse_exception_table(code)  # pylint: disable=protected-access
     instructions = {ins.offset: ins for ins in dis.get_instructions(code)}
+    catching = _handlers(table, instructions, offset)[-1:]
+    if not catching or catching[0][1] != "except":
+        return False
+    # A ``try`` that also holds the ``with`` of the scope catches at its end only.
+    return scope_at is None or catching[0] not in _handlers(table, instructions, scope_at)
+
+
+def _handlers(table, instructions, offset):
+    """The handlers an error raised at ``offset`` goes through, innermost first,
+    as ``(target, kind)``, up to the first that catches it."""
+    found = []
     for _ in range(_MAX_HOPS):
         entry = _innermost(table, offset)
         if entry is None:
-            return False
+            break
         kind, offset = _handler(instructions, entry.target)
-        if kind == "except":            # (a handler's ranges: one entry each)
-            return scope_at is None or not any(
-                other.target == entry.target and other.start <= scope_at < other.end
-                for other in table)
-        if offset is None:
-            return False
-    return False
+        found.append((entry.target, kind))
+        if kind == "except" or offset is None:
+            break
+    return found
 
 
 def _innermost(table, offset):
