@@ -937,3 +937,23 @@ def test_slices_at_bounds_counted_from_the_end_equal_eager(form):
     eager = run_model(model, samples, [emb], "eager")
     check_all_strategies(model, samples, [emb], strategies=("depth", "agenda"))
     assert_same(run_model(model, samples, [emb], "depth"), eager)
+
+
+def test_a_trial_decides_once_one_way_is_clearly_cheaper():
+    """Each flush of a trial is a batch run the slow way half the time: once both
+    ways have run and one cost less than half of the other, the trial ends."""
+    from gluon_dynbatch.record.usage import Usage
+    for costs, by_op in (((0.2, 1.0), True), ((1.0, 0.3), False)):
+        usage = Usage()
+        watch = usage.watch = {"trial": {"op": [], "frame": []}}
+        usage.irregular = True              # the trial's first flush: by operator
+        for cost in costs:
+            usage._trial_flush(watch, cost)     # pylint: disable=protected-access
+        assert usage.watch == "done" and usage.irregular == by_op
+        assert usage.trial_ms == costs
+    usage = Usage()
+    watch = usage.watch = {"trial": {"op": [], "frame": []}}
+    usage.irregular = True
+    for cost in (0.8, 1.0):                 # not clear: the trial goes on
+        usage._trial_flush(watch, cost)     # pylint: disable=protected-access
+    assert usage.watch != "done"

@@ -32,6 +32,9 @@ LEARNING_STATES = 16.0
 LEARNING_STRIKES = 3
 LEARNING_TRIAL = 4
 LEARNING_GAIN = 0.8
+#: A trial decides as soon as both ways have run and one cost at most this
+#: fraction of the other per call (each slow flush of a trial is a slow batch).
+LEARNING_CLEAR = 0.5
 #: Fewest calls of a block in a flush for the flush to count.
 LEARNING_CALLS = 8
 
@@ -134,18 +137,21 @@ class Usage:
     def _trial_flush(self, watch, ms_per_call):
         """Count a flush of the trial under the way it ran; run the next one the
         way fewer have run; decide once both ways have run ``LEARNING_TRIAL``
-        flushes between them (or one way alone twice as many)."""
+        flushes between them (or one way alone twice as many), or as soon as
+        both have run and one is clearly cheaper (``LEARNING_CLEAR``)."""
         trial = watch["trial"]
         ops, frames = trial["op"], trial["frame"]
         # A flush meant to run as frames may have switched itself to operators
         # (its frames made programs of their own: ``note_program``).
         (ops if self.irregular else frames).append(ms_per_call)
         done = len(ops) + len(frames)
-        if done < LEARNING_TRIAL or (not (ops and frames) and done < 2 * LEARNING_TRIAL):
-            self.irregular = len(ops) <= len(frames)
-            return True
         by_op = sum(ops) / len(ops) if ops else None
         by_frame = sum(frames) / len(frames) if frames else None
+        clear = ops and frames and not LEARNING_CLEAR < by_op / by_frame < 1 / LEARNING_CLEAR
+        if not clear and (done < LEARNING_TRIAL or (not (ops and frames)
+                                                    and done < 2 * LEARNING_TRIAL)):
+            self.irregular = len(ops) <= len(frames)
+            return True
         self.irregular = self.told = by_frame is None or (
             by_op is not None and by_op < LEARNING_GAIN * by_frame)
         self.watch, self.trial_ms = "done", (by_op, by_frame)
