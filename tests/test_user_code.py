@@ -1216,3 +1216,30 @@ def test_generators_yielding_from_scopes_of_their_own_consumed_in_turn_equal_eag
         runs.append([a.asnumpy() for pair in pairs for a in pair] + [a.asnumpy() for a in rest])
     for got, want in zip(runs[1], runs[0]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class DividesByItsNumber(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x, k):
+        h = self.dense(x)
+        return h / k + k * h
+
+
+@pytest.mark.parametrize("how", [{}, {"compiled": "step"}, {"granularity": "op"}])
+def test_a_number_of_minus_zero_is_not_taken_for_zero(how):
+    """``-0.0 == 0.0`` in Python, but ``h / -0.0`` is ``-inf`` where ``h / 0.0`` is
+    ``inf``: calls keyed, batched or compiled by their numbers kept them apart
+    only by equality (one sample's sign served the others)."""
+    model = DividesByItsNumber()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = _inputs(4)
+    for ks in ([-0.0] * 4, [0.0, -0.0, 0.0, -0.0], [0.0] * 4, [-0.0, 2.0, 0.0, -0.0]):
+        want = [model(x, k).asnumpy() for x, k in zip(xs, ks)]
+        with gdb.batching(**how):
+            outs = [model(x, k) for x, k in zip(xs, ks)]
+        for out, expected in zip(outs, want):
+            np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)

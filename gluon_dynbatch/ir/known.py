@@ -8,6 +8,7 @@ leaf holding an array that is no parameter, takes no gradient and has no
 recorded history (``nd.array(...)`` given to the model).
 """
 import ctypes
+import math
 
 import mxnet as mx
 import numpy as np
@@ -16,6 +17,36 @@ from mxnet.symbol import Symbol
 
 from . import _scan
 from .graph import LEAF, VIEW
+
+
+class NegativeZero(float):
+    """``-0.0`` as an operator's scalar (``h / k``): Python finds it equal to
+    ``0.0`` (and hashes it alike), so calls keyed or batched by their scalars
+    would take one for the other, and ``h / -0.0`` is not ``h / 0.0``.  Equal
+    only to itself, it keeps such calls apart; MXNet reads it as ``-0.0``."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return type(other) is NegativeZero
+
+    def __ne__(self, other):
+        return type(other) is not NegativeZero
+
+    def __hash__(self):
+        return hash("-0.0")
+
+    def __reduce__(self):
+        return (NegativeZero, (-0.0,))
+
+
+NEGATIVE_ZERO = NegativeZero(-0.0)
+
+
+def exact_scalar(value):
+    """``float(value)``; ``NEGATIVE_ZERO`` for ``-0.0``."""
+    value = float(value)
+    return NEGATIVE_ZERO if value == 0.0 and math.copysign(1.0, value) < 0 else value
 
 
 def values_known(node):

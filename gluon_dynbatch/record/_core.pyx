@@ -18,7 +18,10 @@ Python methods of ``frames.Frame`` and ``recorder.Recorder``, which learn it.
 """
 import weakref
 
+from ..ir.known import NEGATIVE_ZERO
+
 from cpython.object cimport PyObject, PyTypeObject
+from libc.math cimport signbit
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.dict cimport PyDict_GetItem
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
@@ -1243,6 +1246,14 @@ cdef class Operator:
 
 
 # -- LazyArray's arithmetic ------------------------------------------------------------------
+cdef object _scalar(object other):
+    """``float(other)``, or ``NEGATIVE_ZERO`` for ``-0.0`` (``ir.known.NegativeZero``)."""
+    cdef double value = float(other)
+    if value == 0.0 and signbit(value):
+        return NEGATIVE_ZERO
+    return value
+
+
 def binary_method(fn, aop, sop, bint reflected, tls, on_weights):
     """``LazyArray.__add__`` and its kind: ``x op y`` (or ``y op x``, ``reflected``).
 
@@ -1264,7 +1275,7 @@ def binary_method(fn, aop, sop, bint reflected, tls, on_weights):
         if frame is None and rec._mode_seen == MODES[0]:      # recorded call by call
             kind = type(other)
             if kind is FLOAT or kind is INT:
-                mine = rec.graph_call(sop, (self, float(other)), {})
+                mine = rec.graph_call(sop, (self, _scalar(other)), {})
             elif kind is LAZY and not reflected:
                 mine = rec.graph_call(aop, (self, other), {})
             else:
@@ -1286,8 +1297,8 @@ def binary_method(fn, aop, sop, bint reflected, tls, on_weights):
         else:
             mine = (<FrameCore>frame).ref_fast(self)
         if kind is FLOAT or kind is INT:
-            number = (FLOAT, float(other))
-            return _arithmetic_step(frame, sop, (self, float(other)), (mine, number))
+            number = _scalar(other)
+            return _arithmetic_step(frame, sop, (self, number), (mine, (FLOAT, number)))
         if _get(other, OFF_NODE) is frame:
             theirs = _get(other, OFF_IDX)
         else:

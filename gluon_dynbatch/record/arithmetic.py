@@ -21,6 +21,7 @@ from .context import current
 from ..errors import BatchingError, describe_call
 from .lazy import LazyArray
 from .tasks import NUMBERS
+from ..ir.known import exact_scalar
 from ..ir.ops import opdef
 
 # name: (array op, scalar op with array on the left, scalar op with array on the right, python op)
@@ -61,9 +62,10 @@ def _make_binary(name):
         if not isinstance(rhs if lhs_arr else lhs, NUMBERS):
             return eager(lhs, rhs)      # a list: eager MXNet's TypeError, reading nothing
         if lhs_arr:
-            return rec.record(opdef("_internal", lscalar), (lhs, float(rhs)), {})
+            return rec.record(opdef("_internal", lscalar), (lhs, exact_scalar(rhs)), {})
         if rhs_arr:
-            return rec.record(opdef("_internal", rscalar or lscalar), (rhs, float(lhs)), {})
+            return rec.record(opdef("_internal", rscalar or lscalar), (rhs, exact_scalar(lhs)),
+                              {})
         return pyop(lhs, rhs)
     binary.__name__ = name
     return binary

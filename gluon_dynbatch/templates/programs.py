@@ -28,6 +28,7 @@ import threading
 
 import numpy as np
 
+from ..ir.known import exact_scalar
 from ..ir.rules import BROW, ROW, SHAPE_ONLY, SHARED, Rule, call_as_recorded, zero_gradient, \
     intern
 
@@ -323,14 +324,15 @@ def _scalar_columns(op, infos, codes, sticky):
         return first, (None,) * count          # the usual case: one number each
     values = np.array([info.scalars for info in infos], dtype=np.float64)[codes]
     rows = np.array([info.scalar_rows for info in infos], dtype=np.int64)[codes]
-    differ = (values != values[:1]).any(axis=0)
+    bits = values.view(np.int64)            # (-0.0 is not 0.0; a NaN is itself)
+    differ = (bits != bits[:1]).any(axis=0)
     if sticky:
         differ |= op.sticky_columns
         op.sticky_columns = differ
     numbers, columns = [], []
     for k, entry in enumerate(e for e in op.entries if e.scalar):
         if not differ[k]:
-            numbers.append(float(values[0, k]))
+            numbers.append(exact_scalar(values[0, k]))
             columns.append(None)
             continue
         shape = (-1,) + (1,) * (len(entry.out_shapes[0]) - 1)
@@ -364,7 +366,7 @@ def _scalar_form(op, args, kwargs, kind, info):
     if set(kwargs) - {"scalar"} or len(consts) + len(kwargs) != 1:
         return None
     number = consts[0] if consts else kwargs["scalar"]
-    return float(number) if isinstance(number, (int, float)) else None
+    return exact_scalar(number) if isinstance(number, (int, float)) else None
 
 
 def _block_call(F, entry, ins):
