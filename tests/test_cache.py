@@ -333,3 +333,31 @@ def test_a_plan_mxnet_refuses_to_build_runs_as_imperative_calls(compiled, caplog
             assert_batched_equals_eager(model, samples, {"compiled": compiled})
     told = [r for r in caplog.records if "refused to build a plan's graph" in r.getMessage()]
     assert len(told) == 1
+
+
+class KhatriRao(gdb.DynBatchBlock):
+    """``F.khatri_rao``: an operator MXNet registers no gradient for."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        h = F.reshape(self.dense(x), shape=(3, 1))
+        return F.khatri_rao(h, h + 1.0)
+
+
+@pytest.mark.parametrize("compiled", ["step", "plan"])
+def test_operators_without_a_gradient_run_in_compiled_modes(compiled):
+    """MXNet refuses to make a CachedOp of a graph holding one: such steps (it
+    raised BatchingError) and plans run as batched imperative calls."""
+    model = KhatriRao()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.random.uniform(-1, 1, shape=(1, 3)) for _ in range(4)]
+    want = [model(x).asnumpy() for x in xs]
+    for _ in range(2):
+        with gdb.batching(compiled=compiled):
+            outs = [model(x) for x in xs]
+        for out, expected in zip(outs, want):
+            np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)

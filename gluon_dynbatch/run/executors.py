@@ -317,16 +317,40 @@ def _run_step(node0, shape, variant, arrays, ctx, cache, stats):
     entry = cache.get(key)
     start = time.perf_counter()
     if entry is None:
-        entry = CompiledPlan(_step_symbol(node0, shape, variant), ())
-        entry.order = [int(name[1:]) for name in entry.names]   # "v7" -> array 7
+        try:
+            entry = CompiledPlan(_step_symbol(node0, shape, variant), ())
+            entry.order = [int(name[1:]) for name in entry.names]   # "v7" -> array 7
+            outs = entry([arrays[k] for k in entry.order])
+        except MXNetError as err:       # (an operator without a gradient: khatri_rao)
+            entry = RefusedPlan(first_line(err))
         stats.evictions += cache.put(key, entry)
         stats.cache_misses += 1
     else:
         stats.cache_hits += 1
-    outs = entry([arrays[k] for k in entry.order])
+        if type(entry) is not RefusedPlan:
+            outs = entry([arrays[k] for k in entry.order])
+    if type(entry) is RefusedPlan:
+        warn_once(("refused step", entry.why),
+                  "compiled steps: MXNet refused to build a step's graph (%s); such steps "
+                  "run as batched imperative calls", entry.why)
+        return _step_imperative(node0, shape, variant, arrays)
     if entry.calls == 1:
         stats.compile_ms += 1000.0 * (time.perf_counter() - start)
     return outs
+
+
+def _step_imperative(node0, descs, variant, arrays):
+    """What ``_step_symbol``'s graph computes, run call by call on ``arrays``."""
+    arrays = iter(arrays)
+    inputs = []
+    for desc in descs:
+        if desc[0] == "d":
+            inputs.append(next(arrays))
+            continue
+        sources = [next(arrays) for _ in range(desc[1])]
+        table = sources[0] if len(sources) == 1 else mx.nd.concat(*sources, dim=0)
+        inputs.append(mx.nd.take(table, next(arrays), axis=0))
+    return list(_batched_outputs(mx.nd, node0, inputs, variant))
 
 
 def _step_symbol(node0, descs, variant=None):
@@ -349,10 +373,13 @@ def _step_symbol(node0, descs, variant=None):
         sources = [var() for _ in range(desc[1])]
         table = sources[0] if len(sources) == 1 else mx.sym.concat(*sources, dim=0)
         inputs.append(mx.sym.take(table, var(), axis=0))
+    return mx.sym.Group(_batched_outputs(mx.sym, node0, inputs, variant))
+
+
+def _batched_outputs(F, node0, inputs, variant):
+    """The outputs of a step of ``node0``'s calls on its gathered ``inputs``."""
     if node0.rule.batching == "alone":
-        outs = call_as_recorded(mx.sym, node0, inputs)
-    elif node0.rule.batching == "program":
-        outs = node0.op.batched(mx.sym, inputs, variant)
-    else:
-        outs = node0.rule.batched_call(mx.sym, node0, inputs)
-    return mx.sym.Group(outs)
+        return call_as_recorded(F, node0, inputs)
+    if node0.rule.batching == "program":
+        return node0.op.batched(F, inputs, variant)
+    return node0.rule.batched_call(F, node0, inputs)
