@@ -122,21 +122,22 @@ def _others_gradients():
     return [(grad, grad.copy()) for task, grad in tasks.variables if task is not tasks.current]
 
 
-def _counting_backward(backward, position=2, variables=False):
+def _counting_backward(backward, position=2, to_variables=False):
     """Wrap one of MXNet's backward functions to count graph-freeing passes.
 
     Inside a sample (a gradient of its own, such as marginals as the gradient
     of a log-partition), the pass keeps the graph it runs through, whose
     values were computed in batched steps that other samples' values share,
-    and (``variables=False``: a pass into every array reached) leaves other
-    samples' arrays' gradients as they were.
+    and, a pass into every array it reaches (not ``to_variables``, which
+    ``autograd.grad`` is: gradients of the variables it names only), leaves
+    other samples' arrays' gradients as they were.
     """
     def wrapper(*args, **kwargs):
         kept = None
         if _in_a_sample():
             kept = ()
             args, kwargs = _retaining(args, kwargs, position)
-            if not variables:
+            if not to_variables:
                 _compute(args[0] if args else kwargs.get("heads"))    # (the sample may wait)
                 kept = _others_gradients()
         try:
@@ -152,7 +153,7 @@ def _counting_backward(backward, position=2, variables=False):
         for grad, value in kept or ():
             value.copyto(grad)
         retain = kwargs.get("retain_graph", args[position] if len(args) > position else None)
-        if retain is None and variables:    # ``autograd.grad``: as ``create_graph``
+        if retain is None and to_variables:     # ``autograd.grad``: as ``create_graph``
             retain = kwargs.get("create_graph", args[4] if len(args) > 4 else False)
         if not retain:
             lazy_mod.backward_ran()
@@ -183,7 +184,7 @@ def install():
     NDArray.attach_grad = _attach_grad
     NDArray.backward = _counting_backward(NDArray.backward)
     autograd.backward = _counting_backward(autograd.backward)
-    autograd.grad = _counting_backward(autograd.grad, position=3, variables=True)
+    autograd.grad = _counting_backward(autograd.grad, position=3, to_variables=True)
     _counting_set_recording.__doc__ = _SET_RECORDING.__doc__
     _counting_set_training.__doc__ = _SET_TRAINING.__doc__
     autograd.set_recording = _counting_set_recording
