@@ -11,7 +11,7 @@ import mxnet as mx
 from .errors import BatchingError
 from .plan import budget, sums
 from .plan.planners import PLANNERS, make_plan
-from .record import context, literals, patches, trie
+from .record import context, handlers, literals, patches, trie
 from .record.recorder import Recorder
 from .run.cache import PlanCache
 from .run.executors import run_compiled, run_interpreted, run_steps
@@ -104,8 +104,7 @@ class BatchingScope:
         self._executor = None
         self.recorder = Recorder(self.flush, read=self.read, recipe_for=recipe_for)
         self.recorder.scope = self
-        caller = sys._getframe(1)  # pylint: disable=protected-access
-        self.recorder.entered = (caller.f_code, caller.f_lasti)     # (``handlers``)
+        self.recorder.entered = handlers.entry_frames(sys._getframe(1))  # pylint: disable=W0212
         if self.max_pending_nodes is not None:
             self.recorder.max_pending = self.max_pending_nodes
         self.recorder.replay = self.replay

@@ -1298,18 +1298,28 @@ class RejectsAfterReading(gdb.DynBatchBlock):
         return h
 
 
-def _skipping_bad_samples(model, xs, flags):
-    """A loop that skips the samples whose call raises, as users write it."""
+def _called(model, x, bad):
+    return model(x, bad)
+
+
+def _skipping_bad_samples(model, xs, flags, how="loop"):
+    """A loop that skips the samples whose call raises, as users write it: the
+    call in the ``try``, in a helper the ``try`` calls, or in ``suppress``."""
     outs = []
     for x, bad in zip(xs, flags):
+        if how == "suppress":
+            with contextlib.suppress(ValueError):
+                outs.append(model(x, bad))
+            continue
         try:
-            outs.append(model(x, bad))
+            outs.append(model(x, bad) if how == "loop" else _called(model, x, bad))
         except ValueError:
             continue
     return outs
 
 
-def test_a_sample_raising_after_a_read_inside_the_callers_try_is_caught_there():
+@pytest.mark.parametrize("how", ["loop", "helper", "suppress"])
+def test_a_sample_raising_after_a_read_inside_the_callers_try_is_caught_there(how):
     """A call inside a ``try`` of the caller runs to its end before it returns, so
     its error comes out where the loop catches it, as eagerly (it came out at
     the scope's end, and the whole batch was lost); a ``try`` around the whole
@@ -1319,10 +1329,10 @@ def test_a_sample_raising_after_a_read_inside_the_callers_try_is_caught_there():
     model.initialize()
     xs = [nd.array(np.random.RandomState(i).randn(1, 4)) for i in range(6)]
     flags = [0, 0, 1, 0, 1, 0]     # (numbers: a bool would be a setting, of forms of its own)
-    want = _skipping_bad_samples(model, xs, flags)
+    want = _skipping_bad_samples(model, xs, flags, how)
     for _ in range(2):          # the first scope learns the form of the results
         with gdb.batching():
-            outs = _skipping_bad_samples(model, xs, flags)
+            outs = _skipping_bad_samples(model, xs, flags, how)
         assert len(outs) == len(want) == 4
         for out, ref in zip(outs, want):
             np.testing.assert_allclose(out.asnumpy(), ref.asnumpy(), rtol=1e-5, atol=1e-6)

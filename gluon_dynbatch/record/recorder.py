@@ -64,7 +64,7 @@ class Recorder(RecorderCore):
         self.ctx = ctx
         self.graph = Graph(ctx, flush, self._read)
         self.tasks = Tasks(self, flush)    # samples as resumable tasks (``tasks.py``)
-        self.entered = None     # (code, offset) where the scope was entered (``handlers``)
+        self.entered = None     # the frames entering the scope (``handlers.entry_frames``)
         self.rows_token = object()  # marks values this scope's flushes handed out (``leaf``)
         self.F = RecordingNamespace(self)
         self.scope = None
