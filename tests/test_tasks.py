@@ -1336,11 +1336,19 @@ def test_a_sample_raising_after_a_read_inside_the_callers_try_is_caught_there(ho
         assert len(outs) == len(want) == 4
         for out, ref in zip(outs, want):
             np.testing.assert_allclose(out.asnumpy(), ref.asnumpy(), rtol=1e-5, atol=1e-6)
-    try:
-        with gdb.batching() as scope:
-            outs = []
-            for x in xs:
-                outs.append(model(x, 0))
-    except ValueError:
-        pytest.fail("no sample raised")
-    assert scope.stats.flushes <= 2 < scope.stats.reads
+    for enter in (gdb.batching, _a_users_scope):
+        try:
+            with enter() as scope:
+                outs = []
+                for x in xs:
+                    outs.append(model(x, 0))
+        except ValueError:
+            pytest.fail("no sample raised")
+        assert scope.stats.flushes <= 2 < scope.stats.reads
+
+
+@contextlib.contextmanager
+def _a_users_scope():
+    """A scope entered through a context manager of the user's."""
+    with gdb.batching() as scope:
+        yield scope
