@@ -41,11 +41,16 @@ class NegativeZero(float):
 
 
 NEGATIVE_ZERO = NegativeZero(-0.0)
+#: The one NaN scalars are recorded as: a NaN equals no other (a new one at every
+#: call would be a new key every time), but a dict finds this one by identity.
+NAN = float("nan")
 
 
 def exact_scalar(value):
-    """``float(value)``; ``NEGATIVE_ZERO`` for ``-0.0``."""
+    """``float(value)``; ``NEGATIVE_ZERO`` for ``-0.0``, ``NAN`` for a NaN."""
     value = float(value)
+    if value != value:
+        return NAN
     return NEGATIVE_ZERO if value == 0.0 and math.copysign(1.0, value) < 0 else value
 
 

@@ -18,7 +18,7 @@ Python methods of ``frames.Frame`` and ``recorder.Recorder``, which learn it.
 """
 import weakref
 
-from ..ir.known import NEGATIVE_ZERO
+from ..ir.known import NAN, NEGATIVE_ZERO
 
 from cpython.object cimport PyObject, PyTypeObject
 from libc.math cimport signbit
@@ -1247,10 +1247,13 @@ cdef class Operator:
 
 # -- LazyArray's arithmetic ------------------------------------------------------------------
 cdef object _scalar(object other):
-    """``float(other)``, or ``NEGATIVE_ZERO`` for ``-0.0`` (``ir.known.NegativeZero``)."""
+    """``float(other)``, or ``NEGATIVE_ZERO`` for ``-0.0`` (``ir.known.NegativeZero``),
+    ``NAN`` for a NaN (``ir.known.exact_scalar``)."""
     cdef double value = float(other)
     if value == 0.0 and signbit(value):
         return NEGATIVE_ZERO
+    if value != value:
+        return NAN
     return value
 
 
