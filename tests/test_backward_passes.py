@@ -325,3 +325,33 @@ def test_a_gradient_of_a_gradient_inside_a_sample_names_the_sample_and_the_way_o
             outs = [model(x) for x in xs]
     for out, expected in zip(outs, want):
         np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gradient_penalty_on_a_scopes_values_says_how_to_run_it():
+    """``autograd.grad(outs, xs, create_graph=True)`` in the scope's own code (a
+    gradient penalty): a clear error pointing to the reference strategy (it was
+    MXNet's advice not to hybridize), which gives eager's results."""
+    model = Encoder()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.random.uniform(-1, 1, shape=(1, 3)) for _ in range(3)]
+
+    def penalised(batching):
+        for param in model.collect_params().values():
+            param.zero_grad()
+        for x in xs:
+            x.attach_grad()
+        with autograd.record():
+            if batching is None:
+                outs = [model(x) for x in xs]
+            else:
+                with gdb.batching(**batching):
+                    outs = [model(x) for x in xs]
+            grads = autograd.grad(outs, xs, create_graph=True, retain_graph=True)
+            total = nd.add_n(*outs).sum() + nd.add_n(*[(g * g).sum() for g in grads])
+        total.backward()
+        return model.dense.weight.grad().asnumpy().copy()
+    want = penalised(None)
+    with pytest.raises(gdb.BatchingError, match="gradient of a gradient.*reference"):
+        penalised({})
+    np.testing.assert_allclose(penalised({"strategy": "reference"}), want, rtol=1e-5,
+                               atol=1e-6)

@@ -22,6 +22,7 @@ from . import lazy as lazy_mod
 
 class _Local(threading.local):
     recorder = None     # the recorder of this thread's active scope
+    second_order = False    # a gradient with create_graph=True of a scope's values taken
 
 
 TLS = _Local()
@@ -77,17 +78,33 @@ _SHARED_GRAPH = (
     "batched graph, which a backward pass through some of them frees for all: "
     "differentiate them in one pass (the sum of their losses, or "
     "autograd.backward(losses)), or pass retain_graph=True to every backward pass but "
-    "the last")
+    "the last (each pass then also writes zeros into the gradients of the other "
+    "samples' inputs it reaches through the shared steps, unless their grad_req is 'add')")
 
 
 # MXNet's errors of a gradient of a gradient through operators it cannot differentiate twice.
 _SECOND_ORDER = ("is non-differentiable", "does not support higher order gradients")
-_SECOND_ORDER_IN_A_SAMPLE = (
-    "a gradient of a gradient taken inside a sample (autograd.grad with create_graph=True, "
-    "then a pass through its result): the sample's values were computed in batched steps "
-    "that gather them from the samples' arrays, which MXNet cannot differentiate twice; "
-    "run such a model with gluon_dynbatch.batching(strategy='reference'), which runs each "
-    "call on its own")
+
+
+def _second_order_message(in_a_sample):
+    """What a gradient of a gradient of values a scope computed tells the user."""
+    rec = TLS.recorder
+    where = "inside a sample" if in_a_sample else "of values a batching scope computed"
+    text = ("a gradient of a gradient %s (autograd.grad with create_graph=True, then a "
+            "pass through its result): the values were computed in batched steps that "
+            "gather them from the samples' arrays (and in CachedOps), which MXNet cannot "
+            "differentiate twice; run such a model with "
+            "gluon_dynbatch.batching(strategy='reference'), which runs each call on its "
+            "own" % where)
+    if in_a_sample and rec is not None and rec.sample is not None:
+        text = "%s: %s" % (describe_call(rec.sample, rec.path), text)
+    return text
+
+
+def _any_lazy(heads):
+    """Whether ``heads`` (an array or a list) holds values a scope computed."""
+    return any(isinstance(head, lazy_mod.LazyArray)
+               for head in (heads if isinstance(heads, (list, tuple)) else [heads]))
 
 
 def _in_a_sample():
@@ -113,11 +130,13 @@ def _compute(heads):
             head.wait_to_read()
 
 
-def _others_gradients():
+def _others_gradients(heads):
     """The gradients of arrays other samples attached gradients to, with copies of
-    their values: a sample's backward pass runs through batched steps that
-    reach them too (their arrays alive or not), and writes zeros into them,
-    where eager leaves them."""
+    their values once ``heads`` are computed (the sample may wait for them): a
+    sample's backward pass runs through batched steps that reach them too
+    (their arrays alive or not), and writes zeros into them, where eager
+    leaves them."""
+    _compute(heads)
     tasks = TLS.recorder.tasks
     return [(grad, grad.copy()) for task, grad in tasks.variables if task is not tasks.current]
 
@@ -133,34 +152,44 @@ def _counting_backward(backward, position=2, to_variables=False):
     other samples' arrays' gradients as they were.
     """
     def wrapper(*args, **kwargs):
+        heads = args[0] if args else kwargs.get("heads")
+        create = to_variables and bool(kwargs.get("create_graph",
+                                                  args[4] if len(args) > 4 else False))
+        if create and _any_lazy(heads):
+            TLS.second_order = True
         kept = None
         if _in_a_sample():
-            kept = ()
             args, kwargs = _retaining(args, kwargs, position)
-            if not to_variables:
-                _compute(args[0] if args else kwargs.get("heads"))    # (the sample may wait)
-                kept = _others_gradients()
+            kept = () if to_variables else _others_gradients(heads)
         try:
             result = backward(*args, **kwargs)
         except MXNetError as err:
-            if kept is not None and any(text in str(err) for text in _SECOND_ORDER):
-                rec = TLS.recorder
-                raise BatchingError("%s: %s" % (describe_call(rec.sample, rec.path),
-                                                _SECOND_ORDER_IN_A_SAMPLE)) from err
-            if not any(text in str(err) for text in _FREED):
+            reworded = _reworded(err, kept is not None, heads)
+            if reworded is err:
                 raise
-            raise MXNetError("%s\n%s" % (err, _SHARED_GRAPH)) from err
+            raise reworded from err
         for grad, value in kept or ():
             value.copyto(grad)
         retain = kwargs.get("retain_graph", args[position] if len(args) > position else None)
-        if retain is None and to_variables:     # ``autograd.grad``: as ``create_graph``
-            retain = kwargs.get("create_graph", args[4] if len(args) > 4 else False)
-        if not retain:
+        if not (create if retain is None else retain):
             lazy_mod.backward_ran()
         return result
     wrapper.__doc__ = backward.__doc__
     wrapper.__name__ = backward.__name__
     return wrapper
+
+
+def _reworded(err, in_a_sample, heads):
+    """The error to raise for MXNet's ``err`` of a backward pass: one saying what
+    to do where it comes from batching, else ``err`` itself."""
+    text = str(err)
+    if any(part in text for part in _SECOND_ORDER) and (
+            in_a_sample or TLS.second_order or _any_lazy(heads)):
+        TLS.second_order = False
+        return BatchingError(_second_order_message(in_a_sample))
+    if any(part in text for part in _FREED):
+        return MXNetError("%s\n%s" % (err, _SHARED_GRAPH))
+    return err
 
 
 _ATTACH_GRAD = NDArray.attach_grad
