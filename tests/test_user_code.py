@@ -1261,3 +1261,69 @@ def test_a_number_of_nan_is_learned_once():
         for out, expected in zip(outs, want):
             np.testing.assert_array_equal(np.isnan(out.asnumpy()), np.isnan(expected))
     assert states[1] == states[2]
+
+
+class CopiesItsValue(gdb.DynBatchBlock):
+    """Copies of a recorded value, as eager glue code makes them."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        if self.how == "nd.array":
+            copy = nd.array(h)
+        elif self.how == "F.array":
+            copy = F.array(h, dtype="float64").astype("float32")
+        elif self.how == "assigned":
+            copy = nd.zeros((1, 4))
+            copy[:] = h
+        else:                           # written through out=
+            copy = nd.zeros((1, 4))
+            F.sigmoid(h, out=copy)
+        return copy * 2 + h
+
+
+@pytest.mark.parametrize("how", ["nd.array", "F.array", "assigned", "out"])
+def test_copies_of_recorded_values_keep_their_gradient_as_eager(how):
+    """Eager records the copy, so the gradient flows through it: ``nd.array(h)``
+    and ``buf[:] = h`` made constants (wrong gradients, or MXNet's 'not in a
+    computational graph'); ``F.sigmoid(h, out=buf)`` raised BatchingError."""
+    model = CopiesItsValue(how)
+    model.initialize(mx.init.Uniform(0.5))
+    xs = _inputs(3)
+
+    def run(batched):
+        with autograd.record():
+            if batched:
+                with gdb.batching():
+                    outs = [model(x) for x in xs]
+            else:
+                outs = [model(x) for x in xs]
+            loss = nd.add_n(*[out.sum() for out in outs])
+        loss.backward()
+        return [out.asnumpy() for out in outs], model.dense.weight.grad().asnumpy().copy()
+    want, got = run(False), run(True)
+    for g, w in zip(got[0], want[0]):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
+class AddsToZeros(gdb.DynBatchBlock):
+    def hybrid_forward(self, F, x):
+        total = F.zeros((1, 4))
+        total += x
+        return total
+
+
+def test_in_place_update_of_a_constant_under_record_says_what_to_write():
+    """Not MXNet's 'already in a computational graph', which eager does not say:
+    a constant is in no graph."""
+    x = _inputs(1)[0]
+    with pytest.raises(gdb.BatchingError, match=r"sample 0, in .*write x = x \+ y"):
+        with autograd.record():
+            with gdb.batching():
+                AddsToZeros()(x)

@@ -1215,6 +1215,10 @@ cdef class Operator:
         cdef object frame = rec.frame
         cdef object a
         cdef PyObject* base
+        if kwargs and kwargs.get("out") is not None:
+            # Written into an array of the user's: what ``mx.nd`` does with ``out=``
+            # (its inputs read first, ``namespace._recording_invoke``).
+            return self.op.nd_fn(*args, **kwargs)
         if frame is None and self.plain and self.form == 0:
             a = rec.graph_call(self.op, args, kwargs)     # a block recorded call by call
             if a is not None:

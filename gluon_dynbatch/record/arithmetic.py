@@ -21,6 +21,7 @@ from .context import current
 from ..errors import BatchingError, describe_call
 from .lazy import LazyArray
 from .tasks import NUMBERS
+from ..ir.graph import LEAF
 from ..ir.known import exact_scalar
 from ..ir.ops import opdef
 
@@ -111,7 +112,8 @@ def _in_place(name):
         rec = current()
         if rec is None or self._node is None:
             return eager(self, other)
-        if autograd.is_recording():
+        if autograd.is_recording() and getattr(self._node, "kind", None) != LEAF:
+            # (a constant, ``F.zeros``, is in no graph: ``rebind`` says what to write)
             raise MXNetError(
                 "%s: in-place update (%s=) of a value recorded under "
                 "autograd.record(); as in eager MXNet, assigning to arrays that are "

@@ -9,6 +9,7 @@ Python helpers of ``mx.nd`` run on concrete values.  Operators of ``mx.nd``
 called directly on pending values (as Gluon's ``unroll`` does) are recorded
 too.
 """
+import contextlib
 import ctypes
 import inspect
 
@@ -74,9 +75,19 @@ def _operator(rec, op, name):
     return Operator(rec, op, name, op.name not in passes.BY_NAME)
 
 
+_IDENTITY, _CAST = opdef("identity"), opdef("cast")
+
+
 def _array(rec, fn):
-    """``F.array``: lists of Python numbers become rows of one pooled leaf (``literals.py``)."""
+    """``F.array``: lists of Python numbers become rows of one pooled leaf
+    (``literals.py``); a recorded value, a recorded copy (autograd records
+    eager's copy: the gradient flows through it)."""
     def array(source_array, ctx=None, dtype=None):
+        if isinstance(source_array, LazyArray) and (ctx is None or ctx == rec.ctx):
+            out = rec.record(_IDENTITY, (source_array,), {})
+            if dtype is not None and np.dtype(dtype) != np.dtype(out.dtype):
+                out = rec.record(_CAST, (out,), {"dtype": np.dtype(dtype).name})
+            return out
         if isinstance(source_array, (list, tuple, np.ndarray)) and (ctx is None or ctx == rec.ctx):
             try:
                 values = np.array(source_array, dtype=dtype or np.float32)
@@ -290,10 +301,12 @@ _PREPARE_VALUE = mx.nd.NDArray._prepare_value_nd  # pylint: disable=protected-ac
 def _prepare_value_nd(self, value, bcast_shape, squeeze_axes=None):
     """``NDArray._prepare_value_nd`` (``buf[i:j] = value``): a LazyArray assigned is
     an array, its values computed first (MXNet's check of the value's exact
-    class took it for a sequence and recursed)."""
+    class took it for a sequence and recursed), with its history, as eager's
+    copy keeps it (a constant once a backward pass may have freed it)."""
     if isinstance(value, LazyArray):
         value.wait_to_read()            # a read of a pending value: it runs first
-        with mx.autograd.pause():
+        freed = value.history_freed()
+        with mx.autograd.pause() if freed else contextlib.nullcontext():
             value = mx.nd.identity(value.as_in_context(self.ctx))
     return _PREPARE_VALUE(self, value, bcast_shape, squeeze_axes)
 
