@@ -53,6 +53,7 @@ def caught_at(frame, entered):
 
 
 def _caught(code, offset, scope_at):
+    """``_catching``, memoised per call site."""
     key = (code, offset, scope_at)
     found = _SITES.get(key)
     if found is None:
@@ -66,6 +67,8 @@ def _caught(code, offset, scope_at):
 
 
 def _catching(code, offset, scope_at):
+    """Whether an error raised at ``offset`` of ``code`` is caught in ``code``, by
+    a ``try`` that does not also hold ``scope_at`` (the scope's ``with``)."""
     table = dis._parse_exception_table(code)  # pylint: disable=protected-access
     instructions = {ins.offset: ins for ins in dis.get_instructions(code)}
     catching = _handlers(table, instructions, offset)[-1:]
