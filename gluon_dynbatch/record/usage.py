@@ -147,7 +147,8 @@ class Usage:
         done = len(ops) + len(frames)
         by_op = sum(ops) / len(ops) if ops else None
         by_frame = sum(frames) / len(frames) if frames else None
-        clear = ops and frames and not LEARNING_CLEAR < by_op / by_frame < 1 / LEARNING_CLEAR
+        clear = bool(ops and frames) and (by_op <= LEARNING_CLEAR * by_frame
+                                          or by_frame <= LEARNING_CLEAR * by_op)
         if not clear and (done < LEARNING_TRIAL or (not (ops and frames)
                                                     and done < 2 * LEARNING_TRIAL)):
             self.irregular = len(ops) <= len(frames)
