@@ -20,6 +20,7 @@ import numpy as np
 from mxnet.ndarray import NDArray
 
 from ..ir.graph import slot
+from ..ir.known import exact_scalar
 from ..ir.ops import Stand
 from ._core import MAX_STATES, Macro, State  # noqa: F401  (compiled: nodes, macro edges)
 from .usage import Usage
@@ -186,10 +187,11 @@ def _block_form(block, depth):
 
 
 def exact(value):
-    """``value`` as part of a key: a float by its bits (``-0.0`` is not ``0.0``,
-    a NaN equals itself), a tuple item by item; anything else as it is."""
+    """``value`` as part of a key, told apart as recorded scalars are
+    (``ir.known.exact_scalar``: ``-0.0`` is not ``0.0``, a NaN equals itself),
+    a tuple item by item; anything else as it is."""
     if isinstance(value, (float, np.floating)):
-        return (type(value), float(value).hex())
+        return (type(value), exact_scalar(value))
     if type(value) is tuple:
         return tuple(exact(item) for item in value)
     return value
