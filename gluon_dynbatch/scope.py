@@ -407,10 +407,20 @@ def _map_tasks(tasks, fn, samples, args):
     # Their errors are raised here, not again when the scope ends.
     mine = {id(task) for task in started}
     tasks.started = [task for task in tasks.started if id(task) not in mine]
-    for task in started:
+    for index, task in enumerate(started):
         if task.error is not None:
+            _note_sample(task.error, index)
             raise task.error
     return [task.result for task in started]
+
+
+def _note_sample(err, index):
+    """Say which of ``gdb.map``'s samples raised ``err`` (once: an error seen
+    again by an enclosing ``gdb.map`` keeps the innermost note)."""
+    note = "gluon_dynbatch: raised by gdb.map's call for samples[%d]" % index
+    notes = getattr(err, "__notes__", ())
+    if not any(n.startswith("gluon_dynbatch: raised by gdb.map") for n in notes):
+        err.add_note(note)
 
 
 GRANULARITIES = ("call", "op")

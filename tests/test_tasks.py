@@ -143,7 +143,9 @@ def test_an_error_in_one_sample_after_a_read_lets_the_others_finish():
     model = _model()
     with pytest.raises(ValueError, match="sample 3 failed") as info:
         gdb.map(lambda s: model(s, 9, 1 if s == 3 else None), STARTS[:5])
-    assert "raised while recording sample 2" in " ".join(getattr(info.value, "__notes__", []))
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "raised while recording sample 2" in notes
+    assert "gdb.map's call for samples[%d]" % STARTS.index(3) in notes
     finished = {s for s, _, tok in model.log if tok == EOS}
     ended = {s for s in STARTS[:5] if s != 3}
     # Every other sample ran to its end (EOS or the step limit).
