@@ -178,6 +178,37 @@ def test_batchnorm_in_training_runs_per_sample():
     assert [len(s.nodes) for s in bn_steps] == [1, 1, 1]
 
 
+class NormedWithStatistics(gdb.DynBatchBlock):
+    """BatchNorm's per-channel mean and variance outputs beside its rows."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.gamma = self.params.get("gamma", shape=(4,), init="ones")
+            self.beta = self.params.get("beta", shape=(4,), init="zeros")
+            self.mean = self.params.get("mean", shape=(4,), init=mx.init.Constant(0.1),
+                                        grad_req="null")
+            self.var = self.params.get("var", shape=(4,), init=mx.init.Constant(2.0),
+                                       grad_req="null")
+
+    def hybrid_forward(self, F, x, gamma, beta, mean, var):
+        return F.BatchNorm(x, gamma, beta, mean, var, output_mean_var=True, fix_gamma=False)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": "plan"}],
+                         ids=lambda o: str(o.get("compiled")))
+def test_batchnorm_mean_and_variance_outputs_are_each_samples(options):
+    model = NormedWithStatistics()
+    model.initialize()
+    xs = [nd.random.uniform(shape=(1, 4, 3, 3)) for _ in range(4)]
+    eager = [[a.asnumpy() for a in model(x)] for x in xs]
+    with gdb.batching(**options):
+        outs = [model(x) for x in xs]
+    for got, want in zip(outs, eager):
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a.asnumpy(), b, rtol=1e-5, atol=1e-6)
+
+
 def test_deferred_initialisation_inside_scope():
     model = Scaled()
     model.initialize(mx.init.Uniform(0.5))        # Dense(4) without in_units

@@ -156,14 +156,23 @@ def batchnorm_roles(node):
     statistics mix the rows of a batch; recorded for gradients in predict mode,
     MXNet 1.9.1's backward still reads the batch's statistics (the gradient of
     a call depends on the rows it ran with): either way, one call at a time.
-    ``use_global_stats`` reads the running statistics both ways."""
+    ``use_global_stats`` reads the running statistics both ways.  With
+    ``output_mean_var`` its second and third outputs are per channel, not per
+    row: one call at a time."""
     from mxnet import autograd
     if (autograd.is_training() or autograd.is_recording()) \
-            and not node.kwargs.get("use_global_stats", False):
+            and not _true(node.kwargs.get("use_global_stats", False)):
         return None
-    if _axis(node, "axis", 1) == 0:
+    if _axis(node, "axis", 1) == 0 or _true(node.kwargs.get("output_mean_var", False)):
         return None
     return first_row_roles(node)
+
+
+def _true(flag):
+    """An operator's boolean attribute as MXNet parses it (``"True"``, ``"1"``, ``1``)."""
+    if isinstance(flag, str):
+        return flag.strip().lower() in ("true", "1")
+    return bool(flag)
 
 
 def dropout_roles(node):
