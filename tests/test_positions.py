@@ -58,6 +58,68 @@ class RowLoop(Projected):
         return sum(H[t:t + 1] * (t + 1) for t in range(len(words)))
 
 
+TAGS = 4
+
+
+class GoldPath(gdb.DynBatchBlock):
+    """A CRF's score of a sample's gold tags: rows and entries of weights
+    (``trans[prev, tag]``, ``start[0, tag]``, ``trans[prev][tag]``) and of
+    the emissions at the tags each sample gives."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.emit = nn.Dense(TAGS, in_units=3)
+            self.trans = self.params.get("trans", shape=(TAGS, TAGS))
+            self.start = self.params.get("start", shape=(1, TAGS))
+
+    def hybrid_forward(self, F, sample, trans, start):
+        x, tags = sample
+        e = self.emit(x)
+        score = start[0, tags[0]] + e[0, tags[0]]
+        for i in range(1, len(tags)):
+            pair = trans[tags[i - 1], tags[i]] if i % 2 else trans[tags[i - 1]][tags[i]]
+            score = score + pair + e[i][tags[i]]
+        return score
+
+
+def _tagged(seed, n, length=None):
+    r = random.Random(seed)
+    samples = []
+    for _ in range(n):
+        size = length or r.randint(1, 6)
+        samples.append((nd.array(np.random.RandomState(r.randrange(99)).uniform(
+            -1, 1, (size, 3))), [r.randrange(TAGS) for _ in range(size)]))
+    return samples
+
+
+def _score_trie(model, samples):
+    with gdb.batching() as scope:
+        outs = [model(s) for s in samples]
+        root = scope.recorder.frame_root(model)
+    nd.waitall()
+    del outs
+    return root
+
+
+def test_weights_at_a_samples_own_tags_take_no_new_path():
+    model = _model(GoldPath)
+    _score_trie(model, _tagged(0, 2, 4))        # parameters get their shapes
+    root = _score_trie(model, _tagged(1, 8, 4))
+    learned = root.counter[0]
+    assert {"take", "pick"} <= _ops_learned(root)
+    again = _score_trie(model, _tagged(2, 8, 4))
+    assert again is root and root.counter[0] == learned
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "%(strategy)s-%(compiled)s" % m)
+def test_gold_path_scores_equal_eager(mode):
+    model = _model(GoldPath)
+    _score_trie(model, _tagged(3, 8))           # tags already known to vary
+    case = um.Case(model, _tagged(4, 7), [])
+    assert_same(um.run_case(case, mode), um.run_case(case))
+
+
 def _samples(seed, n, pointers=2):
     r = random.Random(seed)
     return [([r.randrange(20) for _ in range(WORDS)],

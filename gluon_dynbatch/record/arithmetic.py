@@ -334,11 +334,11 @@ def _getitem(self, key):
             return found
     out = self
     if (begins[0], ends[0]) != (0, shape[0]):
-        out = rec.row_slice(out, begins[0], ends[0])
+        out = _weight_rows(rec, out, begins[0], ends[0])
     rest = [(b, e) if (b, e) != (0, shape[a + 1]) else (None, None)
             for a, (b, e) in enumerate(zip(begins[1:], ends[1:]))]
     cut = [a for a, (b, _) in enumerate(rest, 1) if b is not None]
-    if len(cut) == 1 and passes.SLICES and rec.frame is not None and out._node is rec.frame:
+    if len(cut) == 1 and passes.SLICES and _frame_reads(rec, out):
         found = passes.sliced(rec, out, cut[0], begins[cut[0]], ends[cut[0]])
         if found is not None:
             out, rest = found, ()
@@ -349,6 +349,26 @@ def _getitem(self, key):
     if drop:
         out = rec.F.reshape(out, shape=new_shape or (1,))
     return out
+
+
+def _frame_reads(rec, x):
+    """Whether ``x`` is a value of the recording frame or an array it reads
+    from outside (not a value of an enclosing call)."""
+    frame = rec.frame
+    if frame is None:
+        return False
+    node = x._node
+    return node is frame or not isinstance(node, _core.FrameCore)
+
+
+def _weight_rows(rec, x, begin, end):
+    """Rows ``begin:end`` of ``x``; of a weight inside a frame, by a pass of
+    ``passes.SLICES`` where one applies (positions of a sample's own)."""
+    if passes.SLICES and rec.frame is not None and weight_calls.is_weight(rec, x):
+        found = passes.sliced(rec, x, 0, begin, end)
+        if found is not None:
+            return found
+    return rec.row_slice(x, begin, end)
 
 
 def _advanced_getitem(rec, x, key):

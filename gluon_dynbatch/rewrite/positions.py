@@ -1,7 +1,8 @@
 """Slices at positions of a sample's own, recorded with the position as data.
 
 A pointer network feeds back ``H[i:i + 1]``, the encoder state its gold
-pointer ``i`` names; a span model reads ``scores[:, i:i + 1]``.  Recorded as
+pointer ``i`` names; a span model reads ``scores[:, i:i + 1]``; a CRF scores a
+gold path with ``trans[prev, tag]``, entries of a weight.  Recorded as
 written, the position is an attribute of the call, so every new position is
 a new path through the frame's templates: learned, analysed and compiled
 once per position, and batched only with frames that slice the same one.
@@ -33,8 +34,13 @@ MAX_SITES = 10000
 
 
 def slice_by_position(rec, x, axis, begin, end):
-    """A slice of frame value ``x`` along ``axis`` as a gather by a literal
-    position, where the position varies at the frame's template state; else None."""
+    """A slice of ``x`` along ``axis`` as a gather by a literal position, where
+    the position varies at the frame's template state; else None.
+
+    ``x`` is a value of the recording frame, or an array it reads (a weight:
+    a tag's row of a CRF's transition matrix, ``trans[prev, tag]``, whose
+    slice would otherwise be a value of weights named by its position).
+    """
     if axis > 1 or axis == 1 and len(x.shape) != 2:
         return None
     # The rows (columns) as positions: negative bounds count from the end and
@@ -46,7 +52,10 @@ def slice_by_position(rec, x, axis, begin, end):
     seen = _SEEN.get(frame.state)
     if seen is None:
         seen = _SEEN[frame.state] = {}
-    key = (x._idx, axis, stop - first)
+    held = x._idx if x._node is frame else frame.ref(x, read=False)
+    if held is None:                    # a value of an enclosing call
+        return None
+    key = (held, axis, stop - first)
     got = seen.get(key)
     if got is None:                     # the first slice here: the trie is learning anyway
         got = seen[key] = (begin, (sites.capture(frame.caller), axis, stop - first))
