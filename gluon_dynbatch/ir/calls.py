@@ -25,7 +25,9 @@ STATEFUL_WARNING = (
     "%s in training mode runs one sample at a time (its statistics are per sample), so "
     "outputs and gradients are exact; but MXNet updates its running mean and variance "
     "during backward, in the order backward visits the calls, which batching can change: "
-    "the running statistics may differ slightly from one-sample-at-a-time execution. "
+    "the running statistics differ from one-sample-at-a-time execution's (the moving "
+    "average takes the samples in another order; not by rounding alone where samples' "
+    "shapes differ). "
     "strategy='unbatched' keeps eager's order, unless samples wait (at a read, or at "
     "a change of autograd's modes such as train_mode() inside the call): samples that "
     "wait take turns, in another order than eager's.")
