@@ -361,3 +361,51 @@ def test_operators_without_a_gradient_run_in_compiled_modes(compiled):
             outs = [model(x) for x in xs]
         for out, expected in zip(outs, want):
             np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+class TiedSparseLM(gdb.DynBatchBlock):
+    """An output layer sharing an embedding's weight, whose gradient is sparse."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.emb = gluon.nn.Embedding(12, 4, sparse_grad=True)
+            self.cell = gluon.rnn.LSTMCell(4, input_size=4)
+            self.out = gluon.nn.Dense(12, flatten=False, in_units=4, params=self.emb.params)
+
+    def hybrid_forward(self, F, words):
+        x = self.emb(F.array([words]))
+        state = self.cell.begin_state(batch_size=1, func=F.zeros)
+        losses = []
+        for t in range(len(words) - 1):
+            h, state = self.cell(x[:, t], state)
+            losses.append(-F.pick(F.log_softmax(self.out(h)), F.array([words[t + 1]]), axis=1))
+        return F.concat(*losses, dim=0)
+
+
+@pytest.mark.parametrize("compiled", ["plan", True])
+def test_a_tied_sparse_gradient_trains_under_compiled_plans(compiled):
+    """MXNet's CachedOp cannot sum a sparse and a dense gradient of one weight:
+    such plans run as batched imperative calls."""
+    mx.random.seed(0)
+    model = TiedSparseLM()
+    model.initialize(mx.init.Uniform(0.3))
+    sentences = [[1, 2], [3, 4, 5], [6, 7, 8, 9]]
+
+    def gradients(options):
+        with mx.autograd.record():
+            if options is None:
+                outs = [model(s) for s in sentences]
+            else:
+                with gdb.batching(**options):
+                    outs = [model(s) for s in sentences]
+            loss = nd.add_n(*[o.sum() for o in outs])
+        loss.backward()
+        return {name: p.grad().tostype("default").asnumpy()
+                for name, p in model.collect_params().items()}
+
+    want = gradients(None)
+    for _ in range(2):
+        got = gradients({"compiled": compiled})
+        for name, grad in want.items():
+            np.testing.assert_allclose(got[name], grad, rtol=1e-4, atol=1e-6, err_msg=name)

@@ -248,6 +248,14 @@ def run_compiled(plan, live, ctx, cache, stats):
     """
     compiler = Lowering(ctx)
     key = (str(compiler.ctx),) + compiler.walk(plan, live)
+    if compiler.sparse_grads and autograd.is_recording():
+        # MXNet's CachedOp cannot add a parameter's sparse gradient to a dense
+        # one (a tied embedding and output layer): its backward raises.
+        warn_once(("sparse plan",), "compiled plans: %s has a sparse gradient, which MXNet's "
+                  "compiled graphs cannot sum with dense ones; plans that read it run as "
+                  "batched imperative calls", compiler.sparse_grads[0])
+        run_interpreted(plan, live, ctx)
+        return
     entry = cache.get(key)
     start = time.perf_counter()
     if entry is None:

@@ -237,6 +237,7 @@ class Lowering(SegmentWalker):
         self.leaf_ids = {}
         self.feeds = {}           # variable name -> NDArray (leaves, segment matrices)
         self.param_names = set()
+        self.sparse_grads = []    # names of parameters with sparse gradients
         self.index_parts = []     # (variable name, int32 numpy array)
         self.steps = []           # (kind, node0, nodes, input descriptions, output sources)
         self.outputs = []         # (group description, [(node, idx, lazy)])
@@ -262,6 +263,8 @@ class Lowering(SegmentWalker):
             name = "s%d" % sid
             self.feeds[name] = param.data(self.ctx)
             self.param_names.add(name)
+            if getattr(param, "_grad_stype", "default") != "default":
+                self.sparse_grads.append(param.name)
         else:
             # The node holds the value's dtype and shape (asking the NDArray is a
             # ctypes call each).
