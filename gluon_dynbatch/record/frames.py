@@ -202,10 +202,36 @@ class Frame(FrameCore):
             try:
                 nxt = self._learn(op, args, kwargs, key, refs, kw)
             except ShapeFromData:       # its output shape depends on its data
+                self._forget_reads(args, kwargs, refs, kw)
                 return run_alone(self.rec, op, args, kwargs)
             if nxt is None:
                 return self.fallback_op(op, args, kwargs, "a call templates cannot hold")
         return self._outputs(nxt)
+
+    def _forget_reads(self, args, kwargs, refs, kw):
+        """Give back the positions the first reads of outside arrays by a call
+        took (``ref``) when the call runs outside the templates: no step reads
+        them, so frames on the same path must number what they read next alike
+        (a frame reading them here and one not reading them at all)."""
+        pairs = [(a, r) for a, r in zip(args, refs) if isinstance(a, NDArray)]
+        for name, item in kw or ():
+            if isinstance(kwargs.get(name), NDArray):
+                pairs.append((kwargs[name], item))
+        taken = sorted({self.ext[id(a)] for a, r in pairs
+                        if type(r) is tuple and r and r[0] == "x" and id(a) in self.ext})
+        if not taken:
+            return
+        end = len(self.out_shapes)
+        if taken != list(range(end - len(taken), end)):
+            self.cut("a call whose output shape depends on its data")
+            return
+        for a, _ in pairs:
+            if self.ext.get(id(a)) in taken:
+                del self.ext[id(a)]
+        for pos in taken:
+            self.vals.pop(pos, None)
+        del self.out_shapes[taken[0]:]
+        del self.out_dtypes[taken[0]:]
 
     def _outputs(self, state):
         """New provisional LazyArrays for the outputs of ``state``'s step."""
