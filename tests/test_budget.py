@@ -98,7 +98,9 @@ def test_the_budget_holds_with_a_slow_candidate(monkeypatch, allowed):
     start = time.perf_counter()
     plan, choice = budget.plan_within_budget(nodes, allowed)
     spent = time.perf_counter() - start
-    assert spent <= allowed + cheapest + 0.002, (spent, allowed, cheapest)
+    # The slow candidate searches for a second: a budget that did not hold
+    # would show it, whatever else the machine is doing.
+    assert spent <= allowed + cheapest + 0.05, (spent, allowed, cheapest)
     assert choice.strategy == "depth" and "slow" not in choice.tried
     assert plan.num_nodes == sum(1 for n in nodes if n.kind == "op")
 
@@ -275,3 +277,18 @@ def test_auto_budget_weighs_a_search_by_what_the_depth_plan_would_execute():
     assert choice.strategy == "agenda" and memory.speedup > 1.0
     _, choice = budget.plan_within_budget(nodes, 10.0, memory=memory)   # known winner
     assert choice.strategy == "agenda" and memory.speedup > 1.0
+
+
+def test_auto_budget_bounds_the_gain_by_measured_execution():
+    """The cost model counts launches, gathers and rows, not a step's Python:
+    where flushes have run, the gain a search can bring is bounded by the
+    execution measured (an encoder-decoder kept its depth plan, 1.5x slower
+    than the agenda's, because the model's estimate of the gain was below
+    the search's expected time)."""
+    nodes = _recorded_nodes(user_models.case_seq2seq(n=12))
+    depth = make_plan(nodes, "depth")
+    assert len(depth.steps) > budget.lower_bound(depth)
+    cheap = budget.CostModel(launch=1e-9, gather=1e-9, row=0.0)
+    memory = budget.new_memory()
+    assert budget.auto_budget(depth, cheap, None, memory) == 0.0    # nothing measured yet
+    assert budget.auto_budget(depth, cheap, 0.5, memory) > 0.0

@@ -141,9 +141,10 @@ def auto_budget(plan, model, recent_execute_s, memory=None):
     """Seconds ``"auto"`` allows a search that starts from ``plan`` (the depth plan).
 
     Nothing when the plan is at :func:`lower_bound` (no search can do better),
-    or when the largest gain the bound leaves (the estimated cost of the
-    steps above it) is less than the search is expected to take (``rate``
-    seconds per operator node, :data:`SEARCH_RATE` before any search).
+    or when the largest gain the bound leaves (the share of the depth plan's
+    execution, measured where a flush has run, of the steps above it) is less
+    than the search is expected to take (``rate`` seconds per operator node,
+    :data:`SEARCH_RATE` before any search).
     Otherwise twice the expected time, at most half the execution time the
     depth plan would take: ``recent_execute_s`` times the speedup of the plan
     that ran (``PlanMemory.speedup``; a search that won makes the next
@@ -161,11 +162,12 @@ def auto_budget(plan, model, recent_execute_s, memory=None):
             return 0.0
     rate = memory.rate if memory is not None and memory.rate is not None else SEARCH_RATE
     expected = rate * plan.num_nodes
-    cost = model.cost(plan)
-    execute = cost if recent_execute_s is None else recent_execute_s * (
+    execute = model.cost(plan) if recent_execute_s is None else recent_execute_s * (
         memory.speedup if memory is not None else 1.0)
     allowed = min(2.0 * expected, 0.5 * execute)
-    if cost * (steps - bound) / steps < expected or allowed < expected:
+    # The gain is bounded in measured seconds where a flush has run: the cost
+    # model counts launches, gathers and rows, not what a step costs in Python.
+    if execute * (steps - bound) / steps < expected or allowed < expected:
         return 0.0
     return allowed
 
