@@ -1403,3 +1403,72 @@ def test_a_call_run_alone_after_a_read_leaves_the_templates_numbering_alone(opti
         outs, grads = run(True)
         for a, b in zip(outs + grads, want_outs + want_grads):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+_REUSED = ValueError("a module's own error object")
+
+
+def test_map_notes_name_the_sample_of_each_call_that_raised():
+    """An exception object raised again by a later call names that call's
+    sample, not the first's; one raised inside a nested map names both."""
+    model = _model()
+
+    def fails_at(bad):
+        def fn(s):
+            model(s, 3)
+            if s == bad:
+                raise _REUSED
+            return s
+        return fn
+
+    for bad in (STARTS[4], STARTS[1]):
+        with pytest.raises(ValueError) as info:
+            gdb.map(fails_at(bad), STARTS[:5])
+        notes = [n for n in info.value.__notes__ if "gdb.map" in n]
+        assert notes == ["gluon_dynbatch: raised by gdb.map's call for samples[%d]"
+                         % STARTS.index(bad)]
+    with pytest.raises(ValueError) as info:
+        gdb.map(lambda group: gdb.map(fails_at(STARTS[1]), group), [STARTS[:1], STARTS[:3]])
+    notes = [n for n in info.value.__notes__ if "gdb.map" in n]
+    assert notes == ["gluon_dynbatch: raised by gdb.map's call for samples[1]"] * 2
+
+
+class MasksWeights(gdb.DynBatchBlock):
+    """``boolean_mask`` of a weight by a mask of weights alone (or by one with
+    autograd history): it runs alone, inside the block's frame."""
+
+    def __init__(self, with_history=False, **kwargs):
+        super().__init__(**kwargs)
+        self.with_history = with_history
+        with self.name_scope():
+            self.table = self.params.get("table", shape=(10, 6))
+
+    def hybrid_forward(self, F, t, table):
+        mask = table[:, 0] > 0
+        if self.with_history:
+            mask = F.clip(mask + nd.array([1] + [0] * 9), 0, 1)
+        return table[t:t + 1] + F.sum(F.contrib.boolean_mask(table, mask)) * 0.01
+
+
+@pytest.mark.parametrize("with_history", [False, True])
+def test_a_data_shaped_call_on_weights_runs_alone_with_eagers_gradients(with_history):
+    """A mask of weights alone raised the recorder's internal ShapeFromData;
+    a mask with history got MXNet's unwritten gradient memory (NaN at times)."""
+    for seed in range(3):
+        mx.random.seed(seed)
+        model = MasksWeights(with_history)
+        model.initialize(mx.init.Uniform(0.5))
+
+        def run(batched):
+            model.table.zero_grad()
+            with autograd.record():
+                with gdb.batching(granularity="op") if batched else contextlib.nullcontext():
+                    outs = [model(t) for t in range(10)]
+                loss = nd.add_n(*[(o * o).sum() + o.sum() for o in outs])
+            loss.backward()
+            return [o.asnumpy() for o in outs], model.table.grad().asnumpy().copy()
+
+        want_outs, want_grad = run(False)
+        outs, grad = run(True)
+        for a, b in zip(outs + [grad], want_outs + [want_grad]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

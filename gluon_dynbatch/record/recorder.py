@@ -498,9 +498,9 @@ class Recorder(RecorderCore):
                     tkw[k] = v
         if not inputs:
             return self.constant(op, args, kwargs)
-        if weight_calls.on_weights(self, op, inputs):
-            return weight_calls.shared_call(self, op, inputs, tuple(targs), tkw)
         try:
+            if weight_calls.on_weights(self, op, inputs):
+                return weight_calls.shared_call(self, op, inputs, tuple(targs), tkw)
             return self.add_node(op, inputs, tuple(targs), tkw)
         except calls.ShapeFromData:       # its output shape depends on its data
             return run_alone(self, op, args, kwargs)
