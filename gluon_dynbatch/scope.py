@@ -1,5 +1,6 @@
 """The batching scope: records calls while open, plans and runs them at flush."""
 import gc
+import itertools
 import logging
 import os
 import sys
@@ -398,6 +399,7 @@ def map(fn, samples, *args, **options):  # pylint: disable=redefined-builtin
 
 
 def _map_tasks(tasks, fn, samples, args):
+    call = next(_MAP_CALLS)
     started = [tasks.start(fn, (sample,) + tuple(args)) for sample in samples]
     if tasks.current is None:
         tasks.drain()
@@ -409,18 +411,28 @@ def _map_tasks(tasks, fn, samples, args):
     tasks.started = [task for task in tasks.started if id(task) not in mine]
     for index, task in enumerate(started):
         if task.error is not None:
-            _note_sample(task.error, index)
+            _note_sample(task.error, index, call)
             raise task.error
     return [task.result for task in started]
 
 
-def _note_sample(err, index):
-    """Say which of ``gdb.map``'s samples raised ``err`` (once: an error seen
-    again by an enclosing ``gdb.map`` keeps the innermost note)."""
-    note = "gluon_dynbatch: raised by gdb.map's call for samples[%d]" % index
-    notes = getattr(err, "__notes__", ())
-    if not any(n.startswith("gluon_dynbatch: raised by gdb.map") for n in notes):
-        err.add_note(note)
+_MAP_CALLS = itertools.count()      # numbers ``gdb.map``'s calls, in the order they start
+_MAP_NOTE = "gluon_dynbatch: raised by gdb.map's call for samples[%d]"
+
+
+def _note_sample(err, index, call):
+    """Say which of the samples of ``gdb.map``'s call number ``call`` raised
+    ``err``: after the notes of calls nested in it (started later), in place
+    of those of earlier calls (an exception object raised again)."""
+    noted = getattr(err, "_gdb_map_call", None)
+    if noted is not None and noted < call:
+        err.__notes__ = [note for note in err.__notes__
+                         if not note.startswith(_MAP_NOTE.split("[", 1)[0])]
+    err.add_note(_MAP_NOTE % index)
+    try:
+        err._gdb_map_call = call  # pylint: disable=protected-access
+    except AttributeError:        # an exception type without attributes of its own
+        pass
 
 
 GRANULARITIES = ("call", "op")
