@@ -6,9 +6,11 @@ is pending runs for all of them at once.  Results, gradients and each
 sample's side effects equal eager Gluon's; a scope flushes once per read of
 the sample that reads most, plus once.
 """
+import collections
 import contextlib
 import contextvars
 import copy
+import dataclasses
 import gc
 import io
 import sys
@@ -921,6 +923,44 @@ def test_arrays_combined_with_numbers_waiting_samples_return_equal_eager(when):
                 assert (g is None) == (w is None)
                 if w is not None:
                     np.testing.assert_allclose(g.asnumpy(), w.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+@dataclasses.dataclass
+class RowAndChoice:
+    row: object
+    choice: object
+
+
+class ReturnsRecords(ReturnsRowAndChoice):
+    """Its row and the index it read, in an OrderedDict or a dataclass."""
+
+    def hybrid_forward(self, F, x, mode="ordered"):
+        h = F.tanh(self.dense(x))
+        k = int(F.argmax(h, axis=1).asscalar())
+        if mode == "ordered":
+            return collections.OrderedDict([("row", h), ("choice", k)])
+        return RowAndChoice(h, k)
+
+
+@pytest.mark.parametrize("mode", ["ordered", "dataclass"])
+def test_waiting_samples_return_ordered_dicts_and_dataclasses_of_their_own_type(mode):
+    """They were one stand-in for the whole result after the scope: code that
+    flattens results by type found no arrays in them."""
+    mx.random.seed(4)
+    model = ReturnsRecords()
+    model.initialize(mx.init.Uniform(1.0))
+    r = np.random.RandomState(7)
+    xs = [nd.array(r.uniform(-1, 1, (1, 4))) for _ in range(6)]
+    want = [model(x, mode) for x in xs]
+    for _ in range(2):              # the first scope learns the form of the results
+        with gdb.batching():
+            got = [model(x, mode) for x in xs]
+        for g, w in zip(got, want):
+            assert type(g) is type(w)
+            parts = (g["row"], g["choice"]) if mode == "ordered" else (g.row, g.choice)
+            wants = (w["row"], w["choice"]) if mode == "ordered" else (w.row, w.choice)
+            np.testing.assert_allclose(parts[0].asnumpy(), wants[0].asnumpy(), rtol=1e-6)
+            assert parts[1] == wants[1]
 
 
 def test_a_leaf_arrays_description_serves_its_graph_and_the_next_only():

@@ -19,7 +19,9 @@ swaps them.  A top-level call that waits returns a :class:`Pending` value,
 filled in when its sample finishes.  An exception in a task is that sample's
 error: the other tasks finish first.
 """
+import collections
 import contextvars
+import dataclasses
 import gc
 import math
 import operator
@@ -349,7 +351,8 @@ def form_of(result):
     """The form of a call's result: ``"array"``, ``"none"``, ``"values"`` (a list
     of values only, such as the tokens a decoder chose, whose length varies from
     sample to sample), ``"value"`` (anything else), or ``(container type, item
-    forms[, keys])`` of a tuple, list or dict."""
+    forms[, keys])`` of a tuple, list, named tuple, dict or OrderedDict, or
+    ``(dataclass, field forms, field names, "fields")``."""
     if isinstance(result, NDArray):
         return "array"
     if result is None:
@@ -358,12 +361,30 @@ def form_of(result):
         items = tuple(form_of(item) for item in result)
         return "values" if all(item in ("value", "values", "none") for item in items) \
             else (list, items)
-    if type(result) is dict:
-        return (dict, tuple(form_of(v) for v in result.values()), tuple(result))
+    if type(result) in _DICTS:
+        return (type(result), tuple(form_of(v) for v in result.values()), tuple(result))
     if isinstance(result, (tuple, list)) and type(result) in (tuple, list) \
             or hasattr(type(result), "_make"):
         return (type(result), tuple(form_of(item) for item in result))
+    names = _record_fields(result)
+    if names is not None:
+        return (type(result), tuple(form_of(getattr(result, n)) for n in names), names,
+                "fields")
     return "value"
+
+
+_DICTS = (dict, collections.OrderedDict)
+
+
+def _record_fields(result):
+    """The field names of a dataclass instance made by its ``__init__`` from
+    its fields alone (a record of values), else None."""
+    if not dataclasses.is_dataclass(result) or isinstance(result, type):
+        return None
+    fields = dataclasses.fields(result)
+    if not all(f.init for f in fields):
+        return None
+    return tuple(f.name for f in fields)
 
 
 def placeholders(tasks, task, form, path=()):
@@ -382,8 +403,15 @@ def placeholders(tasks, task, form, path=()):
         items = [placeholders(tasks, task, item, path + (k,))
                  for k, item in enumerate(form[1])]
         kind = form[0]
-        if kind is dict:
-            return dict(zip(form[2], items))
+        if kind in _DICTS:
+            return kind(zip(form[2], items))
+        if len(form) == 4:              # a dataclass, by its fields
+            try:
+                return kind(**dict(zip(form[2], items)))
+            except Exception:  # pylint: disable=broad-except  (its own checks refuse them)
+                found = PendingValue(tasks, task, path)
+                task.placeholders.append(found)
+                return found
         return kind._make(items) if hasattr(kind, "_make") else kind(items)
     task.placeholders.append(found)
     return found
@@ -421,7 +449,12 @@ def _check_form(result, form):
 def _part(result, path):
     """The part of ``result`` at ``path``."""
     for key in path:
-        result = result[key] if not isinstance(result, dict) else result[list(result)[key]]
+        if isinstance(result, dict):
+            result = result[list(result)[key]]
+        elif isinstance(result, (tuple, list)):
+            result = result[key]
+        else:                           # a dataclass (``form_of``)
+            result = getattr(result, _record_fields(result)[key])
     return result
 
 
