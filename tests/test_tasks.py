@@ -1512,3 +1512,99 @@ def test_a_data_shaped_call_on_weights_runs_alone_with_eagers_gradients(with_his
         outs, grad = run(True)
         for a, b in zip(outs + [grad], want_outs + [want_grad]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+class StepsUntilItStops(gdb.DynBatchBlock):
+    """A decoder's list of per-step outputs, as long as its sample decodes."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(4, in_units=4, activation="tanh")
+
+    def hybrid_forward(self, F, x, limit=6):
+        outs, h = [], x
+        for _ in range(limit):
+            h = self.dense(h)
+            outs.append(h)
+            if int(F.argmax(h, axis=1).asscalar()) == 0:
+                break
+        return outs
+
+
+def test_lists_of_other_lengths_than_learned_are_refitted_in_place():
+    """Each waiting call is handed a list of the length an earlier call
+    returned; a sample whose list is longer or shorter refits it (it raised)."""
+    mx.random.seed(0)
+    model = StepsUntilItStops()
+    model.initialize(mx.init.Uniform(1.0))
+    xs = [nd.array(np.random.RandomState(i).uniform(-1, 1, (1, 4))) for i in range(8)]
+    want = [model(x) for x in xs]
+    assert len({len(w) for w in want}) > 2
+    for _ in range(2):
+        with gdb.batching():
+            got = [model(x) for x in xs]
+            firsts = [g[0] for g in got]        # stand-ins used while samples wait
+            total = nd.add_n(*firsts).sum()
+        assert [len(g) for g in got] == [len(w) for w in want]
+        for g, w in zip(got, want):
+            for a, b in zip(g, w):
+                np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(total.asscalar(), sum(w[0].sum().asscalar() for w in want),
+                                   rtol=1e-5)
+
+
+def test_a_stand_in_at_a_place_its_result_lacks_raises_where_used():
+    mx.random.seed(0)
+    model = StepsUntilItStops()
+    model.initialize(mx.init.Uniform(1.0))
+    xs = [nd.array(np.random.RandomState(i).uniform(-1, 1, (1, 4))) for i in range(8)]
+    lengths = [len(model(x)) for x in xs]
+    longest = lengths.index(max(lengths))
+    with gdb.batching():
+        first = model(xs[longest])          # learns the longest form
+    with gdb.batching():
+        got = [model(x) for x in xs]
+        lasts = [g[-1] for g in got]        # stand-ins at the learned last place
+        short = lengths.index(min(lengths))
+        with pytest.raises(gdb.BatchingError, match="nothing of this kind"):
+            lasts[short].asnumpy()
+    assert [len(g) for g in got] == lengths and first
+
+
+class ReadsKTimes(gdb.DynBatchBlock):
+    """A tuple of ``k`` arrays, one per read."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(4, in_units=4, activation="tanh")
+
+    def hybrid_forward(self, F, x, k):
+        outs, h = [], x
+        for _ in range(k):
+            h = self.dense(h if float(F.sum(h).asscalar()) > 0 else -h)
+            outs.append(h)
+        return tuple(outs)
+
+
+def test_forms_that_change_with_an_integer_argument_are_learned_per_integer():
+    mx.random.seed(0)
+    model = ReadsKTimes()
+    model.initialize(mx.init.Uniform(1.0))
+    xs = [nd.array(np.random.RandomState(i).uniform(-1, 1, (1, 4))) for i in range(6)]
+    with gdb.batching():
+        [model(x, 2) for x in xs]
+    with pytest.raises(gdb.BatchingError, match="per integer argument"):
+        with gdb.batching():              # a tuple handed out cannot be refitted
+            [model(x, 3) for x in xs]
+    for k in (3, 2, 3):
+        want = [model(x, k) for x in xs]
+        with gdb.batching() as scope:
+            got = [model(x, k) for x in xs]
+        for g, w in zip(got, want):
+            assert len(g) == k
+            for a, b in zip(g, w):
+                np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-7)
+    # Batched: the first call learns its form alone, the others wait together.
+    assert scope.stats.flushes <= 2 * k + 1

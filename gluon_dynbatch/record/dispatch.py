@@ -48,7 +48,7 @@ def record_call(self, rec, args):
     if rec.eager:
         return eager_call(self, rec, args)
     if rec.tasks.current is None:
-        return rec.tasks.call(_record_sample, (self, rec, args), self, settings_of(args),
+        return rec.tasks.call(_record_sample, (self, rec, args), self, settings_of(args, self),
                               sys._getframe(1))  # pylint: disable=protected-access
     return _record_sample(self, rec, args)
 

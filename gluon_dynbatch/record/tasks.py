@@ -126,7 +126,7 @@ class Task:
     """One sample's call running on a greenlet of its own (see the module docstring)."""
 
     __slots__ = ("glet", "job", "state", "result", "error", "done", "placeholders", "form",
-                 "reads")
+                 "reads", "handed")
 
     def __init__(self, glet, job):
         self.glet = glet
@@ -138,6 +138,7 @@ class Task:
         self.placeholders = []      # what it handed out while it waited (``placeholders``)
         self.form = None            # the form of result they stand for
         self.reads = 0              # reads it waited at
+        self.handed = None          # what the call returned while it waited
 
 
 class Tasks:
@@ -177,7 +178,8 @@ class Tasks:
         if not task.done and form is not None and form is not _VARYING and (
                 site is None or not caught_at(site, self.rec.entered)):
             task.form = (form, owner, settings)
-            return placeholders(self, task, form)
+            task.handed = placeholders(self, task, form)
+            return task.handed
         if not task.done:
             self.drain(task)
         self.started.remove(task)
@@ -274,7 +276,8 @@ class Tasks:
         if task.form is None:
             return
         try:
-            _check_form(task.result, task.form)
+            if form_of(task.result) != task.form[0]:
+                _refit(task)
             for holder in task.placeholders:
                 holder.fill(_part(task.result, holder._path))  # pylint: disable=W0212
         except BatchingError as err:
@@ -417,12 +420,19 @@ def placeholders(tasks, task, form, path=()):
     return found
 
 
-def settings_of(args):
+def settings_of(args, owner=None):
     """The arguments of a call that look like settings (strings, booleans, None),
     by position: the forms of a block's results are learned per settings, as a
-    mode (``model(x, "beam")``) may change what its calls return."""
-    return tuple((k, a) for k, a in enumerate(args)
-                 if a is None or type(a) is str or type(a) is bool)
+    mode (``model(x, "beam")``) may change what its calls return.  Integers
+    count too for a block ``owner`` whose results changed form under the same
+    settings (``model(x, k)`` returning ``k`` arrays)."""
+    counted = _INT_SETTINGS if owner is not None and owner in _BY_INTEGERS else _SETTINGS
+    return tuple((k, a) for k, a in enumerate(args) if a is None or type(a) in counted)
+
+
+_SETTINGS = (str, bool)
+_INT_SETTINGS = (str, bool, int)
+_BY_INTEGERS = weakref.WeakSet()    # blocks whose results' forms are learned per integers
 
 
 def _note_form(owner, settings, form):
@@ -435,15 +445,76 @@ def _note_form(owner, settings, form):
     forms[settings] = form if known is None or known == form else _VARYING
 
 
-def _check_form(result, form):
-    """Raise if ``result`` is not of the form its placeholders were made in
-    (``form``: that form, the block, the call's settings)."""
-    if form_of(result) != form[0]:
-        _note_form(form[1], form[2], form_of(result))
-        raise BatchingError(
-            "a sample's call returned %r where an earlier call of its block returned a "
-            "result of another form; run such samples with gluon_dynbatch.map, which "
-            "hands out each result once its sample has finished" % (form_of(result),))
+def _refit(task):
+    """Fit what a waiting call handed out to its result, of another form than
+    the one learned from earlier calls (a decoder's list of per-step outputs,
+    one per token it chose: as long as its sample's sentence).
+
+    A list handed out takes the result's items (an item of the form it was
+    handed in keeps its stand-ins); stand-ins at places of the result of
+    their kind stand for what is there, and those at places it lacks raise
+    where used, as indexing the result would.  Other containers cannot be
+    refitted: BatchingError.  The block's results are given no stand-ins of
+    that form again (and are learned per integer argument, ``settings_of``).
+    """
+    handed, result = task.handed, task.result
+    form, owner, settings = task.form
+    _note_form(owner, settings, form_of(result))
+    _BY_INTEGERS.add(owner)
+    if type(handed) is not list or type(result) is not list or type(form) is not tuple:
+        _form_error(result)
+    items = form[1]
+    list.__setitem__(handed, slice(None), [
+        handed[k] if k < len(items) and form_of(item) == items[k] else item
+        for k, item in enumerate(result)])
+    kept = []
+    for holder in task.placeholders:
+        try:
+            part = _part(result, holder._path)  # pylint: disable=protected-access
+        except (IndexError, KeyError, AttributeError, TypeError):
+            part = _MISSING
+        if _fits(holder, part):
+            kept.append(holder)
+        else:
+            holder._task = _gone(holder._path)  # pylint: disable=protected-access
+    task.placeholders = kept
+
+
+_MISSING = object()
+
+
+def _fits(holder, part):
+    """Whether stand-in ``holder`` can stand for ``part`` of a result."""
+    if part is _MISSING:
+        return False
+    if isinstance(holder, Pending):
+        return isinstance(part, NDArray)
+    if isinstance(holder, PendingList):
+        return type(part) is list and form_of(part) == "values"
+    return not isinstance(part, NDArray)
+
+
+def _gone(path):
+    """A finished task whose error says a stand-in's place is not in its result."""
+    task = Task(None, None)
+    task.done = True
+    task.error = BatchingError(
+        "a sample's result has nothing of this kind at %s (a stand-in handed out while the "
+        "sample waited, in the form of an earlier call's result); eager code indexing the "
+        "result there would raise too" % (list(path),))
+    return task
+
+
+def _form_error(result):
+    """Raise: a waiting call's result is not of the form of its stand-ins."""
+    raise BatchingError(
+        "a sample's call returned %r where an earlier call of its block with the same "
+        "settings (its string, boolean and None arguments; in this scope or an earlier one) "
+        "returned a result of another form, and the call was handed that form's stand-ins "
+        "while its sample waited at a read (only a list can be refitted). From now on the "
+        "forms of this block's results are learned per integer argument too; where they "
+        "depend on anything else, run such samples with gluon_dynbatch.map, which hands out "
+        "each result once its sample has finished" % (form_of(result),))
 
 
 def _part(result, path):
