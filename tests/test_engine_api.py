@@ -589,3 +589,30 @@ def test_arrays_made_and_written_from_values_in_a_scope_wait_for_no_engine_queue
     with autograd.record():
         (x * 2).sum().backward()                     # x is still a variable
     np.testing.assert_array_equal(x.grad.asnumpy(), np.full((2, 3), 2.0))
+
+
+class SharedMaskDropout(gdb.DynBatchBlock):
+    """Dropout whose mask is shared along ``axes``, given as MXNet takes it."""
+
+    def hybrid_forward(self, F, n, x, axes):
+        return F.Dropout(x[:n] * 1.0, p=0.5, axes=axes)
+
+
+@pytest.mark.parametrize("axes", [0, 1, "0", "(0,)", (0,)], ids=repr)
+def test_dropout_axes_as_an_int_or_a_string_keep_each_samples_own_mask(axes):
+    """An int or a string raised TypeError; ``axes=0`` drew one mask for every
+    sample's rows (each sample draws its own, shared by its rows)."""
+    model = SharedMaskDropout()
+    model.initialize()
+    x = nd.ones((4, 32))
+    with autograd.train_mode():
+        with gdb.batching():
+            outs = [model(n, x, axes) for n in (2, 3, 1, 4)]
+    masks = [o.asnumpy() for o in outs]
+    shared_rows = axes in (0, "0", "(0,)", (0,))
+    for mask in masks:
+        assert set(np.unique(mask)) <= {0.0, 2.0}
+        if shared_rows:
+            assert (mask == mask[:1]).all()
+    if shared_rows:
+        assert len({m[0].tobytes() for m in masks}) > 1

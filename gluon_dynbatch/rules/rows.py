@@ -13,7 +13,10 @@
   row only move rows: no step, the reader's gather resolves them;
 * ``RowFallback``: the first of two rules that takes the node.
 """
+import ast
+
 import mxnet as mx
+import numpy as np
 
 from ..ir.rules import (BROW, ROW, SHARED, Rule, Signature, _in_dtype, _in_shape, _shared_key,
                         _trail, call_as_recorded, register_rule)
@@ -176,8 +179,32 @@ def _true(flag):
 
 
 def dropout_roles(node):
-    axes = node.kwargs.get("axes", ()) or ()
-    return None if 0 in axes else (ROW,)
+    """Dropout batches by rows unless its mask is shared along axis 0 (each
+    sample's one mask would become one for every sample's rows)."""
+    axes = _axes_tuple(node.kwargs.get("axes", ()))
+    if axes is None:
+        return None
+    ndim = len(_in_shape(node, 0))
+    return None if any(a % ndim == 0 for a in axes if ndim) else (ROW,)
+
+
+def _axes_tuple(axes):
+    """An ``axes`` attribute as MXNet parses it (an int, a tuple, or either
+    written as a string: ``1``, ``"(0,)"``), as a tuple of ints; None if it
+    cannot be read."""
+    if isinstance(axes, str):
+        try:
+            axes = ast.literal_eval(axes.strip() or "()")
+        except (ValueError, SyntaxError):
+            return None
+    if axes is None:
+        return ()
+    if isinstance(axes, (int, np.integer)):
+        return (int(axes),)
+    try:
+        return tuple(int(a) for a in axes)
+    except (TypeError, ValueError):
+        return None
 
 
 def lookup_roles(node):
