@@ -616,3 +616,33 @@ def test_dropout_axes_as_an_int_or_a_string_keep_each_samples_own_mask(axes):
             assert (mask == mask[:1]).all()
     if shared_rows:
         assert len({m[0].tobytes() for m in masks}) > 1
+
+
+class Backpointers(gdb.DynBatchBlock):
+    """Indices of the best row of each column over a sample's own rows."""
+
+    def hybrid_forward(self, F, n, x):
+        paths = F.tanh(x[:n] * 3.0)
+        return F.argmax(paths, axis=0), F.argmin(paths, axis=0, keepdims=True), \
+            F.argmax(paths[:1], axis=0)
+
+
+@pytest.mark.parametrize("compiled", [False, "step", "plan"])
+def test_argmax_over_a_samples_rows_batches_and_equals_eager(compiled):
+    """A Viterbi step's backpointers (``argmax(paths, axis=0)``) ran one node a
+    step: slower than eager on a structured hinge loss."""
+    x = nd.array(np.random.RandomState(3).uniform(-1, 1, (5, 6)))
+    x[2, 1] = x[4, 1]                           # a tie: the first row wins, as eagerly
+    model = Backpointers()
+    counts = [5, 2, 3, 1, 4, 5]
+    want = [[o.asnumpy() for o in model(n, x)] for n in counts]
+    for granularity in (None, "op"):
+        with gdb.batching(compiled=compiled, keep_plan=True, granularity=granularity) as scope:
+            outs = [model(n, x) for n in counts]
+        for got, expected in zip(outs, want):
+            for a, b in zip(got, expected):
+                np.testing.assert_array_equal(a.asnumpy(), b)
+    # Recorded operator by operator: one step of each (the two argmax calls of
+    # a sample, over many rows and over one, share their signature).
+    sizes = {s.nodes[0].op.name: len(s.nodes) for s in scope.last_plan.steps}
+    assert sizes["argmax"] == 2 * len(counts) and sizes["argmin"] == len(counts)

@@ -11,7 +11,7 @@ reading one zero row after the batch's rows (``_with_zero_row``).
 """
 import numpy as np
 
-from .rows import RowFallback, SoftmaxRowRule, _axis, axis_roles
+from .rows import RowFallback, RowRule, SoftmaxRowRule, _axis, axis_roles
 from ..ir.rules import ROW, Rule, Signature, _in_dtype, _in_shape, _trail, register_rule
 
 
@@ -27,17 +27,19 @@ class SegmentRule(Rule):
         """Index arrays a batch reads besides its rows (see ``arrays_for_counts``)."""
         return 2 if op_name == "mean" else 1
 
+    kind = "segment"
+
     def signature(self, node):
         axis = node.kwargs.get("axis")
         if isinstance(axis, (tuple, list)):
             axis = axis[0] if len(axis) == 1 else None
         if axis != 0 or node.kwargs.get("exclude", False) or len(node.inputs) != 1:
             return None
-        if node.op.name in ("max", "min") \
+        if node.op.name in _PADDED_BY_INFINITY \
                 and np.dtype(_in_dtype(node, 0)) not in (np.float32, np.float64):
             return None         # padded with infinities
         shape = _in_shape(node, 0)
-        return Signature((("segment", _trail(shape), _in_dtype(node, 0),
+        return Signature(((self.kind, _trail(shape), _in_dtype(node, 0),
                            bool(node.kwargs.get("keepdims", False))),), self, (ROW,))
 
     @staticmethod
@@ -78,13 +80,14 @@ class SegmentRule(Rule):
         data, index = inputs[0], inputs[1]
         pad = F.zeros_like(F.slice_axis(data, axis=0, begin=0, end=1))
         name = node.op.name
-        if name in ("max", "min"):
-            # Padding that never wins: -inf for max, +inf for min.
+        if name in _PADDED_BY_INFINITY:
+            # Padding that never wins: -inf for max, +inf for min (the padding
+            # comes after a node's rows: an index among them is one among its rows).
             pad = F.BlockGrad(F.log(pad))
-            if name == "min":
+            if name in ("min", "argmin"):
                 pad = F.negative(pad)
         rows = F.take(F.concat(data, pad, dim=0), index, axis=0)   # (nodes, longest, ...)
-        if name in ("max", "min"):
+        if name in _PADDED_BY_INFINITY:
             out = getattr(F, name)(rows, axis=1)
             return [F.reshape(out, shape=(-1,) + tuple(node.out_shapes[0][1:]))]
         mean = name == "mean"
@@ -99,6 +102,18 @@ class SegmentRule(Rule):
             if mean:
                 out = F.broadcast_div(out, inputs[2])
         return [F.reshape(out, shape=(-1,) + tuple(node.out_shapes[0][1:]))]
+
+
+_PADDED_BY_INFINITY = ("max", "min", "argmax", "argmin")
+
+
+class SegmentIndexRule(SegmentRule):
+    """``argmax``/``argmin`` over axis 0 of each node's (ragged) rows (a Viterbi
+    step's backpointers, ``F.argmax(paths, axis=0)``): the index of the row
+    among the node's own."""
+
+    kind = "segment-index"
+    passes_single = False   # over one row per node, the result is 0, not that row
 
 
 class SegmentSoftmaxRule(SegmentRule):
@@ -159,5 +174,7 @@ def _with_zero_row(F, rows):
 
 
 _SEGMENTS = SegmentRule()
+register_rule(["argmax", "argmin"],
+              RowFallback(SegmentIndexRule(), RowRule(axis_roles("axis", None))))
 register_rule(["softmax", "log_softmax"],
               RowFallback(SegmentSoftmaxRule(), SoftmaxRowRule(axis_roles("axis", -1))))
