@@ -646,3 +646,50 @@ def test_argmax_over_a_samples_rows_batches_and_equals_eager(compiled):
     # a sample, over many rows and over one, share their signature).
     sizes = {s.nodes[0].op.name: len(s.nodes) for s in scope.last_plan.steps}
     assert sizes["argmax"] == 2 * len(counts) and sizes["argmin"] == len(counts)
+
+
+class ShufflesDetached(gdb.DynBatchBlock):
+    """Operators without a gradient on detached values, as eager code may use them."""
+
+    def __init__(self, op="shuffle", **kwargs):
+        super().__init__(**kwargs)
+        self.op = op
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, flatten=False, in_units=4)
+
+    def hybrid_forward(self, F, n, x):
+        h = F.tanh(self.dense(x[:n]))
+        if self.op == "shuffle":
+            s = F.random.shuffle(h.detach())
+        else:
+            s = F.khatri_rao(h.detach(), h.detach())
+        return F.sum(h) + F.sum(s)
+
+
+@pytest.mark.parametrize("op", ["shuffle", "khatri_rao"])
+@pytest.mark.parametrize("options", [{}, {"strategy": "reference"}, {"compiled": "plan"},
+                                     {"granularity": "op"}], ids=str)
+def test_operators_without_a_gradient_on_detached_values_train_as_eagerly(op, options):
+    """MXNet's backward refused them ("non-differentiable"): the batched values
+    they read had the history of ``BlockGrad``, which eager's ``detach()`` has not."""
+    mx.random.seed(0)
+    model = ShufflesDetached(op)
+    model.initialize()
+    x = nd.random.uniform(shape=(5, 4))
+
+    def gradient(batched):
+        with autograd.record():
+            if batched:
+                with gdb.batching(**options):
+                    outs = [model(n, x) for n in (2, 3, 4)]
+            else:
+                outs = [model(n, x) for n in (2, 3, 4)]
+            loss = nd.add_n(*outs)
+        loss.backward()
+        return loss.asnumpy(), model.dense.weight.grad().asnumpy().copy()
+
+    want_loss, want = gradient(False)
+    got_loss, got = gradient(True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if op != "shuffle":                   # (a shuffle's sum does not depend on the draw)
+        np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)

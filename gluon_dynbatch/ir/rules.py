@@ -204,6 +204,12 @@ def rule_for(op_name):
 # operators of ``NO_GRADIENT`` below.
 SHAPE_ONLY = {"reshape_like": (1,), "broadcast_like": (1,), "slice_like": (1,)}
 
+# Operators MXNet registers no gradient for: eager code gives them inputs
+# without history (``x.detach()``), which batched values recorded as
+# ``BlockGrad`` are not; run unrecorded as ``NO_GRADIENT``'s are, their
+# backward is never asked for (eager's raises where an input has history).
+NON_DIFFERENTIABLE = frozenset(["_shuffle", "khatri_rao", "batch_take", "argmax_channel"])
+
 # Operators whose gradient is zero everywhere.  MXNet 1.9.1 crashes in backward
 # when one is recorded over ``take(concat(...))``, the imperative executor's
 # gather, so that executor runs them (and their gathers) unrecorded: their
@@ -214,7 +220,7 @@ _greater_scalar _greater_equal_scalar _lesser_scalar _lesser_equal_scalar
 _logical_and_scalar _logical_or_scalar _logical_xor_scalar logical_not broadcast_equal
 broadcast_not_equal broadcast_greater broadcast_greater_equal broadcast_lesser
 broadcast_lesser_equal broadcast_logical_and broadcast_logical_or broadcast_logical_xor
-_equal _not_equal _greater _greater_equal _lesser _lesser_equal""".split())
+_equal _not_equal _greater _greater_equal _lesser _lesser_equal""".split()) | NON_DIFFERENTIABLE
 
 
 def zero_gradient(op_name, args, kwargs):

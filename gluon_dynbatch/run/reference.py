@@ -5,7 +5,7 @@ It is the oracle of the tests: batched plans must give its outputs and gradients
 import mxnet as mx
 
 from ..ir.graph import LEAF
-from ..ir.rules import call_as_recorded
+from ..ir.rules import NON_DIFFERENTIABLE, call_as_recorded
 
 
 def run_reference(nodes, live, ctx):
@@ -18,7 +18,14 @@ def run_reference(nodes, live, ctx):
             values[(node, 0)] = array
             continue
         inputs = [values[(src, i)] for src, i in node.inputs]
-        for j, array in enumerate(call_as_recorded(mx.nd, node, inputs)):
+        if node.op.name in NON_DIFFERENTIABLE:
+            # Eager code gives them inputs without history (``x.detach()``,
+            # recorded as ``BlockGrad``): their backward is never asked for.
+            with mx.autograd.pause(train_mode=mx.autograd.is_training()):
+                outs = call_as_recorded(mx.nd, node, inputs)
+        else:
+            outs = call_as_recorded(mx.nd, node, inputs)
+        for j, array in enumerate(outs):
             values[(node, j)] = array
     for node, idx, lazy in live:
         lazy._set_result(mx.nd.identity(values[(node, idx)]))  # pylint: disable=protected-access
