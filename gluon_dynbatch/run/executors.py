@@ -124,21 +124,26 @@ def _with_history(results, detached, values, feeds):
     if not detached or not autograd.is_recording():
         return results
     anchor = []
+    seen = {}               # id(array) -> it tied: a step's output serves many results
 
     def tied(array):
-        if not constant_array(array):
-            return array
-        if not anchor:
-            parts = [mx.nd.sum(_gather(ins[k], values, feeds) * 0)
-                     for ins, slots in detached for k in slots]
-            anchor.append(mx.nd.add_n(*parts) if len(parts) > 1 else parts[0])
-        return mx.nd.broadcast_add(array, anchor[0].astype(array.dtype))
+        found = seen.get(id(array))
+        if found is not None:
+            return found[1]
+        if constant_array(array):
+            if not anchor:
+                parts = [mx.nd.sum(_gather(ins[k], values, feeds) * 0)
+                         for ins, slots in detached for k in slots]
+                anchor.append(mx.nd.add_n(*parts) if len(parts) > 1 else parts[0])
+            seen[id(array)] = (array, mx.nd.broadcast_add(array, anchor[0].astype(array.dtype)))
+        else:
+            seen[id(array)] = (array, array)
+        return seen[id(array)][1]
 
     out = []
     for array in results:
         if isinstance(array, list):         # a "rows" output: (array, begin, end)
-            seen = {}
-            array = [(seen.setdefault(id(a), tied(a)), begin, end) for a, begin, end in array]
+            array = [(tied(a), begin, end) for a, begin, end in array]
         else:
             array = tied(array)
         out.append(array)
