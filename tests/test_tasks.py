@@ -1542,7 +1542,7 @@ def test_lists_of_other_lengths_than_learned_are_refitted_in_place():
     want = [model(x) for x in xs]
     assert len({len(w) for w in want}) > 2
     for _ in range(2):
-        with gdb.batching():
+        with gdb.batching() as scope:
             got = [model(x) for x in xs]
             firsts = [g[0] for g in got]        # stand-ins used while samples wait
             total = nd.add_n(*firsts).sum()
@@ -1552,6 +1552,8 @@ def test_lists_of_other_lengths_than_learned_are_refitted_in_place():
                 np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(total.asscalar(), sum(w[0].sum().asscalar() for w in want),
                                    rtol=1e-5)
+    # The last scope batched its samples' reads: a flush a token, not one a read.
+    assert scope.stats.flushes <= max(len(w) for w in want) + 1 < scope.stats.reads
 
 
 def test_a_stand_in_at_a_place_its_result_lacks_raises_where_used():

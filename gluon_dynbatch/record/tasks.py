@@ -437,12 +437,21 @@ _BY_INTEGERS = weakref.WeakSet()    # blocks whose results' forms are learned pe
 
 def _note_form(owner, settings, form):
     """Remember the form of a result of block ``owner``'s calls with ``settings``;
-    calls whose results change form are never given placeholders again."""
+    calls whose results change form are never given placeholders again, but
+    for lists of other lengths or items (``_refit`` fits them)."""
     forms = _FORMS.get(owner)
     if forms is None:
         forms = _FORMS[owner] = {}
     known = forms.get(settings)
-    forms[settings] = form if known is None or known == form else _VARYING
+    if known is None or known == form:
+        forms[settings] = form
+    elif not (_a_list(known) and (form == "values" or _a_list(form))):
+        forms[settings] = _VARYING
+
+
+def _a_list(form):
+    """Whether ``form`` is that of a list holding arrays (``form_of``)."""
+    return type(form) is tuple and form[0] is list
 
 
 def _refit(task):
@@ -454,14 +463,15 @@ def _refit(task):
     handed in keeps its stand-ins); stand-ins at places of the result of
     their kind stand for what is there, and those at places it lacks raise
     where used, as indexing the result would.  Other containers cannot be
-    refitted: BatchingError.  The block's results are given no stand-ins of
-    that form again (and are learned per integer argument, ``settings_of``).
+    refitted: BatchingError, after which the block's results are given no
+    stand-ins of that form again (and are learned per integer argument,
+    ``settings_of``).
     """
     handed, result = task.handed, task.result
     form, owner, settings = task.form
-    _note_form(owner, settings, form_of(result))
-    _BY_INTEGERS.add(owner)
     if type(handed) is not list or type(result) is not list or type(form) is not tuple:
+        _note_form(owner, settings, form_of(result))
+        _BY_INTEGERS.add(owner)
         _form_error(result)
     items = form[1]
     list.__setitem__(handed, slice(None), [
