@@ -1610,3 +1610,28 @@ def test_forms_that_change_with_an_integer_argument_are_learned_per_integer():
                 np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-7)
     # Batched: the first call learns its form alone, the others wait together.
     assert scope.stats.flushes <= 2 * k + 1
+
+
+class StepsInADict(StepsUntilItStops):
+    """Its per-step outputs and their count, in a dict and in a tuple."""
+
+    def hybrid_forward(self, F, x, limit=6):
+        outs = super().hybrid_forward(F, x, limit)
+        return {"steps": outs, "count": len(outs)}, (outs[-1], outs)
+
+
+def test_lists_inside_dicts_and_tuples_are_refitted_in_place():
+    mx.random.seed(0)
+    model = StepsInADict()
+    model.initialize(mx.init.Uniform(1.0))
+    xs = [nd.array(np.random.RandomState(i).uniform(-1, 1, (1, 4))) for i in range(8)]
+    want = [model(x) for x in xs]
+    for _ in range(2):
+        with gdb.batching() as scope:
+            got = [model(x) for x in xs]
+        for (g_dict, (g_last, g_steps)), (w_dict, (w_last, w_steps)) in zip(got, want):
+            assert type(g_dict) is dict and g_dict["count"] == w_dict["count"]
+            assert g_dict["steps"] is not None and len(g_steps) == len(w_steps)
+            for a, b in zip(g_dict["steps"] + g_steps + [g_last], w_steps + w_steps + [w_last]):
+                np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-7)
+    assert scope.stats.flushes < scope.stats.reads          # still batched

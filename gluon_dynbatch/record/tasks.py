@@ -438,20 +438,15 @@ _BY_INTEGERS = weakref.WeakSet()    # blocks whose results' forms are learned pe
 def _note_form(owner, settings, form):
     """Remember the form of a result of block ``owner``'s calls with ``settings``;
     calls whose results change form are never given placeholders again, but
-    for lists of other lengths or items (``_refit`` fits them)."""
+    for lists of other lengths and dicts of other values (``_refit`` fits them)."""
     forms = _FORMS.get(owner)
     if forms is None:
         forms = _FORMS[owner] = {}
     known = forms.get(settings)
     if known is None or known == form:
         forms[settings] = form
-    elif not (_a_list(known) and (form == "values" or _a_list(form))):
+    elif not _compatible(known, form):
         forms[settings] = _VARYING
-
-
-def _a_list(form):
-    """Whether ``form`` is that of a list holding arrays (``form_of``)."""
-    return type(form) is tuple and form[0] is list
 
 
 def _refit(task):
@@ -459,24 +454,21 @@ def _refit(task):
     the one learned from earlier calls (a decoder's list of per-step outputs,
     one per token it chose: as long as its sample's sentence).
 
-    A list handed out takes the result's items (an item of the form it was
-    handed in keeps its stand-ins); stand-ins at places of the result of
-    their kind stand for what is there, and those at places it lacks raise
-    where used, as indexing the result would.  Other containers cannot be
-    refitted: BatchingError, after which the block's results are given no
-    stand-ins of that form again (and are learned per integer argument,
-    ``settings_of``).
+    Lists handed out take the result's items, at any depth (an item of the
+    form it was handed in keeps its stand-ins), and dicts of the same keys
+    their values; stand-ins at places of the result of their kind stand for
+    what is there, and those at places it lacks raise where used, as indexing
+    the result would.  Tuples, other keys or another type cannot be refitted:
+    BatchingError, after which the block's results are given no stand-ins of
+    that form again (and are learned per integer argument, ``settings_of``).
     """
     handed, result = task.handed, task.result
     form, owner, settings = task.form
-    if type(handed) is not list or type(result) is not list or type(form) is not tuple:
+    if not _refittable(handed, result, form):
         _note_form(owner, settings, form_of(result))
         _BY_INTEGERS.add(owner)
         _form_error(result)
-    items = form[1]
-    list.__setitem__(handed, slice(None), [
-        handed[k] if k < len(items) and form_of(item) == items[k] else item
-        for k, item in enumerate(result)])
+    _fit(handed, result, form)
     kept = []
     for holder in task.placeholders:
         try:
@@ -488,6 +480,69 @@ def _refit(task):
         else:
             holder._task = _gone(holder._path)  # pylint: disable=protected-access
     task.placeholders = kept
+
+
+def _compatible(known, form):
+    """Whether results of ``form`` can be fitted into what is handed out in
+    form ``known`` (``_refit``): the same, or containers that take them."""
+    if known == form:
+        return True
+    if type(known) is not tuple or known[0] is not list and type(form) is not tuple:
+        return False
+    if known[0] is list:
+        return form == "values" or type(form) is tuple and form[0] is list
+    if known[0] is not form[0] or len(known) != len(form) or known[2:] != form[2:]:
+        return False
+    if known[0] in _DICTS:              # the same keys: values are replaced
+        return True
+    return len(known[1]) == len(form[1]) and all(map(_compatible, known[1], form[1]))
+
+
+def _refittable(handed, result, form):
+    """Whether ``handed``, made in ``form``, can take ``result`` in place."""
+    if not _compatible(form, form_of(result)):
+        return False
+    if form_of(result) == form:
+        return True
+    kind = form[0]
+    if type(handed) is not kind or type(result) is not kind:
+        return False
+    if kind is list or kind in _DICTS:
+        return True
+    return all(_refittable(h, r, f) for h, r, f in zip(_children(handed, form),
+                                                        _children(result, form), form[1]))
+
+
+def _children(container, form):
+    """The items of a container of ``form`` (``form_of``), in order."""
+    if form[0] in _DICTS:
+        return list(container.values())
+    if len(form) == 4:                  # a dataclass
+        return [getattr(container, name) for name in form[2]]
+    return list(container)
+
+
+def _fit(handed, result, form):
+    """Put ``result``'s items into ``handed`` (checked by ``_refittable``)."""
+    if form_of(result) == form:
+        return
+    kind = form[0]
+    if kind is list:
+        items = []
+        for k, item in enumerate(result):
+            if k < len(form[1]) and k < len(handed) and _refittable(handed[k], item, form[1][k]):
+                _fit(handed[k], item, form[1][k])
+                items.append(handed[k])
+            else:
+                items.append(item)
+        list.__setitem__(handed, slice(None), items)
+        return
+    for k, (h, r, f) in enumerate(zip(_children(handed, form), _children(result, form),
+                                      form[1])):
+        if _refittable(h, r, f):
+            _fit(h, r, f)
+        elif kind in _DICTS:
+            handed[form[2][k]] = r
 
 
 _MISSING = object()
