@@ -133,9 +133,12 @@ def call_as_recorded(F, node, inputs, extra_kwargs=None):
 # refuses, and MXNet 1.9.1's imperative backward crashes (segfault) when the
 # zero gradient of an index (``scatter_nd``'s, ``take``'s) is all that reaches
 # a gather of it (see ``NO_GRADIENT``).
+# ``boolean_mask``'s mask runs alone (``record.alone``): MXNet's backward never
+# writes its gradient, whose memory eager code finds zero only by chance.
 NO_INPUT_GRADIENT = {"Embedding": (0,), "take": (1,), "batch_take": (1,), "pick": (1,),
                      "gather_nd": (1,), "scatter_nd": (1,), "where": (0,),
-                     "SequenceMask": (1,), "SequenceLast": (1,), "SequenceReverse": (1,)}
+                     "SequenceMask": (1,), "SequenceLast": (1,), "SequenceReverse": (1,),
+                     "_contrib_boolean_mask": (1,), "boolean_mask": (1,)}
 
 
 def _without_gradient(F, inputs, slots):

@@ -22,23 +22,16 @@ from . import context
 from ..errors import BatchingError, describe_call
 from ..ir.graph import LEAF
 from ..ir.ops import first_line
-
-
-# Inputs of calls run alone whose gradient MXNet's backward never writes (the
-# mask of ``boolean_mask``): passed without history, so that whatever memory
-# holds their gradient (eager code gets zeros only by chance) reaches nothing.
-_NO_GRADIENT = {"_contrib_boolean_mask": ((1, "index"),), "boolean_mask": ((1, "index"),)}
+from ..ir.rules import NO_INPUT_GRADIENT
 
 
 def run_alone(rec, op, args, kwargs):
     """``op(*args, **kwargs)`` run now on concrete values; its outputs as leaves."""
     args = _computed(args)
     kwargs = dict(zip(kwargs, _computed(kwargs.values())))
-    for k, name in _NO_GRADIENT.get(op.name, ()):
+    for k in NO_INPUT_GRADIENT.get(op.name, ()):
         if k < len(args) and isinstance(args[k], NDArray):
             args[k] = args[k].detach()
-        elif isinstance(kwargs.get(name), NDArray):
-            kwargs[name] = kwargs[name].detach()
     arrays = [a for a in args + list(kwargs.values()) if isinstance(a, NDArray)]
     try:
         out = op.nd_fn(*args, **kwargs)
