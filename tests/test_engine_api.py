@@ -648,6 +648,23 @@ def test_argmax_over_a_samples_rows_batches_and_equals_eager(compiled):
     assert sizes["argmax"] == 2 * len(counts) and sizes["argmin"] == len(counts)
 
 
+class BackpointersOfInput(gdb.DynBatchBlock):
+    """Backpointers over a sample's rows of an input with a gradient."""
+
+    def hybrid_forward(self, F, n, x):
+        return F.argmax(F.tanh(x[:n] * 3.0), axis=0)
+
+
+@pytest.mark.parametrize("granularity", [None, "op"])
+def test_argmax_over_a_samples_rows_in_a_recorded_loss_equals_eager(granularity):
+    """Operator by operator, the segments' integer positions were tied into the
+    results' history with the float input: MXNet refused the mixed ``add_n``."""
+    x = nd.array(np.random.RandomState(4).uniform(-1, 1, (5, 6)))
+    reference = reference_run(BackpointersOfInput(), [5, 2, 3], [x])
+    result = run_model(BackpointersOfInput(), [5, 2, 3], [x], "depth", granularity=granularity)
+    assert_same(result, reference)
+
+
 class ShufflesDetached(gdb.DynBatchBlock):
     """Operators without a gradient on detached values, as eager code may use them."""
 

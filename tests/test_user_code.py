@@ -1327,3 +1327,40 @@ def test_in_place_update_of_a_constant_under_record_says_what_to_write():
         with autograd.record():
             with gdb.batching():
                 AddsToZeros()(x)
+
+
+_STRING_ATTRIBUTES = {
+    "dot_transpose": lambda F, x: F.dot(x, x, transpose_b="False") + F.dot(x, x,
+                                                                           transpose_a="true"),
+    "sum_over_rows": lambda F, x: F.sum(x, axis="0", keepdims="True"),
+    "shape_tuples": lambda F, x: F.transpose(F.slice(x, begin="(1,0)", end="[3, 4]"),
+                                             axes="(1,0)"),
+    "axes_and_sizes": lambda F, x: F.split(F.swapaxes(x, dim1="0", dim2="1"),
+                                           num_outputs="2", axis="0")[1],
+    "row_ops": lambda F, x: F.softmax(F.flip(x, axis="0"), axis="0") * F.max(x, axis="0"),
+}
+
+
+class StringAttributes(gdb.DynBatchBlock):
+    """Operator attributes written as strings, which MXNet parses."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, flatten=False, in_units=4)
+
+    def hybrid_forward(self, F, n, x):
+        return _STRING_ATTRIBUTES[self.form](F, F.tanh(self.dense(x[:n])))
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"granularity": "op"}],
+                         ids=["default", "compiled", "op"])
+@pytest.mark.parametrize("form", sorted(_STRING_ATTRIBUTES))
+def test_attributes_written_as_strings_read_as_mxnet_reads_them(form, options):
+    """``transpose_b="False"`` was true to the product rules (a silently wrong
+    product); ``axis="0"`` and ``axes="(1,0)"`` raised TypeError."""
+    model = StringAttributes(form)
+    model.initialize(mx.init.Uniform(0.5))
+    x = nd.array(np.random.RandomState(5).uniform(-1, 1, (4, 4)))
+    assert_batched_equals_eager(model, [(4, x), (4, x * 0.5), (4, -x)], options)

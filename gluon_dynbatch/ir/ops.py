@@ -6,7 +6,9 @@ inference, cached per (operator, constant arguments, input shapes, input
 dtypes); row slices and row concatenations, whose constants change with
 every call, are inferred here directly.
 """
+import ast
 import inspect
+import re
 import threading
 import warnings
 
@@ -19,7 +21,7 @@ from .graph import OP, Slot
 class OpDef:
     """An MXNet operator reachable as ``mx.nd.<path>`` and ``mx.sym.<path>``."""
 
-    __slots__ = ("name", "path", "nd_fn", "sym_fn", "arrays", "params")
+    __slots__ = ("name", "path", "nd_fn", "sym_fn", "arrays", "params", "typed")
 
     def __init__(self, path):
         self.path = path
@@ -27,6 +29,21 @@ class OpDef:
         self.nd_fn = _resolve(mx.nd, path)
         self.sym_fn = _resolve(mx.sym, path)
         self.arrays, self.params = _parameters(self.nd_fn)
+        self.typed = _attribute_parsers(self.nd_fn)
+
+    def parsed(self, kwargs):
+        """``kwargs`` with attributes written as strings (``transpose_b="False"``,
+        ``axis="(0,)"``) read as MXNet reads them: rules compare and branch on
+        Python values.  The same dict when there is nothing to read."""
+        typed = self.typed
+        if not typed or not any(type(v) is str for v in kwargs.values()):
+            return kwargs
+        out = dict(kwargs)
+        for name, value in kwargs.items():
+            parse = typed.get(name)
+            if parse is not None and type(value) is str:
+                out[name] = parse(value)
+        return out
 
     def named(self, args, kwargs):
         """``(args, kwargs)`` with the non-array arguments given by position
@@ -72,6 +89,52 @@ def _parameters(fn):
             break
         arrays += 1
     return arrays, names
+
+
+_PARAM_LINE = re.compile(r"^(\w+) : (.*?)(?:,\s*(?:optional|required).*)?$", re.M)
+
+
+def _attribute_parsers(fn):
+    """Attribute name -> parser of its string form, for the boolean and numeric
+    attributes of a generated ``mx.nd`` operator (read from the parameter list
+    MXNet writes into its docstring); None when it has none."""
+    doc = getattr(fn, "__doc__", None) or ""
+    if "Parameters\n----------" not in doc:
+        return None
+    body = doc.split("Parameters\n----------", 1)[1].split("Returns\n-------", 1)[0]
+    parsers = {}
+    for name, kind in _PARAM_LINE.findall(body):
+        if kind.startswith("boolean"):
+            parsers[name] = _parse_bool
+        elif kind.startswith(("int", "long", "float", "double", "Shape", "tuple of")):
+            parsers[name] = _parse_literal
+    return parsers or None
+
+
+def _parse_bool(text):
+    """A boolean attribute's string as dmlc parses it; the string itself if it
+    is none of its forms (MXNet then raises its own error)."""
+    word = text.strip().lower()
+    if word in ("true", "1"):
+        return True
+    if word in ("false", "0"):
+        return False
+    return None if word == "none" else text
+
+
+def _parse_literal(text):
+    """A number or shape attribute's string (``"1"``, ``"(0, 1)"``, ``"[0]"``,
+    ``"None"``) as a Python value; the string itself if it is not one."""
+    try:
+        value = ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+    if isinstance(value, list):
+        value = tuple(value)
+    if value is None or isinstance(value, (int, float)) or isinstance(value, tuple) \
+            and all(v is None or isinstance(v, (int, float)) for v in value):
+        return value
+    return text
 
 
 def _resolve(module, path):

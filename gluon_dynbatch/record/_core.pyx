@@ -50,6 +50,7 @@ cdef list MODES = None             # context.MODE_CHANGES
 cdef Py_ssize_t OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_ROWS, OFF_WRITABLE, OFF_EPOCH
 cdef object FLOAT = float
 cdef object INT = int
+cdef object STR = str
 
 
 cdef Py_ssize_t _offset(cls, name) except -1:
@@ -1199,6 +1200,7 @@ cdef class Operator:
     cdef bint plain                  # no pass rewrites its calls
     cdef int form                    # views along axis 0: 1 slice_axis, 2 concat
     cdef Py_ssize_t arrays           # array arguments before attributes (-1: any)
+    cdef object typed                # attributes whose strings MXNet parses (``OpDef.typed``)
 
     def __init__(self, RecorderCore rec, op, name, bint plain):
         self.rec = rec
@@ -1209,12 +1211,18 @@ cdef class Operator:
         self.form = 1 if op.name == "slice_axis" else 2 if op.name in ("concat", "Concat") \
             else 0
         self.arrays = -1 if op.arrays is None else op.arrays
+        self.typed = op.typed
 
     def __call__(self, *args, **kwargs):
         cdef RecorderCore rec = self.rec
         cdef object frame = rec.frame
         cdef object a
         cdef PyObject* base
+        if kwargs and self.typed is not None:
+            for a in kwargs.values():
+                if type(a) is STR:      # ``transpose_b="False"``: rules read values
+                    kwargs = self.op.parsed(kwargs)
+                    break
         if kwargs and kwargs.get("out") is not None:
             # Written into an array of the user's: what ``mx.nd`` does with ``out=``
             # (its inputs read first, ``namespace._recording_invoke``).

@@ -414,11 +414,13 @@ class Recorder(RecorderCore):
         """Record ``op(*args, **kwargs)``, a call as the user wrote it; its output(s).
 
         Attributes given by position become keywords (rules read them by
-        name).  Unless the recording is ``faithful``, the passes of
+        name), and those written as strings are read as MXNet reads them.  Unless the recording is ``faithful``, the passes of
         ``passes.BY_NAME`` may record it in another form.
         """
         if op.arrays is not None and len(args) > op.arrays:   # F.swapaxes(x, 0, 1)
             args, kwargs = op.named(args, kwargs)
+        if kwargs and op.typed is not None:     # transpose_b="False": rules read values
+            kwargs = op.parsed(kwargs)
         for a in args:
             if type(a) is Pending:
                 # Results of waiting samples (``outs[0] + outs[1]``) are settled

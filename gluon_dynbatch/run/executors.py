@@ -16,6 +16,7 @@ import os
 import time
 
 import mxnet as mx
+import numpy as np
 from mxnet import autograd
 from mxnet.base import MXNetError
 
@@ -130,11 +131,7 @@ def _with_history(results, detached, values, feeds):
         found = seen.get(id(array))
         if found is not None:
             return found[1]
-        if constant_array(array):
-            if not anchor:
-                parts = [mx.nd.sum(_gather(ins[k], values, feeds) * 0)
-                         for ins, slots in detached for k in slots]
-                anchor.append(mx.nd.add_n(*parts) if len(parts) > 1 else parts[0])
+        if constant_array(array) and _anchor(anchor, detached, values, feeds) is not None:
             seen[id(array)] = (array, mx.nd.broadcast_add(array, anchor[0].astype(array.dtype)))
         else:
             seen[id(array)] = (array, array)
@@ -148,6 +145,20 @@ def _with_history(results, detached, values, feeds):
             array = tied(array)
         out.append(array)
     return out
+
+
+def _anchor(anchor, detached, values, feeds):
+    """The zero tying results to the detached steps' inputs, made once into
+    ``anchor``; None when no input is floating (integer inputs, a segment's
+    positions, carry no gradient, and ``add_n`` takes one dtype)."""
+    if not anchor:
+        parts = [mx.nd.sum(part * 0).astype("float32")
+                 for part in (_gather(ins[k], values, feeds)
+                              for ins, slots in detached for k in slots)
+                 if np.issubdtype(part.dtype, np.floating)]
+        anchor.append(None if not parts else
+                      mx.nd.add_n(*parts) if len(parts) > 1 else parts[0])
+    return anchor[0]
 
 
 @contextlib.contextmanager
