@@ -34,9 +34,10 @@ class OpDef:
     def parsed(self, kwargs):
         """``kwargs`` with attributes written as strings (``transpose_b="False"``,
         ``axis="(0,)"``) read as MXNet reads them: rules compare and branch on
-        Python values.  The same dict when there is nothing to read."""
+        Python values (a copy; the same dict for an operator without such
+        attributes)."""
         typed = self.typed
-        if not typed or not any(type(v) is str for v in kwargs.values()):
+        if not typed:
             return kwargs
         out = dict(kwargs)
         for name, value in kwargs.items():

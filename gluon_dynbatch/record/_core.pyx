@@ -1182,6 +1182,19 @@ cdef object _structure(object obj, list arrays):
 
 
 # -- the recording F ------------------------------------------------------------------------
+cpdef dict typed_attributes(object op, dict kwargs):
+    """``kwargs``, or ``op.parsed(kwargs)`` where an attribute MXNet parses is
+    written as a string (``transpose_b="False"``; a ``name`` is no such one)."""
+    cdef object typed = op.typed
+    cdef object name, value
+    if typed is None:
+        return kwargs
+    for name, value in kwargs.items():
+        if type(value) is STR and name in <dict>typed:
+            return op.parsed(kwargs)
+    return kwargs
+
+
 cdef class Operator:
     """``F.<op>`` of the recording namespace: a call as written, to the recorder.
 
@@ -1218,11 +1231,8 @@ cdef class Operator:
         cdef object frame = rec.frame
         cdef object a
         cdef PyObject* base
-        if kwargs and self.typed is not None:
-            for a in kwargs.values():
-                if type(a) is STR:      # ``transpose_b="False"``: rules read values
-                    kwargs = self.op.parsed(kwargs)
-                    break
+        if kwargs and self.typed is not None:   # ``transpose_b="False"``: rules read values
+            kwargs = typed_attributes(self.op, kwargs)
         if kwargs and kwargs.get("out") is not None:
             # Written into an array of the user's: what ``mx.nd`` does with ``out=``
             # (its inputs read first, ``namespace._recording_invoke``).

@@ -31,7 +31,7 @@ from . import weights as weight_calls
 from ..errors import BatchingError, describe_call
 from ..logs import warn_once
 from . import _core
-from ._core import RecorderCore
+from ._core import RecorderCore, typed_attributes
 from .alone import run_alone
 from .frames import NOT_RECORDED, Frame
 from ..ir.graph import (LEAF, NO_KWARGS, OP, VIEW, Graph, Node, analysed_node, slot,
@@ -419,8 +419,8 @@ class Recorder(RecorderCore):
         """
         if op.arrays is not None and len(args) > op.arrays:   # F.swapaxes(x, 0, 1)
             args, kwargs = op.named(args, kwargs)
-        if kwargs and op.typed is not None:     # transpose_b="False": rules read values
-            kwargs = op.parsed(kwargs)
+        if kwargs:                              # transpose_b="False": rules read values
+            kwargs = typed_attributes(op, kwargs)
         for a in args:
             if type(a) is Pending:
                 # Results of waiting samples (``outs[0] + outs[1]``) are settled
