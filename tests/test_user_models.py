@@ -957,3 +957,25 @@ def test_a_trial_decides_once_one_way_is_clearly_cheaper():
     for cost in (0.8, 1.0):                 # not clear: the trial goes on
         usage._trial_flush(watch, cost)     # pylint: disable=protected-access
     assert usage.watch != "done"
+
+
+def test_a_trial_counts_the_flush_that_started_it_as_one_as_frames():
+    """The flush that starts a trial ran as frames, learning as the next ones
+    would: one flush by operator that is clearly cheaper decides the trial
+    (a slow batch as frames fewer for a model whose samples each take a path
+    of their own)."""
+    from gluon_dynbatch.record import usage as usage_rules
+    usage = usage_rules.Usage()
+    usage.counters = [[0]]
+    flushes = 0
+    while not usage.irregular:              # learning: many new states a call
+        usage.frames += 10
+        usage.counters[0][0] += int(2 * usage_rules.LEARNING_STATES * 10)
+        usage.note_learning(10.0, "imperative")
+        flushes += 1
+    # (The first flush only starts the watch.)
+    assert flushes == 1 + max(usage_rules.LEARNING_WARMUP + 1, usage_rules.LEARNING_STRIKES)
+    usage.op_calls += 10
+    usage.note_learning(2.0, "imperative")   # by operator: 0.2 ms a call against 1.0
+    assert usage.watch == "done" and usage.irregular
+    assert usage.trial_ms == (0.2, 1.0)

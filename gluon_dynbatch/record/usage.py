@@ -130,8 +130,10 @@ class Usage:
         watch["strikes"] = watch["strikes"] + 1 if learned >= LEARNING_STATES * new_calls \
             else 0
         if watch["flushes"] > LEARNING_WARMUP and watch["strikes"] >= LEARNING_STRIKES:
-            watch["trial"] = {"op": [], "frame": []}
-            self.irregular = self.told = True   # the trial's first flush: by operator
+            # This flush ran as frames and learned as the next ones would: it is
+            # the trial's first flush as frames (one slow batch fewer).
+            watch["trial"] = {"op": [], "frame": [ms_per_call]}
+            self.irregular = self.told = True   # the trial's next flush: by operator
         return watch["trial"] is not None
 
     def _trial_flush(self, watch, ms_per_call):
