@@ -1364,3 +1364,53 @@ def test_attributes_written_as_strings_read_as_mxnet_reads_them(form, options):
     model.initialize(mx.init.Uniform(0.5))
     x = nd.array(np.random.RandomState(5).uniform(-1, 1, (4, 4)))
     assert_batched_equals_eager(model, [(4, x), (4, x * 0.5), (4, -x)], options)
+
+
+class SpelledWords(gdb.DynBatchBlock):
+    """Each word's characters embedded by a child block from the sample's own
+    arrays of character ids, then read character by character."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.chars = gluon.nn.Embedding(12, 4)
+            self.cell = gluon.rnn.GRUCell(4, input_size=4)
+
+    def hybrid_forward(self, F, words):
+        outs = []
+        for chars in words:
+            e = self.chars(chars)
+            state = [F.zeros((1, 4))]
+            for t in range(chars.shape[0]):
+                out, state = self.cell(e[t:t + 1], state)
+            outs.append(out)
+        return F.concat(*outs, dim=0)
+
+
+@pytest.mark.parametrize("granularity", ["call", "op"])
+def test_a_child_block_on_a_samples_own_arrays_is_recorded_and_equals_eager(granularity,
+                                                                           monkeypatch):
+    """Recorded operator by operator (asked for, or a block whose samples each
+    take a path of their own), an embedding of a sample's own id arrays ran
+    eagerly, one launch a word, and its rows were sliced eagerly; it is now
+    recorded: one batched lookup for every word of every sample."""
+    from gluon_dynbatch.record import dispatch, trie
+    r = np.random.RandomState(6)
+    samples = [([nd.array(r.randint(0, 12, r.randint(1, 5))) for _ in range(r.randint(1, 4))],)
+               for _ in range(6)]
+    model = SpelledWords()
+    model.initialize(mx.init.Uniform(0.5))
+    model.granularity = granularity
+    assert_batched_equals_eager(model, samples)
+    if granularity == "call":               # as if a trial had chosen operators
+        usage = trie.store().usages[(id(model), None)]
+        usage.irregular, usage.watch = True, "done"
+        assert_batched_equals_eager(model, samples)
+    eager = []
+    original = dispatch._ORIGINAL_CALL
+    monkeypatch.setattr(dispatch, "_ORIGINAL_CALL", lambda block, *args: (
+        eager.append(block), original(block, *args))[1])
+    with gdb.batching():
+        outs = [model(*sample) for sample in samples]
+    assert all(o.shape[0] == len(s[0]) for o, s in zip(outs, samples))
+    assert model.chars not in eager     # eagerly: one launch a word

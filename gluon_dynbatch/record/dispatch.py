@@ -133,6 +133,15 @@ def _has_lazy(args):
     return False
 
 
+def _has_array(args):
+    for a in args:
+        if isinstance(a, mx.nd.NDArray):
+            return True
+        if isinstance(a, (list, tuple)) and _has_array(a):
+            return True
+    return False
+
+
 _KINDS = {}     # block class -> how its calls are recorded (asked on every call)
 
 
@@ -229,7 +238,10 @@ def dispatch(self, rec, kind, args):
             if out is not NOT_RECORDED:
                 return out
         frame.fallback("a child block that templates cannot hold")
-    if kind is _TRACED and _has_lazy(args):
+    if kind is _TRACED and (_has_lazy(args) or rec.depth > 0 and _has_array(args)):
+        # In a model's call, a block on concrete arrays alone (an embedding of a
+        # sample's token ids) is recorded too: one batched call, not one launch
+        # a call, and views of its result instead of arrays sliced eagerly.
         if rec.frames_on() and not hooked:
             return rec.block_frame(self, args)
         return rec.trace(self, args)
