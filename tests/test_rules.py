@@ -118,6 +118,17 @@ CASES.update({
     "softmax_activation_channel": lambda F, x: F.SoftmaxActivation(
         F.expand_dims(x, axis=2), mode="channel"),
 })
+# Edge values and axes counted from the end: each as MXNet computes it.
+CASES.update({
+    "swapaxes_rows_from_the_end": lambda F, x: F.sum(F.swapaxes(F.tanh(x), dim1=-1, dim2=-2),
+                                                     axis=1) * 2,
+    "cross_entropy_large_scores": lambda F, x: F.softmax_cross_entropy(
+        x[0:1] * 300, F.array([1])) + F.softmax_cross_entropy(x[0:1] * 10, F.array([2])),
+    "integer_mean_axis0_segment": lambda F, x: F.cast(
+        F.mean(F.cast(F.abs(x) * 10, "int32"), axis=0, keepdims=True), "float32") * x[0:1],
+    "prelu_of_infinities": lambda F, x: F.LeakyReLU(
+        F.exp(x * 200) - 5, gamma=F.ones((4,)) * 0.25, act_type="prelu") * 2,
+})
 # Aliases of operators with rules (the same MXNet operator under another name).
 ALIASES = {
     "sum_axis_alias": lambda F, x: F.sum_axis(x, axis=1, keepdims=True) * x,

@@ -27,9 +27,9 @@ def prelu(rec, op, args, kwargs):
 
 def _prelu(ns, data, gamma):
     # gamma runs along axis 1 (channels), as MXNet's prelu broadcasts it.
+    # A choice, not ``relu(x) + gamma * (x - relu(x))``: inf - inf would be NaN.
     gamma = ns.reshape(gamma, shape=(1, -1) + (1,) * (len(data.shape) - 2))
-    positive = ns.relu(data)
-    return positive + ns.broadcast_mul(gamma, data - positive)
+    return ns.where(data > 0, data, ns.broadcast_mul(gamma, data))
 
 
 passes.register("LeakyReLU", prelu)

@@ -276,8 +276,11 @@ def transpose_roles(node):
 
 
 def swapaxes_roles(node):
-    d1, d2 = node.kwargs.get("dim1", 0), node.kwargs.get("dim2", 0)
-    return None if 0 in (d1, d2) else (ROW,)
+    """Rows batch unless the swap moves axis 0 (counted from the end too: ``-2``
+    of a (T, H) value)."""
+    ndim = len(_in_shape(node, 0))
+    dims = [int(node.kwargs.get(name, 0)) for name in ("dim1", "dim2")]
+    return None if not ndim or 0 in [d % ndim for d in dims] else (ROW,)
 
 
 register_rule("RNN", RowFallback(PaddedRNNRule(), RNNRule()))

@@ -35,9 +35,11 @@ class SegmentRule(Rule):
             axis = axis[0] if len(axis) == 1 else None
         if axis != 0 or node.kwargs.get("exclude", False) or len(node.inputs) != 1:
             return None
-        if node.op.name in _PADDED_BY_INFINITY \
+        if node.op.name in _PADDED_BY_INFINITY + ("mean",) \
                 and np.dtype(_in_dtype(node, 0)) not in (np.float32, np.float64):
-            return None         # padded with infinities
+            # Padded with infinities; an integer mean's gradient is MXNet's
+            # integer division, which a sum and a division do not repeat.
+            return None
         shape = _in_shape(node, 0)
         return Signature(((self.kind, _trail(shape), _in_dtype(node, 0),
                            bool(node.kwargs.get("keepdims", False))),), self, (ROW,))
