@@ -180,8 +180,10 @@ class Recorder(RecorderCore):
         if self.ctx is None:
             self.ctx = self.graph.ctx = ctx
         elif ctx is not self.ctx and ctx != self.ctx:
-            raise BatchingError("%s: arrays on different contexts (%s and %s)" % (
-                describe_call(self.sample, self.path), self.ctx, ctx))
+            raise BatchingError(
+                "%s: arrays on different contexts (%s and %s); a scope batches on one "
+                "context: samples on several contexts (split_and_load) take a scope "
+                "each" % (describe_call(self.sample, self.path), self.ctx, ctx))
 
     def new_leaf(self, array):
         """The LazyArray standing for concrete ``array`` in this graph, neither found
