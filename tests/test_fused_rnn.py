@@ -186,3 +186,29 @@ def test_deferred_initialisation_of_a_fused_rnn_layer_inside_scope(kind, options
     for a, b in zip(runs[0][0], runs[1][0]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(runs[0][2], runs[1][2], rtol=1e-5, atol=1e-6)
+
+
+class PaddedWithLengths(gdb.DynBatchBlock):
+    """A fused layer given each sentence's length (``use_sequence_length``) over
+    the sentence padded with rows of zeros; the output at its last word."""
+
+    def __init__(self, kind, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.rnn = {"gru": rnn.GRU, "rnn": rnn.RNN, "lstm": rnn.LSTM}[kind](
+                H, input_size=E, use_sequence_length=True)
+
+    def hybrid_forward(self, F, words, table):
+        x = F.concat(*[table[w:w + 1] for w in words], F.zeros((2, E)), dim=0)
+        length = F.array([len(words)])
+        out, _ = self.rnn(x.expand_dims(1), self.rnn.begin_state(batch_size=1, func=F.zeros),
+                          length)
+        return F.SequenceLast(out, sequence_length=length, use_sequence_length=True)
+
+
+@pytest.mark.parametrize("kind", ["gru", "rnn", "lstm"])
+def test_fused_layers_given_sequence_lengths_equal_eager(kind):
+    """A GRU's or plain RNN's lengths follow its one state, where ``mx.sym.RNN``
+    names an LSTM's cell state: every strategy raised in shape inference."""
+    model = make_model(PaddedWithLengths, kind=kind)
+    check_all_strategies(model, _sentences(1), [_table(1)], strategies=("depth", "agenda"))

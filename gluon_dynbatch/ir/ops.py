@@ -233,6 +233,7 @@ def _infer_symbolic(op, node, in_shapes, in_dtypes):
     syms = [mx.sym.var(n) for n in names]
     args = [syms[a.k] if isinstance(a, Slot) else a for a in node.args]
     kwargs = {k: (syms[v.k] if isinstance(v, Slot) else v) for k, v in node.kwargs.items()}
+    args, kwargs = by_name(op, args, kwargs)
     sym = op.sym_fn(*args, **kwargs)
     known = {n: s for n, s in zip(names, in_shapes) if s and all(d > 0 for d in s)}
     with warnings.catch_warnings():     # shapes it cannot decide: UnknownShape below
@@ -249,6 +250,18 @@ def _infer_symbolic(op, node, in_shapes, in_dtypes):
 
 
 INFER = _InferCache()
+
+
+def by_name(op, args, kwargs):
+    """``(args, kwargs)`` with array inputs whose place depends on other
+    attributes given by name, as ``mx.sym`` composes only so: a fused GRU or
+    RNN's sequence lengths follow its one state, where an LSTM's second
+    state (``state_cell``) would be."""
+    if op.name == "RNN" and len(args) == 4 and kwargs.get("use_sequence_length") \
+            and kwargs.get("mode") != "lstm" and "sequence_length" not in kwargs:
+        kwargs = dict(kwargs, sequence_length=args[3])
+        args = args[:3]
+    return args, kwargs
 
 
 class Stand:

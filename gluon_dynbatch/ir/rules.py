@@ -30,6 +30,8 @@ from collections import namedtuple
 
 from mxnet.symbol import Symbol
 
+from .ops import by_name
+
 ROW, BROW, SHARED, KNOWN = "row", "brow", "shared", "known"
 LOW = "low"     # role: a lower-rank input computed per sample (``rules.broadcasts``)
 
@@ -118,6 +120,7 @@ def call_as_recorded(F, node, inputs, extra_kwargs=None):
               for k, v in node.kwargs.items()}
     if extra_kwargs:
         kwargs.update(extra_kwargs)
+    args, kwargs = by_name(node.op, args, kwargs)
     out = fn(*args, **kwargs)
     if isinstance(out, (list, tuple)):
         return list(out)
