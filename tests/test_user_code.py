@@ -1338,6 +1338,7 @@ _STRING_ATTRIBUTES = {
     "axes_and_sizes": lambda F, x: F.split(F.swapaxes(x, dim1="0", dim2="1"),
                                            num_outputs="2", axis="0")[1],
     "row_ops": lambda F, x: F.softmax(F.flip(x, axis="0"), axis="0") * F.max(x, axis="0"),
+    "leading_zeros": lambda F, x: F.softmax(x, axis="-01") * F.sum(x, axis="00", keepdims="1"),
 }
 
 
@@ -1414,3 +1415,30 @@ def test_a_child_block_on_a_samples_own_arrays_is_recorded_and_equals_eager(gran
         outs = [model(*sample) for sample in samples]
     assert all(o.shape[0] == len(s[0]) for o, s in zip(outs, samples))
     assert model.chars not in eager     # eagerly: one launch a word
+
+
+@pytest.mark.parametrize("call", [lambda F, x: F.sum(x, axis="0x0"),
+                                  lambda F, x: F.sum(x, axis="1_0"),
+                                  lambda F, x: F.sum(x, axis=0, keepdims=" true")],
+                         ids=["hexadecimal", "underscore", "space"])
+def test_attribute_strings_mxnet_refuses_raise_its_error(call):
+    """Strings MXNet cannot parse are left to it: its error, naming the sample,
+    as eagerly (Python's own literals would have read "0x0" as 0)."""
+    model = StringAttributes("dot_transpose")
+    model.initialize()
+    model.form = "refused"
+    _STRING_ATTRIBUTES["refused"] = call
+    x = nd.ones((2, 4))
+    try:
+        with pytest.raises(MXNetError, match="Invalid Parameter format"):
+            model(2, x)
+        with pytest.raises(gdb.BatchingError, match="Invalid Parameter format") as err:
+            with gdb.batching():
+                model(2, x)
+        assert "sample 0" in str(err.value)
+    finally:
+        del _STRING_ATTRIBUTES["refused"]
+    with gdb.batching():                    # the next batch works
+        out = StringAttributes("sum_over_rows")
+        out.initialize()
+        assert out(2, x).shape == (1, 4)

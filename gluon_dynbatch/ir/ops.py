@@ -105,37 +105,73 @@ def _attribute_parsers(fn):
     body = doc.split("Parameters\n----------", 1)[1].split("Returns\n-------", 1)[0]
     parsers = {}
     for name, kind in _PARAM_LINE.findall(body):
-        if kind.startswith("boolean"):
-            parsers[name] = _parse_bool
-        elif kind.startswith(("int", "long", "float", "double", "Shape", "tuple of")):
-            parsers[name] = _parse_literal
+        parse = _parser_of(kind)
+        if parse is not None:
+            parsers[name] = parse
     return parsers or None
+
+
+def _parser_of(kind):
+    """The parser of an attribute of MXNet's documented type ``kind``, or None."""
+    optional = kind.endswith("or None")
+    if kind.startswith("boolean"):
+        parse = _parse_bool
+    elif kind.startswith(("int", "long")):
+        parse = _number_parser(_INT, int)
+    elif kind.startswith(("float", "double")):
+        parse = _number_parser(_FLOAT, float)
+    elif kind.startswith(("Shape", "tuple of <int", "tuple of <long")):
+        parse = _tuple_parser(_INT, int)
+    elif kind.startswith(("tuple of <float", "tuple of <double")):
+        parse = _tuple_parser(_FLOAT, float)
+    else:
+        return None
+    if not optional:
+        return parse
+    return lambda text: None if text.strip() == "None" else parse(text)
+
+
+# Numbers as dmlc reads them: space around, leading zeros; no sign "+", no "_"
+# or hexadecimal, which MXNet refuses (its error then comes from the operator).
+_INT = re.compile(r"^\s*-?\d+\s*$")
+_FLOAT = re.compile(r"^\s*-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$|^\s*-?(inf|nan)\s*$",
+                    re.IGNORECASE)
 
 
 def _parse_bool(text):
     """A boolean attribute's string as dmlc parses it; the string itself if it
     is none of its forms (MXNet then raises its own error)."""
-    word = text.strip().lower()
+    word = text.lower()
     if word in ("true", "1"):
         return True
     if word in ("false", "0"):
         return False
-    return None if word == "none" else text
-
-
-def _parse_literal(text):
-    """A number or shape attribute's string (``"1"``, ``"(0, 1)"``, ``"[0]"``,
-    ``"None"``) as a Python value; the string itself if it is not one."""
-    try:
-        value = ast.literal_eval(text.strip())
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return text
-    if isinstance(value, list):
-        value = tuple(value)
-    if value is None or isinstance(value, (int, float)) or isinstance(value, tuple) \
-            and all(v is None or isinstance(v, (int, float)) for v in value):
-        return value
     return text
+
+
+def _number_parser(pattern, kind):
+    def parse(text):
+        return kind(text) if pattern.match(text) else text
+    return parse
+
+
+def _tuple_parser(pattern, kind):
+    """A shape's or tuple's string (``"(0, 1)"``, ``"[0]"``, ``"(1, None)"``, or one
+    number, read as that number) as Python values; the string itself if it is
+    not one."""
+    def parse(text):
+        inner = text.strip()
+        if pattern.match(inner):
+            return kind(inner)
+        if len(inner) < 2 or inner[0] + inner[-1] not in ("()", "[]"):
+            return text
+        items = [item.strip() for item in inner[1:-1].split(",")]
+        if items and not items[-1]:
+            items.pop()                     # "(1,)"
+        if not all(item == "None" or pattern.match(item) for item in items):
+            return text
+        return tuple(None if item == "None" else kind(item) for item in items)
+    return parse
 
 
 def _resolve(module, path):
