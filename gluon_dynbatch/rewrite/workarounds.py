@@ -27,9 +27,12 @@ def prelu(rec, op, args, kwargs):
 
 def _prelu(ns, data, gamma):
     # gamma runs along axis 1 (channels), as MXNet's prelu broadcasts it.
-    # A choice, not ``relu(x) + gamma * (x - relu(x))``: inf - inf would be NaN.
+    # Choices, not ``relu(x) + gamma * (x - relu(x))``: inf - inf would be NaN,
+    # and gamma's gradient reads x only where x <= 0 (0 * inf would be NaN).
     gamma = ns.reshape(gamma, shape=(1, -1) + (1,) * (len(data.shape) - 2))
-    return ns.where(data > 0, data, ns.broadcast_mul(gamma, data))
+    positive = data > 0
+    negative = ns.where(positive, ns.zeros_like(data), data)
+    return ns.where(positive, data, ns.broadcast_mul(gamma, negative))
 
 
 passes.register("LeakyReLU", prelu)

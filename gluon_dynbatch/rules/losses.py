@@ -4,6 +4,8 @@
 the batch computes every row's loss at once, ``-log(pick(softmax(x), label))``
 floored as MXNet's kernel floors it, with the kernel's gradient.
 """
+import numpy as np
+
 from .rows import plain_layout
 from ..ir.rules import ROW, Rule, Signature, _in_dtype, _in_shape, register_rule
 
@@ -22,16 +24,20 @@ class RowCrossEntropyRule(Rule):
         return Signature((key,), self, (ROW, ROW))
 
     def batched_call(self, F, node, inputs):
-        # As MXNet's kernel: the value is -log of the picked softmax floored at
-        # 1e-8 (large scores), the gradient softmax - one_hot(label) however
-        # small the picked probability.  ``linear - BlockGrad(linear)`` is zero
-        # with that gradient.
+        # As MXNet's kernel: -log of the picked softmax floored at 1e-8, its
+        # gradient softmax - one_hot(label) however small the picked probability
+        # (a log_softmax would round the gradient differently).  Rows below the
+        # floor take that gradient from ``linear - BlockGrad(linear)``, a zero;
+        # scores of -inf (masked classes) are left out of it (0 * -inf is NaN).
         scores, label = plain_layout(F, inputs[0], 2), inputs[1]
         probs = F.softmax(scores, axis=-1)
-        value = -F.log(F.maximum(F.pick(probs, label, axis=-1), _FLOOR))
-        slope = F.BlockGrad(probs - F.one_hot(label, depth=_in_shape(node, 0)[1]))
-        linear = F.sum(slope * scores, axis=-1)
-        return [F.BlockGrad(value) + (linear - F.BlockGrad(linear))]
+        picked = F.pick(probs, label, axis=-1)
+        value = -F.log(F.maximum(picked, _FLOOR))
+        slope = F.BlockGrad(probs - F.one_hot(label, depth=_in_shape(node, 0)[1],
+                                              dtype=np.dtype(_in_dtype(node, 0)).name))
+        linear = F.sum(slope * F.where(slope != 0, scores, F.zeros_like(scores)), axis=-1)
+        floored = F.BlockGrad(picked <= _FLOOR)
+        return [value + F.where(floored, linear - F.BlockGrad(linear), F.zeros_like(linear))]
 
 
 _FLOOR = 1e-8       # MXNet's floor of the picked probability
