@@ -1442,3 +1442,35 @@ def test_attribute_strings_mxnet_refuses_raise_its_error(call):
         out = StringAttributes("sum_over_rows")
         out.initialize()
         assert out(2, x).shape == (1, 4)
+
+
+class DenseOfEach(gdb.DynBatchBlock):
+    """A child block called on each array of the sample's list."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, arrays):
+        return F.add_n(*[self.dense(x) for x in arrays])
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"granularity": "op"}],
+                         ids=["default", "compiled", "op"])
+def test_a_child_block_given_no_array_raises_as_eager(options):
+    """A sample's None where a child block learned an array was passed on as a
+    call missing its data (MXNet's "expects 3 inputs"); eager Gluon raises
+    ValueError, and so does the scope; the next batch works."""
+    model = DenseOfEach()
+    model.initialize()
+    good = [[nd.ones((1, 3))], [nd.ones((1, 3)), nd.ones((1, 3)) * 2]]
+    with pytest.raises(ValueError, match="one NDArray or one Symbol") as eager:
+        model([None])
+    with gdb.batching(**options):
+        [model(sample) for sample in good]          # the child's call is learned
+    with pytest.raises(ValueError, match="one NDArray or one Symbol") as batched:
+        with gdb.batching(**options):
+            [model(sample) for sample in good + [[None]]]
+    assert type(batched.value) is type(eager.value)
+    assert_batched_equals_eager(model, [(sample,) for sample in good], options)

@@ -31,6 +31,7 @@ from mxnet import gluon
 from . import _core
 from . import context
 from . import trie
+from .trie import holds_array
 from .frames import NOT_RECORDED, Frame
 from .lazy import LazyArray
 from .tasks import settings_of
@@ -133,15 +134,6 @@ def _has_lazy(args):
     return False
 
 
-def _has_array(args):
-    for a in args:
-        if isinstance(a, mx.nd.NDArray):
-            return True
-        if isinstance(a, (list, tuple)) and _has_array(a):
-            return True
-    return False
-
-
 _KINDS = {}     # block class -> how its calls are recorded (asked on every call)
 
 
@@ -238,7 +230,7 @@ def dispatch(self, rec, kind, args):
             if out is not NOT_RECORDED:
                 return out
         frame.fallback("a child block that templates cannot hold")
-    if kind is _TRACED and (_has_lazy(args) or rec.depth > 0 and _has_array(args)):
+    if kind is _TRACED and (_has_lazy(args) or rec.depth > 0 and holds_array(args)):
         # In a model's call, a block on concrete arrays alone (an embedding of a
         # sample's token ids) is recorded too: one batched call, not one launch
         # a call, and views of its result instead of arrays sliced eagerly.

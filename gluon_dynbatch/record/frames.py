@@ -38,7 +38,7 @@ from .lazy import LazyArray
 from .literals import key_item
 from ._core import FrameCore, apply_recipe
 from .bases import base_of, bases_made, replay_bases
-from .trie import MAX_STATES, Macro, State, flatten_args, learn_call
+from .trie import MAX_STATES, Macro, State, flatten_args, holds_array, learn_call
 
 NOT_RECORDED = object()    # ``Frame.block_call``: the call is left to the caller
 MAX_WRITTEN = 64           # calls as written learned per trie state
@@ -339,6 +339,10 @@ class Frame(FrameCore):
         the key may read arrays for the first time, and the shapes it gives
         them must be part of the path the block's calls are learned on.
         """
+        if not holds_array(args):
+            # As ``HybridBlock.forward`` refuses it (a sample's None for an array).
+            raise ValueError("In HybridBlock, there must be one NDArray or one Symbol in "
+                             "the input. Please check the type of the args.\n")
         rec = self.rec
         before = self.state
         replay = rec.replays(block)

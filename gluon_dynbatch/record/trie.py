@@ -83,6 +83,14 @@ def _walk_args(obj, arrays):
     return ("C", obj) if isinstance(obj, _SIMPLE) else None
 
 
+def holds_array(args):
+    """Whether ``args`` (nested in lists and tuples) hold an NDArray."""
+    for a in args:
+        if isinstance(a, NDArray) or isinstance(a, (list, tuple)) and holds_array(a):
+            return True
+    return False
+
+
 def is_constant(item):
     """Whether a key item of a positional argument is a constant ``(type, value)``."""
     return type(item) is tuple and type(item[0]) is type
