@@ -6,7 +6,6 @@ inference, cached per (operator, constant arguments, input shapes, input
 dtypes); row slices and row concatenations, whose constants change with
 every call, are inferred here directly.
 """
-import ast
 import inspect
 import re
 import threading

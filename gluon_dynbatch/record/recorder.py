@@ -416,8 +416,9 @@ class Recorder(RecorderCore):
         """Record ``op(*args, **kwargs)``, a call as the user wrote it; its output(s).
 
         Attributes given by position become keywords (rules read them by
-        name), and those written as strings are read as MXNet reads them.  Unless the recording is ``faithful``, the passes of
-        ``passes.BY_NAME`` may record it in another form.
+        name), and those written as strings are read as MXNet reads them.
+        Unless the recording is ``faithful``, the passes of ``passes.BY_NAME``
+        may record it in another form.
         """
         if op.arrays is not None and len(args) > op.arrays:   # F.swapaxes(x, 0, 1)
             args, kwargs = op.named(args, kwargs)
