@@ -93,6 +93,15 @@ class CallInfo:
         keyed = attrs if self.rule.keyed_attrs else None
         self.sig = intern((op.name, keyed, len(out_shapes), key))
 
+    def with_attrs(self, attrs):
+        """A copy of this analysis whose constant arguments are ``attrs``."""
+        other = CallInfo.__new__(CallInfo)
+        other.out_shapes, other.out_dtypes, other.attrs = self.out_shapes, self.out_dtypes, attrs
+        other.rule, other.meta, other.kind, other.sig = self.rule, self.meta, self.kind, self.sig
+        other.shared_pos, other.cacheable = self.shared_pos, self.cacheable
+        other.stateful, other.link, other.low = self.stateful, self.link, self.low
+        return other
+
 
 def analyse(node, in_shapes, in_dtypes):
     """The :class:`CallInfo` of ``node``'s call (a node of the graph or a stand-in).

@@ -14,7 +14,6 @@ the graph when it ends.  Everything else is recorded here, a node per call:
 A child block called outside any frame is recorded as a frame of its own
 (``block_frame``), so it too becomes one program node.
 """
-import copy
 import weakref
 
 import mxnet as mx
@@ -893,9 +892,7 @@ def _moved_row_slice(begin, end, key):
     known = _ROW_WIDTHS.get((end - begin, shape[1:], dtype))
     if known is None:
         return None
-    info = copy.copy(known)
-    info.attrs = ((), key[2])
-    return info
+    return known.with_attrs(((), key[2]))
 
 
 def _infer_own_shapes(block, args):
