@@ -92,3 +92,40 @@ def whole_step_rows(list members, list segs, list source_desc):
                 seg[2] - seg[1] != node.out_shapes[members[k][1]][0]:
             return False
     return True
+
+
+cdef str CONCAT = "concat"
+cdef str CONCAT_OP = "Concat"
+
+
+def step_rows(object nodes, Py_ssize_t k, object token):
+    """``(sids, starts, stops)`` of input ``k`` of every node, as int64 arrays, when
+    each is a row of a step output of one row per node (``node.at``, see
+    ``SegmentWalker.assign``) or a row concatenation of such rows (a node's
+    children's states); else None (``Lowering._gather_rows``)."""
+    cdef list sids = [], starts = []
+    cdef object node, value, src, at, part, name
+    cdef Py_ssize_t idx
+    for node in nodes:
+        value = node.inputs[k]
+        src = value[0]
+        at = src.at
+        if at is not None and at[0][0] is token:
+            idx = value[1]
+            sids.append(at[0][idx + 1])
+            starts.append(at[1])
+            continue
+        if src.kind != VIEW:
+            return None
+        name = src.op.name
+        if name != CONCAT and name != CONCAT_OP:
+            return None
+        for part in src.inputs:
+            at = part[0].at
+            if at is None or at[0][0] is not token:
+                return None
+            idx = part[1]
+            sids.append(at[0][idx + 1])
+            starts.append(at[1])
+    begins = np.array(starts, dtype=np.int64)
+    return np.array(sids, dtype=np.int64), begins, begins + 1

@@ -27,7 +27,6 @@ from ..record.lazy import Rows, split_rows
 from . import _walk
 from ..ir.rules import BROW, KNOWN, SHARED
 
-_CONCATS = ("concat", "Concat")
 
 
 class SegmentWalker:
@@ -317,8 +316,11 @@ class Lowering(SegmentWalker):
         """
         if role == BROW:
             return self._gather_desc(self.input_segments(nodes, k, role), force_take)
-        values = [n.inputs[k] for n in nodes]
-        sids, starts, stops = self._row_slices(values) or self._rows_of(values)
+        found = _walk.step_rows(nodes, k, self.token)
+        if found is None:
+            values = [n.inputs[k] for n in nodes]
+            found = self._row_slices(values) or self._rows_of(values)
+        sids, starts, stops = found
         lengths = stops - starts
         first = sids[0]
         if (sids == first).all() and (starts[1:] == starts[:-1] + lengths[:-1]).all():
@@ -328,11 +330,6 @@ class Lowering(SegmentWalker):
 
     def _rows_of(self, values):
         """(sids, starts, stops) of the segments of ``values``, in order, as numpy arrays."""
-        first = values[0][0]
-        if first.kind == VIEW and first.op.name in _CONCATS:
-            found = self._stacked_rows(values)
-            if found is not None:
-                return found
         known = self.segs.get
         parts = [known(v) or self.segments(*v) for v in values]
         if max(map(len, parts)) == 1:
@@ -340,24 +337,6 @@ class Lowering(SegmentWalker):
         else:
             columns = zip(*chain.from_iterable(parts))
         return tuple(np.array(column, dtype=np.int64) for column in columns)
-
-    def _stacked_rows(self, values):
-        """``_rows_of`` for concatenations of one-row step outputs (a node's
-        children's states), read from the outputs' ``node.at`` without
-        resolving view by view; None if any value is something else."""
-        token = self.token
-        sids, starts = [], []
-        for view, _ in values:
-            if view.kind != VIEW or view.op.name not in _CONCATS:
-                return None
-            for src, idx in view.inputs:
-                at = src.at
-                if at is None or at[0][0] is not token:
-                    return None
-                sids.append(at[0][idx + 1])
-                starts.append(at[1])
-        starts = np.array(starts, dtype=np.int64)
-        return np.array(sids, dtype=np.int64), starts, starts + 1
 
     def _row_slices(self, values):
         """(sids, starts, stops) when every value is a row slice (``x[i:j]``) of one
