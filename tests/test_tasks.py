@@ -1635,3 +1635,48 @@ def test_lists_inside_dicts_and_tuples_are_refitted_in_place():
             for a, b in zip(g_dict["steps"] + g_steps + [g_last], w_steps + w_steps + [w_last]):
                 np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-7)
     assert scope.stats.flushes < scope.stats.reads          # still batched
+
+
+class ReadsThenArgmax(gdb.DynBatchBlock):
+    """Steps while the sum of its state is large (a read a step), then reads the
+    argmax of the state (a zero-gradient step run outside autograd)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.a = nn.Dense(8, in_units=8)
+
+    def hybrid_forward(self, F, h):
+        steps = 0
+        while steps < 4 and F.sum(h).asscalar() > 0.5:
+            h = F.tanh(self.a(h)) * 0.9
+            steps += 1
+        k = int(F.argmax(h, axis=1).asscalar())
+        return h * (k + 1)
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+def test_an_argmax_read_after_earlier_reads_keeps_the_samples_batched(strategy):
+    """Tying the argmax step's results to its inputs' history used an operator
+    on a value of an earlier flush: the scope recorded it, read it itself, took
+    that for reads by the user's loop and ran the samples eagerly."""
+    mx.random.seed(0)
+    rs = np.random.RandomState(0)
+    xs = [nd.array(rs.randn(1, 8) * 2) for _ in range(8)]
+    runs = []
+    for batched in (False, True):
+        mx.random.seed(1)                       # a fresh model each run, the same draw
+        model = ReadsThenArgmax()
+        model.initialize(mx.init.Uniform(0.5))
+        with autograd.record():
+            with gdb.batching(strategy=strategy) if batched else contextlib.nullcontext() \
+                    as scope:
+                outs = [model(x) for x in xs]
+            loss = nd.add_n(*[(o * o).sum() for o in outs])
+        loss.backward()
+        runs.append([o.asnumpy() for o in outs] + [
+            p.grad().asnumpy() for p in model.collect_params().values()])
+    assert scope.stats.eager_samples == 0
+    assert scope.stats.flushes < scope.stats.reads
+    for got, want in zip(runs[1], runs[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

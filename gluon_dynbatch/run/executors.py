@@ -152,7 +152,9 @@ def _anchor(anchor, detached, values, feeds):
     ``anchor``; None when no input is floating (integer inputs, a segment's
     positions, carry no gradient, and ``add_n`` takes one dtype)."""
     if not anchor:
-        parts = [mx.nd.sum(part * 0).astype("float32")
+        # ``mx.nd.multiply``, not ``part * 0``: an input may be a value of an
+        # earlier flush (a LazyArray), whose operators this scope would record.
+        parts = [mx.nd.sum(mx.nd.multiply(part, 0)).astype("float32")
                  for part in (_gather(ins[k], values, feeds)
                               for ins, slots in detached for k in slots)
                  if np.issubdtype(part.dtype, np.floating)]
