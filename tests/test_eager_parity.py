@@ -376,3 +376,47 @@ def test_recursion_deeper_than_the_limit_raises_a_short_error():
     with gdb.batching():                         # the next scope records as usual
         out = model(_chain(3), table)
     assert out.shape == (1, 3)
+
+
+# --------------------------------------------------------------------------
+# Constants in two scopes' graphs, each graph's backward run on its own
+# --------------------------------------------------------------------------
+
+class AddsZeros(gdb.DynBatchBlock):
+    """Constants (``F.zeros``) added to an embedding row and given to a Dense."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.emb = gluon.nn.Embedding(10, H)
+            self.gate = gluon.nn.Dense(H, in_units=H)
+            self.out = gluon.nn.Dense(1, in_units=H)
+
+    def hybrid_forward(self, F, word):
+        x = self.emb(F.array([word])) + F.zeros((1, H))
+        return self.out(self.gate(F.zeros((1, H))) * F.tanh(x))
+
+
+@pytest.mark.parametrize("settings", [{}, {"compiled": "step"}, {"compiled": True},
+                                      {"granularity": "op"}, {"strategy": "reference"}],
+                         ids=["default", "step", "compiled", "op", "reference"])
+def test_two_scopes_whose_losses_each_run_backward_equal_eager(settings):
+    """Eager makes a new array at each ``F.zeros``; the scopes reuse one
+    per thread, which the first backward left without autograd's entry for
+    the second graph (MXNet: "The any container is empty")."""
+    grads = []
+    for batched in (False, True):
+        model = make_model(AddsZeros, seed=0)
+        for param in model.collect_params().values():
+            param.grad_req = "add"
+        losses = []
+        with autograd.record():
+            for words in ([1, 2, 3], [4, 5, 1]):
+                with gdb.batching(**settings) if batched else contextlib.nullcontext():
+                    outs = [model(w) for w in words]
+                losses.append(nd.add_n(*outs))
+        for loss in losses:
+            loss.backward()
+        grads.append([p.grad().asnumpy() for p in model.collect_params().values()])
+    for got, want in zip(grads[1], grads[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -24,6 +24,7 @@ from ..ir.graph import LEAF, VIEW
 from ..ir.known import device_array
 from ..record import context
 from ..record.lazy import Rows, split_rows
+from ..record.trie import store
 from . import _walk
 from ..ir.rules import BROW, KNOWN, SHARED
 
@@ -176,6 +177,22 @@ def dtype_name(dtype):
     return found
 
 
+def leaf_value(node):
+    """The array a flush feeds MXNet for leaf ``node`` (not a parameter).
+
+    A constant this thread reuses across scopes (``F.zeros``, see
+    ``Recorder.make_constant``) goes in as a fresh copy while autograd
+    records, as eager makes a new array at each call: one array that two
+    recorded graphs share as an input loses its autograd entry when the
+    first graph's backward frees it, and the second backward fails.
+    """
+    value = node.value
+    if mx.autograd.is_recording() and id(value) in store().constant_ids:
+        with mx.autograd.pause():
+            return value.copy()
+    return value
+
+
 def merge_segments(segs):
     """Join adjacent segments of the same source."""
     merged = []
@@ -269,7 +286,7 @@ class Lowering(SegmentWalker):
             # ctypes call each).
             sid = self._new_source(("leaf", dtype_name(node.out_dtypes[0]),
                                     len(node.out_shapes[0])), rows)
-            self.feeds["s%d" % sid] = node.value
+            self.feeds["s%d" % sid] = leaf_value(node)
         self.leaf_ids[node] = sid
         return sid
 

@@ -6,6 +6,7 @@ import mxnet as mx
 
 from ..ir.graph import LEAF
 from ..ir.rules import NON_DIFFERENTIABLE, call_as_recorded
+from .lowering import leaf_value
 
 
 def run_reference(nodes, live, ctx):
@@ -14,7 +15,7 @@ def run_reference(nodes, live, ctx):
     values = {}
     for node in nodes:
         if node.kind == LEAF:
-            array = node.value if node.value is not None else node.param.data(ctx)
+            array = leaf_value(node) if node.value is not None else node.param.data(ctx)
             values[(node, 0)] = array
             continue
         inputs = [values[(src, i)] for src, i in node.inputs]
