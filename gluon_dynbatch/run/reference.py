@@ -8,6 +8,8 @@ from ..ir.graph import LEAF
 from ..ir.rules import NON_DIFFERENTIABLE, call_as_recorded
 from .lowering import leaf_value
 
+_DETACHING = ("BlockGrad", "stop_gradient")
+
 
 def run_reference(nodes, live, ctx):
     """Run ``nodes`` one by one and deliver the ``live`` outputs."""
@@ -19,9 +21,10 @@ def run_reference(nodes, live, ctx):
             values[(node, 0)] = array
             continue
         inputs = [values[(src, i)] for src, i in node.inputs]
-        if node.op.name in NON_DIFFERENTIABLE:
-            # Eager code gives them inputs without history (``x.detach()``,
-            # recorded as ``BlockGrad``): their backward is never asked for.
+        if node.op.name in NON_DIFFERENTIABLE or node.op.name in _DETACHING:
+            # Eager code gives the former inputs without history; the latter
+            # are how ``x.detach()`` is recorded, whose result eager gives no
+            # history (MXNet's backward through ``BlockGrad`` can crash).
             with mx.autograd.pause(train_mode=mx.autograd.is_training()):
                 outs = call_as_recorded(mx.nd, node, inputs)
         else:
