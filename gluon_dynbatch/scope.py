@@ -251,6 +251,8 @@ class BatchingScope:
             if live:
                 with context.modes_within(graph.mode):
                     self._run(graph, live, needed, stats)
+                    if mx.autograd.is_recording():
+                        context.TLS.batched_history = True
         except Exception as err:
             graph.error = "%s: %s" % (type(err).__name__, err)
             if isinstance(err, BatchingError):

@@ -331,10 +331,25 @@ def test_a_gradient_of_a_gradient_inside_a_sample_names_the_sample_and_the_way_o
         np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_a_gradient_penalty_on_a_scopes_values_says_how_to_run_it():
+def _eager_second_order_error():
+    """MXNet's own error for a gradient of a gradient through ``sum``, no scope."""
+    x = nd.array([[1.0, 2.0]])
+    x.attach_grad()
+    with autograd.record():
+        first = autograd.grad(nd.sum(nd.sin(x)), [x], create_graph=True, retain_graph=True)[0]
+        total = nd.sum(first * first)
+    with pytest.raises(MXNetError) as info:
+        total.backward()
+    return info.value
+
+
+@pytest.mark.parametrize("heads", ["outputs", "loss"])
+def test_a_gradient_penalty_on_a_scopes_values_says_how_to_run_it(heads):
     """``autograd.grad(outs, xs, create_graph=True)`` in the scope's own code (a
-    gradient penalty): a clear error pointing to the reference strategy (it was
-    MXNet's advice not to hybridize), which gives eager's results."""
+    gradient penalty), of the outputs or of a loss made of them: a clear error
+    pointing to the reference strategy (it was MXNet's advice not to
+    hybridize), which gives eager's results; MXNet's own errors afterwards,
+    of code that batched nothing, stay MXNet's."""
     model = Encoder()
     model.initialize(mx.init.Uniform(0.5))
     xs = [nd.random.uniform(-1, 1, shape=(1, 3)) for _ in range(3)]
@@ -350,7 +365,8 @@ def test_a_gradient_penalty_on_a_scopes_values_says_how_to_run_it():
             else:
                 with gdb.batching(**batching):
                     outs = [model(x) for x in xs]
-            grads = autograd.grad(outs, xs, create_graph=True, retain_graph=True)
+            of = outs if heads == "outputs" else nd.add_n(*outs)
+            grads = autograd.grad(of, xs, create_graph=True, retain_graph=True)
             total = nd.add_n(*outs).sum() + nd.add_n(*[(g * g).sum() for g in grads])
         total.backward()
         return model.dense.weight.grad().asnumpy().copy()
@@ -359,16 +375,13 @@ def test_a_gradient_penalty_on_a_scopes_values_says_how_to_run_it():
         penalised({})
     np.testing.assert_allclose(penalised({"strategy": "reference"}), want, rtol=1e-5,
                                atol=1e-6)
+    assert type(_eager_second_order_error()) is MXNetError
 
 
 _DETACHED_IN_SCOPE = r'''
 import contextlib
 import sys
 import numpy as np
-import os
-import subprocess
-import sys
-
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 import gluon_dynbatch as gdb

@@ -23,6 +23,9 @@ from . import lazy as lazy_mod
 class _Local(threading.local):
     recorder = None     # the recorder of this thread's active scope
     second_order = False    # a gradient with create_graph=True of a scope's values taken
+    # A flush ran under autograd since the last pass that freed a graph: a
+    # loss computed from its values holds batched steps, lazy or not.
+    batched_history = False
 
 
 TLS = _Local()
@@ -155,7 +158,7 @@ def _counting_backward(backward, position=2, to_variables=False):
         heads = args[0] if args else kwargs.get("heads")
         create = to_variables and bool(kwargs.get("create_graph",
                                                   args[4] if len(args) > 4 else False))
-        if create and _any_lazy(heads):
+        if create and (TLS.batched_history or _any_lazy(heads)):
             TLS.second_order = True
         kept = None
         if _in_a_sample():
@@ -173,6 +176,8 @@ def _counting_backward(backward, position=2, to_variables=False):
         retain = kwargs.get("retain_graph", args[position] if len(args) > position else None)
         if not (create if retain is None else retain):
             lazy_mod.backward_ran()
+            # The graph is freed: a later error is not about its batched steps.
+            TLS.second_order = TLS.batched_history = False
         return result
     wrapper.__doc__ = backward.__doc__
     wrapper.__name__ = backward.__name__
