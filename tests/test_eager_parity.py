@@ -420,3 +420,29 @@ def test_two_scopes_whose_losses_each_run_backward_equal_eager(settings):
         grads.append([p.grad().asnumpy() for p in model.collect_params().values()])
     for got, want in zip(grads[1], grads[0]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# An mx.np function on a sample's value
+# --------------------------------------------------------------------------
+
+class NumpyCumsum(gdb.DynBatchBlock):
+    """``F.np.cumsum`` of a sample's hidden row (an mx.np array), back to a legacy one."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(H, in_units=H, activation="tanh")
+
+    def hybrid_forward(self, F, row, table):
+        h = self.dense(table[row:row + 1])
+        return F.np.cumsum(h.as_np_ndarray()).as_nd_ndarray() * 1.0
+
+
+def test_an_mx_np_function_of_a_samples_value_equals_eager():
+    """The function runs on the value read (it is not an operator of the
+    graph); its mx.np result was made a leaf of the graph, which legacy
+    operators refused in the batched plan."""
+    model = make_model(NumpyCumsum)
+    check_all_strategies(model, [0, 3, 1, 2], [nd.array(np.random.RandomState(0)
+                                                        .uniform(-1, 1, (4, H)))])

@@ -344,7 +344,9 @@ class Recorder(RecorderCore):
                 return obj
             return self.leaf(obj) if node is None else obj
         if isinstance(obj, mx.nd.NDArray):
-            return self.leaf(obj)
+            # An ``mx.np`` array (``F.np.cumsum`` run on concrete values) stays
+            # as eager has it: the graph's leaves are legacy arrays.
+            return obj if isinstance(obj, mx.np.ndarray) else self.leaf(obj)
         if isinstance(obj, (list, tuple)) and any(
                 isinstance(o, (mx.nd.NDArray, list, tuple)) for o in obj):
             wrapped = [self.wrap_inputs(o) for o in obj]
