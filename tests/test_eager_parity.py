@@ -8,6 +8,7 @@ user's block and the call.
 import contextlib
 import sys
 
+import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import autograd, gluon, nd
@@ -446,3 +447,36 @@ def test_an_mx_np_function_of_a_samples_value_equals_eager():
     model = make_model(NumpyCumsum)
     check_all_strategies(model, [0, 3, 1, 2], [nd.array(np.random.RandomState(0)
                                                         .uniform(-1, 1, (4, H)))])
+
+
+# --------------------------------------------------------------------------
+# The variance of moments alone, in whole compiled plans
+# --------------------------------------------------------------------------
+
+class Variance(gdb.DynBatchBlock):
+    """The variance of a sample's hidden row, its mean unused."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(8, in_units=8, activation="tanh")
+
+    def hybrid_forward(self, F, x):
+        return F.moments(self.dense(x), axes=(1,))[1]
+
+
+def test_a_variance_whose_mean_goes_unused_equals_eager_in_whole_plans():
+    """MXNet's CachedOp gave NaN or wrong variances when the graph did not use
+    the mean (in inference), as a hybridized Gluon block does; whole plans
+    keep both."""
+    mx.random.seed(0)
+    model = Variance()
+    model.initialize(mx.init.Xavier(magnitude=3))
+    xs = [nd.array(np.random.RandomState(k).randn(1, 8)) for k in range(4)]
+    want = [model(x).asnumpy() for x in xs]
+    for strategy in ("depth", "agenda"):
+        with gdb.batching(strategy=strategy, compiled="plan"):
+            got = [model(x) for x in xs]
+        for out, expected in zip(got, want):
+            np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+    check_all_strategies(model, xs, [], compiled=(False, "plan", "step"))

@@ -37,6 +37,12 @@ _NO_CHANGE = contextlib.nullcontext()
 STATIC_ALLOC = os.environ.get("GDB_STATIC_ALLOC", "0") == "1"
 
 
+# Operators every output of which a whole plan keeps: MXNet 1.9.1's CachedOp
+# gives wrong values (NaN) for the variance of ``moments`` when its mean goes
+# unused in the graph, as in a hybridized Gluon block.
+KEEP_OUTPUTS = frozenset(["moments"])
+
+
 def cached_op(symbol, flags=()):
     """``mx.nd.CachedOp(symbol)`` with this package's flags (see ``STATIC_ALLOC``)."""
     return mx.nd.CachedOp(symbol, list(flags) + [("static_alloc", STATIC_ALLOC)])
@@ -62,6 +68,7 @@ def plan_symbol(walk):
             *[source(s) for s in sids], dim=0)
         return mx.sym.take(table, mx.sym.var(name), axis=0)
 
+    kept = []
     for kind, node0, ins, outs, _, variant in walk.steps:
         inputs = [gather(d) for d in ins]
         if kind == "alone":
@@ -70,9 +77,12 @@ def plan_symbol(walk):
             results = node0.op.batched(mx.sym, inputs, variant)
         else:
             results = node0.rule.batched_call(mx.sym, node0, inputs)
+        if kind != "program" and node0.op.name in KEEP_OUTPUTS:
+            kept.extend(results)
         for sid, sym in zip(outs, results):
             syms[sid] = sym
-    return mx.sym.Group([gather(desc) for desc, _ in walk.outputs])
+    # Outputs after those delivered are not delivered (``Lowering.deliver``).
+    return mx.sym.Group([gather(desc) for desc, _ in walk.outputs] + kept)
 
 
 def run_interpreted(plan, live, ctx, rows_out=False):
