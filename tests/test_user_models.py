@@ -959,6 +959,21 @@ def test_a_trial_decides_once_one_way_is_clearly_cheaper():
     assert usage.watch != "done"
 
 
+def test_calls_each_learning_a_path_of_their_own_start_a_trial_at_their_second_flush():
+    """A block learning a hundred and more states a call (message passing over
+    each sample's graph, vertex by vertex) in its first two flushes is tried
+    operator by operator from its third: two slow batches, not four."""
+    from gluon_dynbatch.record import usage as usage_rules
+    usage = usage_rules.Usage()
+    usage.counters = [[0]]
+    for flush in range(2):
+        assert not usage.irregular
+        usage.frames += 10
+        usage.counters[0][0] += int(2 * usage_rules.LEARNING_SEVERE * 10)
+        usage.note_learning(10.0, "imperative")
+    assert usage.irregular and usage.watch["trial"] == {"op": [], "frame": [1.0]}
+
+
 def test_a_trial_counts_the_flush_that_started_it_as_one_as_frames():
     """The flush that starts a trial ran as frames, learning as the next ones
     would: one flush by operator that is clearly cheaper decides the trial
@@ -973,8 +988,7 @@ def test_a_trial_counts_the_flush_that_started_it_as_one_as_frames():
         usage.counters[0][0] += int(2 * usage_rules.LEARNING_STATES * 10)
         usage.note_learning(10.0, "imperative")
         flushes += 1
-    # (The first flush only starts the watch.)
-    assert flushes == 1 + max(usage_rules.LEARNING_WARMUP + 1, usage_rules.LEARNING_STRIKES)
+    assert flushes == max(usage_rules.LEARNING_WARMUP + 1, usage_rules.LEARNING_STRIKES)
     usage.op_calls += 10
     usage.note_learning(2.0, "imperative")   # by operator: 0.2 ms a call against 1.0
     assert usage.watch == "done" and usage.irregular

@@ -20,16 +20,21 @@ log = logging.getLogger(__name__)
 #: Calls of a block that made new programs, at least 75% of its calls so far,
 #: after which the block is recorded operator by operator (``Usage``).
 FRESH_CALLS = 48
-#: ``note_learning``: flushes of a block before its learning is watched; new
-#: template states per call above which a flush counts as learning; such
-#: flushes in a row that start a trial (three: a new use of a block, such as
-#: decoding after training, learns in a flush or two, then replays); the
-#: trial's flushes (alternately operator by operator and as frames); and how
-#: much faster per call the operator-by-operator flushes must have been to
+#: ``note_learning``: flushes of a block, its first included, before its
+#: learning is watched; new template states per call above which a flush
+#: counts as learning; such flushes in a row that start a trial (three: a new
+#: use of a block, such as decoding after training, learns in a flush or two,
+#: then replays); new states per call above which a flush learns as a block
+#: whose every call takes a path of its own does (message passing over each
+#: sample's graph, written vertex by vertex: a hundred and more), two such
+#: flushes in a row starting the trial at once, its first flushes included;
+#: the trial's flushes (alternately operator by operator and as frames); and
+#: how much faster per call the operator-by-operator flushes must have been to
 #: keep them.
-LEARNING_WARMUP = 2
+LEARNING_WARMUP = 3
 LEARNING_STATES = 16.0
 LEARNING_STRIKES = 3
+LEARNING_SEVERE = 64.0
 LEARNING_TRIAL = 4
 LEARNING_GAIN = 0.8
 #: A trial decides as soon as both ways have run and one cost at most this
@@ -102,9 +107,9 @@ class Usage:
         if watch == "done":
             return False
         calls = self.frames + self.op_calls
-        if watch is None:
-            watch = self.watch = {"flushes": 0, "strikes": 0, "trial": None, "ms": 0.0,
-                                  "seen": calls, "mark": (calls, self.states())}
+        if watch is None:           # the block's first flush: all its calls so far
+            watch = self.watch = {"flushes": 0, "strikes": 0, "severe": 0, "trial": None,
+                                  "ms": 0.0, "seen": 0, "mark": (0, 0)}
         if calls == watch["seen"]:          # none of its calls in this flush
             return watch["trial"] is not None
         watch["seen"] = calls
@@ -129,7 +134,9 @@ class Usage:
         watch["flushes"] += 1
         watch["strikes"] = watch["strikes"] + 1 if learned >= LEARNING_STATES * new_calls \
             else 0
-        if watch["flushes"] > LEARNING_WARMUP and watch["strikes"] >= LEARNING_STRIKES:
+        watch["severe"] = watch["severe"] + 1 if learned >= LEARNING_SEVERE * new_calls else 0
+        if watch["severe"] >= 2 or (watch["flushes"] > LEARNING_WARMUP
+                                    and watch["strikes"] >= LEARNING_STRIKES):
             # This flush ran as frames and learned as the next ones would: it is
             # the trial's first flush as frames (one slow batch fewer).
             watch["trial"] = {"op": [], "frame": [ms_per_call]}
