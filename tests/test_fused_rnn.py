@@ -6,7 +6,10 @@ layer); a layer whose states are given or returned runs once per length
 (``RNNRule``).  Every form is checked against eager
 Gluon, outputs and every gradient.
 """
+import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -212,3 +215,52 @@ def test_fused_layers_given_sequence_lengths_equal_eager(kind):
     names an LSTM's cell state: every strategy raised in shape inference."""
     model = make_model(PaddedWithLengths, kind=kind)
     check_all_strategies(model, _sentences(1), [_table(1)], strategies=("depth", "agenda"))
+
+
+_PROJECTED = r'''
+import random
+import sys
+import numpy as np
+import mxnet as mx
+from mxnet import gluon
+from mxnet.gluon import rnn
+import gluon_dynbatch as gdb
+
+class Tagger(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.emb = gluon.nn.Embedding(20, 8)
+            self.lstm = rnn.LSTM(8, input_size=8, projection_size=4,
+                                 bidirectional=sys.argv[1] == "1")
+            self.out = gluon.nn.Dense(3)
+
+    def hybrid_forward(self, F, words):
+        x = self.emb(F.array(words)).reshape((len(words), 1, 8))
+        return self.out(self.lstm(x)[-1])
+
+mx.random.seed(0)
+rs = random.Random(0)
+model = Tagger()
+model.initialize(mx.init.Xavier())
+sentences = [[rs.randrange(20) for _ in range(rs.randint(1, 9))] for _ in range(6)]
+want = [model(s).asnumpy() for s in sentences]
+for settings in ({}, {"compiled": "step"}, {"granularity": "op"}):
+    with gdb.batching(**settings):
+        got = [model(s) for s in sentences]
+    print("max diff", max(float(np.abs(g.asnumpy() - w).max()) for g, w in zip(got, want)))
+'''
+
+
+@pytest.mark.parametrize("bidirectional", ["0", "1"])
+def test_an_lstm_with_a_projection_called_without_states_runs_as_eager(bidirectional):
+    """MXNet's RNN operator with a projection aborts the process when asked for
+    no state outputs, which the padded call of a layer called without states
+    asks for: such a layer runs as its code is written (in a child process)."""
+    proc = subprocess.run([sys.executable, "-c", _PROJECTED, bidirectional],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    diffs = [float(line.split()[-1]) for line in proc.stdout.splitlines()
+             if line.startswith("max diff")]
+    assert len(diffs) == 3 and max(diffs) < 1e-5
