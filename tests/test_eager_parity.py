@@ -229,7 +229,8 @@ def test_an_empty_sentence_raises_eager_error_naming_sample_and_call():
 # --------------------------------------------------------------------------
 
 class ListArgument(gdb.DynBatchBlock):
-    """A Python list passed where an operator, a child block or arithmetic takes an array."""
+    """A Python list passed where an operator, a child block or arithmetic takes an
+    array (or a child block called with nothing)."""
 
     def __init__(self, where, **kwargs):
         super().__init__(**kwargs)
@@ -246,6 +247,8 @@ class ListArgument(gdb.DynBatchBlock):
             return self.dense([[0.5, 1.0, 2.0]])
         if self.where == "concat":
             return F.concat(h, [bias], dim=0)
+        if self.where == "nothing":
+            return self.dense()
         return h + bias
 
 
@@ -268,8 +271,9 @@ def test_a_list_where_an_array_is_expected_names_sample_block_and_call(where, er
 @pytest.mark.parametrize("where, error, match", [
     ("block", ValueError, "one NDArray or one Symbol"),      # Gluon refuses a call without one
     ("arithmetic", TypeError, "not supported"),
+    ("nothing", TypeError, "missing 1 required positional argument"),
 ])
-def test_a_list_given_to_a_child_block_or_arithmetic_raises_eager_error(where, error, match):
+def test_a_child_block_or_arithmetic_given_no_array_raises_eager_error(where, error, match):
     """Eager's own error, with a note naming the sample."""
     model = make_model(ListArgument, where=where)
     x = nd.ones((1, 3))

@@ -26,6 +26,8 @@ block with hooks); recording goes on in a new segment.  A frame that meets
 something templates cannot describe falls back: it is cut and the rest of its
 calls are recorded one node per operator, as outside frames.
 """
+import inspect
+
 from mxnet.ndarray import NDArray
 
 from . import grafts
@@ -340,6 +342,13 @@ class Frame(FrameCore):
         them must be part of the path the block's calls are learned on.
         """
         if not holds_array(args):
+            if not args:
+                try:
+                    inspect.signature(block.forward).bind()
+                except TypeError:
+                    # Python's own error of the missing argument, as eager's call
+                    # raises (binding fails before the method's body runs).
+                    block.forward()
             # As ``HybridBlock.forward`` refuses it (a sample's None for an array).
             raise ValueError("In HybridBlock, there must be one NDArray or one Symbol in "
                              "the input. Please check the type of the args.\n")
