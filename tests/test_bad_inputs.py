@@ -795,3 +795,36 @@ def test_shared_model_used_from_two_threads_for_inference_is_correct(mode):
     """Both threads run plans of the same shape on other data (one cached plan)."""
     report = _run_threads("shared", mode, steps=20)
     assert report == {"errors": [], "mismatched": []}
+
+
+class FailsAtRunTime(gdb.DynBatchBlock):
+    """One sample's softmax over an axis its value lacks (MXNet finds out when the
+    call runs); the others read a value, which runs what is pending."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(8, in_units=8)
+
+    def hybrid_forward(self, F, x, bad):
+        h = F.tanh(self.dense(x))
+        if bad:
+            h = F.softmax(h, axis=5)
+        else:
+            h.sum().asscalar()
+        return self.dense(h)
+
+
+def test_an_error_mxnet_raises_at_a_read_does_not_blame_the_reading_sample_alone():
+    """The error of a batched call surfaces where a value is next read, maybe in
+    another sample's code: the note naming the reading sample says so."""
+    mx.random.seed(0)
+    model = FailsAtRunTime()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.array(np.random.RandomState(k).uniform(-1, 1, (1, 8))) for k in range(6)]
+    with pytest.raises(mx.base.MXNetError, match="axis 5 exceeds") as info:
+        with gdb.batching(compiled="step"):
+            outs = [model(x, k == 3) for k, x in enumerate(xs)]
+        [out.asnumpy() for out in outs]
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "raised while recording sample" in notes and "may be another sample's" in notes

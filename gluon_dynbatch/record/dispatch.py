@@ -54,6 +54,11 @@ def record_call(self, rec, args):
     return _record_sample(self, rec, args)
 
 
+# MXNet raises an error of a call that ran asynchronously where a value is next read.
+_ASYNC = ("; MXNet raises an error of a batched call where a value is next read, so the "
+          "call at fault may be another sample's")
+
+
 def _record_sample(self, rec, args):
     rec.sample = rec.num_samples
     rec.num_samples += 1
@@ -74,7 +79,8 @@ def _record_sample(self, rec, args):
         if hasattr(err, "add_note"):
             where = describe_call(rec.sample, rec.path + (self._name,))
             err.add_note(recursion_note(where) if isinstance(err, RecursionError)
-                         else "gluon_dynbatch: raised while recording %s" % where)
+                         else "gluon_dynbatch: raised while recording %s%s" % (
+                             where, _ASYNC if isinstance(err, mx.base.MXNetError) else ""))
         raise
     finally:
         restore_limit()
