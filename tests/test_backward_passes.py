@@ -8,6 +8,7 @@ a pass through another graph with ``retain_graph=True`` leaves them their
 gradient.  An array written in place after calls that read it were recorded
 gives those calls its old values.
 """
+import contextlib
 import os
 import subprocess
 import sys
@@ -425,3 +426,27 @@ def test_a_critic_on_values_detached_inside_the_scope_equals_eager(strategy):
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert float(proc.stdout.split("max diff")[-1]) < 1e-6
+
+
+@pytest.mark.parametrize("settings", [{}, {"compiled": "step"}, {"granularity": "op"}],
+                         ids=["default", "step", "op"])
+def test_an_output_written_with_out_then_used_again_in_the_scope_equals_eager(settings):
+    """``nd.sigmoid(o, out=o)`` on an output still pending: the flush its handle
+    runs hands it out as rows of the flush's arrays, and later calls in the
+    scope read those rows instead of the values written."""
+    model = Encoder()
+    model.initialize(mx.init.Uniform(0.5))
+    again = Encoder()                   # reads the (2, 4) outputs
+    again.dense = gluon.nn.Dense(4, in_units=4)
+    again.initialize(mx.init.Uniform(0.5))
+    xs = [nd.random.uniform(-1, 1, shape=(2, 3)) for _ in range(4)]
+
+    def run(batched):
+        with gdb.batching(**settings) if batched else contextlib.nullcontext():
+            firsts = [model(x) for x in xs]
+            for out in firsts:
+                nd.sigmoid(out, out=out)
+            seconds = [again(out) for out in firsts]
+        return [o.asnumpy() for o in firsts + seconds]
+    for got, want in zip(run(True), run(False)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

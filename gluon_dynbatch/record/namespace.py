@@ -256,7 +256,15 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
             if output_is_list and not isinstance(result, list):
                 result = [result]
             return result
-    return _INVOKE(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
+    result = _INVOKE(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
+    if out is not None:
+        # An output still pending above was computed by the flush its handle
+        # ran, and handed out as rows of that flush's arrays: it holds the
+        # written values now, not those rows.
+        for array in outs:
+            if type(array) is LazyArray:
+                array._rows = None  # pylint: disable=protected-access
+    return result
 
 
 
