@@ -828,3 +828,30 @@ def test_an_error_mxnet_raises_at_a_read_does_not_blame_the_reading_sample_alone
         [out.asnumpy() for out in outs]
     notes = " ".join(getattr(info.value, "__notes__", []))
     assert "raised while recording sample" in notes and "may be another sample's" in notes
+
+
+class NotInitialised(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
+@pytest.mark.parametrize("granularity", [None, "op"])
+def test_parameters_never_initialised_raise_gluons_error_naming_the_sample(granularity):
+    """Recorded operator by operator, the error came at the flush, naming nothing."""
+    model = NotInitialised()
+    xs = [nd.ones((1, 3)) * k for k in range(3)]
+    with pytest.raises(RuntimeError, match="has not been initialized") as info:
+        with gdb.batching(granularity=granularity):
+            outs = [model(x) for x in xs]
+        [out.asnumpy() for out in outs]
+    assert "sample 0, in " in " ".join(getattr(info.value, "__notes__", []))
+    model.initialize()
+    with gdb.batching(granularity=granularity):
+        outs = [model(x) for x in xs]
+    for out, x in zip(outs, xs):
+        np.testing.assert_allclose(out.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-6)

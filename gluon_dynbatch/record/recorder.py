@@ -290,6 +290,9 @@ class Recorder(RecorderCore):
             return found[1] if found[1]._node is not None else self._relazy(found)
         if type(parameter) is weight_calls.DerivedWeight:
             return weight_calls.resolve(self, parameter)
+        if getattr(parameter, "_data", True) is None \
+                and not getattr(parameter, "_deferred_init", ()):
+            parameter.data()        # never initialised: Gluon's error, as eager raises it
         node = graph.add(Node(graph, LEAF))
         node.param = parameter
         for data in getattr(parameter, "_data", None) or ():   # written in place by updates
