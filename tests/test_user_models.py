@@ -959,19 +959,36 @@ def test_a_trial_decides_once_one_way_is_clearly_cheaper():
     assert usage.watch != "done"
 
 
-def test_calls_each_learning_a_path_of_their_own_start_a_trial_at_their_second_flush():
+def test_calls_each_learning_a_path_of_their_own_start_a_trial_at_their_third_flush():
     """A block learning a hundred and more states a call (message passing over
-    each sample's graph, vertex by vertex) in its first two flushes is tried
-    operator by operator from its third: two slow batches, not four."""
+    each sample's graph, vertex by vertex) in its first three flushes is tried
+    operator by operator from its fourth: three slow batches, not four."""
     from gluon_dynbatch.record import usage as usage_rules
     usage = usage_rules.Usage()
     usage.counters = [[0]]
-    for flush in range(2):
+    for flush in range(usage_rules.LEARNING_STRIKES):
         assert not usage.irregular
         usage.frames += 10
         usage.counters[0][0] += int(2 * usage_rules.LEARNING_SEVERE * 10)
         usage.note_learning(10.0, "imperative")
     assert usage.irregular and usage.watch["trial"] == {"op": [], "frame": [1.0]}
+
+
+def test_calls_learning_their_paths_in_two_flushes_then_replaying_are_not_tried():
+    """A seq2seq model learns a path per sentence length, a hundred states a call,
+    in its first two flushes, then replays them: no trial (whose first flush as
+    frames, a learning one, would make recording operator by operator look
+    cheaper than its replays are)."""
+    from gluon_dynbatch.record import usage as usage_rules
+    usage = usage_rules.Usage()
+    usage.counters = [[0]]
+    for flush in range(8):
+        usage.frames += 10
+        if flush < 2:
+            usage.counters[0][0] += int(2 * usage_rules.LEARNING_SEVERE * 10)
+        usage.note_learning(10.0, "imperative")
+        assert not usage.irregular
+    assert usage.watch["trial"] is None
 
 
 def test_a_trial_counts_the_flush_that_started_it_as_one_as_frames():

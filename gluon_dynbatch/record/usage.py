@@ -26,8 +26,10 @@ FRESH_CALLS = 48
 #: use of a block, such as decoding after training, learns in a flush or two,
 #: then replays); new states per call above which a flush learns as a block
 #: whose every call takes a path of its own does (message passing over each
-#: sample's graph, written vertex by vertex: a hundred and more), two such
-#: flushes in a row starting the trial at once, its first flushes included;
+#: sample's graph, written vertex by vertex: a hundred and more), as many such
+#: flushes in a row starting the trial at once, its first flushes included (a
+#: seq2seq model learns that much in its first two flushes, a path per
+#: sentence length, then replays);
 #: the trial's flushes (alternately operator by operator and as frames); and
 #: how much faster per call the operator-by-operator flushes must have been to
 #: keep them.
@@ -135,7 +137,7 @@ class Usage:
         watch["strikes"] = watch["strikes"] + 1 if learned >= LEARNING_STATES * new_calls \
             else 0
         watch["severe"] = watch["severe"] + 1 if learned >= LEARNING_SEVERE * new_calls else 0
-        if watch["severe"] >= 2 or (watch["flushes"] > LEARNING_WARMUP
+        if watch["severe"] >= LEARNING_STRIKES or (watch["flushes"] > LEARNING_WARMUP
                                     and watch["strikes"] >= LEARNING_STRIKES):
             # This flush ran as frames and learned as the next ones would: it is
             # the trial's first flush as frames (one slow batch fewer).
