@@ -20,19 +20,19 @@ log = logging.getLogger(__name__)
 #: Calls of a block that made new programs, at least 75% of its calls so far,
 #: after which the block is recorded operator by operator (``Usage``).
 FRESH_CALLS = 48
-#: ``note_learning``: flushes of a block, its first included, before its
-#: learning is watched; new template states per call above which a flush
-#: counts as learning; such flushes in a row that start a trial (three: a new
-#: use of a block, such as decoding after training, learns in a flush or two,
-#: then replays); new states per call above which a flush learns as a block
-#: whose every call takes a path of its own does (message passing over each
-#: sample's graph, written vertex by vertex: a hundred and more), as many such
-#: flushes in a row starting the trial at once, its first flushes included (a
-#: seq2seq model learns that much in its first two flushes, a path per
-#: sentence length, then replays);
-#: the trial's flushes (alternately operator by operator and as frames); and
-#: how much faster per call the operator-by-operator flushes must have been to
-#: keep them.
+#: ``note_learning``, which starts a trial of recording a block operator by
+#: operator:
+#: - after ``LEARNING_WARMUP`` flushes of the block (its first included), when
+#:   ``LEARNING_STRIKES`` flushes in a row learned ``LEARNING_STATES`` or more new
+#:   template states a call (a new use of a block, such as decoding after
+#:   training, learns in a flush or two, then replays);
+#: - without the warm-up, when that many flushes in a row (its first ones
+#:   too) learned ``LEARNING_SEVERE`` or more (message passing written vertex by vertex learns
+#:   a hundred and more in every flush; a seq2seq model as much in its first
+#:   two, a path per sentence length, then replays).
+#: The trial runs ``LEARNING_TRIAL`` flushes (alternately operator by operator
+#: and as frames) and keeps recording operator by operator if that cost at most
+#: ``LEARNING_GAIN`` of the frames' cost a call.
 LEARNING_WARMUP = 3
 LEARNING_STATES = 16.0
 LEARNING_STRIKES = 3

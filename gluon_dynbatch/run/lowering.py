@@ -29,7 +29,6 @@ from . import _walk
 from ..ir.rules import BROW, KNOWN, SHARED
 
 
-
 class SegmentWalker:
     """Segment bookkeeping of a walk over a plan (the base of ``Lowering``).
 
@@ -177,17 +176,23 @@ def dtype_name(dtype):
     return found
 
 
-def leaf_value(node):
+def reused_constants():
+    """The constants this thread reuses across scopes (``F.zeros``, see
+    ``Recorder.make_constant``) that a flush must copy (``leaf_value``): all of
+    them while autograd records, else none."""
+    return store().constant_ids if mx.autograd.is_recording() else None
+
+
+def leaf_value(node, constants):
     """The array a flush feeds MXNet for leaf ``node`` (not a parameter).
 
-    A constant this thread reuses across scopes (``F.zeros``, see
-    ``Recorder.make_constant``) goes in as a fresh copy while autograd
-    records, as eager makes a new array at each call: one array that two
+    A constant among ``constants`` (``reused_constants``) goes in as a fresh
+    copy, as eager makes a new array at each call: one array that two
     recorded graphs share as an input loses its autograd entry when the
     first graph's backward frees it, and the second backward fails.
     """
     value = node.value
-    if mx.autograd.is_recording() and id(value) in store().constant_ids:
+    if constants and id(value) in constants:
         with mx.autograd.pause():
             return value.copy()
     return value
@@ -244,6 +249,7 @@ class Lowering(SegmentWalker):
         # every source so far of their families ("family": whole-plan keys
         # that do not depend on the trees).
         self.tables = tables or ("present" if slices else "family")
+        self.constants = reused_constants()     # copied where fed (``leaf_value``)
         # Whole-plan keys and source families: only a whole-plan compiler reads them.
         self.keyed = self.tables == "family"
         self.matrix_parts = []    # (variable name, numpy array) extra inputs of segment steps
@@ -286,7 +292,7 @@ class Lowering(SegmentWalker):
             # ctypes call each).
             sid = self._new_source(("leaf", dtype_name(node.out_dtypes[0]),
                                     len(node.out_shapes[0])), rows)
-            self.feeds["s%d" % sid] = leaf_value(node)
+            self.feeds["s%d" % sid] = leaf_value(node, self.constants)
         self.leaf_ids[node] = sid
         return sid
 

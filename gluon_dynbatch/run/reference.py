@@ -6,7 +6,7 @@ import mxnet as mx
 
 from ..ir.graph import LEAF
 from ..ir.rules import NON_DIFFERENTIABLE, call_as_recorded
-from .lowering import leaf_value
+from .lowering import leaf_value, reused_constants
 
 _DETACHING = ("BlockGrad", "stop_gradient")
 
@@ -15,9 +15,11 @@ def run_reference(nodes, live, ctx):
     """Run ``nodes`` one by one and deliver the ``live`` outputs."""
     ctx = ctx or mx.current_context()
     values = {}
+    constants = reused_constants()
     for node in nodes:
         if node.kind == LEAF:
-            array = leaf_value(node) if node.value is not None else node.param.data(ctx)
+            array = leaf_value(node, constants) if node.value is not None \
+                else node.param.data(ctx)
             values[(node, 0)] = array
             continue
         inputs = [values[(src, i)] for src, i in node.inputs]
