@@ -553,3 +553,43 @@ def test_sequence_operators_over_time_first_steps_batch_by_length(granularity):
     for compiled in (False, True, "step"):
         assert_same(run_model(model, samples, [table], "depth", compiled,
                               granularity=granularity), expected)
+
+
+class _AddsItsFunction(gdb.DynBatchBlock):
+    """``elemwise_add`` of a value and its ``log_softmax``, beside a strided
+    slice and a division by its norm (a graph MXNet's backward refused)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(8, flatten=False, in_units=8)
+
+    def hybrid_forward(self, F, x):
+        v = self.dense(x)
+        scores = F.FullyConnected(v[-1:, ::2], F.ones((2, 4)), num_hidden=2, no_bias=True)
+        scaled = F.broadcast_div(v, F.abs(F.sum(v, axis=-1, keepdims=True)) + 1)
+        return scores, scaled, F.elemwise_add(F.log_softmax(v, axis=-1), v)
+
+
+@pytest.mark.parametrize("compiled", [False, True, "step"])
+def test_elemwise_add_of_a_value_and_its_function_differentiates_operator_by_operator(compiled):
+    model = make_model(_AddsItsFunction)
+    data = np.random.RandomState(1).uniform(-1, 1, (22, 8)).astype("float32")
+    xs = [nd.array(data[a:b]) for a, b in [(0, 4), (4, 8), (8, 14), (14, 15), (15, 19), (19, 22)]]
+
+    def grads(batched):
+        for x in xs:
+            x.attach_grad()
+        with mx.autograd.record():
+            if batched:
+                with gdb.batching(granularity="op", compiled=compiled):
+                    outs = [model(x) for x in xs]
+            else:
+                outs = [model(x) for x in xs]
+            loss = nd.add_n(*[(o * o).sum() * (1 + 0.1 * k) + o.sum()
+                              for k, o in enumerate(o for out in outs for o in out)])
+        loss.backward()
+        return [x.grad.asnumpy() for x in xs]
+
+    for got, want in zip(grads(True), grads(False)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

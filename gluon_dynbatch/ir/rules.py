@@ -110,8 +110,11 @@ def call_as_recorded(F, node, inputs, extra_kwargs=None):
     if node.op.path is None:            # a program (see programs.py)
         return node.op.run(F, inputs, node.info)
     fn = F
-    for part in node.op.path:
-        fn = getattr(fn, part)
+    if node.op.name in SAME_SHAPE_ADDS:
+        fn = F.broadcast_add            # see SAME_SHAPE_ADDS
+    else:
+        for part in node.op.path:
+            fn = getattr(fn, part)
     blocked = NO_INPUT_GRADIENT.get(node.op.name)
     if blocked:
         inputs = _without_gradient(F, inputs, blocked)
@@ -127,6 +130,15 @@ def call_as_recorded(F, node, inputs, extra_kwargs=None):
     if hasattr(out, "list_outputs") and len(out.list_outputs()) > 1:
         return [out[i] for i in range(len(out.list_outputs()))]
     return [out]
+
+
+# Additions of equal shapes, run as ``broadcast_add`` (the same values and
+# gradients).  MXNet 1.9.1's backward, imperative or a CachedOp's, fails with
+# "control dep not found in graph" on some batched graphs where ``elemwise_add`` adds a value
+# and a function of it (``log_softmax(v) + v`` beside other uses of ``v``);
+# the same graph with ``broadcast_add`` runs.  Recorded shapes were checked
+# by the operator as written, so broadcasting never applies.
+SAME_SHAPE_ADDS = frozenset(["elemwise_add", "_plus", "_Plus", "_grad_add"])
 
 
 # Index inputs, whose gradient is zero or refused: passed without autograd
