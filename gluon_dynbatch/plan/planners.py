@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Tuple
 
-from ..ir.graph import OP, op_deps
+from ..ir.graph import OP
+from . import _agenda
 
 PLANNERS = ("depth", "agenda", "unbatched")
 _CLOCK_EVERY = 64      # nodes or steps between looks at the clock
@@ -200,33 +201,12 @@ def canonical(node):
 
 
 def _agenda_plan(ops, clock):
-    waiting = {}
-    consumers = {}
-    depth_sum, count = {}, {}
-    ready = {}
-    memo = {}
-    for node in ops:
-        clock.tick()
-        deps = op_deps(node, memo)
-        waiting[node] = len(deps)
-        for dep in deps:
-            consumers.setdefault(dep, []).append(node)
-        depth_sum[node.sig] = depth_sum.get(node.sig, 0) + node.depth
-        count[node.sig] = count.get(node.sig, 0) + 1
-        if not deps:
-            ready.setdefault(node.sig, []).append(node)
-    mean_depth = {sig: depth_sum[sig] / count[sig] for sig in count}
-    plan = Plan()
-    while ready:
-        sig = min(ready, key=mean_depth.__getitem__)
-        batch = ready.pop(sig)
-        clock.tick()
-        plan.steps.append(Step(sig, tuple(batch)))
-        for node in batch:
-            for consumer in consumers.get(node, ()):
-                waiting[consumer] -= 1
-                if waiting[consumer] == 0:
-                    ready.setdefault(consumer.sig, []).append(consumer)
+    """DyNet's agenda over ``ops`` (compiled: ``_agenda.agenda_batches``)."""
+    if not ops:
+        return Plan()
+    num_ids = max(node.id for node in ops) + 1
+    batches = _agenda.agenda_batches(ops, num_ids, clock.deadline, _CLOCK_EVERY, OutOfTime)
+    plan = Plan([Step(sig, nodes) for sig, nodes in batches])
     if plan.num_nodes != len(ops):
         raise RuntimeError("internal error: the graph has a cycle or a lost dependency")
     return plan
