@@ -346,3 +346,31 @@ def test_a_value_first_read_by_a_sum_keeps_its_row_count_in_the_template(form):
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
+class ZerosCarried(gdb.DynBatchBlock):
+    """A sum carried over a loop that starts as zeros plus zeros (a DNC's usage)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=2)
+
+    def hybrid_forward(self, F, xs):
+        usage, written = F.zeros((1, 3)), F.zeros((1, 3))
+        outs = []
+        for x in xs:
+            usage = usage + written
+            written = self.dense(x) + usage
+            outs.append(written)
+        return F.concat(*outs, dim=0)
+
+
+@pytest.mark.parametrize("compiled", MODES)
+def test_a_loop_sum_that_starts_as_zeros_plus_zeros_equals_eager(compiled):
+    model = make_model(ZerosCarried)
+    r = np.random.RandomState(1)
+    for lengths in ([3, 2, 1], [1, 4, 2]):
+        samples = [[nd.array(r.randn(1, 2)) for _ in range(n)] for n in lengths]
+        eager = run_model(model, samples, [], "eager")
+        assert_same(run_model(model, samples, [], "depth", compiled), eager)

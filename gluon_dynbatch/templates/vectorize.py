@@ -139,6 +139,8 @@ def _sums(steps, produced, exported):
                 signal = True                   # a sum that starts from zeros
             else:
                 terms.append(ref)
+        if not terms:
+            continue                # zeros plus zeros: nothing to sum, the addition stays
         positions = [ref for ref in terms if type(ref) is int]
         if len(set(positions)) != len(positions):
             continue                # a value added twice (h + h): the additions stay
