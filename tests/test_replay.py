@@ -304,18 +304,47 @@ def test_a_child_whose_attribute_changed_is_not_replayed_as_before(compiled, num
         assert_same(run_model(model, [1, 2, 3], [emb], "depth", compiled=compiled), expected)
 
 
-def test_a_child_whose_attributes_change_at_every_scope_is_told_once(caplog):
+def test_a_child_whose_attributes_change_at_every_scope_is_told_once_and_stays_exact(caplog):
     from gluon_dynbatch.record import trie
     model = make_model(UsesTempered)
     emb = nd.random.uniform(-1, 1, shape=(10, 3))
     with caplog.at_level("WARNING", logger="gluon_dynbatch"):
         for step in range(trie.MAX_SETTINGS + 4):
             model.cell.tau = 1.0 + step
-            with gdb.batching():
-                model(1, emb)
-    told = [r for r in caplog.records if "change from scope to scope (tau" in r.getMessage()]
+            expected = run_model(model, [1, 2, 3], [emb], "eager")
+            assert_same(run_model(model, [1, 2, 3], [emb], "depth"), expected)
+    told = [r for r in caplog.records if "took more than" in r.getMessage()
+            and "(tau" in r.getMessage()]
     assert len(told) == 1
     assert len(trie.store().settings[id(model.cell)]) == trie.MAX_SETTINGS + 1
+
+
+class ScaledPerCall(gdb.DynBatchBlock):
+    """Sets its child's attribute before each call: more values than the cap in one scope."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = Tempered()
+
+    def hybrid_forward(self, F, words, emb):
+        outs = []
+        for word in words:
+            self.cell.tau = 0.1 * (word + 1)
+            outs.append(self.cell(emb[word:word + 1]))
+        return F.concat(*outs, dim=0)
+
+
+@pytest.mark.parametrize("compiled", [False, True, "step"])
+def test_a_child_attribute_set_per_call_with_more_values_than_the_cap_stays_exact(compiled):
+    from gluon_dynbatch.record import trie
+    model = make_model(ScaledPerCall)
+    vocab = trie.MAX_SETTINGS * 2 + 8
+    emb = nd.random.uniform(-1, 1, shape=(vocab, 3))
+    r = np.random.RandomState(0)
+    samples = [list(r.randint(0, vocab, size=n)) for n in (12, 9, 15, 7)]
+    expected = run_model(model, samples, [emb], "eager")
+    assert_same(run_model(model, samples, [emb], "depth", compiled=compiled), expected)
 
 
 class Switched(gluon.HybridBlock):

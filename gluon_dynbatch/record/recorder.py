@@ -740,10 +740,10 @@ class Recorder(RecorderCore):
             return found
         guarded = self._guarded.get(id(block))
         if guarded is None:
+            settings = trie.settings(block)
             token = trie.token(
-                (self.block_identity(block), self.block_version(block), trie.settings(block)),
-                block)
-            guards = purity.replay_guards(block)
+                (self.block_identity(block), self.block_version(block), settings), block)
+            guards = None if settings is None else purity.replay_guards(block)
             if not guards:
                 if guards is None:
                     self._unreplayable.add(id(block))

@@ -232,8 +232,9 @@ def settings(block):
     the settings are part of the block's token (``Recorder.block_token``), and
     a block whose settings changed learns its calls anew (a setting changed
     inside a scope makes the scope's tokens anew: ``dispatch.install``).  A block seen with
-    more than ``MAX_SETTINGS`` settings (an attribute counting its calls) is
-    replayed whatever its settings, with a warning.
+    more than ``MAX_SETTINGS`` settings (an attribute set per call, or counting
+    the calls) gets None: its calls run its code every time, as calls of a block
+    the replay cannot hold for do (``Recorder.block_token``), with a warning.
     """
     found, stack = [], [block]
     while stack:
@@ -248,11 +249,10 @@ def settings(block):
         if len(seen) >= MAX_SETTINGS:
             if len(seen) == MAX_SETTINGS:
                 seen.add(None)
-                log.warning("%s: its attributes change from scope to scope (%s); its "
-                            "calls are replayed as first recorded, which holds only if "
-                            "what it computes does not depend on them: pass replay=False "
-                            "to gdb.batching() if it does", type(block).__name__,
-                            ", ".join(_changed(form, seen)))
+                log.warning("%s: its attributes took more than %d values (%s); its "
+                            "calls now run its code every time instead of replaying what "
+                            "was recorded, which is slower", type(block).__name__,
+                            MAX_SETTINGS, ", ".join(_changed(form, seen)))
             return None
         seen.add(form)
         if len(seen) == 1:
