@@ -971,3 +971,40 @@ def test_settings_that_compare_equal_but_compute_differently_are_told_apart(how)
     for words in ([1, 2, 3], [4, 2, 5, 1, 6]):
         expected = run_model(model, words, [emb], "eager")
         assert_same(run_model(model, words, [emb], "depth", "plan"), expected)
+
+
+SCALE = {"t": 1.0}
+
+
+class LambdaChild(gdb.DynBatchBlock):
+    """A ``HybridLambda`` child whose function reads what the parent sets per call."""
+
+    def __init__(self, kind, **kwargs):
+        super().__init__(**kwargs)
+        self.temp = 1.0
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+            if kind == "closure":
+                self.f = gluon.nn.HybridLambda(lambda F, x: F.tanh(x * self.temp))
+            elif kind == "global":
+                self.f = gluon.nn.HybridLambda(lambda F, x: F.tanh(x * SCALE["t"]))
+            else:
+                self.f = gluon.nn.HybridLambda("tanh")
+
+    def hybrid_forward(self, F, words, emb):
+        h = F.zeros((1, 4))
+        for word in words:
+            self.temp = SCALE["t"] = 0.1 * (word + 1)
+            h = self.f(self.dense(emb[word:word + 1])) + h
+        return h
+
+
+@pytest.mark.parametrize("kind", ["closure", "global", "named"])
+@pytest.mark.parametrize("compiled", [False, "step"])
+def test_a_hybrid_lambda_reading_per_call_state_is_not_replayed_stale(kind, compiled):
+    model = make_model(LambdaChild, kind=kind)
+    emb = nd.random.uniform(-1, 1, shape=(6, 3))
+    r = np.random.RandomState(2)
+    samples = [list(r.randint(0, 6, size=n)) for n in (4, 2, 5, 3)]
+    expected = run_model(model, samples, [emb], "eager")
+    assert_same(run_model(model, samples, [emb], "depth", compiled=compiled), expected)

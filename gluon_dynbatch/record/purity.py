@@ -101,11 +101,34 @@ def _replay_guards(block):
         if facts is False:
             facts = _CLASSES[type(current)] = _class_facts(type(current))
         found = None if facts is None else _instance_guards(current, facts, stack)
+        if found is not None and isinstance(current, _LAMBDAS):
+            found = _lambda_guards(current, found)
         if found is None:
             return None
         guards.update(found)
         stack.extend(current._children.values())  # pylint: disable=protected-access
     return tuple(sorted(guards, key=lambda guard: (hash(guard[0]), guard[1])))
+
+
+# Gluon's blocks that call a function the user gave them (``_func``).
+_LAMBDAS = (gluon.nn.HybridLambda, gluon.nn.Lambda)
+
+
+def _lambda_guards(block, guards):
+    """``guards`` with those of the user's function a ``HybridLambda`` calls
+    (None: it must run).  Attributes of a block it closes over (the parent's
+    ``self.temp``) are no key's: such a function runs at every call."""
+    function = getattr(block, "_func", None)
+    if not isinstance(function, types.FunctionType):
+        return None                         # a callable object: its code unknown
+    for cell in function.__closure__ or ():
+        try:
+            if isinstance(cell.cell_contents, gluon.Block):
+                return None
+        except ValueError:                  # (not bound yet)
+            continue
+    facts = _facts(function, type(block), 0, method=False)
+    return None if facts is None else set(guards) | set(facts[1])
 
 
 def _instance_guards(block, facts, stack):
