@@ -80,7 +80,12 @@ class DynBatchBlock(gluon.HybridBlock):
     _closure_codes = frozenset()     # recursive closures of ``hybrid_forward``
 
     def forward(self, *args):
-        """Eager, one-sample call (outside a batching scope)."""
+        """Eager, one-sample call (outside a batching scope); traced into a
+        symbol, as a HybridBlock's is, when a hybridized parent passes Symbols."""
+        if any(isinstance(a, mx.sym.Symbol) for a in _flat(args)):
+            params = {name: p.var() for name, p in self._reg_params.items()}
+            with self.name_scope():
+                return self.hybrid_forward(mx.sym, *args, **params)
         ctx = _context_of(args)
         params = {name: p.data(ctx) for name, p in self._reg_params.items()}
         return self.hybrid_forward(mx.nd, *args, **params)
@@ -93,6 +98,14 @@ class DynBatchBlock(gluon.HybridBlock):
     def _record_helper(self, rec, function, args, kwargs):
         return dispatch.record_helper(self, rec, function, args, kwargs)
 
+
+
+def _flat(args):
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
 
 
 def _context_of(args):

@@ -484,3 +484,46 @@ def test_a_variance_whose_mean_goes_unused_equals_eager_in_whole_plans():
         for out, expected in zip(got, want):
             np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
     check_all_strategies(model, xs, [], compiled=(False, "plan", "step"))
+
+
+class _Inner(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(H, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
+class _HybridizedParent(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inner = _Inner()
+            self.head = gluon.nn.Dense(2, in_units=H)
+
+    def hybrid_forward(self, F, x):
+        return self.head(self.inner(x))
+
+
+@pytest.mark.parametrize("scope", [None, "depth", "reference"])
+def test_a_hybridized_parent_traces_its_dynbatch_child_as_a_hybrid_block(scope):
+    parent = make_model(_HybridizedParent)
+    xs = [x[:, :3] for x in _states(4, rows=2)]
+
+    def run(hybridized):
+        if hybridized:
+            parent.hybridize()
+        with autograd.record():
+            with (gdb.batching(strategy=scope) if scope and hybridized
+                  else contextlib.nullcontext()):
+                outs = [parent(x) for x in xs]
+            loss = nd.add_n(*[(o * o).sum() for o in outs])
+        loss.backward()
+        return ([o.asnumpy() for o in outs],
+                [p.grad().asnumpy().copy() for p in parent.collect_params().values()])
+
+    want, got = run(False), run(True)
+    for a, b in zip(want[0] + want[1], got[0] + got[1]):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

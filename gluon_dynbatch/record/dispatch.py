@@ -45,7 +45,10 @@ log = logging.getLogger("gluon_dynbatch.record")
 def record_call(self, rec, args):
     """Record a top-level call of DynBatchBlock ``self`` inside a scope: a sample,
     recorded as a frame (``_core.record_frame``, which records the calls below it),
-    run as a task (``tasks.py``) unless one is running already."""
+    run as a task (``tasks.py``) unless one is running already.  A hybridized
+    parent tracing its graph passes Symbols: traced as a HybridBlock is."""
+    if any(isinstance(a, mx.sym.Symbol) for a in args):
+        return self.forward(*args)
     if rec.eager:
         return eager_call(self, rec, args)
     if rec.tasks.current is None:
