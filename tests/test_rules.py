@@ -593,3 +593,40 @@ def test_elemwise_add_of_a_value_and_its_function_differentiates_operator_by_ope
 
     for got, want in zip(grads(True), grads(False)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _image(F, x, channels=1):
+    return F.reshape(x, shape=(-1, channels, 4 // channels // 2, 2))
+
+
+IMAGE_CASES = {
+    "InstanceNorm": lambda F, x: F.InstanceNorm(_image(F, x), F.ones((1,)), F.zeros((1,))),
+    "GroupNorm": lambda F, x: F.GroupNorm(_image(F, x, 2), F.ones((1,)), F.zeros((1,)),
+                                          num_groups=1),
+    "space_to_depth": lambda F, x: F.space_to_depth(_image(F, x), block_size=2) * 2,
+    "depth_to_space": lambda F, x: F.depth_to_space(
+        F.reshape(x, shape=(-1, 4, 1, 1)), block_size=2) * 2,
+    "AdaptiveAvgPooling2D": lambda F, x: F.contrib.AdaptiveAvgPooling2D(
+        F.tanh(_image(F, x)), output_size=1),
+    "UpSampling": lambda F, x: F.UpSampling(_image(F, x), scale=2, sample_type="nearest"),
+    "BilinearResize2D": lambda F, x: F.contrib.BilinearResize2D(
+        F.tanh(_image(F, x)), height=3, width=3),
+    "BilinearSampler": lambda F, x: F.BilinearSampler(_image(F, x), F.GridGenerator(
+        F.concat(x, x[:, :2], dim=1) * 0.3, transform_type="affine", target_shape=(2, 2))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_CASES))
+def test_image_operators_batch_per_image_and_match_per_node(name):
+    model = OneOp(IMAGE_CASES[name])
+    table = nd.array(np.random.RandomState(0).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (2, 1), (5, 3), (1, 2)]
+    expected = reference_run(model, samples, [table])
+    with gdb.batching(strategy="depth", keep_plan=True, granularity="op") as scope:
+        outs = [model(s, table) for s in samples]
+    assert len(outs) == len(samples)
+    steps = [s for s in scope.last_plan.steps if s.nodes[0].op.name == name]
+    assert [len(s.nodes) for s in steps] == [len(samples)]
+    for strategy in ("depth", "agenda"):
+        for compiled in (False, True, "step"):
+            assert_same(run_model(model, samples, [table], strategy, compiled), expected)

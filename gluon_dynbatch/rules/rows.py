@@ -373,6 +373,15 @@ register_rule("Convolution", ConvolutionRule(first_row_roles))
 register_rule(["Deconvolution", "Pooling", "L2Normalization"], RowRule(first_row_roles))
 register_rule(["Embedding", "one_hot"], RowRule(lookup_roles))
 register_rule("LayerNorm", RowRule(axis_roles("axis", -1, extra_shared=True)))
+# Image operators computed per image (per row of axis 0), their weights shared.
+register_rule(["InstanceNorm", "GroupNorm", "space_to_depth", "depth_to_space",
+               "AdaptiveAvgPooling2D", "GridGenerator"], RowRule(first_row_roles))
+register_rule(["BilinearSampler", "SpatialTransformer"], RowRule(all_row_roles))
+register_rule("UpSampling", RowRule(
+    lambda n: first_row_roles(n) if n.kwargs.get("sample_type") == "bilinear"
+    else all_row_roles(n)))
+register_rule("BilinearResize2D", RowRule(
+    lambda n: first_row_roles(n) if len(n.inputs) == 1 else all_row_roles(n)))
 register_rule("BatchNorm", RowRule(batchnorm_roles))
 register_rule("batch_dot", RowRule(all_row_roles))
 # Gluon's losses (L2, L1, Huber, sigmoid cross-entropy) reshape the label like the prediction.
