@@ -1612,6 +1612,41 @@ def test_forms_that_change_with_an_integer_argument_are_learned_per_integer():
     assert scope.stats.flushes <= 2 * k + 1
 
 
+class ReadsUntilNegative(ReadsKTimes):
+    """A tuple as long as its sample's values allow: its form changes by data."""
+
+    def hybrid_forward(self, F, x):
+        outs, h = [], x
+        for _ in range(4):
+            if float(F.sum(h).asscalar()) <= 0:
+                break
+            h = self.dense(h)
+            outs.append(h)
+        return tuple(outs)
+
+
+def test_a_block_whose_tuples_change_length_by_data_is_told_once_to_use_map(caplog):
+    mx.random.seed(0)
+    model = ReadsUntilNegative()
+    model.initialize(mx.init.Uniform(1.0))
+    xs = [nd.array(np.random.RandomState(i).uniform(-1, 1, (1, 4))) for i in range(8)]
+    want = [model(x) for x in xs]
+    assert len({len(w) for w in want}) > 1
+    with pytest.raises(gdb.BatchingError):
+        with gdb.batching():
+            [model(x) for x in xs]
+    with caplog.at_level("WARNING", logger="gluon_dynbatch"):
+        for _ in range(2):
+            with gdb.batching():
+                got = [model(x) for x in xs]
+            for g, w in zip(got, want):
+                assert len(g) == len(w)
+                for a, b in zip(g, w):
+                    np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-7)
+    told = [r for r in caplog.records if "change form from call to call" in r.getMessage()]
+    assert len(told) == 1 and "gluon_dynbatch.map" in told[0].getMessage()
+
+
 class StepsInADict(StepsUntilItStops):
     """Its per-step outputs and their count, in a dict and in a tuple."""
 

@@ -40,6 +40,7 @@ from .context import MODE_CHANGES
 from .handlers import caught_at
 from .lazy import LazyArray
 from ..errors import BatchingError
+from ..logs import warn_once
 
 _IDENTITY = opdef("identity")
 _FORMS = weakref.WeakKeyDictionary()     # block -> {settings: the form of its calls' results}
@@ -181,6 +182,8 @@ class Tasks:
             task.handed = placeholders(self, task, form)
             return task.handed
         if not task.done:
+            if form is _VARYING:
+                _tell_serial(owner)
             self.drain(task)
         self.started.remove(task)
         if task.error is not None:
@@ -447,6 +450,15 @@ def _note_form(owner, settings, form):
         forms[settings] = form
     elif not _compatible(known, form):
         forms[settings] = _VARYING
+
+
+def _tell_serial(owner):
+    """Warn, once per block, that its calls waiting at reads run one at a time."""
+    warn_once(("serial", id(owner)),
+              "%s: its results change form from call to call, so a call that waits "
+              "at a read runs to its end before the loop goes on: such samples are "
+              "not batched across their reads; run them with gluon_dynbatch.map(), "
+              "or return a list instead of tuples", type(owner).__name__)
 
 
 def _refit(task):
