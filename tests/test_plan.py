@@ -8,6 +8,7 @@ import random
 
 import mxnet as mx
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 from mxnet import nd
 from mxnet.gluon import nn
@@ -108,3 +109,27 @@ def test_tree_plans_keep_their_depths():
     _check_order(plan)
     for step in plan.steps:
         assert len({n.depth for n in step.nodes}) == 1
+
+
+@pytest.mark.parametrize("compiled", [False, "step"])
+def test_rows_of_a_large_table_read_by_many_steps_are_taken_once_and_stay_exact(
+        compiled, monkeypatch):
+    """A tagger's steps each read their tokens' rows of a word table: the walk
+    takes the rows the flush reads once, and the steps read those."""
+    from dynbatch_testing import TokenRNN, make_model
+    from gluon_dynbatch.run import lowering
+    hoisted = []
+    real = lowering.Lowering._hoist_table_rows
+
+    def spy(self):
+        real(self)
+        hoisted.append(len(self.hoisted))
+
+    monkeypatch.setattr(lowering.Lowering, "_hoist_table_rows", spy)
+    model = make_model(TokenRNN)
+    table = nd.random.uniform(-1, 1, shape=(500, 5))
+    r = random.Random(4)
+    sentences = [[r.randrange(500) for _ in range(r.randint(1, 7))] for _ in range(6)]
+    expected = reference_run(model, sentences, [table])
+    assert_same(run_model(model, sentences, [table], "depth", compiled), expected)
+    assert hoisted and max(hoisted) == 1

@@ -265,6 +265,7 @@ class Lowering(SegmentWalker):
         self.outputs = []         # (group description, [(node, idx, lazy)])
         self.step_outputs = {}    # (first node, j) -> (sid, nodes) of each step output
         self.key_parts = []
+        self.hoisted = []         # (source, table source, index name): rows taken first
 
     # -- sources ------------------------------------------------------------------
     def _new_source(self, desc, rows, family=None):
@@ -421,8 +422,54 @@ class Lowering(SegmentWalker):
         for step in plan.steps:
             self._walk_step(step.nodes)
         self._walk_outputs(live)
-        return (tuple(self.key_parts), tuple(self.source_desc[:]),
-                tuple(sorted(self.param_names)))
+        key = (tuple(self.key_parts), tuple(self.source_desc[:]),
+               tuple(sorted(self.param_names)))
+        if not self.keyed:
+            self._hoist_table_rows()
+        return key
+
+    def _hoist_table_rows(self):
+        """Takes of a few rows of a large leaf (a word embedding table) read
+        from one take of every row the flush reads of it, made first.
+
+        Each step of a tagger reads its tokens' rows of the table; the
+        backward pass of every such take writes a gradient of the whole table.
+        Taken once, the table gets one such gradient, and the steps' takes
+        read a table of the flush's rows.  Only for walks whose structure
+        keys no compiled plan (``keyed``): the steps change, their key does not.
+        """
+        uses = {}
+        for _, _, ins, _, _, _ in self.steps:
+            for desc in ins:
+                if desc[0] == "take" and len(desc[1]) == 1:
+                    uses.setdefault(desc[1][0], []).append(desc[2])
+        if not uses:
+            return
+        index = dict(self.index_parts)
+        moved = {}
+        for sid, names in uses.items():
+            source = self.source_desc[sid]
+            if len(names) < 2 or source[0] not in ("param", "leaf") or \
+                    source[0] == "param" and source[1] in self.sparse_grads:
+                continue
+            rows = np.unique(np.concatenate([index[name] for name in names]))
+            if 2 * len(rows) > self.source_rows[sid]:
+                continue                # most of the table: taken as it is
+            name = "h%d" % sid
+            index[name] = rows.astype(np.int32)
+            self.index_parts.append((name, index[name]))
+            compact = self._new_source(("rows", sid, name), len(rows))
+            self.hoisted.append((compact, sid, name))
+            for part in names:
+                index[part] = np.searchsorted(rows, index[part]).astype(np.int32)
+                moved[part] = compact
+        if not moved:
+            return
+        self.index_parts = [(name, index[name]) for name, _ in self.index_parts]
+        self.steps = [(kind, node0, tuple(("take", (moved[d[2]],), d[2])
+                                          if d[0] == "take" and d[2] in moved else d
+                                          for d in ins), outs, count, variant)
+                      for kind, node0, ins, outs, count, variant in self.steps]
 
     def _walk_step(self, nodes):
         node0 = nodes[0]
@@ -528,6 +575,8 @@ class Lowering(SegmentWalker):
             for name, array in group:
                 feeds[name] = _view(flat, start, start + array.size, array.shape)
                 start += array.size
+        for sid, table, name in self.hoisted:
+            feeds["s%d" % sid] = mx.nd.take(feeds["s%d" % table], feeds[name], axis=0)
         return feeds
 
     def deliver(self, results):
