@@ -10,7 +10,7 @@ import time
 import mxnet as mx
 
 from .errors import BatchingError
-from .plan import budget, sums
+from .plan import budget, scalars, sums
 from .plan.planners import PLANNERS, make_plan
 from .record import context, handlers, literals, patches, trie
 from .record.recorder import Recorder
@@ -242,10 +242,12 @@ class BatchingScope:
         rec.new_graph()
         literals.fill(graph)
         try:
-            if graph.links and not self.reference_now():
+            if not self.reference_now():
                 t0 = time.perf_counter()
-                sums.rewrite(graph)             # counted as planning
-                stats.plan_ms = 1000.0 * (time.perf_counter() - t0)
+                if graph.links:
+                    sums.rewrite(graph)
+                scalars.rewrite(graph)
+                stats.plan_ms = 1000.0 * (time.perf_counter() - t0)   # counted as planning
             live, needed = graph.live_and_needed()
             live = literals.hand_out(graph, live, rec.rows_token)
             if live:

@@ -630,3 +630,37 @@ def test_image_operators_batch_per_image_and_match_per_node(name):
     for strategy in ("depth", "agenda"):
         for compiled in (False, True, "step"):
             assert_same(run_model(model, samples, [table], strategy, compiled), expected)
+
+
+class PerSampleNumbers(gdb.DynBatchBlock):
+    """Each sample's own Python numbers in scalar arithmetic (an ODE step, a temperature)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4, activation="tanh")
+
+    def hybrid_forward(self, F, sample, table):
+        start, rows, dt = sample
+        h = table[start:start + rows]
+        for k in range(3):
+            step = dt * (k + 1)
+            h = h + self.dense(h) * step
+            h = (h - step) / (1.0 + step)
+            h = (step - h) * 0.5 + 1.0 / (2.0 + F.abs(h)) * step
+        return h
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_scalar_arithmetic_with_each_samples_numbers_batches_and_equals_eager(dtype):
+    model = make_model(PerSampleNumbers)
+    model.cast(dtype)
+    table = nd.array(np.random.RandomState(3).uniform(-1, 1, size=(12, 4)), dtype=dtype)
+    samples = [(0, 3, 0.1), (2, 1, 0.25), (5, 3, 0.3), (1, 2, 0.05)]
+    expected = check_all_strategies(model, samples, [table]) and \
+        run_model(model, samples, [table], "eager")
+    for compiled in (False, True, "step"):
+        got = run_model(model, samples, [table], "depth", compiled, granularity="op")
+        assert_same(got, expected)
+        # Operator by operator: one step per operator and position, whatever the numbers.
+        assert got[2].steps == 3 * 13
