@@ -1647,6 +1647,46 @@ def test_a_block_whose_tuples_change_length_by_data_is_told_once_to_use_map(capl
     assert len(told) == 1 and "gluon_dynbatch.map" in told[0].getMessage()
 
 
+class TrainsOrDecodes(gdb.DynBatchBlock):
+    """Given gold actions, a loss array; without them, a greedy decode's
+    ``(score, actions)``, reading each step's argmax."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.out = nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, x, gold=None):
+        scores, actions = [], []
+        for t in range(x.shape[0]):
+            score = self.out(x[t:t + 1])
+            action = gold[t] if gold is not None else int(F.argmax(score, axis=1).asscalar())
+            actions.append(action)
+            scores.append(score[:, action:action + 1])
+        total = F.add_n(*scores)
+        return total if gold is not None else (total, actions)
+
+
+def test_a_call_leaving_out_an_argument_learns_its_own_form_of_results():
+    """Training (``model(x, gold)``) then decoding (``model(x)``) on one block."""
+    mx.random.seed(0)
+    model = TrainsOrDecodes()
+    model.initialize(mx.init.Uniform(1.0))
+    r = np.random.RandomState(0)
+    xs = [nd.array(r.uniform(-1, 1, (n, 4))) for n in (3, 5, 2, 4)]
+    golds = [list(r.randint(0, 3, size=x.shape[0])) for x in xs]
+    with gdb.batching():
+        losses = [model(x, gold) for x, gold in zip(xs, golds)]
+    for x, gold, loss in zip(xs, golds, losses):
+        np.testing.assert_allclose(loss.asnumpy(), model(x, gold).asnumpy(), rtol=1e-5)
+    want = [model(x) for x in xs]
+    with gdb.batching():
+        got = [model(x) for x in xs]
+    for (score, actions), (want_score, want_actions) in zip(got, want):
+        assert actions == want_actions
+        np.testing.assert_allclose(score.asnumpy(), want_score.asnumpy(), rtol=1e-5)
+
+
 class StepsInADict(StepsUntilItStops):
     """Its per-step outputs and their count, in a dict and in a tuple."""
 

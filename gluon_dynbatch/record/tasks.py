@@ -424,13 +424,15 @@ def placeholders(tasks, task, form, path=()):
 
 
 def settings_of(args, owner=None):
-    """The arguments of a call that look like settings (strings, booleans, None),
-    by position: the forms of a block's results are learned per settings, as a
-    mode (``model(x, "beam")``) may change what its calls return.  Integers
-    count too for a block ``owner`` whose results changed form under the same
-    settings (``model(x, k)`` returning ``k`` arrays)."""
+    """The number of arguments of a call and those that look like settings
+    (strings, booleans, None), by position: the forms of a block's results are
+    learned per settings, as a mode (``model(x, "beam")``, or a target left out:
+    ``model(x)`` against ``model(x, gold)``) may change what its calls return.
+    Integers count too for a block ``owner`` whose results changed form under
+    the same settings (``model(x, k)`` returning ``k`` arrays)."""
     counted = _INT_SETTINGS if owner is not None and owner in _BY_INTEGERS else _SETTINGS
-    return tuple((k, a) for k, a in enumerate(args) if a is None or type(a) in counted)
+    return (len(args),) + tuple((k, a) for k, a in enumerate(args)
+                                if a is None or type(a) in counted)
 
 
 _SETTINGS = (str, bool)
