@@ -438,23 +438,12 @@ class Lowering(SegmentWalker):
         read a table of the flush's rows.  Only for walks whose structure
         keys no compiled plan (``keyed``): the steps change, their key does not.
         """
-        uses = {}
-        for _, _, ins, _, _, _ in self.steps:
-            for desc in ins:
-                if desc[0] == "take" and len(desc[1]) == 1:
-                    uses.setdefault(desc[1][0], []).append(desc[2])
-        if not uses:
-            return
         index = dict(self.index_parts)
         moved = {}
-        for sid, names in uses.items():
-            source = self.source_desc[sid]
-            if len(names) < 2 or source[0] not in ("param", "leaf") or \
-                    source[0] == "param" and source[1] in self.sparse_grads:
+        for sid, names in self._table_takes().items():
+            rows = self._rows_to_hoist(sid, names, index)
+            if rows is None:
                 continue
-            rows = np.unique(np.concatenate([index[name] for name in names]))
-            if 2 * len(rows) > self.source_rows[sid]:
-                continue                # most of the table: taken as it is
             name = "h%d" % sid
             index[name] = rows.astype(np.int32)
             self.index_parts.append((name, index[name]))
@@ -470,6 +459,25 @@ class Lowering(SegmentWalker):
                                           if d[0] == "take" and d[2] in moved else d
                                           for d in ins), outs, count, variant)
                       for kind, node0, ins, outs, count, variant in self.steps]
+
+    def _table_takes(self):
+        """Per source, the index names of the steps' takes of its rows alone."""
+        uses = {}
+        for _, _, ins, _, _, _ in self.steps:
+            for desc in ins:
+                if desc[0] == "take" and len(desc[1]) == 1:
+                    uses.setdefault(desc[1][0], []).append(desc[2])
+        return uses
+
+    def _rows_to_hoist(self, sid, names, index):
+        """The sorted rows of leaf ``sid`` its takes ``names`` read, when two or
+        more read at most half of it (not a parameter with sparse gradients)."""
+        source = self.source_desc[sid]
+        if len(names) < 2 or source[0] not in ("param", "leaf") or \
+                source[0] == "param" and source[1] in self.sparse_grads:
+            return None
+        rows = np.unique(np.concatenate([index[name] for name in names]))
+        return rows if 2 * len(rows) <= self.source_rows[sid] else None
 
     def _walk_step(self, nodes):
         node0 = nodes[0]
