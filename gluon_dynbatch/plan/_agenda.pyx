@@ -10,22 +10,22 @@ from time import perf_counter
 cdef str OP = "op", VIEW = "view"       # ir.graph's node kinds
 
 
-cdef list _view_deps(object view, list memo):
-    """The op nodes a view waits for, through the views it reads (memoised by id)."""
-    cdef list found = memo[view.id]
-    cdef set deps
+cdef set _waits_for(object node, list memo):
+    """The op nodes ``node`` waits for: its op inputs, those of the views it
+    reads (memoised by view id) and ``node.deps``."""
+    cdef set deps = set(node.deps)
     cdef object src, value
-    if found is not None:
-        return found
-    deps = set(view.deps)
-    for value in view.inputs:
+    cdef list found
+    for value in node.inputs:
         src = value[0]
         if src.kind == OP:
             deps.add(src)
         elif src.kind == VIEW:
-            deps.update(_view_deps(src, memo))
-    found = memo[view.id] = list(deps)
-    return found
+            found = memo[src.id]
+            if found is None:
+                found = memo[src.id] = list(_waits_for(src, memo))
+            deps.update(found)
+    return deps
 
 
 def agenda_batches(list ops, Py_ssize_t num_ids, object deadline, Py_ssize_t every,
@@ -40,10 +40,9 @@ def agenda_batches(list ops, Py_ssize_t num_ids, object deadline, Py_ssize_t eve
     cdef list memo = [None] * num_ids          # view id -> op nodes it waits for
     cdef list consumers = [None] * n           # index in ops -> indices waiting for it
     cdef list waiting = [0] * n
-    cdef list deps, batch, after
+    cdef set deps
+    cdef list batch, after
     cdef dict depth_sum = {}, counts = {}, ready = {}, mean_depth
-    cdef bytearray seen_marks = bytearray(n)
-    cdef unsigned char[::1] seen = seen_marks
     cdef object node, src, value, sig, dep
     for k in range(n):
         position[(<object>ops[k]).id] = k
@@ -52,28 +51,17 @@ def agenda_batches(list ops, Py_ssize_t num_ids, object deadline, Py_ssize_t eve
         ticks += 1
         if deadline is not None and ticks % every == 0 and perf_counter() > deadline:
             raise out_of_time()
-        deps = list(node.deps)
-        for value in node.inputs:
-            src = value[0]
-            if src.kind == OP:
-                deps.append(src)
-            elif src.kind == VIEW:
-                deps.extend(_view_deps(src, memo))
-        count = 0
-        for dep in deps:                        # distinct dependencies only
+        deps = _waits_for(node, memo)
+        for dep in deps:
             pos = position[dep.id]
             if pos < 0:
                 raise RuntimeError("internal error: %r waits for a node not planned" % node)
-            if not seen[pos]:
-                seen[pos] = 1
-                count += 1
-                after = consumers[pos]
-                if after is None:
-                    consumers[pos] = [k]
-                else:
-                    after.append(k)
-        for dep in deps:
-            seen[<Py_ssize_t>position[dep.id]] = 0
+            after = consumers[pos]
+            if after is None:
+                consumers[pos] = [k]
+            else:
+                after.append(k)
+        count = len(deps)
         waiting[k] = count
         sig = node.sig
         depth_sum[sig] = depth_sum.get(sig, 0) + node.depth
