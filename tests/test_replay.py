@@ -973,7 +973,7 @@ def test_settings_that_compare_equal_but_compute_differently_are_told_apart(how)
         assert_same(run_model(model, words, [emb], "depth", "plan"), expected)
 
 
-SCALE = {"t": 1.0}
+PER_CALL = {"t": 1.0}
 
 
 class LambdaChild(gdb.DynBatchBlock):
@@ -987,14 +987,14 @@ class LambdaChild(gdb.DynBatchBlock):
             if kind == "closure":
                 self.f = gluon.nn.HybridLambda(lambda F, x: F.tanh(x * self.temp))
             elif kind == "global":
-                self.f = gluon.nn.HybridLambda(lambda F, x: F.tanh(x * SCALE["t"]))
+                self.f = gluon.nn.HybridLambda(lambda F, x: F.tanh(x * PER_CALL["t"]))
             else:
                 self.f = gluon.nn.HybridLambda("tanh")
 
     def hybrid_forward(self, F, words, emb):
         h = F.zeros((1, 4))
         for word in words:
-            self.temp = SCALE["t"] = 0.1 * (word + 1)
+            self.temp = PER_CALL["t"] = 0.1 * (word + 1)
             h = self.f(self.dense(emb[word:word + 1])) + h
         return h
 
