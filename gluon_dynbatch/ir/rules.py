@@ -134,10 +134,10 @@ def call_as_recorded(F, node, inputs, extra_kwargs=None):
 
 # Additions of equal shapes, run as ``broadcast_add`` (the same values and
 # gradients).  MXNet 1.9.1's backward, imperative or a CachedOp's, fails with
-# "control dep not found in graph" on some batched graphs where ``elemwise_add`` adds a value
-# and a function of it (``log_softmax(v) + v`` beside other uses of ``v``);
-# the same graph with ``broadcast_add`` runs.  Recorded shapes were checked
-# by the operator as written, so broadcasting never applies.
+# "control dep not found in graph" on some batched graphs where ``elemwise_add``
+# adds a value and a function of it (``log_softmax(v) + v`` beside other uses
+# of ``v``); the same graph with ``broadcast_add`` runs.  Recorded shapes were
+# checked by the operator as written, so broadcasting never applies.
 SAME_SHAPE_ADDS = frozenset(["elemwise_add", "_plus", "_Plus", "_grad_add"])
 
 
