@@ -11,6 +11,8 @@
   layers take it), with the sample's length if given: samples of one
   length run as one call, batched along axis 1 (laid out ``(1, T, ...)``
   with ``axis=1``, samples of one length batch as rows);
+* ``RoiRule``: ``ROIPooling`` and ``ROIAlign``, each box's image index
+  moved to where its sample's images start in the batch;
 * ``OrderKeepingRule``: a transpose or ``swapaxes`` that only moves axes of
   size 1 (batch-first RNN layers turn ``(1, T, C)`` into ``(T, 1, C)``)
   keeps the data in order, so it batches as a reshape; ``EachTransposeRule``
@@ -283,6 +285,37 @@ def swapaxes_roles(node):
     return None if not ndim or 0 in [d % ndim for d in dims] else (ROW,)
 
 
+class RoiRule(Rule):
+    """``ROIPooling`` or ``ROIAlign`` of a sample's images (N, C, H, W) and its
+    boxes (R, 5), each box led by the index of its image: the batch's images
+    and boxes concatenated, each box's index moved to where its sample's images
+    start (a column of offsets added, made when the batch is planned)."""
+
+    batching = "segment"
+
+    def signature(self, node):
+        if len(node.inputs) != 2:
+            return None
+        data, rois = _in_shape(node, 0), _in_shape(node, 1)
+        if len(data) != 4 or len(rois) != 2 or rois[1] != 5:
+            return None
+        return Signature((("roi", data[1:], _in_dtype(node, 0)),
+                          ("roi", rois[1:], _in_dtype(node, 1))), self, (ROW, ROW))
+
+    @staticmethod
+    def segment_arrays(nodes, dtype):
+        """(boxes, 5) offsets: each box's sample's first image, in column 0."""
+        images = np.array([_in_shape(node, 0)[0] for node in nodes])
+        boxes = np.array([_in_shape(node, 1)[0] for node in nodes])
+        shift = np.zeros((int(boxes.sum()), 5), dtype=_in_dtype(nodes[0], 1))
+        shift[:, 0] = np.repeat(np.cumsum(images) - images, boxes)
+        return [shift]
+
+    def batched_call(self, F, node, inputs):
+        return call_as_recorded(F, node, [inputs[0], inputs[1] + inputs[-1]])
+
+
+register_rule(["ROIPooling", "ROIAlign"], RoiRule())
 register_rule("RNN", RowFallback(PaddedRNNRule(), RNNRule()))
 register_rule("SequenceReverse", SequenceRule())
 register_rule(["SequenceMask", "SequenceLast"],
