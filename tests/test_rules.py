@@ -616,9 +616,22 @@ IMAGE_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(IMAGE_CASES))
+def _boxes(F, rows):
+    """Two boxes per sample, on its first and last image."""
+    return F.array([[0, 0, 0, 1, 1], [rows - 1, 0.5, 0, 1.5, 1]])
+
+
+ROI_CASES = {
+    "ROIPooling": lambda F, x: F.ROIPooling(_image(F, F.tanh(x)), _boxes(F, x.shape[0]),
+                                            pooled_size=(1, 1), spatial_scale=1.0),
+    "ROIAlign": lambda F, x: F.contrib.ROIAlign(_image(F, F.tanh(x)), _boxes(F, x.shape[0]),
+                                                pooled_size=(1, 1), spatial_scale=1.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_CASES) + sorted(ROI_CASES))
 def test_image_operators_batch_per_image_and_match_per_node(name):
-    model = OneOp(IMAGE_CASES[name])
+    model = OneOp({**IMAGE_CASES, **ROI_CASES}[name])
     table = nd.array(np.random.RandomState(0).uniform(-1, 1, size=(12, 4)))
     samples = [(0, 3), (2, 1), (5, 3), (1, 2)]
     expected = reference_run(model, samples, [table])
@@ -664,32 +677,3 @@ def test_scalar_arithmetic_with_each_samples_numbers_batches_and_equals_eager(dt
         assert_same(got, expected)
         # Operator by operator: one step per operator and position, whatever the numbers.
         assert got[2].steps == 3 * 13
-
-
-def _boxes(F, rows):
-    """Two boxes per sample, on its first and last image."""
-    return F.array([[0, 0, 0, 1, 1], [rows - 1, 0.5, 0, 1.5, 1]])
-
-
-ROI_CASES = {
-    "ROIPooling": lambda F, x: F.ROIPooling(_image(F, F.tanh(x)), _boxes(F, x.shape[0]),
-                                            pooled_size=(1, 1), spatial_scale=1.0),
-    "ROIAlign": lambda F, x: F.contrib.ROIAlign(_image(F, F.tanh(x)), _boxes(F, x.shape[0]),
-                                                pooled_size=(1, 1), spatial_scale=1.0),
-}
-
-
-@pytest.mark.parametrize("name", sorted(ROI_CASES))
-def test_boxes_of_each_samples_images_batch_as_one_call(name):
-    model = OneOp(ROI_CASES[name])
-    table = nd.array(np.random.RandomState(0).uniform(-1, 1, size=(12, 4)))
-    samples = [(0, 3), (2, 1), (5, 3), (1, 2)]
-    expected = reference_run(model, samples, [table])
-    with gdb.batching(strategy="depth", keep_plan=True, granularity="op") as scope:
-        outs = [model(s, table) for s in samples]
-    assert len(outs) == len(samples)
-    steps = [s for s in scope.last_plan.steps if s.nodes[0].op.name == name]
-    assert [len(s.nodes) for s in steps] == [len(samples)]
-    for strategy in ("depth", "agenda"):
-        for compiled in (False, True, "step"):
-            assert_same(run_model(model, samples, [table], strategy, compiled), expected)
