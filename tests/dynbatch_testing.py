@@ -144,6 +144,18 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
         return o * F.tanh(c), c
 
 
+class DenseTanh(gdb.DynBatchBlock):
+    """``tanh(Dense(x))`` of a (n, 3) value: the smallest block with a parameter."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
 class TokenRNN(gdb.DynBatchBlock):
     """Elman RNN over a sentence of token ids, one token at a time."""
 

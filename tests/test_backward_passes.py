@@ -20,16 +20,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
-
-
-class Encoder(gdb.DynBatchBlock):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=3)
-
-    def hybrid_forward(self, F, x):
-        return F.tanh(self.dense(x))
+from dynbatch_testing import DenseTanh as Encoder
 
 
 class Scorer(gdb.DynBatchBlock):

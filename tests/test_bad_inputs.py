@@ -20,7 +20,7 @@ import pytest
 from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import BATCHED, assert_same, run_model
+from dynbatch_testing import BATCHED, DenseTanh, assert_same, run_model
 
 COMPILED = (False, True, "step")
 IN_UNITS = 3
@@ -830,20 +830,10 @@ def test_an_error_mxnet_raises_at_a_read_does_not_blame_the_reading_sample_alone
     assert "raised while recording sample" in notes and "may be another sample's" in notes
 
 
-class NotInitialised(gdb.DynBatchBlock):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=3)
-
-    def hybrid_forward(self, F, x):
-        return F.tanh(self.dense(x))
-
-
 @pytest.mark.parametrize("granularity", [None, "op"])
 def test_parameters_never_initialised_raise_gluons_error_naming_the_sample(granularity):
     """Recorded operator by operator, the error came at the flush, naming nothing."""
-    model = NotInitialised()
+    model = DenseTanh()
     xs = [nd.ones((1, 3)) * k for k in range(3)]
     with pytest.raises(RuntimeError, match="has not been initialized") as info:
         with gdb.batching(granularity=granularity):

@@ -17,7 +17,8 @@ from mxnet.gluon import rnn
 import gluon_dynbatch as gdb
 import idiom_models as im
 from gluon_dynbatch.ir.rules import rule_for
-from dynbatch_testing import Tree, assert_same, check_all_strategies, make_model, run_model
+from dynbatch_testing import (DenseTanh, Tree, assert_same, check_all_strategies, make_model,
+                              run_model)
 
 H = 4
 
@@ -489,21 +490,11 @@ def test_a_variance_whose_mean_goes_unused_equals_eager_in_whole_plans():
     check_all_strategies(model, xs, [], compiled=(False, "plan", "step"))
 
 
-class _Inner(gdb.DynBatchBlock):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(H, in_units=3)
-
-    def hybrid_forward(self, F, x):
-        return F.tanh(self.dense(x))
-
-
 class _HybridizedParent(gluon.HybridBlock):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         with self.name_scope():
-            self.inner = _Inner()
+            self.inner = DenseTanh()
             self.head = gluon.nn.Dense(2, in_units=H)
 
     def hybrid_forward(self, F, x):
