@@ -8,12 +8,13 @@ fluent methods on it (and ``mx.nd`` operators called on it directly, see
 operator writing to ``out=``, ``backward``) reaches for ``handle``, which
 first runs what is pending.
 """
+import ctypes
 import threading
 import weakref
 
 import numpy as np
 from mxnet import autograd, nd
-from mxnet.base import _LIB, check_call
+from mxnet.base import _LIB, SymbolHandle, check_call
 
 from ..errors import BatchingError
 from ..ir.known import device_array
@@ -54,6 +55,37 @@ def _passes():
 def backward_ran():
     """Count a graph-freeing backward pass of this thread."""
     _passes()[0] += 1
+
+
+def has_history(array):
+    """Whether autograd still holds the graph that computed ``array``.
+
+    False for an array computed outside ``autograd.record()`` and for one a
+    backward pass went through (without ``retain_graph``): MXNet cleared its
+    node's autograd record, and using it as a recorded array takes it as a
+    constant.  An array a pass did not reach keeps its graph.
+    """
+    symbol = SymbolHandle()
+    if _LIB.MXAutogradGetSymbol(array.handle, ctypes.byref(symbol)) != 0:
+        return False                    # "not part of a computation graph"
+    check_call(_LIB.MXSymbolFree(symbol))
+    return True
+
+
+def constants_if_freed(arrays):
+    """``arrays`` with every LazyArray whose graph a backward pass freed taken as
+    a constant (``detach``), as eager MXNet takes such an array.
+
+    A value cut out of a batched array is a row of it in autograd's graph: a
+    pass that freed the array but not the row (the row was not on the loss's
+    path) would leave a recorded row whose input MXNet no longer knows, and
+    the next backward pass through it would fail.
+    """
+    return [a.detach() if type(a) is LazyArray and a.history_freed() else a
+            for a in arrays]
+
+
+_FREED = -1     # an epoch's count once its value is known to be freed
 
 
 def epoch_stamp():
@@ -166,18 +198,27 @@ class LazyArray(nd.NDArray):
         self._epoch = epoch_stamp()
 
     def history_freed(self):
-        """Whether a backward pass may have freed the graph that computed this value.
+        """Whether a backward pass freed the graph that computed this value.
 
-        A computed LazyArray is cut from the batched arrays of its flush;
-        once a backward pass has run through them (without ``retain_graph``)
-        MXNet has freed their history, and the cut-out value must be used
-        as a constant, as eager MXNet uses an array whose graph was freed.
-        Whether a pass reached them cannot be told cheaply (a pass through
-        other samples' rows of a shared batched step frees the steps before
-        this value's, not its own node): any pass since counts.
+        A computed LazyArray is cut from a batched array of its flush; once
+        a backward pass has run through that array (without ``retain_graph``)
+        MXNet has freed its history, and the value must be used as a
+        constant, as eager MXNet uses an array whose graph was freed.  A
+        pass that did not reach it (a GAN's critic step on detached values)
+        leaves its history, and gradients flow through it as eagerly.  Only
+        values computed before a graph-freeing pass are asked MXNet.
         """
         epoch = getattr(self, "_epoch", None)
-        return epoch is not None and epoch[0][0] != epoch[1]
+        if epoch is None or epoch[0][0] == epoch[1]:
+            return False                # no pass since it was computed (or asked)
+        if epoch[1] == _FREED:
+            return True
+        rows = self._rows
+        freed = rows is not None and rows[0].history_freed() or (
+            self._h is not None and not has_history(self))
+        # Remembered: freed for good, or kept until the next pass.
+        self._epoch = (epoch[0], _FREED if freed else epoch[0][0])
+        return freed
 
     @property
     def is_pending(self):
@@ -310,13 +351,24 @@ class Rows:
         Each value's rows, when they are not ``counts`` rows after rows in order.
     literal : bool
         Rows of a pool of literals (``record.literals``): constants, known values.
+    sources : list of NDArray, optional
+        The steps' outputs ``array`` was gathered from, while autograd records:
+        a backward pass that freed any of them (or ``array``) freed the
+        values' graph (``history_freed``), though the gather itself may be
+        off its path.  Those without history (steps run outside autograd)
+        are let go at once.
     """
 
     __slots__ = ("array", "bounds", "mode", "token", "tail", "dtype", "members", "host",
-                 "literal")
+                 "literal", "freed", "sources")
 
-    def __init__(self, array, counts, mode, token, tail, dtype, bounds=None, literal=False):
+    def __init__(self, array, counts, mode, token, tail, dtype, bounds=None, literal=False,
+                 sources=None):
         self.array, self.mode, self.token = array, mode, token
+        if sources is not None:     # what has history now (and so can lose it)
+            sources = [a for a in {id(a): a for a in [array] + sources}.values()
+                       if has_history(a)]
+        self.sources = sources
         self.tail, self.dtype = tail, dtype
         self.literal = literal  # rows of a literal pool: constants whose values are known
         if bounds is None:
@@ -325,6 +377,26 @@ class Rows:
         self.bounds = bounds
         self.members = None     # weak references to the values not cut out yet
         self.host = None        # the array's values in numpy, once read
+        self.freed = None       # (passes counted when asked, answer): ``history_freed``
+
+    def history_freed(self):
+        """Whether a backward pass freed the array's graph (a pass since it was
+        computed went through it); asked once per graph-freeing pass."""
+        if self.literal or not self.mode[0]:
+            return False                # computed without a graph: nothing to free
+        count = _passes()[0]
+        found = self.freed
+        if found is None or (found[0] != count and not found[1]):
+            arrays = [self.array] if self.sources is None else self.sources
+            found = self.freed = (count, not all(has_history(a) for a in arrays))
+        return found[1]
+
+    def _recorded_as(self):
+        """Autograd's modes to cut values out in: the flush's, without recording
+        once a pass freed the array (the pieces are constants, as eagerly)."""
+        if self.mode[0] and self.history_freed():
+            return (False, self.mode[1])
+        return self.mode
 
     def hand_out(self, lazies):
         """Give value ``k`` of ``lazies`` rows ``k``, to be cut out of the array only
@@ -347,7 +419,7 @@ class Rows:
             pieces = [self.slice(0)]
         else:
             counts = [end - begin for begin, end in self.bounds]
-            with autograd._RecordingStateScope(*self.mode):  # pylint: disable=W0212
+            with autograd._RecordingStateScope(*self._recorded_as()):  # pylint: disable=W0212
                 pieces = split_rows(self._rows_in_order(), counts)
         for ref, piece in zip(members, pieces):
             lazy = ref()
@@ -375,7 +447,7 @@ class Rows:
     def slice(self, k):
         """Value ``k``'s rows of the output, as a new array (recorded as the flush was)."""
         begin, end = self.bounds[k]
-        with autograd._RecordingStateScope(*self.mode):  # pylint: disable=protected-access
+        with autograd._RecordingStateScope(*self._recorded_as()):  # pylint: disable=W0212
             return nd.slice_axis(self.array, axis=0, begin=begin, end=end)
 
 

@@ -17,6 +17,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
+from mxnet._ctypes import ndarray as _ctypes_ndarray
 from mxnet.ndarray import register as _register
 
 from . import context
@@ -24,7 +25,7 @@ from . import arithmetic
 from . import literals
 from . import passes
 from ._core import Operator
-from .lazy import LazyArray
+from .lazy import LazyArray, constants_if_freed
 from ..ir import known
 from ..ir.ops import opdef
 from ..ir.rules import RULES
@@ -256,6 +257,8 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
             if output_is_list and not isinstance(result, list):
                 result = [result]
             return result
+    if any(type(a) is LazyArray for a in ndargs):
+        ndargs = constants_if_freed(ndargs)
     result = _INVOKE(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
     if out is not None:
         # An output still pending above was computed by the flush its handle
@@ -319,12 +322,24 @@ def _prepare_value_nd(self, value, bcast_shape, squeeze_axes=None):
     return _PREPARE_VALUE(self, value, bcast_shape, squeeze_axes)
 
 
+_CACHED_OP_CALL = _ctypes_ndarray.CachedOp.__call__
+
+
+def _cached_op_call(self, *args, **kwargs):
+    """``CachedOp.__call__`` (a hybridized block run eagerly): values of a scope
+    whose graph a backward pass freed go in as constants (``constants_if_freed``)."""
+    if any(type(a) is LazyArray for a in args):
+        args = constants_if_freed(args)
+    return _CACHED_OP_CALL(self, *args, **kwargs)
+
+
 def install():
     """Record ``mx.nd`` operators called on pending values (``_recording_invoke``);
     run what reads an array before it is written in place; take LazyArrays as
     values assigned to arrays' items; let ``nn.HybridLambda`` name its
     operator in the recording ``F``."""
     _register._imperative_invoke = _recording_invoke
+    _ctypes_ndarray.CachedOp.__call__ = _cached_op_call
     mx.nd.NDArray._sync_copyfrom = _recording_copyfrom  # pylint: disable=protected-access
     mx.nd.NDArray._prepare_value_nd = _prepare_value_nd  # pylint: disable=protected-access
     gluon.nn.HybridLambda.hybrid_forward = _lambda_hybrid_forward

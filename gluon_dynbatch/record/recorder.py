@@ -197,11 +197,9 @@ class Recorder(RecorderCore):
         if type(array) is LazyArray and array.history_freed():
             node.value = array.detach()      # as eager uses it: a constant
             warn_once("freed", "%s: a value computed in an earlier batch is used after a "
-                       "backward pass, which may have freed the graph that computed it; it is "
-                       "used as a constant (no gradient flows into that earlier batch), as "
-                       "eager MXNet does with arrays whose graph a pass freed. If that pass ran "
-                       "through another graph (a GAN's critic step), pass retain_graph=True to "
-                       "it: the value then keeps its gradient", describe_call(self.sample, self.path))
+                       "backward pass freed the batched steps that computed it; it is used as "
+                       "a constant (no gradient flows into that earlier batch), as eager MXNet "
+                       "uses arrays whose graph a pass freed", describe_call(self.sample, self.path))
         node.out_shapes = (described[1],)
         node.out_dtypes = (described[2],)
         lazy = LazyArray(node, 0)

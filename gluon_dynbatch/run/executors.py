@@ -116,7 +116,27 @@ def run_interpreted(plan, live, ctx, rows_out=False):
         for sid, array in zip(outs, results):
             values[sid] = array
     results = [_gather(desc, values, feeds) for desc, _ in walker.outputs]
-    walker.deliver(_with_history(results, detached, values, feeds))
+    walker.deliver(_with_history(results, detached, values, feeds),
+                   _gather_sources(walker.outputs, values))
+
+
+def _gather_sources(outputs, values):
+    """Per output group, the step outputs its gather reads (each source of a
+    take, the whole output of a slice; per member of a "rows" group, its step
+    output); None unless autograd records (``lazy.Rows.sources``)."""
+    if not autograd.is_recording():
+        return None
+    found = []
+    for desc, _ in outputs:
+        kind = desc[0]
+        if kind == "rows":
+            found.append([values[sid] for sid, _, _ in desc[1]])
+        elif kind == "direct_var":
+            found.append([])
+        else:
+            sids = desc[1] if kind == "take" else (desc[1],)
+            found.append([values[sid] for sid in sids if sid in values])
+    return found
 
 
 def _with_history(results, detached, values, feeds):
@@ -339,7 +359,8 @@ def run_steps(plan, live, ctx, cache, stats):
         for sid, array in zip(outs, results):
             values[sid] = array
     results = [_gather(desc, values, feeds) for desc, _ in walker.outputs]
-    walker.deliver(_with_history(results, detached, values, feeds))
+    walker.deliver(_with_history(results, detached, values, feeds),
+                   _gather_sources(walker.outputs, values))
 
 
 def _run_step(node0, shape, variant, arrays, ctx, cache, stats):

@@ -587,25 +587,28 @@ class Lowering(SegmentWalker):
             feeds["s%d" % sid] = mx.nd.take(feeds["s%d" % table], feeds[name], axis=0)
         return feeds
 
-    def deliver(self, results):
+    def deliver(self, results, sources=None):
         """Hand each output group's rows to their LazyArrays.
 
         Inside a scope, each value of a group of several also remembers its
         rows of the group's array (``lazy.Rows``): a later flush of the scope
-        that reads it gathers those rows from that array.
+        that reads it gathers those rows from that array.  ``sources`` (while
+        autograd records): per group, the step outputs its array was
+        gathered from, as ``_gather_sources`` gives them.
         """
         rec = context.current()
         token = getattr(rec, "rows_token", None)
         mode = context.autograd_mode()
-        for (desc, members), array in zip(self.outputs, results):
+        for k, ((desc, members), array) in enumerate(zip(self.outputs, results)):
+            found = sources[k] if sources is not None else None
             if desc[0] == "rows":           # [(step output, begin, end)] of each member
-                _deliver_rows(members, array, mode, token)
+                _deliver_rows(members, array, mode, token, found)
                 continue
             counts = [node.out_shapes[idx][0] for node, idx, _ in members]
-            if token is not None and len(counts) > 1:
+            if len(counts) > 1 and (token is not None or found is not None):
                 node, idx, _ = members[0]
                 rows = Rows(array, counts, mode, token, node.out_shapes[idx][1:],
-                            node.out_dtypes[idx])
+                            node.out_dtypes[idx], sources=found)
                 rows.hand_out([lazy for _, _, lazy in members])
                 continue
             # A group's rows have one trailing shape, so each piece has its
@@ -614,18 +617,23 @@ class Lowering(SegmentWalker):
                 lazy._set_result(piece)  # pylint: disable=protected-access
 
 
-def _deliver_rows(members, parts, mode, token):
+def _deliver_rows(members, parts, mode, token, sources=None):
     """Hand each of ``members`` its rows ``(array, begin, end)`` of ``parts``, the rows
-    of each array together (``Rows``; inside a scope, whose ``token`` they carry)."""
+    of each array together (``Rows``; inside a scope, whose ``token`` they carry).
+    ``sources``: each member's step output, before ``parts`` tied it to detached
+    steps' inputs (``run.executors._with_history``), or None."""
     by_array = {}
-    for member, (array, begin, end) in zip(members, parts):
-        found = by_array.setdefault(id(array), (array, [], []))
+    for k, (member, (array, begin, end)) in enumerate(zip(members, parts)):
+        found = by_array.setdefault(id(array), (array, [], [], []))
         found[1].append(member[2])
         found[2].append((begin, end))
+        if sources is not None and not found[3]:
+            found[3].append(sources[k])
     node, idx, _ = members[0]
     tail, dtype = node.out_shapes[idx][1:], node.out_dtypes[idx]
-    for array, lazies, bounds in by_array.values():
-        Rows(array, None, mode, token, tail, dtype, bounds=bounds).hand_out(lazies)
+    for array, lazies, bounds, base in by_array.values():
+        Rows(array, None, mode, token, tail, dtype, bounds=bounds,
+             sources=base or None).hand_out(lazies)
 
 
 def _view(flat, start, stop, shape):

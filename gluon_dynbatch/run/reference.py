@@ -2,6 +2,8 @@
 
 It is the oracle of the tests: batched plans must give its outputs and gradients.
 """
+from collections import Counter
+
 import mxnet as mx
 
 from ..ir.graph import LEAF
@@ -33,5 +35,12 @@ def run_reference(nodes, live, ctx):
             outs = call_as_recorded(mx.nd, node, inputs)
         for j, array in enumerate(outs):
             values[(node, j)] = array
+    held = Counter((node, idx) for node, idx, _ in live)
     for node, idx, lazy in live:
-        lazy._set_result(mx.nd.identity(values[(node, idx)]))  # pylint: disable=protected-access
+        array = values[(node, idx)]
+        if node.kind != LEAF and held[(node, idx)] == 1:
+            # The operator's own output, as eager code holds it: autograd
+            # frees it exactly when a backward pass frees the operator.
+            lazy._set_result(array)  # pylint: disable=protected-access
+        else:       # a leaf's array, or a value held twice: a handle of its own
+            lazy._set_result(mx.nd.identity(array))  # pylint: disable=protected-access
