@@ -1,7 +1,7 @@
 """Calls recorded as one program node each (gluon_dynbatch/programs.py)."""
 import numpy as np
 import pytest
-from mxnet import gluon, nd
+from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import (ChildSumTreeLSTM, Tree, assert_same, check_all_strategies,
@@ -281,3 +281,46 @@ def test_calls_reading_a_weight_and_a_function_of_it_equal_eager(form):
     model = make_model(WeightAndItsFunction, form=form)
     x = nd.random.uniform(-1, 1, shape=(9, 3))
     check_all_strategies(model, list(range(5)), [x], strategies=("depth",))
+
+
+class HalfPrecisionWeight(gdb.DynBatchBlock):
+    """Each float16 sample casts a float32 weight to float16, as mixed precision does."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        with self.name_scope():
+            self.w = self.params.get("w", shape=(1, 4), init="ones")
+
+    def hybrid_forward(self, F, x, w):
+        if self.form == "cast":
+            half = F.cast(w, x.dtype)
+        elif self.form == "astype":
+            half = w.astype("float16")
+        else:
+            half = F.amp_cast(w, dtype="float16")
+        return x * half
+
+
+@pytest.mark.parametrize("form", ["cast", "astype", "amp_cast"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_weight_cast_to_half_precision_sums_its_gradient_as_eager(form, mode):
+    # 40 samples' float16 gradients of 3000 each: 120000 in float32 (as
+    # eager sums them), past float16's largest value summed in float16.
+    model = make_model(HalfPrecisionWeight, form=form)
+    samples = [nd.full((1, 4), 3000.0, dtype="float16") for _ in range(40)]
+
+    def grad(batching):
+        model.w.zero_grad()
+        with autograd.record():
+            if batching is None:
+                outs = [model(x) for x in samples]
+            else:
+                with gdb.batching(**batching):
+                    outs = [model(x) for x in samples]
+            loss = nd.add_n(*[o.astype("float32").sum() for o in outs])
+        loss.backward()
+        return model.w.grad().asnumpy()
+
+    np.testing.assert_array_equal(grad(None), np.full((1, 4), 120000.0))
+    np.testing.assert_array_equal(grad({"compiled": mode}), np.full((1, 4), 120000.0))

@@ -187,7 +187,7 @@ class Frame(FrameCore):
         rec = self.rec
         # Most calls read a value of the frame first: ``is_weight`` says no at once.
         return bool(arrays) and all(weight_calls.is_weight(rec, a) for a in arrays) \
-            and weight_calls.deterministic(op)
+            and weight_calls.deterministic(op) and not weight_calls.half_cast(op, args, kwargs)
 
     def call(self, op, args, kwargs, key, refs, kw):
         """Follow (or learn) the edge of ``key``; the call's outputs.

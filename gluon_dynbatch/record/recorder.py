@@ -506,7 +506,7 @@ class Recorder(RecorderCore):
         if not inputs:
             return self.constant(op, args, kwargs)
         try:
-            if weight_calls.on_weights(self, op, inputs):
+            if weight_calls.on_weights(self, op, inputs, targs, tkw):
                 return weight_calls.shared_call(self, op, inputs, tuple(targs), tkw)
             return self.add_node(op, inputs, tuple(targs), tkw)
         except calls.ShapeFromData:       # its output shape depends on its data

@@ -16,6 +16,8 @@ concatenation of its flattened weights) can then be learned once and
 replayed, as if it read parameters only; the replay makes the value again in
 its own graph (``resolve``).
 """
+import numpy as np
+
 from ..ir.calls import STATEFUL
 from ..ir.graph import LEAF, weight_node
 from .lazy import LazyArray, output_of
@@ -34,12 +36,29 @@ def deterministic(op):
     return found
 
 
-def on_weights(rec, op, inputs):
+# Casts to half precision: one value shared by every sample would sum the
+# samples' gradients in float16 (rounding, overflow past 65504) where eager
+# code converts each sample's to the weight's dtype first.
+_CASTS = ("Cast", "cast", "amp_cast", "astype")
+
+
+def half_cast(op, args, kwargs):
+    """Whether the call casts to float16 (``F.cast(w, "float16")``, ``amp_cast``)."""
+    if op.name not in _CASTS:
+        return False
+    dtype = kwargs.get("dtype", args[1] if len(args) > 1 else None)
+    try:
+        return dtype is not None and np.dtype(dtype) == np.float16
+    except TypeError:
+        return False
+
+
+def on_weights(rec, op, inputs, args=(), kwargs=None):
     """Whether every input (``(node, idx)``) of the current graph is a weight
-    (``weight_node``) and ``op`` deterministic."""
+    (``weight_node``) and ``op`` deterministic, and not a cast to half precision."""
     graph = rec.graph
     return all(src.graph is graph and weight_node(src) for src, _ in inputs) \
-        and deterministic(op)
+        and deterministic(op) and not half_cast(op, args, kwargs or {})
 
 
 def is_weight(rec, array):

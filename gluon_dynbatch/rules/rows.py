@@ -352,7 +352,7 @@ def _bcast_view(node):
 _UNARY = """Activation relu sigmoid tanh softsign exp expm1 log log1p log2 log10 sqrt
 rsqrt cbrt rcbrt square abs sign negative reciprocal floor ceil round rint trunc fix
 sin cos tan arcsin arccos arctan sinh cosh arcsinh arccosh arctanh erf erfinv gamma
-gammaln degrees radians clip Cast cast identity _copy zeros_like ones_like BlockGrad
+gammaln degrees radians clip Cast cast amp_cast identity _copy zeros_like ones_like BlockGrad
 stop_gradient hard_sigmoid smooth_l1 logical_not LeakyReLU _plus_scalar _minus_scalar
 _rminus_scalar _mul_scalar _div_scalar _rdiv_scalar _mod_scalar _rmod_scalar
 _power_scalar _rpower_scalar _maximum_scalar _minimum_scalar _equal_scalar
