@@ -901,7 +901,8 @@ def test_forward_hooks_of_the_batched_block_run_at_each_call_as_eager(options):
 class IndexedWrites(gdb.DynBatchBlock):
     """Index arrays computed per sample: ``scatter_nd`` of row sums at
     (row, the sample's own column), or ``take`` of the flat array at
-    ``ravel_multi_index`` of (row, row % 6)."""
+    ``ravel_multi_index`` of (row, row % 6), of the layer's output or of its
+    ``tanh``."""
 
     def __init__(self, form, **kwargs):
         super().__init__(**kwargs)
@@ -911,6 +912,8 @@ class IndexedWrites(gdb.DynBatchBlock):
 
     def hybrid_forward(self, F, x, column):
         h = self.dense(x)
+        if self.form == "ravel_take_tanh":
+            h = F.tanh(h)
         n = h.shape[0]
         if self.form == "scatter_nd":
             rows = F.arange(n).astype("int32")
@@ -920,7 +923,7 @@ class IndexedWrites(gdb.DynBatchBlock):
         return F.take(F.reshape(h, (-1,)), flat)
 
 
-@pytest.mark.parametrize("form", ["scatter_nd", "ravel_take"])
+@pytest.mark.parametrize("form", ["scatter_nd", "ravel_take", "ravel_take_tanh"])
 @pytest.mark.parametrize("options", [{}, {"strategy": "agenda"}, {"compiled": True},
                                      {"granularity": "op"}, {"strategy": "reference"}])
 def test_index_arrays_computed_per_sample_equal_eager(form, options):

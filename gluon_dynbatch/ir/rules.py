@@ -238,7 +238,9 @@ _greater_scalar _greater_equal_scalar _lesser_scalar _lesser_equal_scalar
 _logical_and_scalar _logical_or_scalar _logical_xor_scalar logical_not broadcast_equal
 broadcast_not_equal broadcast_greater broadcast_greater_equal broadcast_lesser
 broadcast_lesser_equal broadcast_logical_and broadcast_logical_or broadcast_logical_xor
-_equal _not_equal _greater _greater_equal _lesser _lesser_equal""".split()) | NON_DIFFERENTIABLE
+_equal _not_equal _greater _greater_equal _lesser _lesser_equal ravel_multi_index
+_ravel_multi_index unravel_index _unravel_index index_array _contrib_index_array
+arange_like _contrib_arange_like shape_array size_array""".split()) | NON_DIFFERENTIABLE
 
 
 def zero_gradient(op_name, args, kwargs):
