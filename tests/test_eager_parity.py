@@ -12,6 +12,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import autograd, gluon, nd
+# Bound when the module is collected, before any scope of the session opens.
+from mxnet.autograd import set_recording, set_training
 from mxnet.gluon import rnn
 
 import gluon_dynbatch as gdb
@@ -521,3 +523,36 @@ def test_a_hybridized_parent_traces_its_dynbatch_child_as_a_hybrid_block(scope):
     want, got = run(False), run(True)
     for a, b in zip(want[0] + want[1], got[0] + got[1]):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# autograd's modes switched by functions the user imported by name
+# --------------------------------------------------------------------------
+
+class SwitchesModes(gdb.DynBatchBlock):
+    """Pauses recording for a score and training for a dropout, function style."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(H, in_units=3)
+            self.score = gluon.nn.Dense(1, in_units=H)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        was_recording = set_recording(False)
+        s = F.sigmoid(self.score(h))            # no gradient flows through s
+        set_recording(was_recording)
+        was_training = set_training(False)
+        h = F.Dropout(h, p=0.5)                 # predict mode: h as it is
+        set_training(was_training)
+        return h * s
+
+
+def test_modes_switched_by_functions_imported_by_name_equal_eager():
+    # Bound before the first scope installed its counting of mode changes,
+    # the functions were MXNet's own: the switches went unseen, and calls
+    # were recorded (and run) in the modes before them.
+    model = make_model(SwitchesModes)
+    xs = [nd.array(np.random.RandomState(k).randn(1, 3)) for k in range(4)]
+    check_all_strategies(model, xs, [], strategies=("depth", "agenda"))

@@ -10,6 +10,7 @@ only when it moved.  Backward passes that free their graph are counted too
 """
 import contextlib
 import threading
+import types
 
 from mxnet import autograd
 from mxnet.base import MXNetError
@@ -42,7 +43,21 @@ def set_current(recorder):
 
 
 MODE_CHANGES = [0]          # changes of autograd's modes through mxnet.autograd
-_SET_RECORDING, _SET_TRAINING = autograd.set_recording, autograd.set_training
+
+
+def _copy_function(fn):
+    """A new function object running ``fn``'s code (``fn`` itself is redirected)."""
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+    copy.__kwdefaults__, copy.__doc__ = fn.__kwdefaults__, fn.__doc__
+    return copy
+
+
+# MXNet's own functions, as they were: install() redirects the originals.
+_SET_RECORDING = _copy_function(autograd.set_recording)
+_SET_TRAINING = _copy_function(autograd.set_training)
+_BACKWARD = _copy_function(autograd.backward)
+_GRAD = _copy_function(autograd.grad)
 
 
 def _counting_set_recording(is_recording):
@@ -212,17 +227,50 @@ def _attach_grad(self, grad_req="write", stype=None):
             rec.tasks.variables.append((rec.tasks.current, self.grad))
 
 
+# Bodies that MXNet's functions run once redirected (``_redirect``): each calls
+# what ``install`` put in ``mxnet.autograd``'s namespace under its name.
+# pylint: disable=undefined-variable
+def _to_set_recording(is_recording):
+    return _gluon_dynbatch_set_recording(is_recording)
+
+
+def _to_set_training(train_mode):
+    return _gluon_dynbatch_set_training(train_mode)
+
+
+def _to_backward(heads, head_grads=None, retain_graph=False, train_mode=True):
+    return _gluon_dynbatch_backward(heads, head_grads, retain_graph, train_mode)
+
+
+def _to_grad(heads, variables, head_grads=None, retain_graph=None, create_graph=False,
+             train_mode=True):
+    return _gluon_dynbatch_grad(heads, variables, head_grads, retain_graph, create_graph,
+                                train_mode)
+# pylint: enable=undefined-variable
+
+
+def _redirect(fn, body, target):
+    """Make MXNet's function ``fn`` call ``target``, wherever it is referenced.
+
+    User code may hold ``fn`` itself (``from mxnet.autograd import
+    set_recording`` before the first scope): replacing the module's attribute
+    would miss such calls, so ``fn`` runs ``body``'s code, which calls
+    ``target`` through ``fn``'s module namespace.
+    """
+    fn.__globals__["_gluon_dynbatch_" + fn.__name__] = target
+    fn.__code__ = body.__code__
+
+
 def install():
     """Count changes of autograd's modes and graph-freeing backward passes
     (``autograd.grad`` too); keep the gradients of arrays samples attach them to."""
     NDArray.attach_grad = _attach_grad
     NDArray.backward = _counting_backward(NDArray.backward)
-    autograd.backward = _counting_backward(autograd.backward)
-    autograd.grad = _counting_backward(autograd.grad, position=3, to_variables=True)
-    _counting_set_recording.__doc__ = _SET_RECORDING.__doc__
-    _counting_set_training.__doc__ = _SET_TRAINING.__doc__
-    autograd.set_recording = _counting_set_recording
-    autograd.set_training = _counting_set_training
+    _redirect(autograd.backward, _to_backward, _counting_backward(_BACKWARD))
+    _redirect(autograd.grad, _to_grad,
+              _counting_backward(_GRAD, position=3, to_variables=True))
+    _redirect(autograd.set_recording, _to_set_recording, _counting_set_recording)
+    _redirect(autograd.set_training, _to_set_training, _counting_set_training)
 
 
 def autograd_mode():
