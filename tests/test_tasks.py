@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import gc
 import io
+import pickle
 import sys
 import weakref
 
@@ -24,7 +25,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn, rnn
 
 import gluon_dynbatch as gdb
-from gluon_dynbatch.record.tasks import live_tasks
+from gluon_dynbatch.record.tasks import PendingValue, live_tasks
 
 VOCAB, HIDDEN, EOS = 7, 8, 0
 
@@ -866,6 +867,11 @@ def test_numbers_a_plain_loop_returns_act_as_the_numbers_eager_returns():
         assert ["a", "b", "c"][count] == ["a", "b", "c"][ref_count]
         assert np.array([score, count]).dtype == np.float64
         assert type(float(score)) is float and str(count) == str(ref_count)
+    # Pickled as the numbers themselves, and no longer holding their samples' tasks.
+    loaded = pickle.loads(pickle.dumps(got))
+    assert loaded == [tuple(w) for w in want] and type(loaded[0][0]) is float
+    stand_ins = [v for pair in got for v in pair if type(v) is PendingValue]
+    assert stand_ins and all(v._task is None for v in stand_ins)  # pylint: disable=W0212
 
 
 class ReturnsRowAndChoice(gdb.DynBatchBlock):

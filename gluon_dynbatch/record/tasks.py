@@ -704,13 +704,18 @@ class PendingValue:
         self._tasks, self._task, self._path, self._value = tasks, task, path, None
 
     def fill(self, value):
-        """Stand for ``value``."""
+        """Stand for ``value`` (the sample finished: its task is let go)."""
         self._value = value
+        self._tasks = self._task = None
 
     def value(self):
         """The value, once the sample has finished."""
         _force(self._tasks, self._task)
         return self._value
+
+    def __reduce__(self):
+        # Pickled (and so copied between processes) as the value itself.
+        return _same, (self.value(),)
 
     def __getattr__(self, name):
         return getattr(self.value(), name)
@@ -737,6 +742,11 @@ class PendingValue:
         locals()["__%s__" % _name] = _on_value(_fn)
     __rdivmod__ = _on_value(divmod, reflected=True)
     del _name, _fn
+
+
+def _same(value):
+    """``value`` (what a pickled :class:`PendingValue` loads as)."""
+    return value
 
 
 class _StandIn(type):
