@@ -1761,3 +1761,84 @@ def test_an_argmax_read_after_earlier_reads_keeps_the_samples_batched(strategy):
     assert scope.stats.flushes < scope.stats.reads
     for got, want in zip(runs[1], runs[0]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class ScoresUntilItStops(gdb.DynBatchBlock):
+    """A list of per-step scores, one per step it reads its way through: empty
+    for a sample of no steps (which reads nothing and waits for nothing)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.step = nn.Dense(4, in_units=4)
+            self.score = nn.Dense(1, in_units=4)
+
+    def hybrid_forward(self, F, x, steps):
+        h, scores = x, []
+        for _ in range(steps):
+            h = F.tanh(self.step(h))
+            scores.append(self.score(h))
+            if float(scores[-1].asscalar()) > 10.0:     # never: a read per step
+                break
+        return scores
+
+
+def test_a_list_first_seen_empty_takes_arrays_when_a_waiting_call_returns_them():
+    # The empty list's form ("values") refused lists of arrays: BatchingError.
+    mx.random.seed(0)
+    model = ScoresUntilItStops()
+    model.initialize()
+    xs = [nd.array(np.random.RandomState(k).uniform(-1, 1, (1, 4))) for k in range(6)]
+    steps = [0, 0, 2, 3, 1, 0]
+    want = [model(x, n) for x, n in zip(xs, steps)]
+    for _ in range(2):
+        with autograd.record():
+            with gdb.batching():
+                got = [model(x, n) for x, n in zip(xs, steps)]
+            total = nd.add_n(*[s.sum() for g in got for s in g])
+        total.backward()
+        assert [len(g) for g in got] == steps
+        for g, w in zip(got, want):
+            for a, b in zip(g, w):
+                np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-7)
+
+
+class Labelled:
+    """A plain object a sample returns (a decoded node)."""
+
+    def __init__(self, label, table):
+        self.label, self.table = label, table
+
+
+class ReturnsObjects(gdb.DynBatchBlock):
+    """A decoded node and a numpy table, made from a value it read."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        label = int(F.argmax(self.dense(x), axis=1).asscalar())
+        return Labelled(label, np.zeros((3, 3))), np.zeros(3)
+
+
+def test_stand_ins_take_attributes_and_items_set_on_them():
+    mx.random.seed(1)
+    model = ReturnsObjects()
+    model.initialize()
+    xs = [nd.array(np.random.RandomState(k).uniform(-1, 1, (1, 4))) for k in range(5)]
+    want = [model(x)[0].label for x in xs]
+    with gdb.batching():
+        model(xs[0])                                    # learns the form
+    with gdb.batching():
+        got = [model(x) for x in xs]
+    assert any(type(node) is PendingValue for node, _ in got)
+    for (node, row), label in zip(got, want):
+        node.name = "n%d" % node.label                  # set on the object itself
+        node.table[label, label] = 1.0
+        row[label] = 2.0
+        assert node.value().name == "n%d" % label if type(node) is PendingValue \
+            else node.name == "n%d" % label
+        assert np.asarray(row).tolist() == [2.0 if k == label else 0.0 for k in range(3)]
+        assert float(np.asarray(node.table).sum()) == 1.0

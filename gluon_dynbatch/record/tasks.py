@@ -501,6 +501,8 @@ def _compatible(known, form):
     form ``known`` (``_refit``): the same, or containers that take them."""
     if known == form:
         return True
+    if known == "values":               # a list of values handed out takes any list
+        return type(form) is tuple and form[0] is list
     if type(known) is not tuple or known[0] is not list and type(form) is not tuple:
         return False
     if known[0] is list:
@@ -514,6 +516,8 @@ def _compatible(known, form):
 
 def _refittable(handed, result, form):
     """Whether ``handed``, made in ``form``, can take ``result`` in place."""
+    if form == "values":                # a PendingList: it takes the result's items
+        return type(handed) is PendingList and type(result) is list
     if not _compatible(form, form_of(result)):
         return False
     if form_of(result) == form:
@@ -538,8 +542,8 @@ def _children(container, form):
 
 def _fit(handed, result, form):
     """Put ``result``'s items into ``handed`` (checked by ``_refittable``)."""
-    if form_of(result) == form:
-        return
+    if form == "values" or form_of(result) == form:
+        return                          # (a PendingList takes its items when filled)
     kind = form[0]
     if kind is list:
         items = []
@@ -569,7 +573,7 @@ def _fits(holder, part):
     if isinstance(holder, Pending):
         return isinstance(part, NDArray)
     if isinstance(holder, PendingList):
-        return type(part) is list and form_of(part) == "values"
+        return type(part) is list
     return not isinstance(part, NDArray)
 
 
@@ -719,6 +723,21 @@ class PendingValue:
 
     def __getattr__(self, name):
         return getattr(self.value(), name)
+
+    def __setattr__(self, name, value):
+        if name in PendingValue.__slots__:
+            object.__setattr__(self, name, value)
+        else:                           # the value's own (a node's ``.name = ...``)
+            setattr(self.value(), name, value)
+
+    def __delattr__(self, name):
+        delattr(self.value(), name)
+
+    def __setitem__(self, key, item):
+        self.value()[key] = item        # a numpy array's, a dict's
+
+    def __delitem__(self, key):
+        del self.value()[key]
 
     def __repr__(self):
         # As the value's: MXNet writes tuple attributes (``nd.ones((k,))``) by repr.
