@@ -1266,6 +1266,44 @@ def test_a_number_of_nan_is_learned_once():
     assert states[1] == states[2]
 
 
+class StepsByItsNumbers(gdb.DynBatchBlock):
+    """Euler steps of a sample's own sizes: each number in ``*``, ``/``, ``+``
+    and ``-`` on both sides of an array."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.f = gluon.nn.Dense(4, in_units=4, activation="tanh")
+
+    def hybrid_forward(self, F, sample):
+        h, dts = sample
+        for dt in dts:
+            h = h + self.f(h) * dt
+            h = (dt - h) / (1.0 + dt) + dt / (h * h + 1.0) - dt
+        return h
+
+
+@pytest.mark.parametrize("strategy, compiled", [("depth", False), ("agenda", False),
+                                               ("depth", "step"), ("depth", True)])
+def test_numbers_of_each_sample_learn_one_path_and_equal_eager(strategy, compiled):
+    """A number is part of a call's key: each sample's own step size learned a
+    path of its own at every call, forever.  Past a few numbers at one point
+    of the code they come as literal arrays, on one path."""
+    from gluon_dynbatch.record import trie
+    model = StepsByItsNumbers()
+    model.initialize(mx.init.Uniform(0.5))
+    rs = np.random.RandomState(0)
+    states = []
+    for _ in range(3):
+        xs = [nd.array(rs.uniform(-1, 1, (1, 4))) for _ in range(8)]
+        dts = [tuple(rs.uniform(0.05, 0.5, 2).tolist()) for _ in xs]
+        eager = run_model(model, list(zip(xs, dts)), [], "eager")
+        got = run_model(model, list(zip(xs, dts)), [], strategy, compiled)
+        assert_same(got, eager)
+        states.append(sum(root.counter[0] for root in trie.store().roots.values()))
+    assert states[1] == states[2]
+
+
 class CopiesItsValue(gdb.DynBatchBlock):
     """Copies of a recorded value, as eager glue code makes them."""
 

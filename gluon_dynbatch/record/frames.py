@@ -28,14 +28,17 @@ calls are recorded one node per operator, as outside frames.
 """
 import inspect
 
+import numpy as np
 from mxnet.ndarray import NDArray
 
 from . import grafts
+from . import literals
 from . import sites
 from . import weights as weight_calls
 from .alone import run_alone
 from ..ir.calls import ShapeFromData
 from ..ir.graph import LEAF
+from ..ir.ops import opdef
 from .lazy import LazyArray
 from .literals import key_item
 from ._core import FrameCore, apply_recipe
@@ -43,6 +46,17 @@ from .bases import base_of, bases_made, replay_bases
 from .trie import MAX_STATES, Macro, State, flatten_args, holds_array, learn_call
 
 NOT_RECORDED = object()    # ``Frame.block_call``: the call is left to the caller
+#: Numbers one operator has met at one place of the user's code before its
+#: later numbers there come as literal arrays (``Frame._varying_number``).
+VARYING_NUMBERS = 3
+_NUMBERS_SEEN = {}          # (op, (code, offset)) -> numbers met there
+# Scalar operators and the broadcast taking their number as an array (first?).
+_NUMBER_AS_ARRAY = {"_plus_scalar": ("broadcast_add", False),
+                    "_minus_scalar": ("broadcast_sub", False),
+                    "_rminus_scalar": ("broadcast_sub", True),
+                    "_mul_scalar": ("broadcast_mul", False),
+                    "_div_scalar": ("broadcast_div", False),
+                    "_rdiv_scalar": ("broadcast_div", True)}
 MAX_WRITTEN = 64           # calls as written learned per trie state
 
 
@@ -201,6 +215,9 @@ class Frame(FrameCore):
         except TypeError:                     # an unhashable constant argument
             return self.fallback_op(op, args, kwargs, "an unhashable argument")
         if nxt is None:
+            found = self._varying_number(op, args, refs, kw)
+            if found is not None:
+                return found
             try:
                 nxt = self._learn(op, args, kwargs, key, refs, kw)
             except ShapeFromData:       # its output shape depends on its data
@@ -209,6 +226,33 @@ class Frame(FrameCore):
             if nxt is None:
                 return self.fallback_op(op, args, kwargs, "a call templates cannot hold")
         return self._outputs(nxt)
+
+    def _varying_number(self, op, args, refs, kw):
+        """``x * number`` (or ``+``, ``-``, ``/``) whose number has changed from call
+        to call at this point of the code, as a broadcast with the number as a
+        literal array: one path for every number (``VARYING_NUMBERS``); else None.
+
+        A number is part of a call's key, so that each number learns a path of
+        its own: a sample's own weight or time step would learn at every call.
+        """
+        form = _NUMBER_AS_ARRAY.get(op.name)
+        if form is None or kw is not None or len(refs) != 2 or type(refs[1]) is not tuple \
+                or refs[1][0] is not float or not isinstance(args[0], NDArray):
+            return None
+        x, number = args[0], refs[1][1]
+        if not x.shape or np.dtype(x.dtype).kind != "f":
+            return None
+        site = sites.capture(self.caller)
+        seen = _NUMBERS_SEEN.setdefault((op, site[-1] if site else id(self.state)), set())
+        if len(seen) < VARYING_NUMBERS:
+            seen.add(number)
+            return None
+        # One row per row of ``x`` (rows batch with rows; a one-row number
+        # broadcast over another number of rows would need its own role).
+        shape = x.shape[:1] + (1,) * (len(x.shape) - 1)
+        value = literals.record(self.rec, np.full(shape, number, dtype=x.dtype))
+        name, reflected = form
+        return self.op(opdef(name), (value, x) if reflected else (x, value), {})
 
     def _forget_reads(self, args, kwargs, refs, kw):
         """Give back the positions the first reads of outside arrays by a call
