@@ -194,6 +194,15 @@ def _flatten(obj):
             yield from _flatten(item)
 
 
+def outputs_of(model, samples, batching=None):
+    """``model(s)`` of every sample: eagerly (``batching`` None), else in a
+    scope of those options."""
+    if batching is None:
+        return [model(s) for s in samples]
+    with gdb.batching(**batching):
+        return [model(s) for s in samples]
+
+
 def run_model(model, samples, inputs, strategy, compiled=False, granularity=None,
               per_sample=False):
     """Forward and backward of all samples; returns outputs, gradients and stats.

@@ -18,7 +18,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import DenseTanh as Encoder
+from dynbatch_testing import DenseTanh as Encoder, outputs_of
 
 
 class Scorer(gdb.DynBatchBlock):
@@ -125,11 +125,7 @@ def _state_carried_into_eager_code(batching, hybridized):
     model.initialize()
     xs = [nd.array(np.random.RandomState(k).randn(1, 4)) for k in range(3)]
     with autograd.record():
-        if batching is None:
-            outs = [model(x) for x in xs]
-        else:
-            with gdb.batching(**batching):
-                outs = [model(x) for x in xs]
+        outs = outputs_of(model, xs, batching)
         loss = nd.add_n(*[o[1].sum() for o in outs])
     loss.backward()
     kept = outs[-1][0]
@@ -405,11 +401,7 @@ def test_a_gradient_penalty_on_a_scopes_values_says_how_to_run_it(heads):
         for x in xs:
             x.attach_grad()
         with autograd.record():
-            if batching is None:
-                outs = [model(x) for x in xs]
-            else:
-                with gdb.batching(**batching):
-                    outs = [model(x) for x in xs]
+            outs = outputs_of(model, xs, batching)
             of = outs if heads == "outputs" else nd.add_n(*outs)
             grads = autograd.grad(of, xs, create_graph=True, retain_graph=True)
             total = nd.add_n(*outs).sum() + nd.add_n(*[(g * g).sum() for g in grads])

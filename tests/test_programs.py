@@ -5,7 +5,7 @@ from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import (ChildSumTreeLSTM, Tree, assert_same, check_all_strategies,
-                              make_model, random_tree, rng, run_model)
+                              make_model, outputs_of, random_tree, rng, run_model)
 from gluon_dynbatch.templates.programs import PROGRAM_RULE, Program
 
 STRATEGIES = ["depth", "agenda", "unbatched"]
@@ -313,11 +313,7 @@ def test_a_weight_cast_to_half_precision_sums_its_gradient_as_eager(form, mode):
     def grad(batching):
         model.w.zero_grad()
         with autograd.record():
-            if batching is None:
-                outs = [model(x) for x in samples]
-            else:
-                with gdb.batching(**batching):
-                    outs = [model(x) for x in samples]
+            outs = outputs_of(model, samples, batching)
             loss = nd.add_n(*[o.astype("float32").sum() for o in outs])
         loss.backward()
         return model.w.grad().asnumpy()
