@@ -50,7 +50,8 @@ NOT_RECORDED = object()    # ``Frame.block_call``: the call is left to the calle
 #: later numbers there come as literal arrays (``Frame._varying_number``).
 VARYING_NUMBERS = 3
 _NUMBERS_SEEN = {}          # (op, (code, offset)) -> numbers met there
-# Scalar operators and the broadcast taking their number as an array (first?).
+# Scalar operators, the broadcast taking their number as an array, and whether
+# the number comes first (``1.0 - x``, ``1.0 / x``).
 _NUMBER_AS_ARRAY = {"_plus_scalar": ("broadcast_add", False),
                     "_minus_scalar": ("broadcast_sub", False),
                     "_rminus_scalar": ("broadcast_sub", True),
