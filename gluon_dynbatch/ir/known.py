@@ -75,14 +75,24 @@ def constant_array(array):
     """Whether autograd treats ``array`` as a constant, as eager MXNet would."""
     if array.grad is not None:
         return False
-    # ``autograd.get_symbol``, without the Python exception it raises for the
-    # common answer (an array made from data: "not part of a computation graph").
-    handle = SymbolHandle()
-    if _LIB.MXAutogradGetSymbol(array.handle, ctypes.byref(handle)) != 0:
-        return True
+    history = autograd_symbol(array)
     # A variable has no children; listing every output of the history
     # instead costs time in proportion to its length.
-    return Symbol(handle).get_children() is None
+    return history is None or history.get_children() is None
+
+
+def autograd_symbol(array):
+    """The Symbol of the history autograd holds for ``array``, or None: an array
+    computed outside ``autograd.record()``, or one a backward pass went through
+    without ``retain_graph`` (MXNet cleared its node's record).
+
+    ``autograd.get_symbol``, without the Python exception it raises for the
+    common answer ("not part of a computation graph").
+    """
+    handle = SymbolHandle()
+    if _LIB.MXAutogradGetSymbol(array.handle, ctypes.byref(handle)) != 0:
+        return None
+    return Symbol(handle)
 
 
 def values_of(node):

@@ -8,16 +8,15 @@ fluent methods on it (and ``mx.nd`` operators called on it directly, see
 operator writing to ``out=``, ``backward``) reaches for ``handle``, which
 first runs what is pending.
 """
-import ctypes
 import threading
 import weakref
 
 import numpy as np
 from mxnet import autograd, nd
-from mxnet.base import _LIB, SymbolHandle, check_call
+from mxnet.base import _LIB, check_call
 
 from ..errors import BatchingError
-from ..ir.known import device_array
+from ..ir.known import autograd_symbol, device_array
 
 def check_dispatch(ndarray_class):
     """Raise ImportError when MXNet dispatches operators through its own Cython
@@ -58,18 +57,10 @@ def backward_ran():
 
 
 def has_history(array):
-    """Whether autograd still holds the graph that computed ``array``.
-
-    False for an array computed outside ``autograd.record()`` and for one a
-    backward pass went through (without ``retain_graph``): MXNet cleared its
-    node's autograd record, and using it as a recorded array takes it as a
-    constant.  An array a pass did not reach keeps its graph.
-    """
-    symbol = SymbolHandle()
-    if _LIB.MXAutogradGetSymbol(array.handle, ctypes.byref(symbol)) != 0:
-        return False                    # "not part of a computation graph"
-    check_call(_LIB.MXSymbolFree(symbol))
-    return True
+    """Whether autograd still holds the graph that computed ``array``: an array a
+    backward pass went through (without ``retain_graph``) is a constant to it
+    from then on, one a pass did not reach keeps its graph."""
+    return autograd_symbol(array) is not None
 
 
 def constants_if_freed(arrays):

@@ -39,7 +39,7 @@ def deterministic(op):
 # Casts to half precision: one value shared by every sample would sum the
 # samples' gradients in float16 (rounding, overflow past 65504) where eager
 # code converts each sample's to the weight's dtype first.
-_CASTS = ("Cast", "cast", "amp_cast", "astype")
+_CASTS = ("Cast", "cast", "amp_cast")       # (``x.astype`` is recorded as ``Cast``)
 
 
 def half_cast(op, args, kwargs):
