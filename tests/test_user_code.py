@@ -1314,6 +1314,90 @@ def test_numbers_of_each_sample_learn_one_path_and_equal_eager(strategy, compile
     assert states[1] == states[2]
 
 
+class EulerStep(gluon.HybridBlock):
+    """One step of a sample's own size, the size a float argument that also
+    chooses the step's form."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.f = gluon.nn.Dense(4, in_units=4, activation="tanh")
+
+    def hybrid_forward(self, F, h, dt):
+        if dt > 0.3:
+            h = F.sigmoid(h)
+        return h + self.f(h) * dt
+
+
+class StepsThroughAChild(gdb.DynBatchBlock):
+    """Euler steps made by a child block given each step's size."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.step = EulerStep()
+
+    def hybrid_forward(self, F, sample):
+        h, dts = sample
+        for dt in dts:
+            h = self.step(h, dt)
+        return h
+
+
+@pytest.mark.parametrize("strategy, compiled", [("depth", False), ("agenda", False),
+                                               ("depth", "step"), ("depth", True)])
+def test_numbers_given_to_a_child_learn_one_path_and_equal_eager(strategy, compiled):
+    """A child block's float argument is part of the call's key: each sample's
+    own step size learned the child's calls again at every call, forever.  Past
+    a few numbers at one place of the code the child's code runs at each call
+    on one path (its branch on the number taken as eager takes it)."""
+    from gluon_dynbatch.record import trie
+    model = StepsThroughAChild()
+    model.initialize(mx.init.Uniform(0.5))
+    rs = np.random.RandomState(0)
+    states = []
+    for _ in range(4):
+        xs = [nd.array(rs.uniform(-1, 1, (1, 4))) for _ in range(8)]
+        dts = [tuple(rs.uniform(0.05, 0.5, 3).tolist()) for _ in xs]
+        eager = run_model(model, list(zip(xs, dts)), [], "eager")
+        got = run_model(model, list(zip(xs, dts)), [], strategy, compiled)
+        assert_same(got, eager)
+        states.append(_template_states(trie))
+    assert states[2] == states[3]
+
+
+class ScalesByItsFlag(gluon.HybridBlock):
+    """Doubles ``x`` when given ``True``, triples it for any other flag."""
+
+    def hybrid_forward(self, F, x, flag):
+        return x * 2 if flag is True else x * 3
+
+
+class PassesFlags(gdb.DynBatchBlock):
+    """Calls a child with 1, then 1.0, then True: equal Python keys."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.child = ScalesByItsFlag()
+
+    def hybrid_forward(self, F, x):
+        return [self.child(F.tanh(x), flag) for flag in (1, 1.0, True)]
+
+
+def test_a_childs_constants_equal_in_python_but_of_other_types_are_told_apart():
+    """``1 == 1.0 == True``: a child's call given ``True`` replayed what its call
+    given ``1`` had recorded."""
+    model = PassesFlags()
+    xs = _inputs(3)
+    eager = [[o.asnumpy() for o in model(x)] for x in xs]
+    with gdb.batching():
+        outs = [model(x) for x in xs]
+    for got, want in zip(outs, eager):
+        for o, w in zip(got, want):
+            np.testing.assert_allclose(o.asnumpy(), w, rtol=1e-6)
+
+
 class CopiesItsValue(gdb.DynBatchBlock):
     """Copies of a recorded value, as eager glue code makes them."""
 

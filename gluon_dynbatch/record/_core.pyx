@@ -1177,7 +1177,7 @@ cdef object _structure(object obj, list arrays):
             items.append(inner)
         return ("list" if kind is list else "tuple", tuple(items))
     if kind is INT or kind is FLOAT or kind is bool or kind is str or obj is None:
-        return ("C", obj)
+        return ("C", kind, obj)
     return None
 
 

@@ -50,6 +50,7 @@ NOT_RECORDED = object()    # ``Frame.block_call``: the call is left to the calle
 #: later numbers there come as literal arrays (``Frame._varying_number``).
 VARYING_NUMBERS = 3
 _NUMBERS_SEEN = {}          # (op, (code, offset)) -> numbers met there
+_FLOATS_SEEN = {}           # (block token, site, structure) -> float arguments met there
 # Scalar operators, the broadcast taking their number as an array, and whether
 # the number comes first (``1.0 - x``, ``1.0 / x``).
 _NUMBER_AS_ARRAY = {"_plus_scalar": ("broadcast_add", False),
@@ -59,6 +60,24 @@ _NUMBER_AS_ARRAY = {"_plus_scalar": ("broadcast_add", False),
                     "_div_scalar": ("broadcast_div", False),
                     "_rdiv_scalar": ("broadcast_div", True)}
 MAX_WRITTEN = 64           # calls as written learned per trie state
+
+
+def _holds_float(args):
+    """Whether ``args`` (nested in lists and tuples) hold a float."""
+    for a in args:
+        if isinstance(a, float) or type(a) in (list, tuple) and _holds_float(a):
+            return True
+    return False
+
+
+def _without_floats(structure):
+    """A call's argument structure (``trie.flatten_args``) with each float
+    constant replaced by a mark of its place."""
+    if structure[0] == "C":
+        return ("C", float, None) if isinstance(structure[2], float) else structure
+    if structure[0] == "A":
+        return structure
+    return (structure[0], tuple(_without_floats(item) for item in structure[1]))
 
 
 class _FrameGraph:
@@ -399,7 +418,10 @@ class Frame(FrameCore):
                              "the input. Please check the type of the args.\n")
         rec = self.rec
         before = self.state
-        replay = rec.replays(block)
+        varying = self._varying_floats(args, key)
+        if varying is not None:
+            key = varying
+        replay = rec.replays(block) and varying is None
         gkey = grafts.key_of(self, args, key) if replay else None
         if gkey is not None:
             graft = grafts.find(self, gkey)
@@ -436,6 +458,29 @@ class Frame(FrameCore):
                     if gkey is not None:
                         grafts.remember(self, gkey, args, key, before, start)
         return out
+
+    def _varying_floats(self, args, key):
+        """The key of a child-block call whose float arguments have changed past
+        ``VARYING_NUMBERS`` times at this place of the user's code, with the
+        floats left out; else None.
+
+        A constant argument is part of the key, so each new number (a sample's
+        own time step given to a cell) would learn the block's calls again.
+        Under the key without floats the block's code runs at every call (no
+        macro replays it: the number may decide what it does), and the
+        operators it calls with the number join one path
+        (``_varying_number``).
+        """
+        if not _holds_float(args):
+            return None
+        structure = key[1]
+        plain = _without_floats(structure)
+        site = sites.capture(self.caller)
+        seen = _FLOATS_SEEN.setdefault((key[0], site[-1] if site else None, plain), set())
+        if len(seen) < VARYING_NUMBERS:
+            seen.add(structure)
+            return None
+        return (key[0], plain) + key[2:]
 
     # -- calls a pass rewrites -----------------------------------------------------
     def written(self, op, args, kwargs):

@@ -80,7 +80,8 @@ def _walk_args(obj, arrays):
     if isinstance(obj, (list, tuple)):
         inner = tuple(_walk_args(o, arrays) for o in obj)
         return None if None in inner else (type(obj).__name__, inner)
-    return ("C", obj) if isinstance(obj, _SIMPLE) else None
+    # The type too: 1, 1.0 and True are equal keys, and code may tell them apart.
+    return ("C", type(obj), obj) if isinstance(obj, _SIMPLE) else None
 
 
 def holds_array(args):
