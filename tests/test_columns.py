@@ -15,7 +15,7 @@ from mxnet import nd
 from mxnet.gluon import nn
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import check_all_strategies, make_model
+from dynbatch_testing import assert_same, check_all_strategies, make_model, run_model
 
 H = 4
 LENGTHS = (1, 1, 2, 3, 4, 5, 6)
@@ -155,3 +155,45 @@ def test_rows_of_bases_in_two_layouts_add_as_written():
     # Their bases, a (T, 1) column and a (T,) vector, would broadcast to (T, T).
     model = make_model(RowsOfTwoLayouts)
     check_all_strategies(model, _sentences(1), [_table()])
+
+
+class PoolsByLearnedQuery(gdb.DynBatchBlock):
+    """Attention pooling with a learned query (a Set Transformer's pooling, a
+    hierarchical attention network's context vector), scores as a row or as
+    a column."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        with self.name_scope():
+            self.rows = nn.Dense(H, in_units=H, activation="tanh")
+            self.query = self.params.get("query", shape=(1, H))
+            self.out = nn.Dense(3, in_units=H)
+
+    def hybrid_forward(self, F, words, table, query):
+        keys = self.rows(F.concat(*[table[w:w + 1] for w in words], dim=0))   # (T, H)
+        if self.form == "row":
+            weights = F.softmax(F.dot(query, keys, transpose_b=True) / math.sqrt(H), axis=1)
+            return self.out(F.dot(weights, keys))
+        weights = F.softmax(F.dot(keys, query, transpose_b=True), axis=0)      # (T, 1)
+        return self.out(F.dot(weights, F.tanh(keys), transpose_a=True))
+
+
+@pytest.mark.parametrize("form", ["row", "column"])
+def test_attention_pooling_by_a_learned_query_is_one_step_each(form):
+    """A learned query is a weight, and the row of its scores was recorded as
+    written, as was the weighted sum ``dot(w, V, transpose_a=True)`` of a column
+    of weights: steps of one sentence length each."""
+    model = make_model(PoolsByLearnedQuery, form=form)
+    samples, table = _sentences(2), _table()
+    check_all_strategies(model, samples, [table], strategies=("depth", "agenda"))
+    assert_same(run_model(model, samples, [table], "depth"),
+                run_model(model, samples, [table], "eager"))
+    with gdb.batching(keep_plan=True, granularity="op") as scope:
+        outs = [model(words, table) for words in samples]
+    nd.waitall()
+    assert len(outs) == len(samples)
+    names = [step.nodes[0].op.name for step in scope.last_plan.steps]
+    # ``dot(keys, query, transpose_b=True)`` batches by rows as it is.
+    assert form == "column" or "dot" not in names, names
+    assert min(len(step.nodes) for step in scope.last_plan.steps) >= 2, names

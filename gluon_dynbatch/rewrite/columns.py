@@ -12,7 +12,10 @@ same length.  Recorded in column form, each one's rows are the sample's
 * a softmax (or log-softmax) along a row whose base is a column is the
   softmax of the column over axis 0 (a segment softmax), reshaped;
 * ``F.dot(w, V)`` of such a row ``w`` and a (T, C) value ``V`` is
-  ``sum(column * V, axis=0, keepdims=True)``, a segment sum;
+  ``sum(column * V, axis=0, keepdims=True)``, a segment sum; so is
+  ``F.dot(c, V, transpose_a=True)`` of a (T, 1) column ``c``;
+* of a learned query (a (1, H) weight), the column is
+  ``FullyConnected(K, q, num_hidden=1)``, a layer's product of the keys;
 * an elementwise call on such a row (``scores / sqrt(H)``, ``F.tanh``, a mask)
   is the call on the column, reshaped.
 
@@ -96,6 +99,11 @@ def scores(ns, rec, a, b, transpose_b):
             return None
         return _column(ns, rec, a, query)
     if sa[0] == 1 and sa[1] == sb[1]:
+        if weight_calls.is_weight(rec, a) and not weight_calls.is_weight(rec, b):
+            # A learned query (attention pooling): the column is a layer's
+            # product of the keys, one row each.
+            column = ns.FullyConnected(b, a, no_bias=True, num_hidden=1)
+            return _as_row(ns, column, (1, sb[0]))
         return _as_row(ns, _column(ns, rec, b, a), (1, sb[0]))
     if sb[0] == 1 and sa[1] == sb[1]:
         return _column(ns, rec, a, b)
@@ -118,6 +126,18 @@ def weighted_sum(ns, rec, weights, values):
             or values.shape[0] != column.shape[0] or weight_calls.is_weight(rec, values):
         return None
     return ns.sum(ns.broadcast_mul(_as_column(ns, column), values), axis=0, keepdims=True)
+
+
+def column_weighted_sum(ns, rec, weights, values):
+    """``F.dot(weights, values, transpose_a=True)`` of a sample's (T, 1) column
+    of weights and its (T, C) values as the segment sum
+    ``sum(weights * values, axis=0, keepdims=True)``; or None."""
+    sw, sv = weights.shape, values.shape
+    if not (_pending(weights) and _pending(values)) or len(sw) != 2 or len(sv) != 2 \
+            or sw[1] != 1 or sw[0] != sv[0] \
+            or weight_calls.is_weight(rec, weights) or weight_calls.is_weight(rec, values):
+        return None
+    return ns.sum(ns.broadcast_mul(weights, values), axis=0, keepdims=True)
 
 
 def batch_weighted_sum(ns, rec, weights, values):

@@ -38,10 +38,15 @@ def vector_dot(rec, op, args, kwargs):
 
 def attention_dot(rec, op, args, kwargs):
     """``F.dot(a, b, transpose_b=...)`` of a sample's own values: attention scores
-    in column form (``columns.scores``), or in pair form."""
-    if len(args) != 2 or not set(kwargs) <= {"transpose_a", "transpose_b"} \
-            or kwargs.get("transpose_a"):
+    in column form (``columns.scores``), or in pair form; ``F.dot(w, V,
+    transpose_a=True)`` of a column of weights, a weighted sum of rows
+    (``columns.column_weighted_sum``)."""
+    if len(args) != 2 or not set(kwargs) <= {"transpose_a", "transpose_b"}:
         return None
+    if kwargs.get("transpose_a"):
+        if kwargs.get("transpose_b"):
+            return None
+        return one_call(rec, columns.column_weighted_sum, rec.F, rec, args[0], args[1])
     return one_call(rec, columns.scores, rec.F, rec, args[0], args[1],
                     bool(kwargs.get("transpose_b")))
 
