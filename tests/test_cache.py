@@ -53,6 +53,28 @@ def test_replacing_a_child_does_not_reuse_a_stale_plan():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("compiled", [False, "plan"])
+def test_a_copy_of_a_block_after_scopes_runs_as_its_original(how, compiled):
+    """``copy.deepcopy`` and ``pickle`` of a DynBatchBlock raised (the plan cache's
+    lock, then its CachedOps); a copy starts with no plans and gives what its
+    original gives, eagerly and in a scope."""
+    import copy
+    import pickle
+    r = rng(2)
+    trees = [random_tree(r, 10, max_depth=2) for _ in range(3)]
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(10, 3))
+    _compiled_run(model, trees, emb, compiled)
+    twin = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    assert len(twin.plan_cache) == 0
+    want = [model(t, emb)[0].asnumpy() for t in trees]
+    got, _ = _compiled_run(twin, trees, emb, compiled)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(twin(trees[0], emb)[0].asnumpy(), want[0], rtol=1e-5, atol=1e-6)
+
+
 class RowDense(gdb.DynBatchBlock):
     """Dense layer on a few rows of a table: generic in dtype."""
 

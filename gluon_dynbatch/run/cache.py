@@ -20,6 +20,14 @@ class PlanCache:
         self._lock = threading.Lock()
         self.hits = self.misses = self.evictions = 0
 
+    def __getstate__(self):
+        # A copy of a block (``copy.deepcopy``, ``pickle``) starts with no plans:
+        # they hold MXNet handles, and the lock cannot be copied.
+        return {"max_plans": self.max_plans}
+
+    def __setstate__(self, state):
+        self.__init__(state["max_plans"])
+
     def __len__(self):
         return len(self._plans)
 
