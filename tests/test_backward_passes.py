@@ -214,6 +214,45 @@ def test_arrays_written_in_place_inside_a_scope_give_each_call_its_values():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
+def _given_new_arrays(how, options):
+    """Samples before and after a parameter is given new arrays: outputs, and
+    the gradient of the parameter's arrays after the change."""
+    encoder, _, _ = _models()
+    xs = _inputs()
+    weight = encoder.dense.weight
+    scope = gdb.batching(**options) if options is not None else None
+    with autograd.record():
+        if scope is not None:
+            scope.__enter__()
+        outs = [encoder(x) for x in xs[:2]]
+        if how == "force_reinit":
+            mx.random.seed(7)
+            encoder.initialize(mx.init.Uniform(0.5), force_reinit=True)
+        else:
+            encoder.cast("float64")
+            xs = [x.astype("float64") for x in xs]
+        outs += [encoder(x) for x in xs[2:]]
+        if scope is not None:
+            scope.__exit__(None, None, None)
+        loss = nd.add_n(*[o.sum().astype("float32") for o in outs])
+    loss.backward()
+    return [o.asnumpy() for o in outs], weight.grad().asnumpy()
+
+
+@pytest.mark.parametrize("how", ["force_reinit", "cast"])
+@pytest.mark.parametrize("options", [{}, {"strategy": "agenda"}, {"strategy": "reference"},
+                                     {"compiled": True}, {"granularity": "op"}])
+def test_a_parameter_given_new_arrays_inside_a_scope_is_read_as_eager_reads_it(how, options):
+    """Calls recorded before ``initialize(force_reinit=True)`` ran with the new
+    weights, and a ``cast('float64')`` between samples made the next batched
+    call fail (float32 leaf, float64 input)."""
+    got, want = _given_new_arrays(how, options), _given_new_arrays(how, None)
+    for out, expected in zip(got[0], want[0]):
+        assert out.dtype == expected.dtype
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
 class Carries(gdb.DynBatchBlock):
     """A step of a recurrence over chunks (truncated backpropagation through
     time): its loss and the state the next chunk starts from."""
@@ -374,13 +413,8 @@ def test_a_gradient_of_a_gradient_inside_a_sample_names_the_sample_and_the_way_o
 
 def _eager_second_order_error():
     """MXNet's own error for a gradient of a gradient through ``sum``, no scope."""
-    x = nd.array([[1.0, 2.0]])
-    x.attach_grad()
-    with autograd.record():
-        first = autograd.grad(nd.sum(nd.sin(x)), [x], create_graph=True, retain_graph=True)[0]
-        total = nd.sum(first * first)
     with pytest.raises(MXNetError) as info:
-        total.backward()
+        _eager_second_order_error_unchecked()
     return info.value
 
 
@@ -413,6 +447,30 @@ def test_a_gradient_penalty_on_a_scopes_values_says_how_to_run_it(heads):
     np.testing.assert_allclose(penalised({"strategy": "reference"}), want, rtol=1e-5,
                                atol=1e-6)
     assert type(_eager_second_order_error()) is MXNetError
+
+
+def test_an_eager_gradient_of_a_gradient_after_a_scope_keeps_mxnets_error():
+    """A scope recorded under ``autograd.record()`` whose values were never
+    differentiated, then eager code that MXNet cannot differentiate twice: the
+    error said only that batched steps could not be, and to run the model with
+    the reference strategy.  It is MXNet's error too now, and gives its text."""
+    model = Encoder()
+    model.initialize(mx.init.Uniform(0.5))
+    with autograd.record():
+        with gdb.batching():
+            outs = [model(x) for x in _inputs()]
+    with pytest.raises(MXNetError, match="non-differentiable|higher order"):
+        _eager_second_order_error_unchecked()
+    assert len(outs) == 4
+
+
+def _eager_second_order_error_unchecked():
+    x = nd.array([[1.0, 2.0]])
+    x.attach_grad()
+    with autograd.record():
+        first = autograd.grad(nd.sum(nd.sin(x)), [x], create_graph=True, retain_graph=True)[0]
+        total = nd.sum(first * first)
+    total.backward()
 
 
 _DETACHED_IN_SCOPE = r'''

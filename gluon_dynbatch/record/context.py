@@ -119,6 +119,21 @@ def _second_order_message(in_a_sample):
     return text
 
 
+class _MaybeBatchedSecondOrder(BatchingError, MXNetError):
+    """MXNet's error of a gradient of a gradient that may or may not reach values
+    a batching scope computed (while autograd recorded, their graph not yet
+    freed): either kind of handler catches it."""
+
+
+def _first_line(text):
+    """The line of MXNet error ``text`` that says what went wrong (not its
+    traceback's header and frames)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("MXNetError")] or \
+        [line for line in lines if not line.startswith(("Traceback", "File ", "[bt]"))]
+    return said[0] if said else text.strip()
+
+
 def _any_lazy(heads):
     """Whether ``heads`` (an array or a list) holds values a scope computed."""
     return any(isinstance(head, lazy_mod.LazyArray)
@@ -173,8 +188,11 @@ def _counting_backward(backward, position=2, to_variables=False):
         heads = args[0] if args else kwargs.get("heads")
         create = to_variables and bool(kwargs.get("create_graph",
                                                   args[4] if len(args) > 4 else False))
-        if create and (TLS.batched_history or _any_lazy(heads)):
+        if create and _any_lazy(heads):
             TLS.second_order = True
+        elif create and TLS.batched_history and not TLS.second_order:
+            # Values of a scope may or may not be in the heads' history.
+            TLS.second_order = "maybe"
         kept = None
         if _in_a_sample():
             args, kwargs = _retaining(args, kwargs, position)
@@ -205,7 +223,12 @@ def _reworded(err, in_a_sample, heads):
     text = str(err)
     if any(part in text for part in _SECOND_ORDER) and (
             in_a_sample or TLS.second_order or _any_lazy(heads)):
+        maybe = TLS.second_order == "maybe" and not (in_a_sample or _any_lazy(heads))
         TLS.second_order = False
+        if maybe:
+            return _MaybeBatchedSecondOrder(
+                "%s\nIf the gradient reaches no value a batching scope computed, the error "
+                "is MXNet's own: %s" % (_second_order_message(False), _first_line(text)))
         return BatchingError(_second_order_message(in_a_sample))
     if any(part in text for part in _FREED):
         return MXNetError("%s\n%s" % (err, _SHARED_GRAPH))

@@ -17,6 +17,9 @@ batching scope of the process installs, once:
   graph (``context``);
 * ``autograd.Function.__call__``: a user's Function runs on concrete values
   (``alone``);
+* ``Parameter._init_impl`` and ``Parameter.cast``: a parameter given new
+  arrays (``initialize(force_reinit=True)``, ``cast``, ``reset_ctx``) runs the
+  pending calls that read its old ones first (``weights``);
 * the number and integer types ``NDArray`` checks its operands and indices
   against: a waiting sample's number (``PendingValue``) is taken as its value
   (``tasks``).
@@ -25,7 +28,7 @@ Outside scopes each replacement does what the original does.
 """
 import threading
 
-from . import alone, context, dispatch, namespace, tasks
+from . import alone, context, dispatch, namespace, tasks, weights
 
 _LOCK = threading.Lock()
 _INSTALLED = []
@@ -42,4 +45,5 @@ def install():
             context.install()
             alone.install()
             tasks.install()
+            weights.install()
             _INSTALLED.append(True)

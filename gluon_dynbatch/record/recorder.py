@@ -236,25 +236,46 @@ class Recorder(RecorderCore):
         Inside a sample this is a read (the sample waits, ``scope.read``);
         between samples, a flush.
         """
-        graph, frame = self.graph, self.frame
         for array in arrays:
-            found = graph.leaf_by_id.get(id(array))
-            if (found is None or found[2] is not array) \
-                    and graph.param_arrays.get(id(array)) is not array \
-                    and (frame is None or frame.vals.get(frame.ext.get(id(array))) is not array):
-                continue
-            warn_once("written", "%s: an array that recorded calls read is written in "
-                      "place; they run first, with its old values, as in eager code (calls "
-                      "recorded before the write do not batch with those after it: give each "
-                      "sample an array of its own to batch them)",
-                      describe_call(self.sample, self.path))
-            if frame is not None:
-                frame.cut("an array it read is written in place")
-            if self.tasks.current is not None:
-                self.read()
-            else:
-                self.flush()
-            return
+            if self._read_by_pending(array):
+                self._run_pending("an array that recorded calls read is written in place; "
+                                  "they run first, with its old values, as in eager code",
+                                  "an array it read is written in place")
+                return
+
+    def before_replace(self, parameter):
+        """``parameter``'s arrays are about to be replaced by new ones
+        (``initialize(force_reinit=True)``, ``cast``, ``reset_ctx``): pending
+        calls that read them run first, with the old arrays, as eager code ran
+        them; later calls read the new ones."""
+        self._param_tables.clear()
+        found = self.graph.leaf_by_id.get(id(parameter))
+        if found is not None and found[2] is parameter or \
+                any(self._read_by_pending(a) for a in getattr(parameter, "_data", None) or ()):
+            self._run_pending("a parameter that recorded calls read is given new arrays "
+                              "(initialize(force_reinit=True), cast, reset_ctx); they run "
+                              "first, with its old ones, as in eager code",
+                              "a parameter it read is given new arrays")
+
+    def _read_by_pending(self, array):
+        """Whether a pending call reads ``array``."""
+        graph, frame = self.graph, self.frame
+        found = graph.leaf_by_id.get(id(array))
+        return found is not None and found[2] is array \
+            or graph.param_arrays.get(id(array)) is array \
+            or frame is not None and frame.vals.get(frame.ext.get(id(array))) is array
+
+    def _run_pending(self, what, reason):
+        """Run what is pending now (see ``before_write``), warning once of ``what``."""
+        warn_once("written", "%s: %s (calls recorded before it do not batch with those "
+                  "after it: give each sample an array of its own to batch them)",
+                  describe_call(self.sample, self.path), what)
+        if self.frame is not None:
+            self.frame.cut(reason)
+        if self.tasks.current is not None:
+            self.read()
+        else:
+            self.flush()
 
     def _relazy(self, found):
         """A new LazyArray of leaf ``found`` (``leaf_by_id``'s entry), whose

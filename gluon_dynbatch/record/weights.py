@@ -156,3 +156,35 @@ def shared_call(rec, op, inputs, targs, tkw):
     if len(node.out_shapes) > 1:
         return [output_of(node, k) for k in range(len(node.out_shapes))]
     return output_of(node, 0)
+
+
+def install():
+    """Parameter methods that give a parameter new arrays (``initialize`` with
+    ``force_reinit``, ``_init_impl``, which ``reset_ctx`` and loading call, and
+    ``cast``) first run the pending calls that read its old ones
+    (``Recorder.before_replace``)."""
+    from mxnet.gluon import Parameter  # pylint: disable=import-outside-toplevel
+    for name in ("initialize", "_init_impl", "cast"):
+        setattr(Parameter, name, _replacing(getattr(Parameter, name)))
+
+
+def _replacing(original):
+    """``original``, a method of Parameter that may replace its arrays, running
+    what is pending first inside a scope."""
+    from . import context  # pylint: disable=import-outside-toplevel
+
+    def replacing(self, *args, **kwargs):
+        rec = context.current()
+        if rec is not None and getattr(self, "_data", None) and \
+                (original.__name__ != "initialize" or _forced(args, kwargs)):
+            rec.before_replace(self)
+        return original(self, *args, **kwargs)
+
+    replacing.__name__ = replacing.__qualname__ = original.__name__
+    replacing.__doc__ = original.__doc__
+    return replacing
+
+
+def _forced(args, kwargs):
+    """Whether ``Parameter.initialize(*args, **kwargs)`` re-initialises."""
+    return bool(kwargs.get("force_reinit", args[3] if len(args) > 3 else False))
