@@ -90,6 +90,21 @@ class DynBatchBlock(gluon.HybridBlock):
         params = {name: p.data(ctx) for name, p in self._reg_params.items()}
         return self.hybrid_forward(mx.nd, *args, **params)
 
+    def export(self, path, epoch=0, remove_amp_cast=True):
+        """Not possible: a DynBatchBlock's graph follows each sample's structure.
+
+        Raises
+        ------
+        RuntimeError
+            Always, naming what can be saved instead.
+        """
+        children = ", ".join(repr(name) for name in self._children) or "none"
+        raise RuntimeError(
+            "%s is a DynBatchBlock: its computation follows each sample's structure "
+            "(recursion, loops in Python), so there is no one symbol to export; save its "
+            "weights with save_parameters, or export its HybridBlock children one by one "
+            "after hybridizing them (its children: %s)" % (self.name, children))
+
     records_frames = True       # its calls are frames (``record.dispatch``)
 
     def _record_call(self, rec, args):

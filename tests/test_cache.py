@@ -156,6 +156,28 @@ def test_threads_record_separately_and_match_running_alone():
             np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
+def test_the_templates_of_a_thread_go_when_it_ends_though_its_model_lives():
+    """A thread's store of templates stayed as long as the model it recorded
+    lived (callbacks dropping its entries with the model held the store): a
+    thread per batch grew memory batch after batch."""
+    import gc
+    from gluon_dynbatch.record.trie import State
+    r = rng(5)
+    trees = [random_tree(r, 10, max_depth=2) for _ in range(3)]
+    emb = nd.random.uniform(shape=(10, 3))
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+
+    def states_after(threads):
+        for _ in range(threads):
+            thread = threading.Thread(target=_compiled_run, args=(model, trees, emb, False))
+            thread.start()
+            thread.join()
+        gc.collect()
+        return sum(type(o) is State for o in gc.get_objects())
+    first = states_after(2)
+    assert states_after(4) == first
+
+
 def test_max_cached_plans_must_be_positive():
     import pytest
     with pytest.raises(ValueError, match="max_cached_plans"):

@@ -525,6 +525,20 @@ def test_a_hybridized_parent_traces_its_dynbatch_child_as_a_hybrid_block(scope):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+def test_exporting_a_dynbatch_block_says_why_not_and_its_children_export(tmp_path):
+    """Gluon's error asked to hybridize and run forward first, which the user
+    had done; a hybridized parent exports a DynBatchBlock child as a hybrid block."""
+    parent = make_model(_HybridizedParent)
+    parent.hybridize()
+    parent.inner.hybridize()
+    x = _states(1, rows=2)[0][:, :3]
+    parent(x)
+    with pytest.raises(RuntimeError, match="no one symbol to export.*save_parameters.*dense"):
+        parent.inner.export(str(tmp_path / "inner"))
+    parent.export(str(tmp_path / "parent"))
+    assert (tmp_path / "parent-symbol.json").exists()
+
+
 # --------------------------------------------------------------------------
 # autograd's modes switched by functions the user imported by name
 # --------------------------------------------------------------------------

@@ -257,7 +257,7 @@ def settings(block):
             return None
         seen.add(form)
         if len(seen) == 1:
-            weakref.finalize(block, store().settings.pop, id(block), None)
+            _drop_with(block, None, "settings", id(block))
     return form
 
 
@@ -295,18 +295,40 @@ def root(key, block):
         if found.usage is None:
             found.usage = usages[(key[0], key[-1])] = Usage()
             found.usage.name = type(block).__name__
-            _drop_with(block, key, usages, (key[0], key[-1]))
+            _drop_with(block, key, "usages", (key[0], key[-1]))
         found.usage.counters.append(found.counter)     # states learned, per block
         # The trie holds the block's parameters: drop it with the block.
-        _drop_with(block, key, roots, key)
+        _drop_with(block, key, "roots", key)
     return found
 
 
+_DROPS = {}     # id(block) -> [(store, table, entry)] to drop when the block dies
+_DROPS_LOCK = threading.Lock()
+
+
 def _drop_with(block, key, table, entry):
-    """Drop ``table[entry]`` when ``block`` dies, unless ``key`` names blocks
-    made alike (``likeness``): those outlive any one of them."""
-    if type(key[0]) is not tuple:
-        weakref.finalize(block, table.pop, entry, None)
+    """Drop ``entry`` of this thread's store's ``table`` when ``block`` dies,
+    unless ``key`` names blocks made alike (``likeness``): those outlive any
+    one of them.  Stores are held weakly: a thread's store, tries and
+    constants go when the thread ends, though the block lives on."""
+    if key is not None and type(key[0]) is tuple:
+        return
+    with _DROPS_LOCK:
+        drops = _DROPS.get(id(block))
+        if drops is None:
+            drops = _DROPS[id(block)] = []
+            weakref.finalize(block, _drop_all, id(block))
+        drops[:] = [d for d in drops if d[0]() is not None]   # of threads that ended
+        drops.append((weakref.ref(store()), table, entry))
+
+
+def _drop_all(block_id):
+    with _DROPS_LOCK:
+        drops = _DROPS.pop(block_id, ())
+    for store_ref, table, entry in drops:
+        found = store_ref()
+        if found is not None:
+            getattr(found, table).pop(entry, None)
 
 
 def token(key, block):
@@ -315,7 +337,7 @@ def token(key, block):
     found = tokens.get(key)
     if found is None:
         found = tokens[key] = next(store().counter)
-        _drop_with(block, key, tokens, key)
+        _drop_with(block, key, "tokens", key)
     return found
 
 
