@@ -151,6 +151,16 @@ ALIASES = {
 CASES.update(ALIASES)
 # The same reshape of one value twice in a call (the fuzzer found it through two
 # transposes of a row): each is its own call, whatever follows.
+# Ordering along a sample's rows (k-max pooling over its tokens).
+CASES.update({
+    "topk_axis0_value": lambda F, x: F.topk(F.tanh(x), axis=0, k=1, ret_typ="value") * 2,
+    "topk_axis0_both_ascending": lambda F, x: [
+        o * 2 for o in F.topk(x, axis=0, k=1, ret_typ="both", is_ascend=True)],
+    "topk_axis0_indices": lambda F, x: F.topk(x * 2, axis=0, k=1) + x[0:1],
+    "sort_axis0": lambda F, x: F.sort(x, axis=0) * F.tanh(x),
+    "sort_axis0_descending": lambda F, x: F.sort(F.tanh(x), axis=0, is_ascend=False) * 3,
+    "argsort_axis0": lambda F, x: F.argsort(x, axis=0) + x,
+})
 CASES.update({
     "reshape_twice": lambda F, x: [F.tanh(F.reshape(x[0:1], (4, 1))),
                                    F.tanh(F.reshape(x[0:1], (4, 1)))],
@@ -186,6 +196,30 @@ def test_ragged_max_and_min_over_rows_batch_in_one_step_and_keep_infinities_apar
         assert got[2].steps == 1
     outs = [np.asarray(v) for v in got[0]]
     assert np.isinf(outs[1][0, 2]) and all(np.isfinite(outs[k]).all() for k in (0, 2, 3))
+
+
+@pytest.mark.parametrize("ret_typ", ["value", "both"])
+def test_k_max_pooling_over_ragged_rows_is_one_step_and_a_short_sample_fails_as_eager(ret_typ):
+    """``F.topk(x, axis=0, k=2)`` of every sample's rows (k-max pooling) ran one
+    call per sample; a sample with fewer rows than ``k`` gets MXNet's error."""
+    def pool(F, x):
+        found = F.topk(F.tanh(x) * 2, axis=0, k=2, ret_typ=ret_typ)
+        return found if ret_typ == "value" else found[0] * (found[1] + 1)
+    model = OneOp(pool)
+    table = nd.array(np.random.RandomState(3).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 2), (6, 5), (1, 2), (3, 4)]
+    expected = reference_run(model, samples, [table])
+    assert_same(run_model(model, samples, [table], "eager"), expected)
+    for compiled in (False, True, "step"):
+        got = run_model(model, samples, [table], "depth", compiled)
+        assert_same(got, expected)
+        assert got[2].steps == 1
+    with pytest.raises(Exception, match="k must be smaller"):
+        model((7, 1), table)
+    with pytest.raises(gdb.BatchingError, match="sample 1.*k must be smaller"):
+        with gdb.batching():
+            [model(sample, table) for sample in [(0, 3), (7, 1)]]
+    assert_same(run_model(model, samples, [table], "depth"), expected)
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])

@@ -4,7 +4,9 @@
   rows (a node's children, a sentence's tokens), by padding every node's
   rows to the longest and reducing the padded axis;
 * ``SegmentSoftmaxRule``: a softmax or log-softmax over axis 0 of each node's
-  rows (attention weights), padded with -inf.
+  rows (attention weights), padded with -inf;
+* ``SegmentOrderRule``: ``topk``, ``sort``, ``argsort`` over axis 0 of each
+  node's rows, padded with values that order last.
 
 The padding is a gather computed when the batch is planned (``_padding``),
 reading one zero row after the batch's rows (``_with_zero_row``).
@@ -158,6 +160,54 @@ class SegmentSoftmaxRule(SegmentRule):
         return [F.take(F.reshape(out, shape=(-3, -2)), places, axis=0)]
 
 
+class SegmentOrderRule(SegmentSoftmaxRule):
+    """``topk``, ``sort`` and ``argsort`` over axis 0 of each node's (ragged) rows
+    (k-max pooling over a sentence's tokens).
+
+    The rows are padded to the longest with values that order last (-inf
+    descending, +inf ascending), ordered along the padded axis; a top k
+    (``k`` at most the node's rows, as MXNet requires) holds none of the
+    padding, and a sort's first rows of each node are its own.
+    """
+
+    kind = "segment-order"
+
+    def signature(self, node):
+        shape, dtype = _in_shape(node, 0), _in_dtype(node, 0)
+        if len(node.inputs) != 1 or node.args[1:] or not shape or _axis(node, "axis", -1) != 0 \
+                or np.dtype(dtype) not in (np.float32, np.float64):
+            return None
+        if node.op.name == "topk":
+            k = node.kwargs.get("k", 1)
+            if str(node.kwargs.get("ret_typ", "indices")) not in ("value", "indices", "both") \
+                    or type(k) is not int or not 1 <= k <= shape[0]:
+                return None
+        attrs = tuple(sorted((name, str(value)) for name, value in node.kwargs.items()))
+        return Signature(((self.kind, node.op.name, attrs, _trail(shape), dtype),), self,
+                         (ROW,))
+
+    @staticmethod
+    def _ascending(node):
+        found = node.kwargs.get("is_ascend", node.op.name != "topk")
+        return str(found).lower() in ("true", "1")
+
+    def batched_call(self, F, node, inputs):
+        data, index, places = inputs[:3]
+        pad = F.BlockGrad(F.log(F.zeros_like(F.slice_axis(data, axis=0, begin=0, end=1))))
+        if self._ascending(node):
+            pad = F.negative(pad)
+        rows = F.take(F.concat(data, pad, dim=0), index, axis=0)   # (nodes, longest, ...)
+        kwargs = dict(node.kwargs, axis=1)
+        out = getattr(F, node.op.name)(rows, **kwargs)
+        # Two outputs ("both"): a list of arrays, or a symbol of two outputs.
+        outs = [out[j] for j in range(len(node.out_shapes))] if len(node.out_shapes) > 1 \
+            else [out]
+        flat = [F.reshape(o, shape=(-3, -2)) for o in outs]
+        if node.op.name == "topk":                  # k rows a node
+            return flat
+        return [F.take(o, places, axis=0) for o in flat]
+
+
 def _padding(counts):
     """For blocks of ``counts`` rows laid end to end: where each block's rows sit
     when each is padded to the longest, (blocks, longest), the padding pointing
@@ -178,5 +228,7 @@ def _with_zero_row(F, rows):
 _SEGMENTS = SegmentRule()
 register_rule(["argmax", "argmin"],
               RowFallback(SegmentIndexRule(), RowRule(axis_roles("axis", None))))
+register_rule(["topk", "sort", "argsort"],
+              RowFallback(SegmentOrderRule(), RowRule(axis_roles("axis", -1))))
 register_rule(["softmax", "log_softmax"],
               RowFallback(SegmentSoftmaxRule(), SoftmaxRowRule(axis_roles("axis", -1))))
