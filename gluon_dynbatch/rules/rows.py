@@ -388,8 +388,8 @@ register_rule("batch_dot", RowRule(all_row_roles))
 register_rule("reshape_like", RowRule(all_row_roles))
 register_rule("broadcast_like", RowRule(broadcast_like_roles, broadcasts=True))
 register_rule("Dropout", RowRule(dropout_roles))
-register_rule("softmin", RowRule(axis_roles("axis", -1)))
-# ``topk``, ``sort``, ``argsort``: along axis 0 too (``segments.SegmentOrderRule``).
+register_rule(["softmin", "argsort"], RowRule(axis_roles("axis", -1)))
+# ``topk``, ``sort``: along axis 0 too (``segments.SegmentOrderRule``).
 register_rule(["SliceChannel", "split"], RowRule(axis_roles("axis", 1)))
 register_rule("pick", RowRule(axis_roles("axis", -1)))
 register_rule(["flip", "reverse"], RowRule(axis_roles("axis", None)))

@@ -5,8 +5,8 @@
   rows to the longest and reducing the padded axis;
 * ``SegmentSoftmaxRule``: a softmax or log-softmax over axis 0 of each node's
   rows (attention weights), padded with -inf;
-* ``SegmentOrderRule``: ``topk``, ``sort``, ``argsort`` over axis 0 of each
-  node's rows, padded with values that order last.
+* ``SegmentOrderRule``: the values of ``topk`` and ``sort`` over axis 0 of
+  each node's rows, padded with values that order last.
 
 The padding is a gather computed when the batch is planned (``_padding``),
 reading one zero row after the batch's rows (``_with_zero_row``).
@@ -161,13 +161,16 @@ class SegmentSoftmaxRule(SegmentRule):
 
 
 class SegmentOrderRule(SegmentSoftmaxRule):
-    """``topk``, ``sort`` and ``argsort`` over axis 0 of each node's (ragged) rows
-    (k-max pooling over a sentence's tokens).
+    """The values of ``topk`` and ``sort`` over axis 0 of each node's (ragged)
+    rows (k-max pooling over a sentence's tokens).
 
     The rows are padded to the longest with values that order last (-inf
     descending, +inf ascending), ordered along the padded axis; a top k
-    (``k`` at most the node's rows, as MXNet requires) holds none of the
-    padding, and a sort's first rows of each node are its own.
+    (``k`` at most the node's rows, as MXNet requires) holds the node's own
+    values, and a sort's first rows of each node are its own.  MXNet's order
+    of equal values is not stable: a node's own infinity may trade places
+    with the padding, which leaves the values the same but not the indices,
+    so indices (``argsort``, ``topk``'s default) stay one call per node.
     """
 
     kind = "segment-order"
@@ -179,7 +182,7 @@ class SegmentOrderRule(SegmentSoftmaxRule):
             return None
         if node.op.name == "topk":
             k = node.kwargs.get("k", 1)
-            if str(node.kwargs.get("ret_typ", "indices")) not in ("value", "indices", "both") \
+            if str(node.kwargs.get("ret_typ", "indices")) != "value" \
                     or type(k) is not int or not 1 <= k <= shape[0]:
                 return None
         attrs = tuple(sorted((name, str(value)) for name, value in node.kwargs.items()))
@@ -228,7 +231,6 @@ def _with_zero_row(F, rows):
 _SEGMENTS = SegmentRule()
 register_rule(["argmax", "argmin"],
               RowFallback(SegmentIndexRule(), RowRule(axis_roles("axis", None))))
-register_rule(["topk", "sort", "argsort"],
-              RowFallback(SegmentOrderRule(), RowRule(axis_roles("axis", -1))))
+register_rule(["topk", "sort"], RowFallback(SegmentOrderRule(), RowRule(axis_roles("axis", -1))))
 register_rule(["softmax", "log_softmax"],
               RowFallback(SegmentSoftmaxRule(), SoftmaxRowRule(axis_roles("axis", -1))))
