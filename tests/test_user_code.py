@@ -1398,6 +1398,60 @@ def test_a_childs_constants_equal_in_python_but_of_other_types_are_told_apart():
             np.testing.assert_allclose(o.asnumpy(), w, rtol=1e-6)
 
 
+class _DagNode:
+    def __init__(self, word, children=()):
+        self.word, self.children = word, list(children)
+
+
+class CombinesMemoisedChildren(gdb.DynBatchBlock):
+    """A recursive net over a DAG, memoised per sample, combining its children
+    with ``F.add_n`` or a product of the first and last one."""
+
+    def __init__(self, combine, **kwargs):
+        super().__init__(**kwargs)
+        self.combine = combine
+        with self.name_scope():
+            self.wx = gluon.nn.Dense(4, in_units=4)
+            self.wh = gluon.nn.Dense(4, in_units=4, use_bias=False)
+
+    def hybrid_forward(self, F, node, table, memo=None):
+        memo = {} if memo is None else memo
+        if id(node) in memo:
+            return memo[id(node)]
+        hs = [self(child, table, memo) for child in node.children]
+        h = self.wx(table[node.word:node.word + 1])
+        if hs and self.combine == "add_n":
+            h = h + self.wh(F.add_n(*hs))
+        elif hs:
+            h = h * F.dot(hs[0], hs[-1], transpose_b=True)
+        memo[id(node)] = out = F.tanh(h)
+        return out
+
+
+def _dag(spec):
+    nodes = []
+    for k, children in enumerate(spec):
+        nodes.append(_DagNode(k % 5, [nodes[c] for c in children]))
+    return nodes[-1]
+
+
+@pytest.mark.parametrize("combine", ["add_n", "dot"])
+@pytest.mark.parametrize("options", [{}, {"strategy": "agenda"}, {"compiled": "step"}])
+def test_a_call_reading_one_outside_value_twice_is_not_taken_for_one_reading_two(combine,
+                                                                                   options):
+    """``add_n(h, h)`` of a value read from outside the frame for the first time
+    had the key of ``add_n(a, b)`` of two such values: a DAG node whose two
+    children are one node (read from the memo) taught the path its parent,
+    which reads two, then replayed (it summed one child twice)."""
+    model = CombinesMemoisedChildren(combine)
+    model.initialize(mx.init.Uniform(0.5))
+    table = nd.array(np.random.RandomState(0).uniform(-1, 1, (5, 4)))
+    dags = [_dag([[], [0, 0], [0, 1]]), _dag([[], [0, 0], [1, 0]]), _dag([[], [0], [0, 1]])]
+    eager = run_model(model, dags, [table], "eager")
+    assert_same(run_model(model, dags, [table], options.get("strategy", "depth"),
+                          options.get("compiled", False)), eager)
+
+
 class CopiesItsValue(gdb.DynBatchBlock):
     """Copies of a recorded value, as eager glue code makes them."""
 

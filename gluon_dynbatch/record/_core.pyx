@@ -874,6 +874,12 @@ cdef class FrameCore:
             items = list(refs)
             for k in first_reads:
                 a = args[k]
+                hit = PyDict_GetItem(ext, id(a))
+                if hit != NULL:
+                    # Read by an earlier argument of this call (``add_n(h, h)``):
+                    # its position, so the key tells it from two arrays read.
+                    items[k] = <object>hit
+                    continue
                 found = self._unread(a, _get(a, OFF_NODE))
                 if found is not None:       # an operator's output: the next position
                     self._read(a, found)
@@ -1097,6 +1103,7 @@ cdef class FrameCore:
         cdef PyObject* hit
         cdef Macro macro
         cdef list shapes
+        cdef dict unread = None
         cdef bint arrays = False
         if kwargs:
             for value in kwargs.values():
@@ -1117,9 +1124,16 @@ cdef class FrameCore:
                         return self.written(op, args, kwargs)
                     found = self._known_ref(a)
                     if found is None:
-                        found = self._unread(a, node)
-                        if found is None:
-                            found = self._handed_ref(a)
+                        if unread is None:
+                            unread = {}
+                        hit = PyDict_GetItem(unread, id(a))
+                        if hit != NULL:     # an earlier argument (``Frame._written_key``)
+                            found = ("again", <object>hit)
+                        else:
+                            unread[id(a)] = k
+                            found = self._unread(a, node)
+                            if found is None:
+                                found = self._handed_ref(a)
                         if found is None:
                             return self.written(op, args, kwargs)
                     arrays = arrays or type(found) is INT or found[0] == "x"

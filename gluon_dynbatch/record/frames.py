@@ -543,7 +543,11 @@ class Frame(FrameCore):
                 if ref is None:
                     return None, None
                 if type(ref) is tuple and ref[0] == "x":
-                    unread[id(a)] = k
+                    if id(a) in unread:
+                        # Read again (``add_n(h, h)``): not the key of two arrays read.
+                        ref = ("again", unread[id(a)])
+                    else:
+                        unread[id(a)] = k
                 arrays = arrays or type(ref) is int or ref[0] == "x"
                 refs.append(ref)
             else:
