@@ -1452,6 +1452,75 @@ def test_a_call_reading_one_outside_value_twice_is_not_taken_for_one_reading_two
                           options.get("compiled", False)), eager)
 
 
+class WeighsItsEdges(gdb.DynBatchBlock):
+    """Messages weighed by each edge's own number, summed per node (``+ 0`` for
+    a node without any): numbers as literals, sums rewritten at the flush."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = gluon.nn.Dense(4, in_units=3, activation="tanh")
+            self.out = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, sample):
+        x, edges = sample
+        h = self.inp(x)
+        rows = []
+        for i in range(x.shape[0]):
+            inc = [h[s:s + 1] * (0.5 + 0.1 * k) for k, (s, t) in enumerate(edges) if t == i]
+            rows.append(h[i:i + 1] + (F.add_n(*inc) if inc else 0))
+        return F.sum(self.out(F.concat(*rows, dim=0)), axis=0, keepdims=True)
+
+
+def test_literals_read_after_a_flush_renumbers_nodes_are_their_own():
+    """Literals were found by node id, which the flush's rewrite of sums renumbers:
+    a take's index read another literal's rows (numbers of each edge), and the
+    plan failed ("all the input arrays must have same number of dimensions")."""
+    r = np.random.RandomState(0)
+    samples = []
+    for n in (2, 17, 17):
+        edges = [(s, t) for s in range(n) for t in range(n) if s != t and r.rand() < 0.2]
+        samples.append((nd.array(r.uniform(-1, 1, (n, 3))), edges if n > 2 else []))
+    model = WeighsItsEdges()
+    model.initialize(mx.init.Uniform(0.3))
+    eager = run_model(model, samples, [], "eager")
+    for _ in range(3):
+        assert_same(run_model(model, samples, [], "depth"), eager, rtol=1e-4, atol=1e-5)
+
+
+class SparseAdjacency(gdb.DynBatchBlock):
+    """A graph convolution by each sample's adjacency, a CSR matrix."""
+
+    def __init__(self, sparse_dot, **kwargs):
+        super().__init__(**kwargs)
+        self.sparse_dot = sparse_dot
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, sample):
+        x, adjacency = sample
+        h = F.sparse.dot(adjacency, x) if self.sparse_dot else F.dot(adjacency, x)
+        return F.sum(self.dense(h), axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("sparse_dot", [True, False])
+@pytest.mark.parametrize("granularity", [None, "op"])
+def test_a_sparse_adjacency_of_one_node_is_multiplied_as_eager_multiplies_it(sparse_dot,
+                                                                              granularity):
+    """A (1, 1) CSR matrix times a row was recorded as ``broadcast_mul``, which
+    keeps only the CSR's stored entries: the row's other entries became 0."""
+    r = np.random.RandomState(0)
+    samples = []
+    for n in (1, 3, 2, 1):
+        a = np.eye(n) + (r.rand(n, n) < 0.3)
+        samples.append((nd.array(r.uniform(-1, 1, (n, 3))),
+                        nd.array(a / a.sum(1, keepdims=True)).tostype("csr")))
+    model = SparseAdjacency(sparse_dot)
+    model.initialize(mx.init.Uniform(0.3))
+    eager = run_model(model, samples, [], "eager")
+    assert_same(run_model(model, samples, [], "depth", granularity=granularity), eager)
+
+
 class CopiesItsValue(gdb.DynBatchBlock):
     """Copies of a recorded value, as eager glue code makes them."""
 

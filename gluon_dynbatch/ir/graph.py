@@ -164,11 +164,13 @@ class Graph:
         self.constants = {}        # (F path, args) -> leaf of a deterministic F.zeros ...
         self.shared_items = {}     # id(array) -> frame key item of a parameter or constant
         self.literals = {}         # (dtype, row shape) -> (leaf, numpy parts): literals.py
-        self.literal_ids = set()   # ids of those leaves
-        self.literal_parts = {}    # (id of such a leaf, first row) -> the literal's values
-        self.known_leaves = {}     # id of a leaf -> whether it is a constant (literals.py)
+        # Keyed by the leaves themselves: a flush's passes renumber nodes (``sums.py``).
+        self.literal_leaves = set()    # those leaves
+        self.literal_parts = {}    # (such a leaf, first row) -> the literal's values
+        self.known_leaves = {}     # leaf -> whether it is a constant (literals.py)
+        self.sparse_leaves = set()  # leaves of sparse arrays (CSR, row-sparse)
         self.weight_calls = {}     # call on weights only -> its node (weight_calls.py)
-        self.weight_nodes = set()  # ids of those nodes
+        self.weight_nodes = set()  # those nodes
         self.derived = {}          # id of such a node -> its outputs' DerivedWeights
         self.derived_nodes = {}    # id(DerivedWeight) -> (it, its node here)
         self.mode = None           # autograd's (recording, training) of its calls
@@ -193,9 +195,10 @@ class Graph:
         self.constants = {}
         self.shared_items = {}
         self.literals = {}
-        self.literal_ids = set()
+        self.literal_leaves = set()
         self.literal_parts = {}
         self.known_leaves = {}
+        self.sparse_leaves = set()
         self.weight_calls = {}
         self.weight_nodes = set()
         self.derived = {}
@@ -261,4 +264,4 @@ def weight_node(src):
     if src.kind == LEAF:
         return src.param is not None
     return src.kind == OP and getattr(src, "graph", None) is not None \
-        and src.id in src.graph.weight_nodes
+        and src in src.graph.weight_nodes

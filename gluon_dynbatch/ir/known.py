@@ -61,13 +61,13 @@ def values_known(node):
     graph."""
     kind = getattr(node, "kind", None)
     if kind == VIEW:
-        return node.inputs[0][0].id in node.graph.literal_ids
+        return node.inputs[0][0] in node.graph.literal_leaves
     if kind != LEAF or node.param is not None or node.value is None:
         return False
     known = node.graph.known_leaves
-    found = known.get(node.id)
+    found = known.get(node)
     if found is None:
-        found = known[node.id] = constant_array(node.value)
+        found = known[node] = constant_array(node.value)
     return found
 
 
@@ -101,7 +101,7 @@ def values_of(node):
     if node.kind == LEAF:
         return node.value.asnumpy()
     pool, begin, end = node.inputs[0][0], node.kwargs["begin"], node.kwargs["end"]
-    found = node.graph.literal_parts.get((pool.id, begin))
+    found = node.graph.literal_parts.get((pool, begin))
     if found is not None and len(found) == end - begin:
         return found                    # the usual case: a literal's own view
     for leaf, parts in node.graph.literals.values():     # rows of a part, or of several

@@ -539,7 +539,7 @@ cdef class RecorderCore:
             return None
         found = <object>hit
         parts.append(values)
-        graph.literal_parts[(_get(src, N_ID), begin)] = values
+        graph.literal_parts[(src, begin)] = values
         _set(src, N_SHAPES, ((end,) + tail,))
         self.num_calls += 1
         return _held(self._row_node(graph, nodes, found, src, 0), 1)
@@ -910,7 +910,7 @@ cdef class FrameCore:
         cdef object graph = self.rec.graph
         return node is not None and not isinstance(node, FrameCore) \
             and node.graph is graph and node.kind != "leaf" \
-            and node.id not in graph.weight_nodes
+            and node not in graph.weight_nodes
 
     cdef object _known_ref(self, object a):
         """The key item of outside array ``a`` read before, or of a parameter or
@@ -1080,7 +1080,7 @@ cdef class FrameCore:
             return ("x", node.out_shapes[idx], node.out_dtypes[idx])
         if kind == "view":
             return ("x", node.out_shapes[idx], node.out_dtypes[idx],
-                    node.inputs[0][0].id in graph.literal_ids)
+                    node.inputs[0][0] in graph.literal_leaves)
         return None
 
     cdef object _handed_ref(self, object a):

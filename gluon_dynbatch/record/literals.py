@@ -33,12 +33,12 @@ def record(rec, values, ctx=None):
         node = graph.add(Node(graph, LEAF))
         node.out_dtypes = (values.dtype.type,)
         pool = graph.literals[key] = (node, [])
-        graph.literal_ids.add(node.id)
+        graph.literal_leaves.add(node)
     node, parts = pool
     begin = node.out_shapes[0][0] if parts else 0
     end = begin + len(values)
     parts.append(values)
-    graph.literal_parts[(node.id, begin)] = values
+    graph.literal_parts[(node, begin)] = values
     node.out_shapes = ((end,) + values.shape[1:],)
     return rec.row_slice(LazyArray(node, 0), begin, end)
 

@@ -20,6 +20,7 @@ import mxnet as mx
 from mxnet import gluon
 import numpy as np
 from mxnet.ndarray import NDArray
+from mxnet.ndarray.sparse import BaseSparseNDArray
 
 from ..ir import calls
 from . import context
@@ -194,6 +195,8 @@ class Recorder(RecorderCore):
         described = self._described_leaf(array)
         node = graph.add(Node(graph, LEAF))
         node.value = array
+        if isinstance(array, BaseSparseNDArray):
+            graph.sparse_leaves.add(node)
         if type(array) is LazyArray and array.history_freed():
             node.value = array.detach()      # as eager uses it: a constant
             warn_once("freed", "%s: a value computed in an earlier batch is used after a "
@@ -453,18 +456,30 @@ class Recorder(RecorderCore):
                 # before any input is looked up: settling one runs flushes, which
                 # would leave an input looked up before it in a graph run already.
                 a.settled_node()
-        if not self.faithful():
+        if not self.faithful() and not self._sparse(args):
             for fn in passes.BY_NAME.get(op.name, ()):
                 found = fn(self, op, args, kwargs)
                 if found is not None:
                     return passes.checked(self, fn, op, args, kwargs, found)
         return self.record_plain(op, args, kwargs)
 
+    def _sparse(self, args):
+        """Whether a call's arguments hold a sparse array (CSR, row-sparse) or a
+        leaf of one: the passes' forms of the call (``broadcast_mul`` for a
+        product) would keep only its stored entries, so such calls are
+        recorded as written."""
+        leaves = self.graph.sparse_leaves
+        for a in args:
+            if isinstance(a, BaseSparseNDArray) or leaves and type(a) is LazyArray \
+                    and a._node in leaves:
+                return True
+        return False
+
     def record_plain(self, op, args, kwargs):
         """Record ``op(*args, **kwargs)`` without its operator's passes: a pass of
         ``passes.ON_BASES`` where it reads a reshaped value, else as it is (a row
         slice or concatenation as a view)."""
-        if args and not self.faithful():
+        if args and not self.faithful() and not self._sparse(args):
             first = args[0]
             if type(first) is LazyArray and first._base is not None or len(args) == 2 \
                     and type(args[1]) is LazyArray and args[1]._base is not None:
@@ -964,3 +979,4 @@ def _infer_param_shapes(block, args):
     for param in trie.parameters(block):
         if param.name in shapes:
             param.shape = shapes[param.name]
+

@@ -150,7 +150,7 @@ def shared_call(rec, op, inputs, targs, tkw):
         out = rec.add_node(op, inputs, targs, tkw)
         node = (out[0] if isinstance(out, list) else out)._node
         graph.weight_calls[key] = node
-        graph.weight_nodes.add(node.id)
+        graph.weight_nodes.add(node)
         _derived(graph, node, inputs, targs, tkw)
         return out
     if len(node.out_shapes) > 1:

@@ -57,7 +57,7 @@ class BroadcastRule(RowRule):
         ``LowRankRule`` when it computed a lower-rank input per sample; whether it did."""
         graph = node.graph
         low = [k for k in info.low if node.inputs[k][0].kind != LEAF
-               and node.inputs[k][0].id not in graph.weight_nodes]
+               and node.inputs[k][0] not in graph.weight_nodes]
         if not low or node.out_shapes[0][0] != 1:
             return False
         node.rule = LOW_RANK
