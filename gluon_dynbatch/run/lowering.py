@@ -605,7 +605,11 @@ class Lowering(SegmentWalker):
                 _deliver_rows(members, array, mode, token, found)
                 continue
             counts = [node.out_shapes[idx][0] for node, idx, _ in members]
-            if len(counts) > 1 and (token is not None or found is not None):
+            # While autograd records, a value alone in its group too: whether a
+            # backward pass freed the steps it was gathered from is asked of
+            # them (``Rows.sources``), not of the gather, which a pass that
+            # reached other values of those steps leaves with its history.
+            if len(counts) > 1 and token is not None or found is not None:
                 node, idx, _ = members[0]
                 rows = Rows(array, counts, mode, token, node.out_shapes[idx][1:],
                             node.out_dtypes[idx], sources=found)
