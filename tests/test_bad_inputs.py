@@ -633,6 +633,30 @@ def test_batchnorm_in_training_warns_once_about_running_statistics(caplog, monke
     assert not caplog.records
 
 
+def test_a_frozen_batchnorm_in_training_batches_without_the_running_statistics_warning(
+        caplog, monkeypatch):
+    """``use_global_stats`` (a frozen backbone fine-tuned) reads the running
+    statistics and never updates them: its calls were chained one after the
+    other in recording order, with a warning about updating them."""
+    from gluon_dynbatch import logs
+    monkeypatch.setattr(logs, "_WARNED", set())
+    samples = [(0, 2), (1, 3), (2, 2), (3, 4)]
+    x = table(4)
+    eager_model, model = _normed(), _normed()
+    for m in (eager_model, model):
+        m.bn._kwargs["use_global_stats"] = True
+    expected = run_model(eager_model, samples, [x], "eager")
+    with caplog.at_level("WARNING", logger="gluon_dynbatch.record"):
+        got = run_model(model, samples, [x], "depth")
+    assert_same(got, expected)
+    assert not [r for r in caplog.records if "running mean" in r.getMessage()]
+    with gdb.batching(keep_plan=True) as scope:
+        with autograd.record():
+            outs = [model(s, x) for s in samples]  # noqa: F841  (held: they must run)
+    sizes = [len(s.nodes) for s in scope.last_plan.steps if s.nodes[0].op.name == "BatchNorm"]
+    assert max(sizes) > 1
+
+
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="KNOWN LIMITATION (warned at recording): MXNet "
                    "updates BatchNorm's running statistics in backward, in the order backward "
                    "visits the calls; when samples reach BatchNorm at different depths the "

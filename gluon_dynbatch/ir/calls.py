@@ -21,6 +21,16 @@ from .rules import ALONE, intern, rule_for
 MODAL = frozenset(["BatchNorm"])
 # Operators that update state in training mode: kept in recording order.
 STATEFUL = frozenset(["BatchNorm"])
+def _global_stats(attrs):
+    """Whether a call's ``attrs`` (``(args, sorted keyword items)``) ask BatchNorm
+    for ``use_global_stats``: it reads its running statistics, never updates them."""
+    for name, value in attrs[1] if attrs else ():
+        if name == "use_global_stats":
+            return value.strip().lower() in ("true", "1") if isinstance(value, str) \
+                else bool(value)
+    return False
+
+
 STATEFUL_WARNING = (
     "%s in training mode runs one sample at a time (its statistics are per sample), so "
     "outputs and gradients are exact; but MXNet updates its running mean and variance "
@@ -73,7 +83,7 @@ class CallInfo:
                  "shared_pos", "cacheable", "stateful", "link", "low")
 
     def __init__(self, op, out_shapes, out_dtypes, attrs, signature, cacheable):
-        self.stateful = op.name in STATEFUL
+        self.stateful = op.name in STATEFUL and not _global_stats(attrs)
         self.link = False
         self.low = ()
         self.out_shapes, self.out_dtypes = out_shapes, out_dtypes
