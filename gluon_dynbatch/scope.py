@@ -12,7 +12,7 @@ import mxnet as mx
 from .errors import BatchingError
 from .plan import budget, scalars, sums
 from .plan.planners import PLANNERS, make_plan
-from .record import context, handlers, literals, patches, trie
+from .record import context, dispatch, handlers, literals, patches, trie
 from .record.recorder import Recorder
 from .run.cache import PlanCache
 from .run.executors import run_compiled, run_interpreted, run_steps
@@ -23,12 +23,13 @@ from .templates.recipes import recipe_for
 log = logging.getLogger(__name__)
 
 
-class _GcPause:
-    """Pause Python's cyclic garbage collector while any scope is open.
+class _OpenScopes:
+    """What holds while any scope is open, process-wide (scopes are counted
+    across threads): Python's cyclic garbage collector paused, and block calls
+    recorded (``dispatch.attach_call``).
 
     Recording allocates many small linked objects; full collections triggered
-    by them cost several times the recording itself.  The collector is
-    process-wide, so open scopes are counted across threads.
+    by them cost several times the recording itself.
     """
 
     def __init__(self):
@@ -41,16 +42,19 @@ class _GcPause:
             if self._open == 0:
                 self._was_enabled = gc.isenabled()
                 gc.disable()
+                dispatch.attach_call()
             self._open += 1
 
     def __exit__(self, *exc):
         with self._lock:
             self._open -= 1
-            if self._open == 0 and self._was_enabled:
-                gc.enable()
+            if self._open == 0:
+                dispatch.detach_call()
+                if self._was_enabled:
+                    gc.enable()
 
 
-_GC_PAUSE = _GcPause()
+_OPEN_SCOPES = _OpenScopes()
 
 #: Reads in most samples of a scope, after which it runs its samples eagerly.
 READS_BEFORE_EAGER = 4
@@ -109,7 +113,7 @@ class BatchingScope:
         if self.max_pending_nodes is not None:
             self.recorder.max_pending = self.max_pending_nodes
         self.recorder.replay = self.replay
-        _GC_PAUSE.__enter__()
+        _OPEN_SCOPES.__enter__()
         context.set_current(self.recorder)
         self._mark = time.perf_counter()
         return self
@@ -141,7 +145,7 @@ class BatchingScope:
             context.set_current(None)
             self.recorder.close()
             self.recorder = None
-            _GC_PAUSE.__exit__()
+            _OPEN_SCOPES.__exit__()
         return False
 
     def _discard(self, why):

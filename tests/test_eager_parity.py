@@ -6,6 +6,7 @@ MXNet raises, the batched run raises a clear error naming the sample, the
 user's block and the call.
 """
 import contextlib
+import inspect
 import sys
 
 import mxnet as mx
@@ -371,6 +372,22 @@ def test_a_chain_600_deep_records_where_eager_runs(model_class, limit):
         eager = run_model(model, [tree], [table], "eager")
         batched = run_model(model, [tree], [table], "depth")
     assert_same(batched, eager)
+
+
+def test_eager_calls_after_a_scope_take_no_more_stack_than_before():
+    """``Block.__call__`` stayed replaced after the first scope: a level of the
+    dispatcher in every eager recursion, so a tree that ran eagerly before any
+    scope hit the recursion limit after one."""
+    from gluon_dynbatch.record import dispatch
+    model = make_model(im.ClosureTree, hidden=H, classes=3)
+    table = nd.array(np.random.RandomState(0).uniform(-1, 1, (7, H)))
+    with gdb.batching():
+        assert gluon.Block.__call__ is not dispatch._ORIGINAL_CALL  # pylint: disable=W0212
+        model(_chain(3), table)
+    assert gluon.Block.__call__ is dispatch._ORIGINAL_CALL  # pylint: disable=W0212
+    depth = len(inspect.stack(0))
+    with _recursion_limit(depth + 2 * 150 + 60):     # a closure level: two frames
+        model(_chain(150), table)
 
 
 def test_recursion_deeper_than_the_limit_raises_a_short_error():

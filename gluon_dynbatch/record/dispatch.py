@@ -1,8 +1,7 @@
 """Dispatch: how each block call is recorded inside a scope.
 
-``Block.__call__`` is replaced (``patches.install``, when the first scope
-opens) by a dispatcher that decides, per block class, how a call is
-recorded:
+While any scope is open, ``Block.__call__`` is replaced (``attach_call``)
+by a dispatcher that decides, per block class, how a call is recorded:
 
 * a ``DynBatchBlock`` (a class with ``records_frames``) starts a *frame*
   around its ``hybrid_forward`` (``record_call``);
@@ -364,13 +363,24 @@ def _watching_setattr(self, name, value):
 
 
 def install():
-    """Replace ``Block.__call__`` and ``__setattr__``, and Gluon's RNN begin
-    states and layer calls."""
-    gluon.Block.__call__ = _core.dispatching_call
+    """Replace ``Block.__setattr__``, and Gluon's RNN begin states and layer
+    calls (``Block.__call__`` while a scope is open: ``attach_call``)."""
     gluon.Block.__setattr__ = _watching_setattr
     gluon.rnn.RecurrentCell.begin_state = _begin_state
     gluon.rnn.rnn_layer._RNNLayer.begin_state = _layer_begin_state
     gluon.rnn.rnn_layer._RNNLayer.hybrid_forward = _layer_hybrid_forward
+
+
+def attach_call():
+    """Record block calls: ``Block.__call__`` while any scope is open."""
+    gluon.Block.__call__ = _core.dispatching_call
+
+
+def detach_call():
+    """Gluon's own ``Block.__call__`` once no scope is open: outside scopes the
+    replacement would only call it, a level deeper in every recursion (a deep
+    tree run eagerly would reach the recursion limit sooner)."""
+    gluon.Block.__call__ = _ORIGINAL_CALL
 
 
 _core.bind_dispatch(context.TLS, _KINDS, _kind, _ORIGINAL_CALL, dispatch, record_call, Frame,

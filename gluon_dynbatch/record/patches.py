@@ -3,7 +3,9 @@
 Importing gluon_dynbatch changes nothing outside its own classes.  The first
 batching scope of the process installs, once:
 
-* ``Block.__call__``: calls inside a scope are recorded (``dispatch``);
+* ``Block.__setattr__``: attributes a block's templates depend on are
+  watched (``dispatch``); ``Block.__call__`` is replaced while any scope is
+  open (``dispatch.attach_call``, counted by the scope);
 * Gluon's recurrent cells' and fused RNN layers' ``begin_state`` and the
   layers' ``hybrid_forward`` (``dispatch``);
 * MXNet's ``_imperative_invoke``: ``mx.nd`` operators called on pending
