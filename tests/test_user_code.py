@@ -1299,19 +1299,24 @@ def test_numbers_of_each_sample_learn_one_path_and_equal_eager(strategy, compile
     """A number is part of a call's key: each sample's own step size learned a
     path of its own at every call, forever.  Past a few numbers at one point
     of the code they come as literal arrays, on one path."""
+    states = _states_over_batches(StepsByItsNumbers(), strategy, compiled, 3, 2)
+    assert states[1] == states[2]
+
+
+def _states_over_batches(model, strategy, compiled, batches, steps):
+    """Template states after each of ``batches`` batches of samples ``(x, dts)``
+    with ``steps`` numbers each, every batch equal to eager."""
     from gluon_dynbatch.record import trie
-    model = StepsByItsNumbers()
     model.initialize(mx.init.Uniform(0.5))
     rs = np.random.RandomState(0)
     states = []
-    for _ in range(3):
+    for _ in range(batches):
         xs = [nd.array(rs.uniform(-1, 1, (1, 4))) for _ in range(8)]
-        dts = [tuple(rs.uniform(0.05, 0.5, 2).tolist()) for _ in xs]
-        eager = run_model(model, list(zip(xs, dts)), [], "eager")
-        got = run_model(model, list(zip(xs, dts)), [], strategy, compiled)
-        assert_same(got, eager)
+        samples = [(x, tuple(rs.uniform(0.05, 0.5, steps).tolist())) for x in xs]
+        eager = run_model(model, samples, [], "eager")
+        assert_same(run_model(model, samples, [], strategy, compiled), eager)
         states.append(_template_states(trie))
-    assert states[1] == states[2]
+    return states
 
 
 class EulerStep(gluon.HybridBlock):
@@ -1351,18 +1356,7 @@ def test_numbers_given_to_a_child_learn_one_path_and_equal_eager(strategy, compi
     own step size learned the child's calls again at every call, forever.  Past
     a few numbers at one place of the code the child's code runs at each call
     on one path (its branch on the number taken as eager takes it)."""
-    from gluon_dynbatch.record import trie
-    model = StepsThroughAChild()
-    model.initialize(mx.init.Uniform(0.5))
-    rs = np.random.RandomState(0)
-    states = []
-    for _ in range(4):
-        xs = [nd.array(rs.uniform(-1, 1, (1, 4))) for _ in range(8)]
-        dts = [tuple(rs.uniform(0.05, 0.5, 3).tolist()) for _ in xs]
-        eager = run_model(model, list(zip(xs, dts)), [], "eager")
-        got = run_model(model, list(zip(xs, dts)), [], strategy, compiled)
-        assert_same(got, eager)
-        states.append(_template_states(trie))
+    states = _states_over_batches(StepsThroughAChild(), strategy, compiled, 4, 3)
     assert states[2] == states[3]
 
 
