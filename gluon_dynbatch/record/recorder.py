@@ -241,9 +241,9 @@ class Recorder(RecorderCore):
         """
         for array in arrays:
             if self._read_by_pending(array):
-                self._run_pending("an array that recorded calls read is written in place; "
-                                  "they run first, with its old values, as in eager code",
-                                  "an array it read is written in place")
+                self._run_pending("written", "an array that recorded calls read is written "
+                                  "in place; they run first, with its old values, as in "
+                                  "eager code", "an array it read is written in place")
                 return
 
     def before_replace(self, parameter):
@@ -255,9 +255,9 @@ class Recorder(RecorderCore):
         found = self.graph.leaf_by_id.get(id(parameter))
         if found is not None and found[2] is parameter or \
                 any(self._read_by_pending(a) for a in getattr(parameter, "_data", None) or ()):
-            self._run_pending("a parameter that recorded calls read is given new arrays "
-                              "(initialize(force_reinit=True), cast, reset_ctx); they run "
-                              "first, with its old ones, as in eager code",
+            self._run_pending("replaced", "a parameter that recorded calls read is given new "
+                              "arrays (initialize(force_reinit=True), cast, reset_ctx); they "
+                              "run first, with its old ones, as in eager code",
                               "a parameter it read is given new arrays")
 
     def _read_by_pending(self, array):
@@ -268,9 +268,10 @@ class Recorder(RecorderCore):
             or graph.param_arrays.get(id(array)) is array \
             or frame is not None and frame.vals.get(frame.ext.get(id(array))) is array
 
-    def _run_pending(self, what, reason):
-        """Run what is pending now (see ``before_write``), warning once of ``what``."""
-        warn_once("written", "%s: %s (calls recorded before it do not batch with those "
+    def _run_pending(self, kind, what, reason):
+        """Run what is pending now (see ``before_write``), warning once per ``kind``
+        of ``what``."""
+        warn_once(kind, "%s: %s (calls recorded before it do not batch with those "
                   "after it: give each sample an array of its own to batch them)",
                   describe_call(self.sample, self.path), what)
         if self.frame is not None:
