@@ -49,8 +49,8 @@ NOT_RECORDED = object()    # ``Frame.block_call``: the call is left to the calle
 #: Numbers one operator has met at one place of the user's code before its
 #: later numbers there come as literal arrays (``Frame._varying_number``).
 VARYING_NUMBERS = 3
-_NUMBERS_SEEN = {}          # (op, (code, offset)) -> numbers met there
-_FLOATS_SEEN = {}           # (block token, site, structure) -> float arguments met there
+_NUMBERS_SEEN = {}          # (op, place in the code) -> numbers met there
+_FLOATS_SEEN = {}           # (block token, place, structure) -> float arguments met there
 # Scalar operators, the broadcast taking their number as an array, and whether
 # the number comes first (``1.0 - x``, ``1.0 / x``).
 _NUMBER_AS_ARRAY = {"_plus_scalar": ("broadcast_add", False),
@@ -60,6 +60,16 @@ _NUMBER_AS_ARRAY = {"_plus_scalar": ("broadcast_add", False),
                     "_div_scalar": ("broadcast_div", False),
                     "_rdiv_scalar": ("broadcast_div", True)}
 MAX_WRITTEN = 64           # calls as written learned per trie state
+
+
+def _varied(table, place, value):
+    """Whether ``VARYING_NUMBERS`` values were met at ``place`` (of ``table``)
+    before; else ``value`` is noted there."""
+    seen = table.setdefault(place, set())
+    if len(seen) < VARYING_NUMBERS:
+        seen.add(value)
+        return False
+    return True
 
 
 def _holds_float(args):
@@ -262,10 +272,7 @@ class Frame(FrameCore):
         x, number = args[0], refs[1][1]
         if not x.shape or np.dtype(x.dtype).kind != "f":
             return None
-        site = sites.capture(self.caller)
-        seen = _NUMBERS_SEEN.setdefault((op, site[-1] if site else id(self.state)), set())
-        if len(seen) < VARYING_NUMBERS:
-            seen.add(number)
+        if not _varied(_NUMBERS_SEEN, (op, self._place()), number):
             return None
         # One row per row of ``x`` (rows batch with rows; a one-row number
         # broadcast over another number of rows would need its own role).
@@ -473,14 +480,16 @@ class Frame(FrameCore):
         """
         if not _holds_float(args):
             return None
-        structure = key[1]
-        plain = _without_floats(structure)
-        site = sites.capture(self.caller)
-        seen = _FLOATS_SEEN.setdefault((key[0], site[-1] if site else None, plain), set())
-        if len(seen) < VARYING_NUMBERS:
-            seen.add(structure)
+        plain = _without_floats(key[1])
+        if not _varied(_FLOATS_SEEN, (key[0], self._place(), plain), key[1]):
             return None
         return (key[0], plain) + key[2:]
+
+    def _place(self):
+        """Where in the user's code the call being recorded was made: its
+        innermost frame's code and offset (the state it starts from, else)."""
+        site = sites.capture(self.caller)
+        return site[-1] if site else id(self.state)
 
     # -- calls a pass rewrites -----------------------------------------------------
     def written(self, op, args, kwargs):

@@ -480,10 +480,11 @@ class Recorder(RecorderCore):
         """Record ``op(*args, **kwargs)`` without its operator's passes: a pass of
         ``passes.ON_BASES`` where it reads a reshaped value, else as it is (a row
         slice or concatenation as a view)."""
-        if args and not self.faithful() and not self._sparse(args):
+        if args and not self.faithful():
             first = args[0]
-            if type(first) is LazyArray and first._base is not None or len(args) == 2 \
-                    and type(args[1]) is LazyArray and args[1]._base is not None:
+            if (type(first) is LazyArray and first._base is not None or len(args) == 2
+                    and type(args[1]) is LazyArray and args[1]._base is not None) \
+                    and not self._sparse(args):
                 for fn in passes.ON_BASES:
                     found = fn(self, op, args, kwargs)
                     if found is not None:

@@ -13,7 +13,7 @@ reading one zero row after the batch's rows (``_with_zero_row``).
 """
 import numpy as np
 
-from .rows import RowFallback, RowRule, SoftmaxRowRule, _axis, axis_roles
+from .rows import RowFallback, RowRule, SoftmaxRowRule, _axis, _true, axis_roles
 from ..ir.rules import ROW, Rule, Signature, _in_dtype, _in_shape, _trail, register_rule
 
 
@@ -82,15 +82,11 @@ class SegmentRule(Rule):
         (forward and backward); other dtypes (no ``batch_dot`` on CPU) by ``sum``.
         """
         data, index = inputs[0], inputs[1]
-        pad = F.zeros_like(F.slice_axis(data, axis=0, begin=0, end=1))
         name = node.op.name
-        if name in _PADDED_BY_INFINITY:
-            # Padding that never wins: -inf for max, +inf for min (the padding
-            # comes after a node's rows: an index among them is one among its rows).
-            pad = F.BlockGrad(F.log(pad))
-            if name in ("min", "argmin"):
-                pad = F.negative(pad)
-        rows = F.take(F.concat(data, pad, dim=0), index, axis=0)   # (nodes, longest, ...)
+        # Padding that never wins: -inf for max, +inf for min (the padding comes
+        # after a node's rows: an index among them is one among its rows).
+        fill = (1 if name in ("min", "argmin") else -1) if name in _PADDED_BY_INFINITY else 0
+        rows = _padded_rows(F, data, index, fill)
         if name in _PADDED_BY_INFINITY:
             out = getattr(F, name)(rows, axis=1)
             return [F.reshape(out, shape=(-1,) + tuple(node.out_shapes[0][1:]))]
@@ -154,9 +150,7 @@ class SegmentSoftmaxRule(SegmentRule):
 
     def batched_call(self, F, node, inputs):
         data, index, places = inputs[:3]
-        pad = F.BlockGrad(F.log(F.zeros_like(F.slice_axis(data, axis=0, begin=0, end=1))))
-        rows = F.take(F.concat(data, pad, dim=0), index, axis=0)   # (nodes, longest, ...)
-        out = getattr(F, node.op.name)(rows, axis=1)
+        out = getattr(F, node.op.name)(_padded_rows(F, data, index, -1), axis=1)
         return [F.take(F.reshape(out, shape=(-3, -2)), places, axis=0)]
 
 
@@ -189,26 +183,27 @@ class SegmentOrderRule(SegmentSoftmaxRule):
         return Signature(((self.kind, node.op.name, attrs, _trail(shape), dtype),), self,
                          (ROW,))
 
-    @staticmethod
-    def _ascending(node):
-        found = node.kwargs.get("is_ascend", node.op.name != "topk")
-        return str(found).lower() in ("true", "1")
-
     def batched_call(self, F, node, inputs):
         data, index, places = inputs[:3]
-        pad = F.BlockGrad(F.log(F.zeros_like(F.slice_axis(data, axis=0, begin=0, end=1))))
-        if self._ascending(node):
-            pad = F.negative(pad)
-        rows = F.take(F.concat(data, pad, dim=0), index, axis=0)   # (nodes, longest, ...)
-        kwargs = dict(node.kwargs, axis=1)
-        out = getattr(F, node.op.name)(rows, **kwargs)
-        # Two outputs ("both"): a list of arrays, or a symbol of two outputs.
-        outs = [out[j] for j in range(len(node.out_shapes))] if len(node.out_shapes) > 1 \
-            else [out]
-        flat = [F.reshape(o, shape=(-3, -2)) for o in outs]
+        ascending = _true(node.kwargs.get("is_ascend", node.op.name != "topk"))
+        rows = _padded_rows(F, data, index, 1 if ascending else -1)
+        out = getattr(F, node.op.name)(rows, **dict(node.kwargs, axis=1))
+        out = F.reshape(out, shape=(-3, -2))
         if node.op.name == "topk":                  # k rows a node
-            return flat
-        return [F.take(o, places, axis=0) for o in flat]
+            return [out]
+        return [F.take(out, places, axis=0)]
+
+
+def _padded_rows(F, data, index, fill):
+    """(nodes, longest, ...): ``data``'s rows gathered by a padded ``index`` whose
+    padding reads one row after them, of zeros (``fill`` 0), or of -inf or
+    +inf (``fill`` -1 or 1: values that never win an ordering, no gradient)."""
+    pad = F.zeros_like(F.slice_axis(data, axis=0, begin=0, end=1))
+    if fill:
+        pad = F.BlockGrad(F.log(pad))
+        if fill > 0:
+            pad = F.negative(pad)
+    return F.take(F.concat(data, pad, dim=0), index, axis=0)
 
 
 def _padding(counts):
