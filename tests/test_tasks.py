@@ -1848,3 +1848,42 @@ def test_stand_ins_take_attributes_and_items_set_on_them():
             else node.name == "n%d" % label
         assert np.asarray(row).tolist() == [2.0 if k == label else 0.0 for k in range(3)]
         assert float(np.asarray(node.table).sum()) == 1.0
+
+
+class ReadsThenReturnsItsWeight(gdb.DynBatchBlock):
+    """Reads a value, then returns a weight as it is (or computed from weights alone)."""
+
+    def __init__(self, kind, **kwargs):
+        super().__init__(**kwargs)
+        self.kind = kind
+        with self.name_scope():
+            self.w = self.params.get("w", shape=(1, 4))
+
+    def hybrid_forward(self, F, x, w):
+        x.sum().asscalar()
+        if self.kind == "weight":
+            return w
+        if self.kind == "pair":
+            return [x * 2, w]
+        return F.tanh(w)
+
+
+@pytest.mark.parametrize("kind", ["weight", "pair", "of weights"])
+@pytest.mark.parametrize("strategy", ["depth", "reference"])
+def test_samples_returning_one_weight_after_a_read_each_get_its_value(kind, strategy):
+    """A call on weights alone is one node for all samples; each waiting
+    sample's result still stands for its own copy of it."""
+    mx.random.seed(0)
+    model = ReadsThenReturnsItsWeight(kind)
+    model.initialize(mx.init.Uniform(0.3))
+    xs = [nd.ones((1, 4)) * k for k in range(4)]
+
+    def flat(result):
+        return [a.asnumpy() for a in (result if isinstance(result, list) else [result])]
+
+    want = [flat(model(x)) for x in xs]
+    with gdb.batching(strategy=strategy):
+        outs = [model(x) for x in xs]
+    for got, expected in zip(outs, want):
+        for a, b in zip(flat(got), expected):
+            np.testing.assert_allclose(a, b, rtol=1e-6)

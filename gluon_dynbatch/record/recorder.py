@@ -41,6 +41,8 @@ from .namespace import DETERMINISTIC, RecordingNamespace
 from .tasks import Pending, Tasks
 from ..ir.ops import opdef
 
+_IDENTITY = opdef("identity")
+
 DEFAULT_MAX_PENDING = 500000    # pending nodes after which a scope flushes by itself
 MAX_ROW_CONCAT = 4096           # longer row concatenations take the generic path
 _SLICE_AXIS = opdef("slice_axis")
@@ -504,6 +506,15 @@ class Recorder(RecorderCore):
                 return frame.op(op, args, kwargs)
             frame.fallback("autograd's mode changed")
         return self.graph_op(op, args, kwargs)
+
+    def own_copy(self, x):
+        """A LazyArray copying ``x`` by a node of its own, never the node another
+        sample's call on the same weights made."""
+        if self.frame is not None:
+            self.frame.fallback("a sample's result is copied")
+        if self._mode_seen != context.MODE_CHANGES[0]:
+            self.sync_mode()            # may flush: before the input is looked up
+        return self.add_node(_IDENTITY, [self.value_of(x)], slots_of(1), {})
 
     def graph_op(self, op, args, kwargs):
         """Record ``op(*args, **kwargs)`` as a node of the graph, frame or not."""

@@ -635,7 +635,9 @@ class Pending(LazyArray):
             raise BatchingError("a sample's call returned %r where an array was expected"
                                 % (type(value).__name__,))
         if isinstance(value, LazyArray) and value._node is not None:
-            out = self._tasks.rec.call_op(_IDENTITY, (value,), {})
+            # A copy of its own: a call on weights alone is one node for every
+            # sample (``weights.shared_call``), which each placeholder would take.
+            out = self._tasks.rec.own_copy(value)
             node, idx = out._node, out._idx
             out._node = None
             self._node, self._idx = node, idx
