@@ -5,7 +5,8 @@ from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import (ChildSumTreeLSTM, Tree, assert_same, check_all_strategies,
-                              make_model, outputs_of, random_tree, rng, run_model)
+                              make_model, outputs_of, random_tree, reference_run, rng,
+                              run_model)
 from gluon_dynbatch.templates.programs import PROGRAM_RULE, Program
 
 STRATEGIES = ["depth", "agenda", "unbatched"]
@@ -320,3 +321,40 @@ def test_a_weight_cast_to_half_precision_sums_its_gradient_as_eager(form, mode):
 
     np.testing.assert_array_equal(grad(None), np.full((1, 4), 120000.0))
     np.testing.assert_array_equal(grad({"compiled": mode}), np.full((1, 4), 120000.0))
+
+
+class ColumnCell(gdb.DynBatchBlock):
+    """A binary tree cell on (size, 1) columns whose bias has the column's shape:
+    the batched add lays each call's ``size`` rows out against one block."""
+
+    def __init__(self, size, **kwargs):
+        super().__init__(**kwargs)
+        self.size = size
+        with self.name_scope():
+            self.table = self.params.get("table", shape=(10, size))
+            self.w = self.params.get("w", shape=(size, 2 * size))
+            self.b = self.params.get("b", shape=(size, 1))
+
+    def hybrid_forward(self, F, tree, table, w, b):
+        if not tree.children:
+            return F.transpose(table[tree.word:tree.word + 1])
+        left, right = (self(child) for child in tree.children[:2])
+        return F.tanh(F.dot(w, F.concat(left, right, dim=0)) + b)
+
+
+def _binary(r, leaves):
+    if leaves == 1:
+        return Tree(r.randrange(10))
+    k = r.randint(1, leaves - 1)
+    return Tree(r.randrange(10), [_binary(r, k), _binary(r, leaves - k)])
+
+
+@pytest.mark.parametrize("sizes", [(8, 4), (4, 8)])
+def test_two_models_of_one_class_and_other_sizes_each_batch_as_their_own(sizes):
+    """Programs are shared by templates of the same form; a second instance
+    whose parameters have other shapes does not run the first's layout."""
+    r = rng(3)
+    trees = [_binary(r, r.randint(1, 6)) for _ in range(8)]
+    for size in sizes:
+        model = make_model(ColumnCell, size=size)
+        assert_same(run_model(model, trees, [], "depth"), reference_run(model, trees, []))

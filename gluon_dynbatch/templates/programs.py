@@ -569,10 +569,13 @@ def _intern(program, exports, roles, name):
     # reshape's signature holds its input's trailing shape as well: the batch
     # concatenates the inputs, so a (1, T, H) sentence read as (T, H) rows
     # batches only with sentences of its length.
+    # A block entry's calls lay their rows out by its output's rows (``_block_call``):
+    # its key holds them.
     key = (tuple((op.path, kind, sources, blocks, low)
                  + (("rows", tuple(s[1:] for s in info.out_shapes), info.out_dtypes)
                     + ((info.sig,) if kind == _RESHAPE else ())
                     if scalar or kind == _RESHAPE else (info.attrs, info.sig))
+                 + ((info.out_shapes[0][0],) if blocks else ())
                  for op, _a, _k, info, kind, sources, _b, blocks, scalar, low in program),
            exports, roles)
     with _PROGRAMS_LOCK:
