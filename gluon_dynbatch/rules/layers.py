@@ -289,7 +289,7 @@ class RoiRule(Rule):
     """``ROIPooling`` or ``ROIAlign`` of a sample's images (N, C, H, W) and its
     boxes (R, 5), each box led by the index of its image: the batch's images
     and boxes concatenated, each box's index moved to where its sample's images
-    start (a column of offsets added, made when the batch is planned)."""
+    start (offsets and image counts made when the batch is planned)."""
 
     batching = "segment"
 
@@ -304,15 +304,26 @@ class RoiRule(Rule):
 
     @staticmethod
     def segment_arrays(nodes, dtype):
-        """(boxes, 5) offsets: each box's sample's first image, in column 0."""
+        """(boxes, 2): each box's sample's first image and its number of images."""
         images = np.array([_in_shape(node, 0)[0] for node in nodes])
         boxes = np.array([_in_shape(node, 1)[0] for node in nodes])
-        shift = np.zeros((int(boxes.sum()), 5), dtype=_in_dtype(nodes[0], 1))
-        shift[:, 0] = np.repeat(np.cumsum(images) - images, boxes)
-        return [shift]
+        where = np.zeros((int(boxes.sum()), 2), dtype=_in_dtype(nodes[0], 1))
+        where[:, 0] = np.repeat(np.cumsum(images) - images, boxes)
+        where[:, 1] = np.repeat(images, boxes)
+        return [where]
 
     def batched_call(self, F, node, inputs):
-        return call_as_recorded(F, node, [inputs[0], inputs[1] + inputs[-1]])
+        # MXNet reads a box's index as an integer (toward zero) and pools
+        # nothing for one outside the images: such a box gets index -1 in the
+        # batch, not another sample's image.
+        rois, where = inputs[1], inputs[-1]
+        index = F.fix(F.slice_axis(rois, axis=1, begin=0, end=1))
+        first = F.slice_axis(where, axis=1, begin=0, end=1)
+        count = F.slice_axis(where, axis=1, begin=1, end=2)
+        inside = (index >= 0) * (index < count)
+        moved = F.where(inside, index + first, F.zeros_like(index) - 1)
+        boxes = F.concat(moved, F.slice_axis(rois, axis=1, begin=1, end=5), dim=1)
+        return call_as_recorded(F, node, [inputs[0], boxes])
 
 
 register_rule(["ROIPooling", "ROIAlign"], RoiRule())
