@@ -707,6 +707,37 @@ def test_image_operators_batch_per_image_and_match_per_node(name):
             assert_same(run_model(model, samples, [table], strategy, compiled), expected)
 
 
+class GridPooling(gdb.DynBatchBlock):
+    """A convolution's grid as one row per position, laid back into a grid and
+    pooled globally (a non-local block's layout)."""
+
+    def __init__(self, channels=4, **kwargs):
+        super().__init__(**kwargs)
+        self.channels = channels
+        with self.name_scope():
+            self.conv = gluon.nn.Conv2D(channels, 3, padding=1, in_channels=2)
+
+    def hybrid_forward(self, F, image):
+        grid = self.conv(image)
+        height, width = grid.shape[2], grid.shape[3]
+        positions = F.transpose(F.reshape(grid, (self.channels, height * width)))
+        back = F.reshape(F.transpose(positions), (1, self.channels, height, width))
+        return F.Pooling(back, kernel=(1, 1), global_pool=True, pool_type="max")
+
+
+def test_global_pooling_of_a_grid_laid_back_from_rows_has_a_gradient():
+    """MKLDNN's pooling backward fails on such batched rows unless they are
+    laid out plainly first."""
+    model = make_model(GridPooling)
+    r = np.random.RandomState(0)
+    images = [nd.array(r.randn(1, 2, *size)) for size in
+              [(3, 4), (3, 4), (5, 2), (2, 2), (5, 2), (3, 4)]]
+    expected = reference_run(model, images, [])
+    for strategy in ("depth", "agenda"):
+        for compiled in (False, True, "step"):
+            assert_same(run_model(model, images, [], strategy, compiled), expected)
+
+
 class PerSampleNumbers(gdb.DynBatchBlock):
     """Each sample's own Python numbers in scalar arithmetic (an ODE step, a temperature)."""
 

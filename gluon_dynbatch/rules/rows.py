@@ -276,6 +276,19 @@ class ConvolutionRule(RowRule):
         return call_as_recorded(F, node, [default_layout(F, inputs[0])] + list(inputs[1:]))
 
 
+class PoolingRule(RowRule):
+    """``Pooling`` on rows, its data read through ``default_layout``.
+
+    MXNet 1.9.1's MKLDNN pooling fails in backward ("could not create a
+    primitive descriptor for a reorder primitive") on the batched rows of a
+    grid made back from a transpose (a non-local block's positions as rows),
+    imperatively as well as in CachedOps, where per sample it does not.
+    """
+
+    def batched_call(self, F, node, inputs):
+        return call_as_recorded(F, node, [default_layout(F, inputs[0])] + list(inputs[1:]))
+
+
 def broadcast_rows_roles(node):
     """``broadcast_to``/``broadcast_axis`` that keeps the rows: it broadcasts
     trailing axes only (the rows of a (1, 1) value to (1, H))."""
@@ -370,7 +383,8 @@ add_n ElementWiseSum where""".split()
 ELEMENTWISE = [name for name in _UNARY + _NARY if not name.startswith("broadcast_")]
 register_rule(ELEMENTWISE, RowRule(elementwise_roles))
 register_rule("Convolution", ConvolutionRule(first_row_roles))
-register_rule(["Deconvolution", "Pooling", "L2Normalization"], RowRule(first_row_roles))
+register_rule(["Deconvolution", "L2Normalization"], RowRule(first_row_roles))
+register_rule("Pooling", PoolingRule(first_row_roles))
 register_rule(["Embedding", "one_hot"], RowRule(lookup_roles))
 register_rule("LayerNorm", RowRule(axis_roles("axis", -1, extra_shared=True)))
 # Image operators computed per image (per row of axis 0), their weights shared.
