@@ -1726,3 +1726,45 @@ def test_a_child_block_given_no_array_raises_as_eager(options):
             [model(sample) for sample in good + [[None]]]
     assert type(batched.value) is type(eager.value)
     assert_batched_equals_eager(model, [(sample,) for sample in good], options)
+
+
+class TakesByACounter(gdb.DynBatchBlock):
+    """Steps through its rows by a counter it computes (``i = i + 1``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(8, flatten=False)
+
+    def hybrid_forward(self, F, x):
+        h = F.zeros((1, 8))
+        i = F.zeros((1,))
+        for _ in range(x.shape[1]):
+            h = F.tanh(self.dense(F.take(x[0], i)) + h)
+            i = i + 1
+        return h
+
+
+@pytest.mark.parametrize("compiled", [False, "step"])
+def test_takes_from_a_table_without_gradient_by_a_computed_counter(compiled):
+    """The batched take's indices carried the counter's history: MXNet ran
+    take's backward for the table, which needs no gradient, and refused."""
+    mx.random.seed(0)
+    model = TakesByACounter()
+    model.initialize(mx.init.Uniform(0.3))
+    xs = [nd.random.uniform(-1, 1, shape=(1, n, 4)) for n in (3, 1, 2, 3)]
+    results = []
+    for batched in (False, True):
+        with autograd.record():
+            if batched:
+                with gdb.batching(compiled=compiled):
+                    outs = [model(x) for x in xs]
+            else:
+                outs = [model(x) for x in xs]
+            loss = nd.add_n(*[(o * o).sum() + o.sum() for o in outs])
+        loss.backward()
+        results.append(([o.asnumpy() for o in outs], model.dense.weight.grad().asnumpy()))
+    (want, want_w), (got, got_w) = results
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)

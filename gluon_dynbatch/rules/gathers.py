@@ -94,7 +94,11 @@ class OwnTableTakeRule(Rule):
     def batched_call(self, F, node, inputs):
         table, idx, starts, lasts = inputs
         inside = F.broadcast_minimum(F.broadcast_maximum(idx, F.zeros_like(lasts)), lasts)
-        return [F.take(table, F.broadcast_add(inside, starts), axis=0)]
+        # The moved indices carry the history of the samples' own (a counter
+        # ``i = i + 1``); MXNet's take then runs its backward for them even
+        # where the table needs no gradient, and refuses that ("wrong req").
+        # An index's gradient is zero: none is taken.
+        return [F.take(table, F.BlockGrad(F.broadcast_add(inside, starts)), axis=0)]
 
 
 _TAKE = RowFallback(KnownTakeRule(), RowFallback(OwnTableTakeRule(), RowRule(take_roles)))
