@@ -95,7 +95,8 @@ class BatchingScope:
         self._outer = None
         self._mark = None
         self._executor = None       # compiled=True: this scope's (``run.choice``)
-        self._reads = self._reads_counted = 0     # flushes caused by reads (``read``)
+        self._reads = self._reads_counted = 0     # values read (``read``)
+        self._own_reads = 0                         # of them, by the scope's own code
         self._where_read = None
 
     def __enter__(self):
@@ -211,14 +212,15 @@ class BatchingScope:
         if tasks.current is not None:
             tasks.wait()            # the sample waits; the others record (``tasks.py``)
             return
+        self._own_reads += 1
         if self._where_read is None:
             self._where_read = _read_place(self.recorder)
         self.flush()
         rec = self.recorder
         owner = getattr(rec, "owner", None)
         known = getattr(owner, "reads_inside", False)
-        if rec.eager or self._reads * 2 < rec.num_samples \
-                or self._reads < (1 if known else READS_BEFORE_EAGER):
+        if rec.eager or self._own_reads * 2 < rec.num_samples \
+                or self._own_reads < (1 if known else READS_BEFORE_EAGER):
             return
         rec.eager = True
         if owner is not None:

@@ -13,7 +13,9 @@ class BatchStats:
     samples : int
         Top-level calls of DynBatchBlocks.
     reads : int
-        Flushes caused by reading a value inside the scope.
+        Values read inside the scope: by samples, which wait at their reads
+        (a flush serves all the reads of one round), and by the scope's own
+        code (a flush each).
     eager_samples : int
         Of the samples, those run eagerly, not recorded, because reads kept
         flushing samples one at a time (see ``BatchingScope.read``).
@@ -110,7 +112,7 @@ class BatchStats:
                    self.flushes, self.record_ms, self.us_per_call, self.plan_ms,
                    self.execute_ms))
         if self.reads:
-            text += "; %d read(s) flushed" % self.reads
+            text += "; %d value(s) read" % self.reads
         if self.eager_samples:
             text += ", %d sample(s) run eagerly" % self.eager_samples
         if self.cache_hits or self.cache_misses:

@@ -1887,3 +1887,40 @@ def test_samples_returning_one_weight_after_a_read_each_get_its_value(kind, stra
     for got, expected in zip(outs, want):
         for a, b in zip(flat(got), expected):
             np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+class ReadsThreeTimes(gdb.DynBatchBlock):
+    """Reads its score at each of three steps and picks by it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        total = 0
+        for _ in range(3):
+            s = self.dense(x)
+            a = int(np.argmax(s.asnumpy()))
+            total = total + s[:, a:a + 1]
+            x = F.tanh(x + s[:, :1])
+        return total
+
+
+def test_reads_inside_samples_do_not_count_as_reads_of_the_scopes_own_code():
+    """One read by the scope's code after samples that read keeps batching."""
+    mx.random.seed(0)
+    model = ReadsThreeTimes()
+    model.initialize(mx.init.Uniform(0.8))
+    r = np.random.RandomState(1)
+    first, second = ([nd.array(r.uniform(-1, 1, (1, 4))) for _ in range(8)] for _ in range(2))
+    want = [model(x).asnumpy() for x in first + second]
+    with gdb.batching() as scope:
+        outs = gdb.map(model, first)
+        float(outs[0].asscalar())
+        outs += gdb.map(model, second)
+    assert scope.stats.eager_samples == 0
+    assert scope.stats.reads == 3 * 16 + 1
+    assert not getattr(model, "reads_inside", False)
+    for got, expected in zip(outs, want):
+        np.testing.assert_allclose(got.asnumpy(), expected, rtol=1e-5, atol=1e-6)
