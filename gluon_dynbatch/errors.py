@@ -1,4 +1,5 @@
 """Errors raised by gluon_dynbatch."""
+from mxnet.base import MXNetError
 
 
 class BatchingError(RuntimeError):
@@ -7,6 +8,24 @@ class BatchingError(RuntimeError):
     The message names the sample (its position among the top-level calls
     of the scope), the block and operator being called, and what was wrong.
     """
+
+
+class InvalidCallError(BatchingError, MXNetError):
+    """A call MXNet refuses for its inputs (their shapes, dtypes or the call's
+    attributes), found while the call is recorded.
+
+    Eager MXNet raises ``MXNetError`` at such a call; this error is one too,
+    so a sample's ``except MXNetError`` runs as eagerly, and it names the
+    sample and the call as every ``BatchingError`` does.
+    """
+
+
+def refused_call(err, message):
+    """The error of a call refused by MXNet (``err``) while recording: an
+    ``InvalidCallError`` when MXNet raised an ``MXNetError``, else a
+    ``BatchingError`` (MXNet's own argument checks raise ``TypeError`` or
+    ``ValueError``, which the message quotes)."""
+    return (InvalidCallError if isinstance(err, MXNetError) else BatchingError)(message)
 
 
 SHOWN_NAMES = 6     # of a longer path of blocks, the first and last three are named

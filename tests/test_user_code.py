@@ -1768,3 +1768,50 @@ def test_takes_from_a_table_without_gradient_by_a_computed_counter(compiled):
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)
+
+
+class CatchesRefusedCalls(gdb.DynBatchBlock):
+    """Falls back where MXNet refuses a call for some samples' shapes."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(2, in_units=3)
+
+    def hybrid_forward(self, F, a, b):
+        try:
+            h = F.dot(a, b)
+        except MXNetError:
+            h = F.zeros((a.shape[0], 2))
+        try:
+            return h + self.dense(a)
+        except MXNetError:
+            return h * 2
+
+
+@pytest.mark.parametrize("options", [{}, {"strategy": "agenda"}, {"strategy": "reference"},
+                                     {"granularity": "op"}, {"compiled": True}])
+def test_a_samples_except_mxneterror_runs_as_eagerly(options):
+    """A call MXNet refuses while it is recorded raises an error that is an
+    MXNetError, as eager's, and names the sample and the call."""
+    mx.random.seed(0)
+    model = CatchesRefusedCalls()
+    model.initialize(mx.init.Uniform(0.3))
+    r = np.random.RandomState(0)
+    shapes = [((2, 3), (3, 2)), ((2, 3), (4, 2)), ((1, 4), (4, 2)), ((3, 3), (3, 2))]
+    samples = [(nd.array(r.randn(*p)), nd.array(r.randn(*q))) for p, q in shapes]
+    want = [model(a, b).asnumpy() for a, b in samples]
+    with gdb.batching(**options):
+        outs = [model(a, b) for a, b in samples]
+    for got, expected in zip(outs, want):
+        np.testing.assert_allclose(got.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(MXNetError, match="sample 1, in .*dot: invalid call") as caught:
+        with gdb.batching(**options):
+            for a, b in samples:
+                DotsOnly()(a, b)
+    assert isinstance(caught.value, gdb.BatchingError)
+
+
+class DotsOnly(gdb.DynBatchBlock):
+    def hybrid_forward(self, F, a, b):
+        return F.dot(a, b)

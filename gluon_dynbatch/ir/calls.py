@@ -12,7 +12,7 @@ from math import prod
 import numpy as np
 from mxnet.ndarray import NDArray
 
-from ..errors import BatchingError, describe_call
+from ..errors import BatchingError, describe_call, refused_call
 from .graph import OP, VIEW, Slot, slot
 from .ops import INFER, UnknownShape, first_line, hashable
 from .rules import ALONE, intern, rule_for
@@ -136,7 +136,7 @@ def analyse(node, in_shapes, in_dtypes):
     except RecursionError:
         raise
     except Exception as err:  # MXNetError, TypeError, ValueError from MXNet
-        raise BatchingError("%s: invalid call with input shapes %s: %s" % (
+        raise refused_call(err, "%s: invalid call with input shapes %s: %s" % (
             where, list(in_shapes), _not_arrays(node) or first_line(err))) from None
     if op.name in ("reshape", "Reshape") and in_shapes \
             and prod(in_shapes[0]) != prod(out_shapes[0]):
@@ -183,7 +183,7 @@ def written_shapes(op, args, kwargs, sample=None, path=()):
     except RecursionError:
         raise
     except Exception as err:  # MXNetError, TypeError, ValueError from MXNet
-        raise BatchingError("%s: invalid call with input shapes %s: %s" % (
+        raise refused_call(err, "%s: invalid call with input shapes %s: %s" % (
             describe_call(sample, path, op.name), shapes,
             _not_arrays(stub) or first_line(err))) from None
 

@@ -19,7 +19,7 @@ from mxnet.ndarray import NDArray
 
 from .lazy import LazyArray
 from . import context
-from ..errors import BatchingError, describe_call
+from ..errors import BatchingError, describe_call, refused_call
 from ..ir.graph import LEAF
 from ..ir.ops import first_line
 from ..ir.rules import NO_INPUT_GRADIENT
@@ -36,7 +36,7 @@ def run_alone(rec, op, args, kwargs):
     try:
         out = op.nd_fn(*args, **kwargs)
     except Exception as err:  # MXNetError, and MXNet's own argument checks
-        raise BatchingError("%s: invalid call with input shapes %s: %s" % (
+        raise refused_call(err, "%s: invalid call with input shapes %s: %s" % (
             describe_call(rec.sample, rec.path, op.name), [a.shape for a in arrays],
             first_line(err))) from None
     return rec.wrap_inputs(out)
