@@ -1815,3 +1815,55 @@ def test_a_samples_except_mxneterror_runs_as_eagerly(options):
 class DotsOnly(gdb.DynBatchBlock):
     def hybrid_forward(self, F, a, b):
         return F.dot(a, b)
+
+
+class FactorsTwice(gdb.DynBatchBlock):
+    """A Cholesky factor, scaled (the scaling batches over samples)."""
+
+    def hybrid_forward(self, F, a):
+        return F.linalg.potrf(a) * 2
+
+
+class FactorsOrZero(gdb.DynBatchBlock):
+    """Reads its factor, as eager code that checks it does."""
+
+    def hybrid_forward(self, F, a):
+        try:
+            factor = F.linalg.potrf(a)
+            factor.asnumpy()
+        except MXNetError:
+            factor = a * 0
+        return factor
+
+
+def _matrices(*scales):
+    return [nd.array(np.eye(2) * s) for s in scales]
+
+
+@pytest.mark.parametrize("compiled", [False, True, "step"])
+def test_a_call_mxnet_refuses_for_one_samples_values_gives_out_no_unwritten_values(compiled):
+    """MXNet's error of one sample's factor reached the batched scaling of all
+    samples and was cleared by the first read: the others read memory never
+    written.  The scope now raises, naming the calls; the next scope works."""
+    model = FactorsTwice()
+    with pytest.raises(gdb.BatchingError, match="potrf, of samples .*refused"):
+        with gdb.batching(compiled=compiled):
+            outs = [model(a) for a in _matrices(1.0, 4.0, -1.0, 9.0)]
+    with pytest.raises(gdb.BatchingError, match="scope that failed"):
+        outs[0].asnumpy()
+    good = _matrices(1.0, 4.0, 16.0)
+    with gdb.batching(compiled=compiled):
+        outs = [model(a) for a in good]
+    for out, a in zip(outs, good):
+        np.testing.assert_allclose(out.asnumpy(), 2 * np.sqrt(a.asnumpy()), rtol=1e-6)
+
+
+@pytest.mark.parametrize("options", [{}, {"strategy": "agenda"}, {"granularity": "op"}])
+def test_a_sample_catching_mxnets_refusal_of_its_own_values_runs_as_eagerly(options):
+    model = FactorsOrZero()
+    matrices = _matrices(1.0, -1.0, 4.0, -3.0)
+    want = [model(a).asnumpy() for a in matrices]
+    with gdb.batching(**options):
+        outs = [model(a) for a in matrices]
+    for got, expected in zip(outs, want):
+        np.testing.assert_allclose(got.asnumpy(), expected)

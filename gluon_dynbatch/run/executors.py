@@ -85,6 +85,50 @@ def plan_symbol(walk):
     return mx.sym.Group([gather(desc) for desc, _ in walk.outputs] + kept)
 
 
+# Operators MXNet runs and then refuses for their values (a matrix that is not
+# positive definite, a singular one): the error surfaces when an array that
+# depends on the output is read, once; a batched step reading several samples'
+# outputs would then hand the others values never written.
+REFUSES_VALUES = frozenset(prefix + name for name in ("potrf", "potri", "inverse")
+                           for prefix in ("", "linalg_", "_linalg_"))
+
+
+def _may_refuse(node):
+    entries = getattr(node.op, "entries", None)     # a program: the calls it runs
+    if entries is not None:
+        return any(entry.op.name in REFUSES_VALUES for entry in entries)
+    return node.op.name in REFUSES_VALUES
+
+
+def check_refused_values(plan, only_read=False):
+    """Before a plan's values are handed out: if it ran an operator that may
+    refuse its values, wait for them, and raise a ``BatchingError`` naming its
+    calls if MXNet refused any (the scope's values then raise, none is read
+    unwritten).
+
+    ``only_read``: only where a later step reads such a call's output; a call
+    run alone whose output is handed out as it is keeps MXNet's error for its
+    own sample's read, as eagerly (imperative plans)."""
+    nodes = [node for step in plan.steps for node in step.nodes[:1] if _may_refuse(node)]
+    if nodes and only_read:
+        read = {src for step in plan.steps for node in step.nodes for src, _ in node.inputs}
+        nodes = [node for node in nodes if node in read]
+    if not nodes:
+        return
+    try:
+        mx.nd.waitall()
+    except MXNetError as err:
+        samples = sorted({n.sample for step in plan.steps for n in step.nodes
+                          if _may_refuse(n) and n.sample is not None})
+        where = describe_call(nodes[0].sample, nodes[0].path, nodes[0].op.name)
+        raise BatchingError(
+            "calls like %s, of samples %s: MXNet refused the values of one of them (%s); "
+            "no value of these samples is given out, where eager code raises when the "
+            "values of the sample at fault are read: check its inputs, or run such "
+            "samples with strategy='reference'" % (
+                where.split(", in ", 1)[-1], samples, first_line(err))) from None
+
+
 def run_interpreted(plan, live, ctx, rows_out=False):
     """Run ``plan`` imperatively from the compiler's walk (batched nd calls).
 
@@ -116,6 +160,7 @@ def run_interpreted(plan, live, ctx, rows_out=False):
         for sid, array in zip(outs, results):
             values[sid] = array
     results = [_gather(desc, values, feeds) for desc, _ in walker.outputs]
+    check_refused_values(plan, only_read=True)
     walker.deliver(_with_history(results, detached, values, feeds),
                    _gather_sources(walker.outputs, values))
 
@@ -324,6 +369,7 @@ def run_compiled(plan, live, ctx, cache, stats):
     results = entry(compiler.inputs(entry.names))
     if stats.cache_misses and entry.calls == 1:
         stats.compile_ms += 1000.0 * (time.perf_counter() - start)
+    check_refused_values(plan)
     compiler.deliver(results)
 
 
@@ -359,6 +405,7 @@ def run_steps(plan, live, ctx, cache, stats):
         for sid, array in zip(outs, results):
             values[sid] = array
     results = [_gather(desc, values, feeds) for desc, _ in walker.outputs]
+    check_refused_values(plan)
     walker.deliver(_with_history(results, detached, values, feeds),
                    _gather_sources(walker.outputs, values))
 
