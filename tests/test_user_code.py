@@ -1867,3 +1867,41 @@ def test_a_sample_catching_mxnets_refusal_of_its_own_values_runs_as_eagerly(opti
         outs = [model(a) for a in matrices]
     for got, expected in zip(outs, want):
         np.testing.assert_allclose(got.asnumpy(), expected)
+
+
+class ReturnsAScorer(gdb.DynBatchBlock):
+    """Returns its encoding and a function of it written with its ``F``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+
+        def score(candidates):
+            bias = F.ones((1, candidates.shape[0]))
+            return F.dot(h, candidates, transpose_b=True) + F.linalg.gemm2(h, h, transpose_b=True) \
+                + bias
+        return h, score
+
+
+def test_a_function_of_a_samples_f_called_after_its_scope_runs_as_eagerly():
+    """Called after the scope (or inside the next one), ``F`` of a scope that
+    ended recorded into its finished graph: an internal error."""
+    mx.random.seed(0)
+    model = ReturnsAScorer()
+    model.initialize()
+    r = np.random.RandomState(0)
+    xs = [nd.array(r.randn(1, 4)) for _ in range(3)]
+    candidates = nd.array(r.randn(5, 4))
+    want = [model(x)[1](candidates).asnumpy() for x in xs]
+    with gdb.batching():
+        results = [model(x) for x in xs]
+    after = [score(candidates).asnumpy() for _, score in results]
+    with gdb.batching():
+        inside = [score(candidates) for _, score in results]
+    for got, again, expected in zip(after, inside, want):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(again.asnumpy(), expected, rtol=1e-5, atol=1e-6)

@@ -434,6 +434,7 @@ cdef class RecorderCore:
     cdef public dict _roots              # (id(block), modes, helper) -> trie root, per scope
     cdef public object frames            # whether calls are recorded as frames, once known
     cdef public object rows_token        # marks values this scope's flushes handed out
+    cdef public bint closed              # its scope has ended (``Recorder.close``)
 
     cdef object root_of(self, object block):
         """``Recorder.frame_root(block)``: this scope's root while the modes hold."""
@@ -1245,6 +1246,8 @@ cdef class Operator:
         cdef object frame = rec.frame
         cdef object a
         cdef PyObject* base
+        if rec.closed:          # kept by a closure or generator past its scope's end
+            return rec.call_after_close(self.op, self.__name__, args, kwargs)
         if kwargs and self.typed is not None:   # ``transpose_b="False"``: rules read values
             kwargs = typed_attributes(self.op, kwargs)
         if kwargs and kwargs.get("out") is not None:

@@ -44,9 +44,11 @@ class RecordingNamespace:
         self._path = path
 
     def __getattr__(self, name):
+        rec = self._recorder
+        if rec.closed:
+            return _after_close(self._module, self._path, name)
         target = getattr(self._module, name)
         path = self._path + (name,)
-        rec = self._recorder
         if not callable(target):
             if hasattr(target, "__dict__") and type(target).__name__ == "module":
                 value = RecordingNamespace(rec, target, path)
@@ -68,6 +70,31 @@ class RecordingNamespace:
         return not self.__eq__(other)
 
     __hash__ = object.__hash__
+
+
+_OWN = frozenset(["_recorder", "_module", "_path"])
+
+
+def forget(namespace):
+    """Drop what ``namespace`` looked up (its scope has ended): later lookups
+    go to ``_after_close``."""
+    for name in [k for k in namespace.__dict__ if k not in _OWN]:
+        value = namespace.__dict__.pop(name)
+        if isinstance(value, RecordingNamespace):
+            forget(value)
+
+
+def _after_close(module, path, name):
+    """``F.<path>.<name>`` of a scope that has ended (a closure or generator of a
+    sample's code called later): the recording one of the scope open now, if
+    any, else ``mx.nd``'s."""
+    current = context.current()
+    target = current.F if current is not None else None
+    if target is None:
+        return getattr(module, name)
+    for part in path:
+        target = getattr(target, part)
+    return getattr(target, name)
 
 
 def _operator(rec, op, name):

@@ -31,13 +31,13 @@ from . import weights as weight_calls
 from ..errors import BatchingError, describe_call
 from ..logs import warn_once
 from . import _core
-from ._core import RecorderCore, typed_attributes
+from ._core import Operator, RecorderCore, typed_attributes
 from .alone import run_alone
 from .frames import NOT_RECORDED, Frame
 from ..ir.graph import (LEAF, NO_KWARGS, OP, VIEW, Graph, Node, analysed_node, slot,
                     slots_of)
 from .lazy import LazyArray
-from .namespace import DETERMINISTIC, RecordingNamespace
+from .namespace import DETERMINISTIC, RecordingNamespace, forget
 from .tasks import Pending, Tasks
 from ..ir.ops import opdef
 
@@ -157,12 +157,29 @@ class Recorder(RecorderCore):
         return self.sync_mode() == before
 
     def close(self):
-        """Drop references back to the scope (closures of F refer to the recorder)."""
+        """Drop references back to the scope (closures of F refer to the recorder).
+
+        A closure or generator of a sample's code that outlives the scope
+        keeps its ``F``: its calls from then on go to the scope open when they
+        are made, or run eagerly (``call_after_close``, ``namespace.forget``).
+        """
         self.graph.release()
         self.lazy_pool = []
         self._described = ({}, {})
+        self.closed = True
+        if self.F is not None:
+            forget(self.F)
         self.F = self._flush = self._read = self.scope = None
         self.tasks.rec = self.tasks._flush = None  # pylint: disable=protected-access
+
+    @staticmethod
+    def call_after_close(op, name, args, kwargs):
+        """``F.<op>(...)`` of a scope that has ended: recorded in the scope open
+        now, if any, else run as ``mx.nd`` runs it."""
+        current = context.current()
+        if current is None:
+            return op.nd_fn(*args, **kwargs)
+        return Operator(current, op, name, op.name not in passes.BY_NAME)(*args, **kwargs)
 
     def flush(self):
         """Run everything pending now."""
