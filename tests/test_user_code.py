@@ -1905,3 +1905,48 @@ def test_a_function_of_a_samples_f_called_after_its_scope_runs_as_eagerly():
     for got, again, expected in zip(after, inside, want):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(again.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+class SubwordSum(gdb.DynBatchBlock):
+    """A word's vector as the weighted sum of its subwords' rows (a CSR row)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.table = self.params.get("table", shape=(6, 4))
+            self.out = gluon.nn.Dense(1, in_units=4)
+
+    def hybrid_forward(self, F, row, table):
+        return self.out(F.tanh(F.sparse.dot(row, table)))
+
+
+def _subword_row(ids):
+    weights = np.full(len(ids), 1.0 / len(ids), dtype=np.float32)
+    return nd.sparse.csr_matrix((weights, ids, [0, len(ids)]), shape=(1, 6))
+
+
+@pytest.mark.parametrize("options", [{}, {"strategy": "unbatched"}, {"compiled": True},
+                                     {"granularity": "op"}])
+def test_a_csr_row_repeating_a_column_sums_its_entries_as_eager(options):
+    """Gathering a sample's CSR row made it dense, keeping one of the entries a
+    row repeats for one column, where ``sparse.dot`` sums them."""
+    mx.random.seed(0)
+    model = SubwordSum()
+    model.initialize(mx.init.Uniform(0.5))
+    words = [[0, 1, 0], [2], [3, 3], [4, 5, 4, 4]]
+    results = []
+    for batched in (False, True):
+        rows = [_subword_row(ids) for ids in words]
+        with autograd.record():
+            if batched:
+                with gdb.batching(**options):
+                    outs = [model(row) for row in rows]
+            else:
+                outs = [model(row) for row in rows]
+            loss = nd.add_n(*[(o * o).sum() for o in outs])
+        loss.backward()
+        results.append(([o.asnumpy() for o in outs], model.table.grad().asnumpy()))
+    (want, want_grad), (got, got_grad) = results
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-6)

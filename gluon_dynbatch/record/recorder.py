@@ -216,6 +216,8 @@ class Recorder(RecorderCore):
         node.value = array
         if isinstance(array, BaseSparseNDArray):
             graph.sparse_leaves.add(node)
+            if array.stype == "csr":
+                node.value = summed_duplicates(array)
         if type(array) is LazyArray and array.history_freed():
             node.value = array.detach()      # as eager uses it: a constant
             warn_once("freed", "%s: a value computed in an earlier batch is used after a "
@@ -907,6 +909,27 @@ def _memo(op, args, kwargs, in_shapes, in_dtypes):
         return key, calls.INFOS.get(key)
     except TypeError:
         return None, None
+
+
+def summed_duplicates(csr):
+    """``csr`` with the entries each row repeats for one column summed into one.
+
+    ``sparse.dot`` adds such entries (a word's subword ids, "aba": columns a,
+    b, a); MXNet's conversions to dense, which gathering a sample's rows
+    makes, keep only one of them.
+    """
+    indices, indptr = csr.indices.asnumpy(), csr.indptr.asnumpy()
+    width = csr.shape[1]
+    keys = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr)) * width + indices
+    unique, inverse = np.unique(keys, return_inverse=True)
+    if len(unique) == len(keys):
+        return csr
+    summed = np.zeros(len(unique), dtype=csr.dtype)
+    np.add.at(summed, inverse, csr.data.asnumpy())
+    rows, columns = np.divmod(unique, width)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=csr.shape[0]))])
+    return mx.nd.sparse.csr_matrix((summed, columns, starts), shape=csr.shape,
+                                   ctx=csr.context, dtype=csr.dtype)
 
 
 def pending_inputs(graph, args):
