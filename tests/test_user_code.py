@@ -1753,21 +1753,29 @@ def test_takes_from_a_table_without_gradient_by_a_computed_counter(compiled):
     model = TakesByACounter()
     model.initialize(mx.init.Uniform(0.3))
     xs = [nd.random.uniform(-1, 1, shape=(1, n, 4)) for n in (3, 1, 2, 3)]
+    _assert_trained_as_eagerly(model, lambda: xs, {"compiled": compiled},
+                               model.dense.weight)
+
+
+def _assert_trained_as_eagerly(model, make_samples, options, param):
+    """Outputs of ``model`` on ``make_samples()`` and ``param``'s gradient, eager
+    and batched under ``options``, equal."""
     results = []
     for batched in (False, True):
+        samples = make_samples()
         with autograd.record():
             if batched:
-                with gdb.batching(compiled=compiled):
-                    outs = [model(x) for x in xs]
+                with gdb.batching(**options):
+                    outs = [model(x) for x in samples]
             else:
-                outs = [model(x) for x in xs]
+                outs = [model(x) for x in samples]
             loss = nd.add_n(*[(o * o).sum() + o.sum() for o in outs])
         loss.backward()
-        results.append(([o.asnumpy() for o in outs], model.dense.weight.grad().asnumpy()))
-    (want, want_w), (got, got_w) = results
+        results.append(([o.asnumpy() for o in outs], param.grad().asnumpy()))
+    (want, want_grad), (got, got_grad) = results
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-6)
 
 
 class CatchesRefusedCalls(gdb.DynBatchBlock):
@@ -1934,19 +1942,5 @@ def test_a_csr_row_repeating_a_column_sums_its_entries_as_eager(options):
     model = SubwordSum()
     model.initialize(mx.init.Uniform(0.5))
     words = [[0, 1, 0], [2], [3, 3], [4, 5, 4, 4]]
-    results = []
-    for batched in (False, True):
-        rows = [_subword_row(ids) for ids in words]
-        with autograd.record():
-            if batched:
-                with gdb.batching(**options):
-                    outs = [model(row) for row in rows]
-            else:
-                outs = [model(row) for row in rows]
-            loss = nd.add_n(*[(o * o).sum() for o in outs])
-        loss.backward()
-        results.append(([o.asnumpy() for o in outs], model.table.grad().asnumpy()))
-    (want, want_grad), (got, got_grad) = results
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+    _assert_trained_as_eagerly(model, lambda: [_subword_row(ids) for ids in words], options,
+                               model.table)
