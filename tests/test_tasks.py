@@ -1579,11 +1579,34 @@ def test_a_stand_in_at_a_place_its_result_lacks_raises_where_used():
         first = model(xs[longest])          # learns the longest form
     with gdb.batching():
         got = [model(x) for x in xs]
-        lasts = [g[-1] for g in got]        # stand-ins at the learned last place
+        place = max(lengths) - 1
+        lasts = [g[place] for g in got]     # stand-ins at the learned last place
         short = lengths.index(min(lengths))
         with pytest.raises(gdb.BatchingError, match="nothing of this kind"):
             lasts[short].asnumpy()
     assert [len(g) for g in got] == lengths and first
+
+
+@pytest.mark.parametrize("use", ["last", "list"])
+def test_a_waiting_list_read_at_once_has_its_own_samples_length(use):
+    """``model(x)[-1]`` or ``list(model(x))`` in the loop's body: the list a
+    waiting call hands out has the length an earlier call returned until its
+    sample finishes; reading its length or its end waits for the sample (the
+    last item was another step's output, the list of another length)."""
+    mx.random.seed(0)
+    model = StepsUntilItStops()
+    model.initialize(mx.init.Uniform(1.0))
+    xs = [nd.array(np.random.RandomState(i).uniform(-1, 1, (1, 4))) for i in range(8)]
+    pick = (lambda g: [g[-1]]) if use == "last" else list
+    want = [pick(model(x)) for x in xs]
+    assert len({len(model(x)) for x in xs}) > 2
+    for _ in range(2):
+        with gdb.batching():
+            got = [pick(model(x)) for x in xs]
+        assert [len(g) for g in got] == [len(w) for w in want]
+        for g, w in zip(got, want):
+            for a, b in zip(g, w):
+                np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-7)
 
 
 class ReadsKTimes(gdb.DynBatchBlock):

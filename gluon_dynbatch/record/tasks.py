@@ -418,6 +418,8 @@ def placeholders(tasks, task, form, path=()):
                 found = PendingValue(tasks, task, path)
                 task.placeholders.append(found)
                 return found
+        if kind is list:
+            return PendingItems(tasks, task, items)
         return kind._make(items) if hasattr(kind, "_make") else kind(items)
     task.placeholders.append(found)
     return found
@@ -523,9 +525,11 @@ def _refittable(handed, result, form):
     if form_of(result) == form:
         return True
     kind = form[0]
+    if kind is list:                    # a PendingItems
+        return isinstance(handed, list) and type(result) is list
     if type(handed) is not kind or type(result) is not kind:
         return False
-    if kind is list or kind in _DICTS:
+    if kind in _DICTS:
         return True
     return all(_refittable(h, r, f) for h, r, f in zip(_children(handed, form),
                                                         _children(result, form), form[1]))
@@ -836,6 +840,43 @@ class PendingList(list):
 
     def __reduce_ex__(self, protocol):
         """Pickled and copied as the plain list of its values."""
+        _force(self._tasks, self._task)
+        return (list, (list.__getitem__(self, slice(None)),))
+
+
+class PendingItems(list):
+    """A list of arrays (a decoder's outputs, one per step) a top-level call
+    returns while its sample waits: stand-ins in the form of earlier calls'
+    results, fitted to the sample's own result when it finishes (``_refit``).
+
+    Its length is the sample's own: reading the length, iterating, indexing
+    from the end or past the stand-ins, comparing or changing it first runs
+    the rounds its sample needs; an item indexed among the stand-ins does not
+    (it raises where used if the sample's result has no such item).
+    """
+
+    __slots__ = ("_tasks", "_task")
+
+    def __init__(self, tasks, task, items):
+        super().__init__(items)
+        self._tasks, self._task = tasks, task
+
+    def __getitem__(self, index):
+        if type(index) is not int or not 0 <= index < list.__len__(self):
+            _force(self._tasks, self._task)
+        return list.__getitem__(self, index)
+
+    for _name in ("__len__", "__iter__", "__reversed__", "__contains__", "__eq__", "__ne__",
+                  "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__mul__", "__rmul__",
+                  "__repr__", "__str__", "count", "index", "copy", "__setitem__",
+                  "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop",
+                  "remove", "reverse", "sort", "clear"):
+        locals()[_name] = _forcing(_name)
+    del _name
+    __hash__ = None
+
+    def __reduce_ex__(self, protocol):
+        """Pickled and copied as the plain list of its items."""
         _force(self._tasks, self._task)
         return (list, (list.__getitem__(self, slice(None)),))
 
