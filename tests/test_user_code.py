@@ -1944,3 +1944,31 @@ def test_a_csr_row_repeating_a_column_sums_its_entries_as_eager(options):
     words = [[0, 1, 0], [2], [3, 3], [4, 5, 4, 4]]
     _assert_trained_as_eagerly(model, lambda: [_subword_row(ids) for ids in words], options,
                                model.table)
+
+
+class ScalesByItsWeight(gdb.DynBatchBlock):
+    def hybrid_forward(self, F, x, weight):
+        return x * weight
+
+
+def test_samples_numbers_of_their_own_with_other_trailing_shapes_batch_apart():
+    """Past a few numbers at one place, a number comes as a literal array on one
+    path: that path kept ``x``'s shape only in a key no edge held, so samples of
+    other trailing shapes were batched together (MXNet's shape error)."""
+    model = ScalesByItsWeight()
+    r = np.random.RandomState(0)
+    samples = [(nd.array(r.randn(2, width)), weight) for width, weight in
+               [(8, 0.1), (8, 0.2), (8, 0.3), (8, 0.4), (6, 0.4), (6, 0.7), (8, 0.9)]]
+    for _ in range(2):
+        xs = [x.copy() for x, _ in samples]
+        for x in xs:
+            x.attach_grad()
+        with autograd.record():
+            with gdb.batching():
+                outs = [model(x, weight) for x, (_, weight) in zip(xs, samples)]
+            loss = nd.add_n(*[(o * o).sum() for o in outs])
+        loss.backward()
+        for out, x, (given, weight) in zip(outs, xs, samples):
+            np.testing.assert_allclose(out.asnumpy(), given.asnumpy() * weight, rtol=1e-6)
+            np.testing.assert_allclose(x.grad.asnumpy(), 2 * weight * weight * given.asnumpy(),
+                                       rtol=1e-5)

@@ -277,6 +277,9 @@ class Frame(FrameCore):
         # One row per row of ``x`` (rows batch with rows; a one-row number
         # broadcast over another number of rows would need its own role).
         shape = x.shape[:1] + (1,) * (len(x.shape) - 1)
+        # The call's key read ``x`` for the first time, by its shape; no edge
+        # keeps that key: the broadcast reads it afresh, so its key has the shape.
+        self._forget_reads(args, {}, refs, kw)
         value = literals.record(self.rec, np.full(shape, number, dtype=x.dtype))
         name, reflected = form
         return self.op(opdef(name), (value, x) if reflected else (x, value), {})
