@@ -816,12 +816,37 @@ def _forcing(name):
     return forced
 
 
-class PendingList(list):
+# What reads a stand-in list's items or length, or changes it: run its sample first.
+_LIST_READS = ("__len__", "__iter__", "__reversed__", "__getitem__", "__contains__", "__eq__",
+               "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__mul__",
+               "__rmul__", "__repr__", "__str__", "count", "index", "copy", "__setitem__",
+               "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop",
+               "remove", "reverse", "sort", "clear")
+
+
+class _WaitingList(list):
+    """A list a top-level call returns while its sample waits: reading or
+    changing it first runs the rounds its sample needs."""
+
+    __slots__ = ("_tasks", "_task")
+
+    for _name in _LIST_READS:
+        locals()[_name] = _forcing(_name)
+    del _name
+    __hash__ = None
+
+    def __reduce_ex__(self, protocol):
+        """Pickled and copied as the plain list of its items."""
+        _force(self._tasks, self._task)
+        return (list, (list.__getitem__(self, slice(None)),))
+
+
+class PendingList(_WaitingList):
     """A list of values (a decoder's tokens) a top-level call returns while its
     sample waits: a list, empty until the sample finishes, when it takes the
     values; reading it earlier runs the rounds its sample needs first."""
 
-    __slots__ = ("_tasks", "_task", "_path")
+    __slots__ = ("_path",)
 
     def __init__(self, tasks, task, path):
         super().__init__()
@@ -831,20 +856,8 @@ class PendingList(list):
         """Hold the values of ``value``."""
         list.__setitem__(self, slice(None), value)
 
-    for _name in ("__len__", "__iter__", "__reversed__", "__getitem__", "__contains__",
-                  "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__",
-                  "__mul__", "__rmul__", "__repr__", "__str__", "count", "index", "copy"):
-        locals()[_name] = _forcing(_name)
-    del _name
-    __hash__ = None
 
-    def __reduce_ex__(self, protocol):
-        """Pickled and copied as the plain list of its values."""
-        _force(self._tasks, self._task)
-        return (list, (list.__getitem__(self, slice(None)),))
-
-
-class PendingItems(list):
+class PendingItems(_WaitingList):
     """A list of arrays (a decoder's outputs, one per step) a top-level call
     returns while its sample waits: stand-ins in the form of earlier calls'
     results, fitted to the sample's own result when it finishes (``_refit``).
@@ -855,7 +868,7 @@ class PendingItems(list):
     (it raises where used if the sample's result has no such item).
     """
 
-    __slots__ = ("_tasks", "_task")
+    __slots__ = ()
 
     def __init__(self, tasks, task, items):
         super().__init__(items)
@@ -865,20 +878,6 @@ class PendingItems(list):
         if type(index) is not int or not 0 <= index < list.__len__(self):
             _force(self._tasks, self._task)
         return list.__getitem__(self, index)
-
-    for _name in ("__len__", "__iter__", "__reversed__", "__contains__", "__eq__", "__ne__",
-                  "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__mul__", "__rmul__",
-                  "__repr__", "__str__", "count", "index", "copy", "__setitem__",
-                  "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop",
-                  "remove", "reverse", "sort", "clear"):
-        locals()[_name] = _forcing(_name)
-    del _name
-    __hash__ = None
-
-    def __reduce_ex__(self, protocol):
-        """Pickled and copied as the plain list of its items."""
-        _force(self._tasks, self._task)
-        return (list, (list.__getitem__(self, slice(None)),))
 
 
 def _force(tasks, task):
