@@ -1753,29 +1753,7 @@ def test_takes_from_a_table_without_gradient_by_a_computed_counter(compiled):
     model = TakesByACounter()
     model.initialize(mx.init.Uniform(0.3))
     xs = [nd.random.uniform(-1, 1, shape=(1, n, 4)) for n in (3, 1, 2, 3)]
-    _assert_trained_as_eagerly(model, lambda: xs, {"compiled": compiled},
-                               model.dense.weight)
-
-
-def _assert_trained_as_eagerly(model, make_samples, options, param):
-    """Outputs of ``model`` on ``make_samples()`` and ``param``'s gradient, eager
-    and batched under ``options``, equal."""
-    results = []
-    for batched in (False, True):
-        samples = make_samples()
-        with autograd.record():
-            if batched:
-                with gdb.batching(**options):
-                    outs = [model(x) for x in samples]
-            else:
-                outs = [model(x) for x in samples]
-            loss = nd.add_n(*[(o * o).sum() + o.sum() for o in outs])
-        loss.backward()
-        results.append(([o.asnumpy() for o in outs], param.grad().asnumpy()))
-    (want, want_grad), (got, got_grad) = results
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+    assert_batched_equals_eager(model, [(x,) for x in xs], {"compiled": compiled})
 
 
 class CatchesRefusedCalls(gdb.DynBatchBlock):
@@ -1942,8 +1920,7 @@ def test_a_csr_row_repeating_a_column_sums_its_entries_as_eager(options):
     model = SubwordSum()
     model.initialize(mx.init.Uniform(0.5))
     words = [[0, 1, 0], [2], [3, 3], [4, 5, 4, 4]]
-    _assert_trained_as_eagerly(model, lambda: [_subword_row(ids) for ids in words], options,
-                               model.table)
+    assert_batched_equals_eager(model, [(_subword_row(ids),) for ids in words], options)
 
 
 class ScalesByItsWeight(gdb.DynBatchBlock):
