@@ -15,29 +15,88 @@ cdef extern from "stdlib.h":
 
 cdef str LEAF = "leaf"
 
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_AsSsize_t
+from cpython.object cimport PyObject
+from cpython.tuple cimport PyTuple_GET_ITEM
+from cpython.weakref cimport PyWeakref_GetObject
+
+
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        const char* name
+        int type
+        Py_ssize_t offset
+
+cdef extern from "descrobject.h":
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+
+def slot_offset(cls, name):
+    """Where instances of ``cls`` keep slot ``name`` (bytes from the object's
+    start), for compiled code that reads and writes slots directly."""
+    descr = None
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            descr = klass.__dict__[name]
+            break
+    if type(descr).__name__ != "member_descriptor":
+        raise TypeError("%s.%s is not a slot" % (cls.__name__, name))
+    return (<PyMemberDescrObject*>descr).d_member.offset
+
+
+cdef Py_ssize_t N_ID = -1, N_KIND, N_INPUTS, N_OUTS, L_H
+
+
+def bind(node_class, lazy_class):
+    """Learn the slots of ``graph.Node`` and of LazyArray the scan reads."""
+    global N_ID, N_KIND, N_INPUTS, N_OUTS, L_H
+    N_KIND = slot_offset(node_class, "kind")
+    N_INPUTS = slot_offset(node_class, "inputs")
+    N_OUTS = slot_offset(node_class, "outs")
+    L_H = slot_offset(lazy_class, "_h")
+    N_ID = slot_offset(node_class, "id")
+
+
+cdef inline PyObject* _slot(object o, Py_ssize_t off):
+    """Slot ``off`` of ``o``, borrowed (NULL when never set)."""
+    return (<PyObject**>((<char*><PyObject*>o) + off))[0]
+
 
 def live_and_needed(list nodes):
     """``(live, needed)`` of ``nodes`` in creation order (see ``Graph.live_and_needed``)."""
-    cdef Py_ssize_t n = len(nodes), k, idx
+    cdef Py_ssize_t n = len(nodes), k, idx, m
     cdef bytearray marks = bytearray(n)
     cdef unsigned char[::1] mark = marks
-    cdef list live = [], needed, outs
-    cdef object node, ref, lazy, value
+    cdef list live = [], needed
+    cdef object node, lazy
+    cdef PyObject* outs
+    cdef PyObject* ref
+    cdef PyObject* inputs
+    cdef PyObject* found
+    if N_ID < 0:
+        raise RuntimeError("_scan.bind was not called")
     for k in range(n - 1, -1, -1):
-        node = nodes[k]
-        outs = node.outs
-        if outs is not None and node.kind != LEAF:
-            for idx in range(len(outs) - 1, -1, -1):
-                ref = outs[idx]
-                if ref is None:
+        node = <object>PyList_GET_ITEM(nodes, k)
+        outs = _slot(node, N_OUTS)
+        if outs != NULL and <object>outs is not None \
+                and <object>_slot(node, N_KIND) != LEAF:
+            m = PyList_GET_SIZE(<object>outs)
+            for idx in range(m - 1, -1, -1):
+                ref = PyList_GET_ITEM(<object>outs, idx)
+                if <object>ref is None:
                     continue
-                lazy = ref()
-                if lazy is not None and lazy._h is None:     # held and pending
-                    live.append((node, idx, lazy))
+                found = PyWeakref_GetObject(<object>ref)
+                if <object>found is not None and _slot(<object>found, L_H) != NULL \
+                        and <object>_slot(<object>found, L_H) is None:
+                    live.append((node, idx, <object>found))     # held and pending
                     mark[k] = 1
         if mark[k]:
-            for value in node.inputs:
-                mark[<Py_ssize_t>value[0].id] = 1
+            inputs = _slot(node, N_INPUTS)
+            for value in <object>inputs:
+                mark[<Py_ssize_t>PyLong_AsSsize_t(<object>_slot(
+                    <object>PyTuple_GET_ITEM(value, 0), N_ID))] = 1
     live.reverse()
     needed = [nodes[k] for k in range(n) if mark[k]]
     return live, needed

@@ -18,6 +18,7 @@ Python methods of ``frames.Frame`` and ``recorder.Recorder``, which learn it.
 """
 import weakref
 
+from ..ir._scan import slot_offset
 from ..ir.known import NAN, NEGATIVE_ZERO
 
 from cpython.object cimport PyObject, PyTypeObject
@@ -32,17 +33,6 @@ cdef extern from "Python.h":
     Py_ssize_t Py_REFCNT(PyObject* o)
     PyObject* PyEval_GetFrame()
 
-cdef extern from "structmember.h":
-    ctypedef struct PyMemberDef:
-        const char* name
-        int type
-        Py_ssize_t offset
-
-cdef extern from "descrobject.h":
-    ctypedef struct PyMemberDescrObject:
-        PyMemberDef* d_member
-
-
 # -- LazyArray's slots, read and written at their offsets -----------------------------
 cdef object LAZY = None            # the LazyArray class (``bind``)
 cdef object NDARRAY = None         # mxnet.nd.NDArray
@@ -54,14 +44,7 @@ cdef object STR = str
 
 
 cdef Py_ssize_t _offset(cls, name) except -1:
-    descr = None
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            descr = klass.__dict__[name]
-            break
-    if type(descr).__name__ != "member_descriptor":
-        raise TypeError("%s.%s is not a slot" % (cls.__name__, name))
-    return (<PyMemberDescrObject*>descr).d_member.offset
+    return slot_offset(cls, name)
 
 
 def bind(lazy_class, ndarray_class, mode_changes):

@@ -22,7 +22,7 @@ import numpy as np
 from mxnet.ndarray import NDArray
 from mxnet.ndarray.sparse import BaseSparseNDArray
 
-from ..ir import calls
+from ..ir import _scan, calls
 from . import context
 from . import passes
 from . import purity
@@ -49,6 +49,7 @@ _SLICE_AXIS = opdef("slice_axis")
 _ONE_SLOT = (slot(0),)
 _core.bind_nodes(Node, NO_KWARGS, opdef("concat"), calls.INFOS, slot, slots_of,
                  MAX_ROW_CONCAT)
+_scan.bind(Node, LazyArray)
 _ROW_SLICES = {}    # (begin, end, trailing shape, dtype) -> (CallInfo, kwargs) of a row-slice view
 _ROW_WIDTHS = {}    # (end - begin, trailing shape, dtype) -> a CallInfo of such a view
 MAX_ROW_WIDTHS = 100000
