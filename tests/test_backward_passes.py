@@ -587,6 +587,61 @@ def test_a_critic_on_values_detached_inside_the_scope_equals_eager(strategy):
     assert float(proc.stdout.split("max diff")[-1]) < 1e-6
 
 
+_COUNTER_READ_IN_A_WHILE = r"""
+import sys
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+import gluon_dynbatch as gdb
+
+class Walk(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        x = self.dense(x)
+        i, h = F.zeros((1,)), x[0:1]
+        while bool(i < x.shape[0]):         # read: the samples wait, then go on
+            h = h + F.take(x, i)
+            i = i + 1
+        return h
+
+def run(strategy):
+    mx.random.seed(0)
+    model = Walk()
+    model.initialize()
+    xs = [nd.array(np.random.RandomState(n).randn(n, 4)) for n in (2, 3, 2)]
+    with autograd.record():
+        if strategy == "eager":
+            outs = [model(x) for x in xs]
+        else:
+            with gdb.batching(strategy=strategy):
+                outs = [model(x) for x in xs]
+        loss = nd.add_n(*[(o * o).sum() for o in outs])
+    loss.backward()
+    return np.concatenate([o.asnumpy().ravel() for o in outs]
+                          + [model.dense.weight.grad().asnumpy().ravel()])
+
+want = run("eager")
+got = run(sys.argv[1])
+print("max diff", float(np.abs(got - want).max()))
+"""
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+def test_taking_rows_by_a_counter_read_in_a_while_condition_equals_eager(strategy):
+    """``while bool(i < n): h = h + F.take(x, i); i = i + 1``: the batched take's
+    indices, gathered from the samples' counters, reached MXNet's backward with
+    only the zero gradient of an index, and the process crashed (segfault)."""
+    proc = subprocess.run([sys.executable, "-c", _COUNTER_READ_IN_A_WHILE, strategy],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert float(proc.stdout.split("max diff")[-1]) < 1e-5
+
+
 @pytest.mark.parametrize("settings", [{}, {"compiled": "step"}, {"granularity": "op"}],
                          ids=["default", "step", "op"])
 def test_an_output_written_with_out_then_used_again_in_the_scope_equals_eager(settings):

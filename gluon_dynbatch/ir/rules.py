@@ -217,10 +217,15 @@ def rule_for(op_name):
     return RULES.get(op_name, ALONE)
 
 
-# Inputs of which an operator reads only the shape: their gradient is zero
-# (``reshape_like(x, like)``), so their gathers run unrecorded, as the
-# operators of ``NO_GRADIENT`` below.
-SHAPE_ONLY = {"reshape_like": (1,), "broadcast_like": (1,), "slice_like": (1,)}
+# Inputs whose gradient is zero: those of which an operator reads only the
+# shape (``reshape_like(x, like)``) and indices (``take(table, idx)``).  Their
+# gathers run unrecorded, as the operators of ``NO_GRADIENT`` below: MXNet
+# 1.9.1's backward crashes where the only gradient reaching a gather of
+# indices with history (a counter ``i = i + 1``) is the zero of such an input.
+ZERO_GRADIENT_INPUTS = {"reshape_like": (1,), "broadcast_like": (1,), "slice_like": (1,),
+                        "take": (1,), "pick": (1,), "gather_nd": (1,), "batch_take": (1,),
+                        "Embedding": (0,), "one_hot": (0,), "SequenceMask": (1,),
+                        "SequenceLast": (1,), "SequenceReverse": (1,)}
 
 # Operators MXNet registers no gradient for: eager code gives them inputs
 # without history (``x.detach()``), which batched values recorded as

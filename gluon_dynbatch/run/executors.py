@@ -25,7 +25,7 @@ from ..errors import BatchingError, describe_call
 from ..logs import warn_once
 from ..ir.ops import first_line
 from ..ir.known import constant_array
-from ..ir.rules import KNOWN, SHAPE_ONLY, call_as_recorded, zero_gradient
+from ..ir.rules import KNOWN, ZERO_GRADIENT_INPUTS, call_as_recorded, zero_gradient
 
 _NO_CHANGE = contextlib.nullcontext()
 
@@ -146,7 +146,7 @@ def run_interpreted(plan, live, ctx, rows_out=False):
         zero = zero_gradient(node0.op.name, node0.args, node0.kwargs)
         with autograd.pause() if zero else _NO_CHANGE, _naming_step(node0, count):
             detach = range(len(ins)) if zero else \
-                node0.op.detached if kind == "program" else SHAPE_ONLY.get(node0.op.name, ())
+                node0.op.detached if kind == "program" else ZERO_GRADIENT_INPUTS.get(node0.op.name, ())
             if detach:
                 detached.append((ins, detach))
             inputs = [_gather_detached(d, values, feeds) if k in detach

@@ -29,7 +29,7 @@ import threading
 import numpy as np
 
 from ..ir.known import exact_scalar
-from ..ir.rules import BROW, ROW, SHAPE_ONLY, SHARED, Rule, call_as_recorded, zero_gradient, \
+from ..ir.rules import BROW, ROW, ZERO_GRADIENT_INPUTS, SHARED, Rule, call_as_recorded, zero_gradient, \
     intern
 
 # "own": the rule's batched call, right on one call's rows as on many (``Rule.program_form``).
@@ -164,11 +164,11 @@ def _detached_inputs(entries, exports):
     exported = {j for j, _ in exports}
     readers = {}                        # ("in", position) or entry index -> reader entries
     for k, entry in enumerate(entries):
-        shape_only = SHAPE_ONLY.get(entry.op.name, ())
+        zero_inputs = ZERO_GRADIENT_INPUTS.get(entry.op.name, ())
         for slot, source in enumerate(entry.sources):
             key = ("in", source[1]) if source[0] == "in" else source[1]
             using = readers.setdefault(key, [])
-            if slot not in shape_only:  # (of a shape-only slot, no gradient flows back)
+            if slot not in zero_inputs:     # (of a shape or an index, no gradient flows back)
                 using.append(k)
     free = [False] * len(entries)       # no gradient flows back through entry k
     for k in reversed(range(len(entries))):
