@@ -322,6 +322,31 @@ def test_in_place_update_of_a_constant_names_sample_and_way_out():
     assert_next_batch_ok(make_probe())
 
 
+class AccumulatesInPlaceAfterARead(RowWise):
+    """``+=`` into ``F.zeros(...)`` made before a read of a value."""
+
+    def hybrid_forward(self, F, rows, x):
+        acc = F.zeros((1, 4))
+        for k in rows:
+            h = self.dense(x[k:k + 1])
+            weight = float(F.sigmoid(h.sum()).asscalar())
+            acc += h * weight
+        return acc
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_in_place_update_of_a_constant_after_a_read_names_sample_and_way_out(compiled):
+    """The flush at the read had handed the constant out: the update failed
+    with an AttributeError of the library's instead of the error above."""
+    model = AccumulatesInPlaceAfterARead(compiled=compiled)
+    model.initialize()
+    x = table()
+    with pytest.raises(gdb.BatchingError, match=r"sample 0, .*in-place update.*x = x \+ y"):
+        with gdb.batching():
+            [model(rows, x) for rows in ([1, 2], [3])]
+    assert_next_batch_ok(make_probe())
+
+
 def test_exception_in_user_code_names_the_sample_index():
     model, x = make_probe(), table()
     model.fail_on = (4, 1)

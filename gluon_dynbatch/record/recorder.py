@@ -438,7 +438,7 @@ class Recorder(RecorderCore):
             node.outs[lazy._idx] = weakref.ref(lazy)
             result._node = None
             return lazy
-        if node.kind == LEAF:
+        if node is None or node.kind == LEAF:     # (None: a constant a flush handed out)
             raise BatchingError(
                 "%s: in-place update (x += y) inside a batching scope of an array no "
                 "recorded call computed (an input, or a constant such as F.zeros(...)); "
