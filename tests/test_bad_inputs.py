@@ -347,6 +347,24 @@ def test_in_place_update_of_a_constant_after_a_read_names_sample_and_way_out(com
     assert_next_batch_ok(make_probe())
 
 
+class SlicesWords(RowWise):
+    """A sentence's rows of a table by slices, ``emb[w:w + 1]``."""
+
+    def hybrid_forward(self, F, words, emb):
+        return self.dense(F.concat(*[emb[w:w + 1] for w in words], dim=0))
+
+
+def test_slice_past_the_table_names_sample_and_call():
+    """A word id outside the table gives an empty slice: the error says whose."""
+    model = SlicesWords()
+    model.initialize()
+    emb = table()
+    with pytest.raises(IndexError, match=r"sample 2, in .*empty slice slice\(99, 100"):
+        with gdb.batching():
+            [model(words, emb) for words in ([1, 2], [3], [0, 99])]
+    assert_next_batch_ok(make_probe())
+
+
 def test_exception_in_user_code_names_the_sample_index():
     model, x = make_probe(), table()
     model.fail_on = (4, 1)

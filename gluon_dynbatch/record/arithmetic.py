@@ -317,13 +317,13 @@ def _getitem(self, key):
         else:
             start = int(part) + size if part < 0 else int(part)
             if not 0 <= start < size:
-                raise IndexError("index %d is out of bounds for axis %d with size %d"
-                                 % (part, axis, size))
+                raise IndexError("%s: index %d is out of bounds for axis %d with size %d"
+                                 % (describe_call(rec.sample, rec.path), part, axis, size))
             stop = start + 1
             drop.append(axis)
         if stop <= start:
-            raise IndexError("empty slice %r of axis %d (size %d) inside a batching "
-                             "scope" % (part, axis, size))
+            raise IndexError("%s: empty slice %r of axis %d (size %d) inside a batching "
+                             "scope" % (describe_call(rec.sample, rec.path), part, axis, size))
         begins.append(start)
         ends.append(stop)
     new_shape = tuple(e - b for a, (b, e) in enumerate(zip(begins, ends))
