@@ -47,11 +47,13 @@ def slot_offset(cls, name):
 
 
 cdef Py_ssize_t N_ID = -1, N_KIND, N_INPUTS, N_OUTS, L_H
+cdef object NODE = None, LAZY = None
 
 
 def bind(node_class, lazy_class):
     """Learn the slots of ``graph.Node`` and of LazyArray the scan reads."""
-    global N_ID, N_KIND, N_INPUTS, N_OUTS, L_H
+    global N_ID, N_KIND, N_INPUTS, N_OUTS, L_H, NODE, LAZY
+    NODE, LAZY = node_class, lazy_class
     N_KIND = slot_offset(node_class, "kind")
     N_INPUTS = slot_offset(node_class, "inputs")
     N_OUTS = slot_offset(node_class, "outs")
@@ -79,6 +81,8 @@ def live_and_needed(list nodes):
         raise RuntimeError("_scan.bind was not called")
     for k in range(n - 1, -1, -1):
         node = <object>PyList_GET_ITEM(nodes, k)
+        if type(node) is not NODE:          # (the offsets are those of Node's slots)
+            raise TypeError("not a graph node: %r" % (node,))
         outs = _slot(node, N_OUTS)
         if outs != NULL and <object>outs is not None \
                 and <object>_slot(node, N_KIND) != LEAF:
@@ -88,7 +92,7 @@ def live_and_needed(list nodes):
                 if <object>ref is None:
                     continue
                 found = PyWeakref_GetObject(<object>ref)
-                if <object>found is not None and _slot(<object>found, L_H) != NULL \
+                if isinstance(<object>found, LAZY) and _slot(<object>found, L_H) != NULL \
                         and <object>_slot(<object>found, L_H) is None:
                     live.append((node, idx, <object>found))     # held and pending
                     mark[k] = 1
