@@ -457,3 +457,23 @@ def test_a_tied_sparse_gradient_trains_under_compiled_plans(compiled):
         got = gradients({"compiled": compiled})
         for name, grad in want.items():
             np.testing.assert_allclose(got[name], grad, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_a_frozen_sparse_embedding_keeps_compiled_plans():
+    """A sparse-gradient table with ``grad_req="null"`` has no gradient at all:
+    its plans stay compiled (they ran as imperative calls, as a tied one's do)."""
+    mx.random.seed(0)
+    model = TiedSparseLM()
+    model.initialize(mx.init.Uniform(0.3))
+    model.emb.weight.grad_req = "null"
+    sentences = [[1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    with mx.autograd.record():
+        want = [model(s) for s in sentences]
+    for _ in range(2):
+        with mx.autograd.record():
+            with gdb.batching(compiled="plan") as scope:
+                outs = [model(s) for s in sentences]
+            nd.add_n(*[o.sum() for o in outs]).backward()
+        for out, expected in zip(outs, want):
+            np.testing.assert_allclose(out.asnumpy(), expected.asnumpy(), rtol=1e-5, atol=1e-6)
+    assert scope.stats.cache_hits + scope.stats.cache_misses > 0

@@ -286,7 +286,8 @@ class Lowering(SegmentWalker):
             name = "s%d" % sid
             self.feeds[name] = param.data(self.ctx)
             self.param_names.add(name)
-            if getattr(param, "_grad_stype", "default") != "default":
+            if getattr(param, "_grad_stype", "default") != "default" \
+                    and param.grad_req != "null":       # (frozen: no gradient at all)
                 self.sparse_grads.append(param.name)
         else:
             # The node holds the value's dtype and shape (asking the NDArray is a
