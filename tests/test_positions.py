@@ -16,7 +16,7 @@ from mxnet.gluon import nn
 
 import gluon_dynbatch as gdb
 import user_models as um
-from dynbatch_testing import assert_same
+from dynbatch_testing import assert_batched_equals_eager, assert_same
 
 WORDS, HIDDEN = 5, 4
 MODES = [{"strategy": s, "compiled": c} for s in ("depth", "agenda")
@@ -198,3 +198,29 @@ def test_reference_strategy_records_slices_as_written():
     assert "take" not in ops and "pick" not in ops
     assert_same(um.run_case(case, {"strategy": "reference"}), um.run_case(case))
     del outs
+
+
+class Tail(gdb.DynBatchBlock):
+    """``F.slice_axis`` of a sample's rows from its own ``begin`` to its ``end``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = nn.Dense(3, in_units=HIDDEN)
+
+    def hybrid_forward(self, F, x, begin, end):
+        h = F.tanh(self.proj(x))
+        return F.sum(F.slice_axis(h, axis=0, begin=begin, end=end), axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("bounds", [[(0, 1), (2, 3), (-1, None), (3, None)],
+                                    [(0, -1), (1, -2), (2, -1), (1, -1)],
+                                    [(-3, -1), (-2, 5), (0, 2), (-5, None)]],
+                         ids=["end None", "end negative", "begin negative"])
+def test_slice_axis_at_positions_counted_from_the_end_equals_eager(bounds):
+    """``end=None`` and negative bounds, as MXNet counts them: the slice pass's
+    shape check subtracted the raw bounds (a TypeError, or an internal error)."""
+    model = Tail()
+    model.initialize()
+    xs = [nd.random.uniform(-1, 1, shape=(5, HIDDEN)) for _ in bounds]
+    assert_batched_equals_eager(model, [(x, b, e) for x, (b, e) in zip(xs, bounds)])

@@ -72,7 +72,9 @@ def sliced(rec, x, axis, begin, end):
     for fn in SLICES:
         found = fn(rec, x, axis, begin, end)
         if found is not None:
-            shape = x.shape[:axis] + (end - begin,) + x.shape[axis + 1:]
+            # (``end`` None or bounds from the end count as MXNet counts them)
+            first, last, _ = slice(begin, end).indices(x.shape[axis])
+            shape = x.shape[:axis] + (max(last - first, 0),) + x.shape[axis + 1:]
             return checked_index(rec, fn, x, shape, found)
     return None
 
