@@ -1947,3 +1947,46 @@ def test_reads_inside_samples_do_not_count_as_reads_of_the_scopes_own_code():
     assert not getattr(model, "reads_inside", False)
     for got, expected in zip(outs, want):
         np.testing.assert_allclose(got.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+class StopsEarly(gdb.DynBatchBlock):
+    """Reads its state after every row of its input and stops past a threshold."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(5, in_units=4)
+            self.rec = nn.Dense(5, in_units=5, use_bias=False)
+
+    def hybrid_forward(self, F, x):
+        h = F.zeros((1, 5))
+        for t in range(x.shape[0]):
+            h = F.tanh(self.inp(x[t:t + 1]) + self.rec(h))
+            if h.sum().asscalar() > 1.5:
+                break
+        return h
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_an_input_buffer_refilled_while_its_sample_waits_is_read_as_eager_reads_it(compiled):
+    """``buf[:] = rows; model(buf)`` per sample: a sample waiting at a read
+    resumed on the next sample's rows; it now finishes before the write."""
+    mx.random.seed(0)
+    model = StopsEarly(compiled=compiled)
+    model.initialize(mx.init.Uniform(0.3))
+    rs = np.random.RandomState(0)
+    data = [rs.uniform(-1, 1, (5, 4)).astype(np.float32) for _ in range(6)]
+    buf = nd.zeros((5, 4))
+
+    def run(batched):
+        outs = []
+        with gdb.batching() if batched else contextlib.nullcontext():
+            for rows in data:
+                buf[:] = rows
+                outs.append(model(buf))
+        return [o.asnumpy() for o in outs]
+
+    want = run(False)
+    for _ in range(2):
+        for got, expected in zip(run(True), want):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -259,8 +259,17 @@ class Recorder(RecorderCore):
         is pending runs first, with the values eager code ran it with.
 
         Inside a sample this is a read (the sample waits, ``scope.read``);
-        between samples, a flush.
+        between samples, a flush.  Samples waiting at a read that were given
+        one of ``arrays`` (an input buffer refilled for the next sample) finish
+        first, as eager code finished them before the write.
         """
+        tasks = self.tasks
+        if tasks.current is None and tasks.waiting and tasks.holding(arrays):
+            warn_once("written while waiting", "%s: an array a sample waiting at a read "
+                      "was given is written in place; the waiting samples finish first, "
+                      "with its old values, as in eager code (give each sample an array of "
+                      "its own to batch them)", describe_call(self.sample, self.path))
+            tasks.drain()
         for array in arrays:
             if self._read_by_pending(array):
                 self._run_pending("written", "an array that recorded calls read is written "

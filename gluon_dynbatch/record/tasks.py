@@ -127,11 +127,12 @@ class Task:
     """One sample's call running on a greenlet of its own (see the module docstring)."""
 
     __slots__ = ("glet", "job", "state", "result", "error", "done", "placeholders", "form",
-                 "reads", "handed")
+                 "reads", "handed", "args")
 
     def __init__(self, glet, job):
         self.glet = glet
         self.job = job              # ``(fn, args)`` until its first switch
+        self.args = job[1] if job is not None else ()     # what it was given (``holding``)
         self.state = None           # recording state while it waits (``Tasks._state``)
         self.result = None
         self.error = None
@@ -226,6 +227,8 @@ class Tasks:
         finally:
             if not task.done:
                 task.state = self._state()
+            else:
+                task.args = ()          # (a kept task keeps its sample's inputs no longer)
             self.current = outer_task
             self._restore(outer)
 
@@ -235,6 +238,12 @@ class Tasks:
         task.reads += 1
         self.waiting.append(task)
         task.glet.parent.switch()
+
+    def holding(self, arrays):
+        """Whether a waiting task was given one of ``arrays`` (in its arguments,
+        or in lists, tuples and dicts of them)."""
+        wanted = {id(a) for a in arrays}
+        return any(_holds(task.args, wanted, 4) for task in self.waiting)
 
     def drain(self, until=None):
         """Rounds until every task has finished (or ``until`` has): each runs what
@@ -305,7 +314,7 @@ class Tasks:
                 pass
             finally:
                 self._restore(outer)
-            task.done = True
+            task.done, task.args = True, ()
             task.error = BatchingError(
                 "this sample was waiting at a read when its batching scope ended (%s); "
                 "record it again in a new scope" % why)
@@ -423,6 +432,20 @@ def placeholders(tasks, task, form, path=()):
         return kind._make(items) if hasattr(kind, "_make") else kind(items)
     task.placeholders.append(found)
     return found
+
+
+def _holds(obj, wanted, depth):
+    """Whether ``obj`` is, or holds within ``depth`` levels of containers, an
+    object whose id is in ``wanted``."""
+    if id(obj) in wanted:
+        return True
+    if depth == 0:
+        return False
+    if isinstance(obj, dict):
+        obj = obj.values()
+    elif not isinstance(obj, (list, tuple)):
+        return False
+    return any(_holds(item, wanted, depth - 1) for item in obj)
 
 
 def settings_of(args, owner=None):
