@@ -607,6 +607,42 @@ def test_sequence_operators_over_time_first_steps_batch_by_length(granularity):
                               granularity=granularity), expected)
 
 
+class _SelfAttention(gdb.DynBatchBlock):
+    """One sentence's (T, 1, C) rows through self-attention's interleaved
+    products, as gluonnlp's BERT and Transformer encoders compute it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = gluon.nn.Dense(3 * 2 * 4, flatten=False, in_units=4)
+
+    def hybrid_forward(self, F, sample, table):
+        start, rows = sample
+        x = F.expand_dims(table[start:start + rows], axis=1)               # (T, 1, C)
+        qkv = self.proj(x)
+        scores = F.contrib.interleaved_matmul_selfatt_qk(qkv, heads=2)     # (2, T, T)
+        att = F.softmax(scores, axis=-1)
+        return F.contrib.interleaved_matmul_selfatt_valatt(qkv, att, heads=2)
+
+
+def test_self_attention_products_batch_by_length():
+    model = _SelfAttention()
+    model.initialize(mx.init.Uniform(0.5))
+    table = nd.array(np.random.RandomState(3).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 3), (6, 2), (1, 3), (2, 1), (4, 2)]
+    expected = reference_run(model, samples, [table])
+    with gdb.batching(keep_plan=True) as scope:
+        outs = [model(s, table) for s in samples]
+    assert [o.shape for o in outs] == [(3, 1, 8), (3, 1, 8), (2, 1, 8), (3, 1, 8), (1, 1, 8),
+                                       (2, 1, 8)]
+    sizes = sorted(len(step.nodes) for step in scope.last_plan.steps
+                   if step.nodes[0].op.name.startswith("interleaved"))
+    assert sizes == [1, 1, 2, 2, 3, 3]      # one call per length and product (3, 2 and 1)
+    for strategy in ("depth", "agenda"):
+        for compiled in (False, True, "step"):
+            assert_same(run_model(model, samples, [table], strategy, compiled), expected)
+
+
 class _AddsItsFunction(gdb.DynBatchBlock):
     """``elemwise_add`` of a value and its ``log_softmax``, beside a strided
     slice and a division by its norm (a graph MXNet's backward refused)."""

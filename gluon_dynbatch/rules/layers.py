@@ -10,7 +10,9 @@
   over one sample laid out ``(T, 1, ...)`` (time first, as Gluon's ``TNC``
   layers take it), with the sample's length if given: samples of one
   length run as one call, batched along axis 1 (laid out ``(1, T, ...)``
-  with ``axis=1``, samples of one length batch as rows);
+  with ``axis=1``, samples of one length batch as rows); likewise
+  self-attention's ``interleaved_matmul_selfatt_qk`` and ``_valatt``
+  (gluonnlp's BERT and Transformer encoders) over one sentence;
 * ``RoiRule``: ``ROIPooling`` and ``ROIAlign``, each box's image index
   moved to where its sample's images start in the batch;
 * ``OrderKeepingRule``: a transpose or ``swapaxes`` that only moves axes of
@@ -191,19 +193,35 @@ def _batch_major_sequence_roles(node):
     return _one_sample_sequence(node, 1)
 
 
+def _self_attention_roles(node):
+    """``interleaved_matmul_selfatt_qk`` (projections) and ``_valatt``
+    (projections, attention) of one sentence laid out (T, 1, 3 heads D)."""
+    qkv = _in_shape(node, 0)
+    if len(qkv) != 3 or qkv[1] != 1:
+        return None
+    return (ROW,) * len(node.inputs)
+
+
+# Operators whose batched output holds a block of rows per sample already:
+# ``SequenceLast``'s (k, ...), the attention scores' (k heads, T, T).
+_ROWS_OUT = frozenset(["SequenceLast", "interleaved_matmul_selfatt_qk"])
+
+
 class SequenceRule(_OneLengthRule):
     """``SequenceMask``, ``SequenceLast`` and ``SequenceReverse`` over one sample
     each, laid out (T, 1, ...): samples of one length T run as one call on
     their steps laid out (T, k, ...) and their lengths (k,); the outputs go
-    back as each sample's rows in order."""
+    back as each sample's rows in order.  Self-attention's interleaved
+    products (``roles`` ``_self_attention_roles``) batch the same way: the
+    projections on axis 1, the attention scores as rows."""
 
-    def __init__(self):
-        super().__init__(_sequence_roles)
+    def __init__(self, roles=_sequence_roles):
+        super().__init__(roles)
 
     def batched_call(self, F, node, inputs):
         laid = [_batch_on_axis1(F, inputs[0], _in_shape(node, 0))] + list(inputs[1:])
         out = call_as_recorded(F, node, laid)[0]
-        if node.op.name == "SequenceLast":      # (k, ...): a row per sample already
+        if node.op.name in _ROWS_OUT:
             return [out]
         return [F.reshape(F.swapaxes(out, dim1=0, dim2=1),
                           shape=(-1,) + tuple(node.out_shapes[0][1:]))]
@@ -329,6 +347,8 @@ class RoiRule(Rule):
 register_rule(["ROIPooling", "ROIAlign"], RoiRule())
 register_rule("RNN", RowFallback(PaddedRNNRule(), RNNRule()))
 register_rule("SequenceReverse", SequenceRule())
+register_rule(["interleaved_matmul_selfatt_qk", "interleaved_matmul_selfatt_valatt"],
+              SequenceRule(_self_attention_roles))
 register_rule(["SequenceMask", "SequenceLast"],
               RowFallback(RowRule(_batch_major_sequence_roles), SequenceRule()))
 for _names, _roles in ((["transpose"], transpose_roles),
