@@ -4,8 +4,8 @@ Each is a :class:`gluon_dynbatch.DynBatchBlock` whose ``hybrid_forward`` calls
 gluonnlp blocks the way their documentation shows, on one sample laid out
 batch-major with a batch of one: an LSTMP language model, encoder-decoders
 with gluonnlp's MLP and dot-product attention cells, a character CNN with a
-highway layer, a Transformer encoder layer, a Transformer translation model
-decoding step by step, and beam search.  ``user_models.CASES`` holds their
+highway layer, a Transformer encoder layer, a small BERT classifier, a
+Transformer translation model decoding step by step, and beam search.  ``user_models.CASES`` holds their
 cases.
 """
 import numpy as np
@@ -114,6 +114,28 @@ class TransformerLayerClassifier(gdb.DynBatchBlock):
         x = self.embed(F.array([words]))                            # (1, T, U)
         states, _ = self.layer(x)
         return F.log_softmax(self.out(F.mean(states, axis=1)))
+
+
+class BERTClassifier(gdb.DynBatchBlock):
+    """gluonnlp's ``BERTModel`` (a two-layer ``BERTEncoder``, its pooler) over one
+    sentence (1, T) with its token types and valid length, classified."""
+
+    def __init__(self, units, classes, vocab, **kwargs):
+        super().__init__(**kwargs)
+        bert = _nlp().model.bert
+        with self.name_scope():
+            encoder = bert.BERTEncoder(num_layers=2, units=units, hidden_size=2 * units,
+                                       max_length=64, num_heads=2, dropout=0.0)
+            self.bert = bert.BERTModel(encoder, vocab_size=vocab, token_type_vocab_size=2,
+                                       units=units, embed_size=units, use_pooler=True,
+                                       use_decoder=False, use_classifier=False)
+            self.out = nn.Dense(classes, in_units=units)
+
+    def hybrid_forward(self, F, words):
+        half = len(words) // 2
+        types = F.array([[0] * half + [1] * (len(words) - half)])
+        _, pooled = self.bert(F.array([words]), types, F.array([len(words)]))
+        return F.log_softmax(self.out(pooled))
 
 
 def units(hidden):

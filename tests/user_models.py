@@ -812,6 +812,12 @@ def case_gluonnlp_transformer_layer(seed=0, n=6, hidden=HIDDEN):
                 notes="gluonnlp's TransformerEncoderCell over a (1, T, U) sentence")
 
 
+def case_gluonnlp_bert(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(gm.BERTClassifier(gm.units(hidden), CLASSES, VOCAB), seed),
+                gm.sentences(seed, n, VOCAB, min_len=2, max_len=5), [],
+                notes="gluonnlp's BERTModel (two encoder layers, the pooler) over a sentence")
+
+
 def case_gluonnlp_transformer_nmt(seed=0, n=4, hidden=HIDDEN):
     return Case(_init(gm.TransformerTranslation(gm.units(hidden), VOCAB), seed),
                 gm.translations(seed, n, VOCAB, max_len=4), [],
@@ -887,6 +893,7 @@ CASES = {
     "gluonnlp_dot_seq2seq": case_gluonnlp_dot_seq2seq,
     "gluonnlp_char_highway": case_gluonnlp_char_highway,
     "gluonnlp_transformer_layer": case_gluonnlp_transformer_layer,
+    "gluonnlp_bert": case_gluonnlp_bert,
     "gluonnlp_transformer_nmt": case_gluonnlp_transformer_nmt,
     "gluonnlp_beam_search": case_gluonnlp_beam_search,
 }
