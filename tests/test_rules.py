@@ -643,6 +643,35 @@ def test_self_attention_products_batch_by_length():
             assert_same(run_model(model, samples, [table], strategy, compiled), expected)
 
 
+class _ScaledScores(gdb.DynBatchBlock):
+    """Attention scores of a sentence scaled by ``contrib.div_sqrt_dim``, as
+    gluonnlp's attention cells scale them; also of a (T,) vector, whose last
+    axis is its rows."""
+
+    def hybrid_forward(self, F, sample, table):
+        start, rows = sample
+        x = F.tanh(table[start:start + rows])                            # (T, C)
+        scores = F.contrib.div_sqrt_dim(F.dot(x, x, transpose_b=True))   # (T, T)
+        vector = F.contrib.div_sqrt_dim(F.sum(x, axis=1))                # (T,)
+        return F.softmax(scores, axis=-1), vector
+
+
+def test_div_sqrt_dim_batches_as_rows_of_rank_two():
+    model = _ScaledScores()
+    table = nd.array(np.random.RandomState(5).uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (5, 3), (1, 3), (2, 2), (7, 1)]
+    expected = reference_run(model, samples, [table])
+    with gdb.batching(keep_plan=True, granularity="op") as scope:
+        outs = [model(s, table) for s in samples]
+    sizes = sorted(len(step.nodes) for step in scope.last_plan.steps
+                   if step.nodes[0].op.name == "div_sqrt_dim")
+    assert [o[1].shape for o in outs] == [(3,), (3,), (3,), (2,), (1,)]
+    assert sizes[-1] >= 3 and len(sizes) < 2 * len(samples)
+    for strategy in ("depth", "agenda"):
+        for compiled in (False, True, "step"):
+            assert_same(run_model(model, samples, [table], strategy, compiled), expected)
+
+
 class _AddsItsFunction(gdb.DynBatchBlock):
     """``elemwise_add`` of a value and its ``log_softmax``, beside a strided
     slice and a division by its norm (a graph MXNet's backward refused)."""

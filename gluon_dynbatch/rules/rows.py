@@ -384,6 +384,8 @@ ELEMENTWISE = [name for name in _UNARY + _NARY if not name.startswith("broadcast
 register_rule(ELEMENTWISE, RowRule(elementwise_roles))
 register_rule("Convolution", ConvolutionRule(first_row_roles))
 register_rule(["Deconvolution", "L2Normalization"], RowRule(first_row_roles))
+# ``x / sqrt(x.shape[-1])`` (Transformer attention scores): rows of rank 2 or more.
+register_rule("div_sqrt_dim", RowRule(first_row_roles))
 register_rule("Pooling", PoolingRule(first_row_roles))
 register_rule(["Embedding", "one_hot"], RowRule(lookup_roles))
 register_rule("LayerNorm", RowRule(axis_roles("axis", -1, extra_shared=True)))
