@@ -10,8 +10,8 @@ import pytest
 from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import (assert_same, check_all_strategies, make_model, reference_run,
-                              run_model)
+from dynbatch_testing import (assert_batched_equals_eager, assert_same, check_all_strategies,
+                              make_model, reference_run, run_model)
 
 
 class OneOp(gdb.DynBatchBlock):
@@ -670,6 +670,30 @@ def test_div_sqrt_dim_batches_as_rows_of_rank_two():
     for strategy in ("depth", "agenda"):
         for compiled in (False, True, "step"):
             assert_same(run_model(model, samples, [table], strategy, compiled), expected)
+
+
+class _CropsImages(gdb.DynBatchBlock):
+    """``F.image.crop`` of each sample's (H, W, C) image, then a Dense layer."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3)
+
+    def hybrid_forward(self, F, image):
+        return self.dense(F.reshape(F.image.crop(image, 1, 1, 2, 2), (1, -1)))
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"granularity": "op"}])
+def test_image_crop_is_not_mxnets_crop_alias_of_slice(options):
+    """``image.crop`` took the rule of ``crop`` (``slice``): every sample got the
+    first sample's crop."""
+    mx.random.seed(0)
+    model = _CropsImages()
+    model.initialize(mx.init.Uniform(0.5))
+    rs = np.random.RandomState(0)
+    images = [nd.array(rs.uniform(-1, 1, (4, 5, 3))) for _ in range(4)]
+    assert_batched_equals_eager(model, [(x,) for x in images], options)
 
 
 class _AddsItsFunction(gdb.DynBatchBlock):

@@ -24,7 +24,10 @@ class OpDef:
 
     def __init__(self, path):
         self.path = path
-        self.name = path[-1]
+        # Rules go by the last name (``contrib.div_sqrt_dim``, ``linalg.gemm2``),
+        # but ``image``'s operators share names with others of their own
+        # (``image.crop`` is no ``crop``, MXNet's ``slice``).
+        self.name = path[-1] if path[0] != "image" else "image." + path[-1]
         self.nd_fn = _resolve(mx.nd, path)
         self.sym_fn = _resolve(mx.sym, path)
         self.arrays, self.params = _parameters(self.nd_fn)
