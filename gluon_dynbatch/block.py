@@ -7,7 +7,7 @@ from .record import dispatch
 from .record.recursion import helper_frames, recursive_closures, recursive_helpers
 from .run.cache import PlanCache
 from .run.choice import ExecutorChoice
-from .scope import STRATEGIES, check_compiled, check_granularity
+from .scope import STRATEGIES, check_compiled, check_granularity, check_max_pending
 
 
 class DynBatchBlock(gluon.HybridBlock):
@@ -65,9 +65,7 @@ class DynBatchBlock(gluon.HybridBlock):
         self.executors = ExecutorChoice(self.name)     # for compiled=True
         self.compiled = check_compiled(compiled)
         self.plan_cache = PlanCache(max_cached_plans)
-        if max_pending_nodes is not None and max_pending_nodes < 1:
-            raise ValueError("max_pending_nodes must be at least 1, got %r"
-                             % (max_pending_nodes,))
+        check_max_pending(max_pending_nodes)
         self.max_pending_nodes = max_pending_nodes
 
     def __init_subclass__(cls, **kwargs):

@@ -2,6 +2,7 @@
 import gc
 import itertools
 import logging
+import numbers
 import os
 import sys
 import threading
@@ -78,9 +79,7 @@ class BatchingScope:
             raise ValueError("unknown strategy %r; choose one of %s" % (strategy, STRATEGIES))
         check_granularity(granularity)
         self.granularity = granularity
-        if max_pending_nodes is not None and max_pending_nodes < 1:
-            raise ValueError("max_pending_nodes must be at least 1, got %r"
-                             % (max_pending_nodes,))
+        check_max_pending(max_pending_nodes)
         self.strategy = strategy
         self.compiled = None if compiled is None else check_compiled(compiled)
         self.max_pending_nodes = max_pending_nodes
@@ -100,6 +99,10 @@ class BatchingScope:
         self._where_read = None
 
     def __enter__(self):
+        if self.recorder is not None:
+            raise RuntimeError(
+                "this batching scope is open already (its with-block has not ended): enter a "
+                "scope object once at a time, and nest a new gdb.batching() instead")
         outer = context.current()
         if outer is not None:
             # Nested scope: it joins the outer one and flushes when it ends.
@@ -125,6 +128,7 @@ class BatchingScope:
             # yielding from a scope of its own, consumed in turn.  Its end ran
             # what this one recorded.)
             outer = self._outer.scope
+            self._outer = self.recorder = None
             if outer is not None and (exc_type is None or exc_type is GeneratorExit):
                 outer.flush()
             return False
@@ -233,6 +237,11 @@ class BatchingScope:
 
     def flush(self):
         """Plan and run everything pending; fill in the live LazyArrays."""
+        if self._outer is not None:             # a nested scope: the outer one's flush
+            outer = self._outer.scope
+            if outer is not None:
+                outer.flush()
+            return
         rec = self.recorder
         graph = rec.graph
         start = time.perf_counter()
@@ -452,6 +461,15 @@ def check_granularity(value):
     """Raise ValueError unless ``value`` is None or one of ``GRANULARITIES``."""
     if value is not None and value not in GRANULARITIES:
         raise ValueError("unknown granularity %r; choose one of %s" % (value, GRANULARITIES))
+
+
+def check_max_pending(value):
+    """Raise ValueError unless ``value`` is None or a whole number of at least 1."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError("max_pending_nodes must be a whole number of at least 1, got %r"
+                         % (value,))
 
 
 COMPILED = (False, True, "plan", "step")

@@ -130,6 +130,39 @@ def test_empty_scope_one_sample_and_nested_scope():
         np.testing.assert_allclose(out.asnumpy(), model(s, x).asnumpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_a_scope_entered_inside_itself_is_refused_and_leaves_nothing_open():
+    """``with sc: ... with sc:`` left the thread inside a dead scope: later
+    calls outside any scope stayed pending, later scopes recorded nothing."""
+    import gc
+    from gluon_dynbatch.record import context
+    model, x = _model(), nd.random.uniform(shape=(6, 3))
+    scope = gdb.batching()
+    with pytest.raises(RuntimeError, match="open already"):
+        with scope:
+            model(0, x)
+            with scope:
+                model(1, x)
+    assert context.current() is None and gc.isenabled()
+    assert not isinstance(model(2, x), gdb.LazyArray)
+    with scope:                     # the same object, once at a time: as a new scope
+        again = model(3, x)
+    assert scope.stats.samples == 1
+    np.testing.assert_allclose(again.asnumpy(), model(3, x).asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_flush_of_a_nested_scope_runs_the_outer_scopes_pending_calls():
+    model, x = _model(), nd.random.uniform(shape=(6, 3))
+    with gdb.batching() as outer:
+        a = model(0, x)
+        with gdb.batching() as inner:
+            b = model(1, x)
+            inner.flush()
+            assert not a.is_pending and not b.is_pending
+    assert outer.stats.flushes >= 1
+    for s, out in enumerate([a, b]):
+        np.testing.assert_allclose(out.asnumpy(), model(s, x).asnumpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_operator_without_rule_runs_alone_and_correct():
     class Odd(gdb.DynBatchBlock):
         def hybrid_forward(self, F, k, x):
@@ -380,6 +413,20 @@ def test_unknown_compiled_setting_is_refused():
         Scaled(compiled=2)
     assert Scaled(compiled=1).compiled is True
     assert gdb.batching(compiled="plan").compiled == "plan"
+
+
+@pytest.mark.parametrize("options", [{"analysis_budget": "fast"}, {"analysis_budget": "0.1"},
+                                     {"analysis_budget": float("nan")},
+                                     {"max_pending_nodes": "10"}, {"max_pending_nodes": 2.5}])
+def test_settings_of_the_wrong_type_are_refused_by_name(options):
+    """They raised Python's TypeError of a comparison (or were taken: NaN)."""
+    name = next(iter(options))
+    with pytest.raises(ValueError, match=name):
+        gdb.batching(**options)
+    with pytest.raises(ValueError, match=name):
+        Scaled(**options)
+    assert gdb.batching(analysis_budget=np.float32(0.5), max_pending_nodes=np.int64(9)) \
+        .max_pending_nodes == 9
 
 
 def test_graph_invariants_hold_after_recording():

@@ -14,6 +14,7 @@ which candidate won for each plan structure it has seen (the depth plan's
 signatures), so a structure seen before costs no search: the
 budget goes to new structures.
 """
+import numbers
 import time
 from collections import OrderedDict, namedtuple
 
@@ -87,7 +88,8 @@ def resolve_budget(budget):
     part (:func:`auto_budget` sizes each search)."""
     if budget == "auto":
         return 0.0
-    if budget is None or budget < 0:
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real) \
+            or not budget >= 0:                                  # (NaN compares False)
         raise ValueError("analysis_budget must be seconds >= 0 or 'auto', got %r" % (budget,))
     return float(budget)
 
