@@ -326,6 +326,12 @@ def test_rule_registry_lookup_and_registration():
     assert rule_for("tanh").batching == "rows"
     gdb.register_rule("my_custom_op_for_test", RowRule(first_row_roles))
     assert isinstance(rule_for("my_custom_op_for_test"), RowRule)
+    # Anything else was taken, and failed later while recording, naming no call.
+    with pytest.raises(TypeError, match="no batching rule"):
+        gdb.register_rule("my_other_op_for_test", "rows")
+    with pytest.raises(TypeError, match="operator names are strings"):
+        gdb.register_rule([RowRule], RowRule(first_row_roles))
+    assert rule_for("my_other_op_for_test") is ALONE
 
 
 def test_reductions_over_every_axis_of_one_row_batch_across_samples():

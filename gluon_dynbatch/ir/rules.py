@@ -203,12 +203,27 @@ RULES = {}
 def register_rule(op_names, rule):
     """Register ``rule`` for operators named ``op_names`` (a name or a list).
 
-    Names are those of ``mx.nd`` (``"FullyConnected"``, ``"_internal._plus_scalar"``
-    is registered as ``"_plus_scalar"``).
+    Names are the last part of the operator's ``mx.nd`` path
+    (``"FullyConnected"``; ``"_internal._plus_scalar"`` is registered as
+    ``"_plus_scalar"``, ``F.contrib.div_sqrt_dim`` as ``"div_sqrt_dim"``, not
+    MXNet's ``"_contrib_div_sqrt_dim"``; ``F.image.crop`` as ``"image.crop"``).
+    Register rules before a scope first records the operator: calls analysed
+    and templates learned in this process keep the rule they were made with.
+
+    Raises
+    ------
+    TypeError
+        When ``rule`` is no :class:`Rule` (an instance of one, or an object
+        with its ``signature`` and ``batched_call``) or a name is no string.
     """
     if isinstance(op_names, str):
         op_names = [op_names]
+    if not all(callable(getattr(rule, name, None)) for name in ("signature", "batched_call")):
+        raise TypeError("register_rule: %r is no batching rule (a Rule, such as "
+                        "RowRule(roles), with signature() and batched_call())" % (rule,))
     for name in op_names:
+        if not isinstance(name, str):
+            raise TypeError("register_rule: operator names are strings, got %r" % (name,))
         RULES[name] = rule
 
 
