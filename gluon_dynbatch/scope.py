@@ -310,6 +310,10 @@ class BatchingScope:
             if self._executor is None:      # the scope's first flush
                 self._executor = choice.begin()
             mode = self._executor
+            if mode is True and len(plan.steps) > MAX_WHOLE_PLAN_STEPS:
+                # Compiling a plan of so many steps takes seconds, more than
+                # its whole run imperatively: its calls run now (not measured).
+                mode, choice = False, None
         if mode == "step":
             run_steps(plan, live, ctx, self._cache(), stats)
         elif mode:                                  # True or "plan": whole plans
@@ -454,6 +458,12 @@ def _note_sample(err, index, call):
         pass
 
 
+#: ``compiled=True`` runs a plan of more steps than this (a chain hundreds of
+#: calls deep, a loop over a long sequence) as imperative calls, never as a
+#: whole compiled plan: MXNet builds such a graph in seconds (1.8k nodes in
+#: 600 steps took about 3 s), each new plan shape again.
+MAX_WHOLE_PLAN_STEPS = 200
+
 GRANULARITIES = ("call", "op")
 
 
@@ -507,8 +517,10 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
         separately (shapes of steps repeat across batches even when whole plans
         do not).  ``False``: batched imperative calls.  ``True``: whichever of
         the three has cost the model least per planned node, compiles
-        included, measured on its own scopes (``run.choice``).  Defaults to the
-        setting of the first DynBatchBlock called.
+        included, measured on its own scopes (``run.choice``); a plan of more
+        than ``MAX_WHOLE_PLAN_STEPS`` steps (a long chain or sequence) is
+        never compiled whole.  Defaults to the setting of the first
+        DynBatchBlock called.
     max_pending_nodes : int, optional
         Bound on recorded, not yet executed nodes (default 500,000, about
         0.5 GB): past it the scope flushes by itself, so memory stays bounded.
