@@ -145,8 +145,8 @@ def run_interpreted(plan, live, ctx, rows_out=False):
     for kind, node0, ins, outs, count, variant in walker.steps:
         zero = zero_gradient(node0.op.name, node0.args, node0.kwargs)
         with autograd.pause() if zero else _NO_CHANGE, _naming_step(node0, count):
-            detach = range(len(ins)) if zero else \
-                node0.op.detached if kind == "program" else ZERO_GRADIENT_INPUTS.get(node0.op.name, ())
+            detach = range(len(ins)) if zero else node0.op.detached if kind == "program" \
+                else ZERO_GRADIENT_INPUTS.get(node0.op.name, ())
             if detach:
                 detached.append((ins, detach))
             inputs = [_gather_detached(d, values, feeds) if k in detach

@@ -29,8 +29,8 @@ import threading
 import numpy as np
 
 from ..ir.known import exact_scalar
-from ..ir.rules import BROW, ROW, ZERO_GRADIENT_INPUTS, SHARED, Rule, call_as_recorded, zero_gradient, \
-    intern
+from ..ir.rules import BROW, ROW, SHARED, ZERO_GRADIENT_INPUTS, Rule, call_as_recorded, \
+    intern, zero_gradient
 
 # "own": the rule's batched call, right on one call's rows as on many (``Rule.program_form``).
 _SEGMENT, _RESHAPE, _ROWS, _OWN = "segment", "reshape", "rows", "own"
