@@ -212,6 +212,56 @@ def test_a_hook_added_inside_a_scope_runs_for_every_later_call():
                                    atol=1e-6)
 
 
+class _TanhDense(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
+class _SumsACell(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = _TanhDense()
+
+    def hybrid_forward(self, F, x):
+        return F.sum(self.cell(x), axis=0, keepdims=True)
+
+
+def test_a_hook_added_later_on_a_block_inside_a_child_runs_as_eager_runs_it():
+    """The child's calls learned in an earlier scope were replayed without
+    running the hook put on its Dense since: no hook call, and an in-place
+    hook's change was lost."""
+    mx.random.seed(0)
+    model = _SumsACell()
+    model.initialize(mx.init.Uniform(0.5))
+    rs = np.random.RandomState(1)
+
+    def batch():
+        return [nd.array(rs.uniform(-1, 1, (rs.randint(1, 4), 4))) for _ in range(4)]
+
+    with gdb.batching():
+        outs = [model(x) for x in batch()]
+    [out.asnumpy() for out in outs]     # pylint: disable=expression-not-assigned
+    calls = []
+
+    def hook(block, args, out):
+        calls.append(1)
+        out *= -0.5                     # in place: allowed outside autograd.record()
+    model.cell.dense.register_forward_hook(hook)
+    xs = batch()
+    want = [model(x).asnumpy() for x in xs]
+    with gdb.batching():
+        outs = [model(x) for x in xs]
+    assert len(calls) == 2 * len(xs)
+    for out, expected in zip(outs, want):
+        np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 class Stacks(gdb.DynBatchBlock):
     """Row concatenations of values of this graph, of a flushed graph and of inputs."""
 

@@ -97,6 +97,9 @@ def _replay_guards(block):
         if id(current) in seen:
             continue
         seen.add(id(current))
+        if current is not block and (current._forward_hooks  # pylint: disable=W0212
+                                     or current._forward_pre_hooks):  # pylint: disable=W0212
+            return None         # a hook of a block inside runs as its calls run (eager's)
         facts = _CLASSES.get(type(current), False)
         if facts is False:
             facts = _CLASSES[type(current)] = _class_facts(type(current))

@@ -42,6 +42,7 @@ from .tasks import Pending, Tasks
 from ..ir.ops import opdef
 
 _IDENTITY = opdef("identity")
+_RUNS_ITS_CODE = "runs its code"    # in the token of a block whose calls are not replayed
 
 DEFAULT_MAX_PENDING = 500000    # pending nodes after which a scope flushes by itself
 MAX_ROW_CONCAT = 4096           # longer row concatenations take the generic path
@@ -823,6 +824,9 @@ class Recorder(RecorderCore):
             if not guards:
                 if guards is None:
                     self._unreplayable.add(id(block))
+                    # (keys apart from replays learned while it could replay:
+                    # a hook put on a block inside it since then)
+                    token = (token, _RUNS_ITS_CODE)
                 self._tokens[id(block)] = token
                 return token
             guarded = self._guarded[id(block)] = (token, guards)
