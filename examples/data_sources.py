@@ -159,10 +159,11 @@ def sick_url(relpath):
             f"{relpath}")
 
 
-def glove_url(name):
-    """URL of GloVe ``name``: the mirror's, else gluonnlp's repository."""
+def glove_url(name, use_mirror=True):
+    """URL of GloVe ``name``: the mirror's (unless ``use_mirror`` is False),
+    else gluonnlp's repository."""
     file_name, _ = glove_sources()[name]
-    base = mirror()
+    base = mirror() if use_mirror else None
     if base is not None:
         return f"{base}/glove/{file_name}"
     from mxnet.gluon.utils import _get_repo_file_url
@@ -199,7 +200,7 @@ The example looks for SICK and GloVe in this order:
 
 Without a network, on another machine download
   https://raw.githubusercontent.com/{repo}/{commit}/{folder}/{{train,dev,test}}/{files}
-  {glove_url(DEFAULT_GLOVE)}
+  {glove_url(DEFAULT_GLOVE, use_mirror=False)}
 and copy them to {sick_cache_dir()}/{{train,dev,test}}/ and
 {glove_cache_path(DEFAULT_GLOVE).parent}/{file_name}; each file is checked
 against its SHA-1.  Or pass --data-dir DIR holding train/ dev/ test/ with

@@ -43,6 +43,7 @@ from examples import run_state, sick_data  # noqa: E402
 from examples.data_sources import DataUnavailable  # noqa: E402
 from examples.progress_logging import setup_logging  # noqa: E402
 from examples.sick_data import SickDataError  # noqa: E402
+import gluon_dynbatch as gdb  # noqa: E402
 from gluon_dynbatch.distributed import (checkpoint, launch,  # noqa: E402
                                         server_state)
 from examples.sick_model import (SimilarityModel, batch_targets,  # noqa: E402
@@ -59,6 +60,14 @@ RANDOM_GLOVE = "random"
 #: Settings of ``--full``, the best full run (selected on dev Pearson).
 FULL_PRESET = {"epochs": 8, "tune_embeddings": True, "embed_lr": 0.01,
                "ensemble": 2}
+
+
+def _at_least_one(text):
+    """An argparse type: a whole number of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1, got %d" % value)
+    return value
 
 
 def build_parser():
@@ -121,15 +130,15 @@ def build_parser():
         help="Tree-LSTM memory size (default: %(default)s)")
     add("--hidden", type=int, default=50,
         help="hidden units of the similarity layer (default: %(default)s)")
-    add("--max-pairs", type=int, default=None,
+    add("--max-pairs", type=_at_least_one, default=None,
         help="use at most this many training pairs, for quick runs; the "
              "vocabulary still covers all training tokens, and the dev and "
              "test words that have a GloVe vector (default: all)")
-    add("--max-eval-pairs", type=int, default=None,
+    add("--max-eval-pairs", type=_at_least_one, default=None,
         help="use at most this many dev and test pairs (default: all)")
     add("--seed", type=int, default=42,
         help="seed for random, numpy and mxnet (default: %(default)s)")
-    add("--strategy", default=None,
+    add("--strategy", default=None, choices=gdb.STRATEGIES,
         help="gluon_dynbatch batching strategy (default: the library's)")
     add("--no-dynbatch", action="store_true",
         help="run the same model eagerly, one sample at a time")

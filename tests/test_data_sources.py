@@ -318,3 +318,22 @@ def test_example_fetches_real_sick_from_a_mirror_and_trains(
     assert script.main(TINY_RUN + ["--save-dir", str(tmp_path / "again"),
                                    "--glove", "random", "--offline"]) == 0
     assert len(server.requests) == requests  # the cache, not the network
+
+
+def test_manual_instructions_give_the_public_glove_address_when_a_mirror_is_set(monkeypatch):
+    """The mirror that just failed was given as GloVe's address to download by hand."""
+    monkeypatch.setenv(data_sources.DATA_URL_ENV, "http://127.0.0.1:9")
+    text = data_sources.manual_instructions()
+    assert "127.0.0.1:9/glove" not in text.split("Without a network")[1].split("and copy")[0]
+    assert data_sources.glove_url(data_sources.DEFAULT_GLOVE).startswith("http://127.0.0.1:9")
+
+
+@pytest.mark.parametrize("argv", [["--strategy", "bogus"], ["--max-pairs", "0"],
+                                  ["--max-eval-pairs", "-3"]])
+def test_bad_flags_are_refused_before_any_data_is_read(argv, capsys):
+    """An unknown strategy failed with a traceback after the data had loaded; a
+    pair limit of 0 or below trained on nothing or on a slice from the end."""
+    with pytest.raises(SystemExit) as info:
+        script.parse_args(argv)
+    assert info.value.code == 2
+    assert argv[0] in capsys.readouterr().err
