@@ -575,16 +575,22 @@ print("max diff", float(np.abs(got - want).max()))
 '''
 
 
+def _max_diff_in_a_process(script, strategy):
+    """The ``max diff`` a script prints, run in a process of its own with
+    ``strategy`` (a crash of MXNet's there fails the test, not the suite)."""
+    proc = subprocess.run([sys.executable, "-c", script, strategy],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return float(proc.stdout.split("max diff")[-1])
+
+
 @pytest.mark.parametrize("strategy", ["reference", "depth"])
 def test_a_critic_on_values_detached_inside_the_scope_equals_eager(strategy):
     """``x.detach()`` inside a scope is recorded as ``BlockGrad``; run as
     recorded under autograd, MXNet's backward through it crashed the process
     (the reference executor), where eager's detach has no history at all."""
-    proc = subprocess.run([sys.executable, "-c", _DETACHED_IN_SCOPE, strategy],
-                          capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert float(proc.stdout.split("max diff")[-1]) < 1e-6
+    assert _max_diff_in_a_process(_DETACHED_IN_SCOPE, strategy) < 1e-6
 
 
 _COUNTER_READ_IN_A_WHILE = r"""
@@ -635,11 +641,7 @@ def test_taking_rows_by_a_counter_read_in_a_while_condition_equals_eager(strateg
     """``while bool(i < n): h = h + F.take(x, i); i = i + 1``: the batched take's
     indices, gathered from the samples' counters, reached MXNet's backward with
     only the zero gradient of an index, and the process crashed (segfault)."""
-    proc = subprocess.run([sys.executable, "-c", _COUNTER_READ_IN_A_WHILE, strategy],
-                          capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert float(proc.stdout.split("max diff")[-1]) < 1e-5
+    assert _max_diff_in_a_process(_COUNTER_READ_IN_A_WHILE, strategy) < 1e-5
 
 
 @pytest.mark.parametrize("settings", [{}, {"compiled": "step"}, {"granularity": "op"}],
