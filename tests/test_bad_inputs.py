@@ -272,6 +272,59 @@ def test_nan_and_inf_stay_in_their_sample_through_axis0_sums(compiled):
     assert_runs_same_nonfinite(got, expected)
 
 
+class ZeroGradientOutputs(gdb.DynBatchBlock):
+    """Outputs without a gradient (``argmax``, its cast, a comparison) beside a
+    Dense output, and a branch on a value read (``max > 100``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.small = gluon.nn.Dense(2, in_units=IN_UNITS)
+            self.big = gluon.nn.Dense(2, in_units=IN_UNITS)
+
+    def hybrid_forward(self, F, sample, x):
+        start, rows = sample
+        y = x[start:start + rows]
+        best = F.argmax(y, axis=1)
+        if (F.max(y) > 100).asscalar():
+            h = self.big(F.clip(y, -1, 1))
+        else:
+            h = F.tanh(self.small(y))
+        return best, F.cast(best, "int32"), y > 0, h
+
+
+@pytest.mark.parametrize("strategy", BATCHED)
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_nan_and_inf_in_one_sample_leave_the_others_reads_and_argmax_as_in_eager(
+        strategy, compiled):
+    # The results of zero-gradient steps are tied to their inputs' history by
+    # a zero; made as ``0 * input`` that zero was NaN, and every sample's
+    # argmax, mask and value read turned NaN (a wrong branch taken).
+    model = ZeroGradientOutputs()
+    model.initialize(mx.init.Uniform(0.5))
+    x = _nonfinite_table()
+    runs = []
+    for batched in (False, True):
+        with autograd.record():
+            if batched:
+                with gdb.batching(strategy=strategy, compiled=compiled):
+                    outs = [model(s, x) for s in NONFINITE_SAMPLES]
+            else:
+                outs = [model(s, x) for s in NONFINITE_SAMPLES]
+            loss = nd.add_n(*[(h * h).sum() + best.sum() for best, _, _, h in outs])
+        loss.backward()
+        runs.append(([o.asnumpy() for out in outs for o in out],
+                     {name: p.grad().asnumpy().copy()
+                      for name, p in model.collect_params().items()}))
+    (want, want_grads), (got, grads) = runs
+    assert any(np.isnan(row).any() for row in want) and len(got) == len(want)
+    for value, expected in zip(got, want):
+        assert value.dtype == expected.dtype
+        assert_same_nonfinite(value, expected)
+    for name, grad in grads.items():
+        assert_same_nonfinite(grad, want_grads[name])
+
+
 # -- exceptions in user code and values of failed scopes ------------------------------------
 
 
