@@ -1632,9 +1632,11 @@ def test_forms_that_change_with_an_integer_argument_are_learned_per_integer():
     xs = [nd.array(np.random.RandomState(i).uniform(-1, 1, (1, 4))) for i in range(6)]
     with gdb.batching():
         [model(x, 2) for x in xs]
-    with pytest.raises(gdb.BatchingError, match="per integer argument"):
+    with pytest.raises(gdb.BatchingError, match="per integer argument") as info:
         with gdb.batching():              # a tuple handed out cannot be refitted
-            [model(x, 3) for x in xs]
+            [model(x, 2 if i < 2 else 3) for i, x in enumerate(xs)]
+    # The error names the first sample whose result changed form, and its block.
+    assert str(info.value).startswith("sample 2, in %s: " % model.name)
     for k in (3, 2, 3):
         want = [model(x, k) for x in xs]
         with gdb.batching() as scope:

@@ -39,7 +39,7 @@ from ..ir.ops import opdef
 from .context import MODE_CHANGES
 from .handlers import caught_at
 from .lazy import LazyArray
-from ..errors import BatchingError
+from ..errors import BatchingError, describe_call
 from ..logs import warn_once
 
 _IDENTITY = opdef("identity")
@@ -127,7 +127,7 @@ class Task:
     """One sample's call running on a greenlet of its own (see the module docstring)."""
 
     __slots__ = ("glet", "job", "state", "result", "error", "done", "placeholders", "form",
-                 "reads", "handed", "args")
+                 "reads", "handed", "args", "sample")
 
     def __init__(self, glet, job):
         self.glet = glet
@@ -141,6 +141,7 @@ class Task:
         self.form = None            # the form of result they stand for
         self.reads = 0              # reads it waited at
         self.handed = None          # what the call returned while it waited
+        self.sample = None          # the number of the sample it records (``call``)
 
 
 class Tasks:
@@ -175,7 +176,9 @@ class Tasks:
         (``handlers``), placeholders of that form filled in when it finishes
         (``placeholders``); else its result once it has finished (the waiting
         samples go on meanwhile), or its error."""
+        sample = self.rec.num_samples       # (the number the call's sample will take)
         task = self.start(fn, args)
+        task.sample = sample
         form = _FORMS.get(owner, {}).get(settings)
         if not task.done and form is not None and form is not _VARYING and (
                 site is None or not caught_at(site, self.rec.entered)):
@@ -506,7 +509,7 @@ def _refit(task):
     if not _refittable(handed, result, form):
         _note_form(owner, settings, form_of(result))
         _BY_INTEGERS.add(owner)
-        _form_error(result)
+        _form_error(result, task.sample, owner)
     _fit(handed, result, form)
     kept = []
     for holder in task.placeholders:
@@ -615,16 +618,17 @@ def _gone(path):
     return task
 
 
-def _form_error(result):
+def _form_error(result, sample, owner):
     """Raise: a waiting call's result is not of the form of its stand-ins."""
     raise BatchingError(
-        "a sample's call returned %r where an earlier call of its block with the same "
+        "%s: the call returned %r where an earlier call of its block with the same "
         "settings (its string, boolean and None arguments; in this scope or an earlier one) "
         "returned a result of another form, and the call was handed that form's stand-ins "
         "while its sample waited at a read (only a list can be refitted). From now on the "
         "forms of this block's results are learned per integer argument too; where they "
         "depend on anything else, run such samples with gluon_dynbatch.map, which hands out "
-        "each result once its sample has finished" % (form_of(result),))
+        "each result once its sample has finished"
+        % (describe_call(sample, (owner.name,)), form_of(result)))
 
 
 def _part(result, path):
