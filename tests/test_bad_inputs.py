@@ -509,6 +509,49 @@ def test_a_whole_batch_on_another_context_is_correct_there(compiled):
     assert_next_batch_ok(model, compiled=compiled)
 
 
+class SharedMemoryIds(gdb.DynBatchBlock):
+    """Word ids of a sample (as gluonnlp's ``batchify`` and Gluon's ``DataLoader``
+    workers give them: in shared CPU memory) -> embedding, mean, Dense."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = gluon.nn.Embedding(30, 4)
+            self.out = gluon.nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, ids, x):
+        return F.log_softmax(self.out(F.mean(self.embed(ids), axis=1) + x)), x * ids.sum()
+
+
+@pytest.mark.parametrize("strategy", BATCHED)
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_samples_in_shared_cpu_memory_run_as_eager_runs_them(strategy, compiled):
+    # MXNet's operators take ``cpu_shared`` arrays with ``cpu`` ones; its
+    # CachedOps refused them ("all inputs to live on the same context").
+    model = SharedMemoryIds()
+    model.initialize(mx.init.Uniform(0.3))
+    rng = np.random.RandomState(0)
+    shared = mx.Context("cpu_shared", 0)
+    ids = [nd.array([rng.randint(0, 30, rng.randint(1, 6))], ctx=shared) for _ in range(5)]
+    x = nd.array(rng.uniform(-1, 1, (1, 4)), ctx=shared)
+    runs = []
+    for batched in (False, True):
+        x.attach_grad()
+        with autograd.record():
+            if batched:
+                with gdb.batching(strategy=strategy, compiled=compiled):
+                    outs = [model(i, x) for i in ids]
+            else:
+                outs = [model(i, x) for i in ids]
+            loss = nd.add_n(*[(y * y).sum() + z.sum() for y, z in outs])
+        loss.backward()
+        runs.append(([o.asnumpy() for out in outs for o in out],
+                     [p.grad().asnumpy().copy() for p in model.collect_params().values()]
+                     + [x.grad.asnumpy().copy()]))
+    for got, want in zip(runs[1][0] + runs[1][1], runs[0][0] + runs[0][1]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("compiled", COMPILED)
 def test_parameters_missing_on_the_inputs_context_is_a_clear_error(compiled):
     """Eager raises RuntimeError naming the parameter; batched says the same."""

@@ -226,6 +226,8 @@ class Recorder(RecorderCore):
                        "backward pass freed the batched steps that computed it; it is used as "
                        "a constant (no gradient flows into that earlier batch), as eager MXNet "
                        "uses arrays whose graph a pass freed", describe_call(self.sample, self.path))
+        if described[3]:
+            node.value = _on_cpu(node.value)
         node.out_shapes = (described[1],)
         node.out_dtypes = (described[2],)
         lazy = LazyArray(node, 0)
@@ -233,7 +235,9 @@ class Recorder(RecorderCore):
         return lazy
 
     def _described_leaf(self, array):
-        """``(array, shape, dtype)`` of a new leaf's array; its context checked.
+        """``(array, shape, dtype, shared)`` of a new leaf's array; its context
+        checked, an array in shared CPU memory (``cpu_shared``: what Gluon's
+        ``DataLoader`` workers and gluonnlp's ``batchify`` give) taken as on the CPU.
 
         Asking an NDArray its shape, context and dtype takes ~20 us of ctypes
         calls; a sample that reads values starts a graph per read and makes
@@ -248,8 +252,10 @@ class Recorder(RecorderCore):
         if found is not None and found[0] is array and self.ctx is not None:
             current[id(array)] = found
             return found
-        self._set_ctx(array.context)
-        found = (array, array.shape, array.dtype)
+        ctx = array.context
+        shared = ctx.device_type == "cpu_shared"
+        self._set_ctx(mx.cpu(ctx.device_id) if shared else ctx)
+        found = (array, array.shape, array.dtype, shared)
         if type(array) is NDArray:
             current[id(array)] = found
         return found
@@ -923,6 +929,13 @@ def _memo(op, args, kwargs, in_shapes, in_dtypes):
         return key, calls.INFOS.get(key)
     except TypeError:
         return None, None
+
+
+def _on_cpu(array):
+    """``array``, in shared CPU memory, as an array on the CPU: MXNet's operators
+    take the two together, its CachedOps do not.  Recorded as a copy under
+    autograd, so gradients reach ``array``."""
+    return array.as_in_context(mx.cpu(array.context.device_id))
 
 
 def summed_duplicates(csr):
