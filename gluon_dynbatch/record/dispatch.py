@@ -245,6 +245,8 @@ def dispatch(self, rec, kind, args):
         if rec.frames_on() and not hooked:
             return rec.block_frame(self, args)
         return rec.trace(self, args)
+    if kind is _OPAQUE and isinstance(self, STATEFUL_CELLS):
+        rec.tasks.keep_cells(self)      # (a cell held outside the model's children)
     if kind is _OPAQUE and _has_lazy(args):
         # Opaque block (SymbolBlock, custom forward): run it on concrete values.
         # A read inside it is said to be this call's (``scope._read_place``).

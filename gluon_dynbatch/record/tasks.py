@@ -31,7 +31,7 @@ import weakref
 
 import greenlet
 import numpy as np
-from mxnet import autograd, nd
+from mxnet import autograd, gluon, nd
 from mxnet.base import integer_types, numeric_types
 from mxnet.ndarray import NDArray
 
@@ -158,6 +158,8 @@ class Tasks:
         self.mode = None            # the autograd modes of the tasks a round resumes now
         self._modes = (None, None)  # (MODE_CHANGES, autograd's modes) when last read
         self.variables = []         # (task, gradient array) of arrays samples attached grads to
+        self.cells = {}             # id -> (cell, its state's names): ``keep_cells``
+        self._searched = set()      # ids of blocks whose children ``keep_cells`` searched
 
     # -- running ------------------------------------------------------------------
     def start(self, fn, args):
@@ -177,6 +179,7 @@ class Tasks:
         (``placeholders``); else its result once it has finished (the waiting
         samples go on meanwhile), or its error."""
         sample = self.rec.num_samples       # (the number the call's sample will take)
+        self.keep_cells(owner)
         task = self.start(fn, args)
         task.sample = sample
         form = _FORMS.get(owner, {}).get(settings)
@@ -325,13 +328,29 @@ class Tasks:
         self.current = None
 
     # -- what a task's recording is -----------------------------------------------
+    def keep_cells(self, block):
+        """Make the state of ``block``, and of the blocks below it, that Gluon's
+        stateful cells (``CELL_STATES``) keep between calls each task's own."""
+        if id(block) in self._searched:
+            return
+        self._searched.add(id(block))
+        names = _cell_state_names(block)
+        if names:
+            self.cells[id(block)] = (block, names)
+        for child in getattr(block, "_children", {}).values():
+            self.keep_cells(child() if isinstance(child, weakref.ref) else child)
+
     def _state(self):
         rec = self.rec
         recording, training = self._autograd_modes()
         # The streams too: a sample printing inside ``redirect_stdout`` prints
-        # into its own buffer, whatever the others do meanwhile.
+        # into its own buffer, whatever the others do meanwhile.  And the
+        # stateful cells' state: a sample's decoder step must not see another
+        # sample's masks or previous output.
+        cells = tuple((cell, tuple([getattr(cell, name) for name in names]))
+                      for cell, names in self.cells.values()) if self.cells else ()
         return (rec.frame, rec.depth, rec.path, rec.sample, recording, training,
-                sys.gettrace(), sys.stdout, sys.stderr, rec.mode)
+                sys.gettrace(), sys.stdout, sys.stderr, rec.mode, cells)
 
     def _autograd_modes(self):
         """Autograd's (recording, training), read from MXNet only when a mode may
@@ -354,6 +373,9 @@ class Tasks:
         if sys.gettrace() is not state[6]:
             sys.settrace(state[6])
         sys.stdout, sys.stderr = state[7], state[8]
+        for cell, values in state[10]:
+            for name, value in zip(self.cells[id(cell)][1], values):
+                setattr(cell, name, value)
         # The modes the task's calls were recorded under (None: it recorded
         # nothing yet) are its own: where another task left other ones, or
         # pending calls of other modes, its next call reads autograd's modes
@@ -480,6 +502,18 @@ def _note_form(owner, settings, form):
         forms[settings] = form
     elif not _compatible(known, form):
         forms[settings] = _VARYING
+
+
+CELL_STATES = ((gluon.rnn.ZoneoutCell, ("_prev_output",)),
+               (gluon.contrib.rnn.VariationalDropoutCell,
+                ("drop_inputs_mask", "drop_states_mask", "drop_outputs_mask")))
+"""Gluon's cells that keep state between calls until ``reset()``, and its names."""
+
+
+def _cell_state_names(block):
+    """The names of the state ``block`` keeps between calls (``CELL_STATES``)."""
+    return tuple(name for cls, names in CELL_STATES if isinstance(block, cls)
+                 for name in names)
 
 
 def _tell_serial(owner):
