@@ -552,6 +552,9 @@ def test_begin_state_in_a_model_is_one_shared_constant_per_graph():
     assert all(type(s) is nd.NDArray for s in outside)
     for out in outs:
         np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
+    # ``func=None`` is Gluon's TypeError, after a scope as before one.
+    with pytest.raises(TypeError):
+        model.cell.begin_state(batch_size=1, func=None)
 
 
 class SeenLSTM(gluon.rnn.LSTM):

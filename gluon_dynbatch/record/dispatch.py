@@ -263,18 +263,18 @@ def dispatch(self, rec, kind, args):
 _ORIGINAL_BEGIN_STATE = gluon.rnn.RecurrentCell.begin_state
 
 
-def _begin_state(self, batch_size=0, func=None, **kwargs):
+def _begin_state(self, batch_size=0, func=mx.nd.zeros, **kwargs):
     """``RecurrentCell.begin_state`` whose zeros, inside a DynBatchBlock call, are
     recorded ``F.zeros``: one constant per graph that every sample shares.
 
     Gluon's default, ``mx.nd.zeros``, makes new arrays at every call (tens of
     microseconds each, once per sentence or tree node).  Outside a model's
-    call, or with ``func`` given, it is Gluon's own.
+    call, or with another ``func`` given, it is Gluon's own.
     """
-    if func is None:
+    if func is mx.nd.zeros:
         rec = context.TLS.recorder
-        recording = rec is not None and not rec.eager and rec.depth > 0
-        func = rec.F.zeros if recording else mx.nd.zeros
+        if rec is not None and not rec.eager and rec.depth > 0:
+            func = rec.F.zeros
     return _ORIGINAL_BEGIN_STATE(self, batch_size, func=func, **kwargs)
 
 
