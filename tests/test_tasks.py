@@ -13,7 +13,9 @@ import copy
 import dataclasses
 import gc
 import io
+import os
 import pickle
+import subprocess
 import sys
 import weakref
 
@@ -2060,3 +2062,73 @@ def test_stateful_cells_keep_each_samples_state_while_samples_take_turns(kind, w
     assert _cells_own_state_broken(kind, eager) == 0
     assert _cells_own_state_broken(kind, batched) == 0
     assert [len(steps) for steps in batched] == [len(steps) for steps in eager]
+
+
+
+_PAUSED_THEN_CRITIC = r"""
+import sys
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, nd
+from mxnet.gluon import nn
+import gluon_dynbatch as gdb
+
+class Generator(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.out = nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, z):
+        x = F.tanh(self.out(z))
+        with autograd.pause():              # a statistic without gradient
+            self.stat = F.sum(F.abs(x))
+        return x
+
+class Critic(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.score = nn.Dense(1, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        return self.score(x)
+
+mx.random.seed(0)
+gen, critic = Generator(), Critic()
+gen.initialize()
+critic.initialize()
+zs = [nd.array(np.random.RandomState(k).randn(1, 4)) for k in range(3)]
+
+def scores():
+    if sys.argv[1] == "nested":
+        return [critic(gen(z)) for z in zs]
+    fakes = [gen(z) for z in zs]
+    return [critic(f) for f in fakes]
+
+runs = []
+for batched in (False, True):
+    with autograd.record():
+        if batched:
+            with gdb.batching():
+                out = scores()
+        else:
+            out = scores()
+        loss = nd.add_n(*out)
+    loss.backward()
+    runs.append([o.asnumpy() for o in out] + [gen.out.weight.grad().asnumpy().copy()])
+print("max diff", max(float(np.abs(a - b).max()) for a, b in zip(*runs)))
+"""
+
+
+@pytest.mark.parametrize("form", ["nested", "two loops"])
+def test_a_result_of_another_modes_task_passed_to_another_block_ends_as_eager(form):
+    # The critic's calls waited for the generators' results under recording's
+    # modes while the generators waited under pause's: each round kept the
+    # critics' modes, and the scope never ended (run in a process of its own,
+    # which a time limit stops).
+    proc = subprocess.run([sys.executable, "-c", _PAUSED_THEN_CRITIC, form],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert float(proc.stdout.split("max diff")[-1]) < 1e-6

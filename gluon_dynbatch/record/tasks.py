@@ -127,7 +127,7 @@ class Task:
     """One sample's call running on a greenlet of its own (see the module docstring)."""
 
     __slots__ = ("glet", "job", "state", "result", "error", "done", "placeholders", "form",
-                 "reads", "handed", "args", "sample")
+                 "reads", "handed", "args", "sample", "blocked")
 
     def __init__(self, glet, job):
         self.glet = glet
@@ -142,6 +142,7 @@ class Task:
         self.reads = 0              # reads it waited at
         self.handed = None          # what the call returned while it waited
         self.sample = None          # the number of the sample it records (``call``)
+        self.blocked = None         # the task whose result it waits for (``drain``)
 
 
 class Tasks:
@@ -255,8 +256,12 @@ class Tasks:
         """Rounds until every task has finished (or ``until`` has): each runs what
         is pending, then resumes the waiting tasks in the order they stopped."""
         if self.current is not None:        # a task uses a result not finished yet
-            while until is not None and not until.done:
-                self.wait()
+            self.current.blocked = until
+            try:
+                while until is not None and not until.done:
+                    self.wait()
+            finally:
+                self.current.blocked = None
             return
         try:
             while self.waiting and (until is None or not until.done):
@@ -277,13 +282,18 @@ class Tasks:
         pass through phases (encode, search under ``autograd.pause()``, score)
         run each phase together, one flush per read of its longest sample.  A
         task that changes its modes meanwhile waits (``Recorder.sync_mode``).
+        A task waiting for another task's result is resumed once that has
+        finished, and its modes choose no round's (the other task's may differ:
+        it would never run).
         """
+        ready = [task.blocked is None or task.blocked.done for task in resumed]
         modes = [task.state[9] for task in resumed]
-        if self.mode not in modes:
-            self.mode = next((mode for mode in modes if mode is not None), None)
+        if self.mode not in [mode for mode, go in zip(modes, ready) if go]:
+            self.mode = next((mode for mode, go in zip(modes, ready)
+                              if go and mode is not None), None)
         later = []
-        for task, mode in zip(resumed, modes):
-            if mode is None or mode == self.mode:
+        for task, mode, go in zip(resumed, modes, ready):
+            if go and (mode is None or mode == self.mode):
                 self._switch(task)
             else:
                 later.append(task)
