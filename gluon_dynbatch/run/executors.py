@@ -187,7 +187,7 @@ def _gather_sources(outputs, values):
 def _with_history(results, detached, values, feeds):
     """``results`` where each that autograd would leave without history is tied
     to the inputs of the steps run without it (``detached``: ``(inputs, slots)``)
-    by a zero: ``x + sum(zeros_like(input))``.
+    by a zero: ``x + sum(0 * input)``, non-finite elements of ``input`` masked.
 
     Steps of zero-gradient operators (``argmax``, comparisons) run outside
     autograd (``_gather_detached``).  A result computed from them alone would
@@ -227,17 +227,28 @@ def _anchor(anchor, detached, values, feeds):
     ``anchor``; None when no input is floating (integer inputs, a segment's
     positions, carry no gradient, and ``add_n`` takes one dtype)."""
     if not anchor:
-        # ``zeros_like``, not ``part * 0``: zero times a NaN or inf in one
-        # sample's input is NaN, which would reach every sample's result; and
-        # ``mx.nd``: an input may be a value of an earlier flush (a LazyArray),
-        # whose operators this scope would record.
-        parts = [mx.nd.sum(mx.nd.zeros_like(part)).astype("float32")
+        # ``mx.nd``, not ``part * 0``: an input may be a value of an earlier
+        # flush (a LazyArray), whose operators this scope would record.
+        parts = [_zero_of(part)
                  for part in (_gather(ins[k], values, feeds)
                               for ins, slots in detached for k in slots)
                  if np.issubdtype(part.dtype, np.floating)]
         anchor.append(None if not parts else
                       mx.nd.add_n(*parts) if len(parts) > 1 else parts[0])
     return anchor[0]
+
+
+def _zero_of(part):
+    """A float32 zero computed from floating ``part``, its gradient an array.
+
+    Zero times a NaN or inf in one sample's input is NaN, which would reach
+    every sample's result: those elements are replaced first, by a mask made
+    without history.  (``zeros_like`` gives no gradient array: MXNet's
+    backward crashed on the gathers it reached.)
+    """
+    with autograd.pause():
+        finite = mx.nd.contrib.isfinite(part)
+    return mx.nd.sum(mx.nd.multiply(mx.nd.where(finite, part, finite), 0)).astype("float32")
 
 
 @contextlib.contextmanager
