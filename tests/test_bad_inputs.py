@@ -1008,3 +1008,44 @@ def test_parameters_never_initialised_raise_gluons_error_naming_the_sample(granu
         outs = [model(x) for x in xs]
     for out, x in zip(outs, xs):
         np.testing.assert_allclose(out.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+_WHERE_OF_A_LONGER_MASK = r"""
+import numpy as np
+import mxnet as mx
+from mxnet import nd
+import gluon_dynbatch as gdb
+
+class Masked(gdb.DynBatchBlock):
+    def hybrid_forward(self, F, keys, queries, mask):
+        scores = F.dot(queries[0], keys, transpose_b=True)         # (1, T)
+        scores = F.where(F.array(mask) > 0, scores, F.ones_like(scores) * -1e9)
+        return F.dot(F.softmax(scores, axis=1), keys)
+
+model = Masked()
+rng = np.random.RandomState(0)
+keys, queries = nd.array(rng.randn(7, 4)), [nd.array(rng.randn(1, 4))]
+mask = np.ones((1, 8), dtype="float32")              # one longer than the keys
+try:
+    model(keys, queries, mask).asnumpy()
+except mx.MXNetError:
+    print("eager: MXNetError")
+try:
+    with gdb.batching():
+        out = model(keys, queries, mask)
+    out.asnumpy()
+except mx.MXNetError as err:
+    print("batched:", type(err).__name__, err)
+"""
+
+
+def test_where_of_a_mask_of_another_length_is_eagers_error_not_a_crash():
+    # MXNet's symbolic inference accepts such a ``where``; its kernel then
+    # died of a floating point exception (the process ended).
+    proc = subprocess.run([sys.executable, "-c", _WHERE_OF_A_LONGER_MASK],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "eager: MXNetError" in proc.stdout
+    assert "batched: InvalidCallError sample 0, in masked" in proc.stdout
+    assert "> where" in proc.stdout

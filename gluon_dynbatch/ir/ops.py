@@ -12,6 +12,7 @@ import threading
 import warnings
 
 import mxnet as mx
+from mxnet.base import MXNetError
 import numpy as np
 
 from .graph import OP, Slot
@@ -223,6 +224,8 @@ class _InferCache:
         result = _infer_rows_view(op, node, in_shapes, in_dtypes)
         if result is None:
             result = _infer_symbolic(op, node, in_shapes, in_dtypes)
+        if op.name == "where":
+            _check_where(in_shapes)
         if all(all(s > 0 for s in shape) for shape in in_shapes):
             with self._lock:
                 self._cache[key] = result
@@ -258,6 +261,19 @@ def _infer_rows_view(op, node, in_shapes, in_dtypes):
     else:
         return None
     return (out,), (in_dtypes[0],), tuple(tuple(s) for s in in_shapes)
+
+
+def _check_where(in_shapes):
+    """Refuse ``where`` of shapes eager MXNet refuses: its symbolic inference
+    accepts them (a condition of another length), and its kernel then dies of
+    a floating point exception."""
+    if len(in_shapes) != 3 or not all(in_shapes):
+        return
+    cond, x, y = (tuple(s) for s in in_shapes)
+    if x != y or cond != x and not (len(cond) == 1 and cond[0] == x[0]):
+        raise MXNetError("where needs a condition of the shape of x and y, or of one "
+                         "dimension as long as their first; got condition %s, x %s, y %s"
+                         % (cond, x, y))
 
 
 class UnknownShape(ValueError):
