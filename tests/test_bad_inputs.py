@@ -272,6 +272,25 @@ def test_nan_and_inf_stay_in_their_sample_through_axis0_sums(compiled):
     assert_runs_same_nonfinite(got, expected)
 
 
+def _outputs_and_gradients(model, calls, loss_of, batching=None, arrays=()):
+    """Every output of ``model(*args)`` for ``args`` of ``calls``, then the gradient
+    of every parameter and of ``arrays``, after the backward pass of
+    ``loss_of(outputs)``: eager, or in a scope of ``batching``."""
+    for array in arrays:
+        array.attach_grad()
+    with autograd.record():
+        if batching is None:
+            outs = [model(*args) for args in calls]
+        else:
+            with gdb.batching(**batching):
+                outs = [model(*args) for args in calls]
+        loss = loss_of(outs)
+    loss.backward()
+    return ([o.asnumpy() for out in outs for o in out]
+            + [p.grad().asnumpy().copy() for p in model.collect_params().values()]
+            + [a.grad.asnumpy().copy() for a in arrays])
+
+
 class ZeroGradientOutputs(gdb.DynBatchBlock):
     """Outputs without a gradient (``argmax``, its cast, a comparison) beside a
     Dense output, and a branch on a value read (``max > 100``)."""
@@ -303,26 +322,14 @@ def test_nan_and_inf_in_one_sample_leave_the_others_reads_and_argmax_as_in_eager
     model = ZeroGradientOutputs()
     model.initialize(mx.init.Uniform(0.5))
     x = _nonfinite_table()
-    runs = []
-    for batched in (False, True):
-        with autograd.record():
-            if batched:
-                with gdb.batching(strategy=strategy, compiled=compiled):
-                    outs = [model(s, x) for s in NONFINITE_SAMPLES]
-            else:
-                outs = [model(s, x) for s in NONFINITE_SAMPLES]
-            loss = nd.add_n(*[(h * h).sum() + best.sum() for best, _, _, h in outs])
-        loss.backward()
-        runs.append(([o.asnumpy() for out in outs for o in out],
-                     {name: p.grad().asnumpy().copy()
-                      for name, p in model.collect_params().items()}))
-    (want, want_grads), (got, grads) = runs
+    want, got = [_outputs_and_gradients(
+        model, [(s, x) for s in NONFINITE_SAMPLES],
+        lambda outs: nd.add_n(*[(h * h).sum() + best.sum() for best, _, _, h in outs]),
+        batching) for batching in (None, {"strategy": strategy, "compiled": compiled})]
     assert any(np.isnan(row).any() for row in want) and len(got) == len(want)
     for value, expected in zip(got, want):
         assert value.dtype == expected.dtype
         assert_same_nonfinite(value, expected)
-    for name, grad in grads.items():
-        assert_same_nonfinite(grad, want_grads[name])
 
 
 # -- exceptions in user code and values of failed scopes ------------------------------------
@@ -534,22 +541,13 @@ def test_samples_in_shared_cpu_memory_run_as_eager_runs_them(strategy, compiled)
     shared = mx.Context("cpu_shared", 0)
     ids = [nd.array([rng.randint(0, 30, rng.randint(1, 6))], ctx=shared) for _ in range(5)]
     x = nd.array(rng.uniform(-1, 1, (1, 4)), ctx=shared)
-    runs = []
-    for batched in (False, True):
-        x.attach_grad()
-        with autograd.record():
-            if batched:
-                with gdb.batching(strategy=strategy, compiled=compiled):
-                    outs = [model(i, x) for i in ids]
-            else:
-                outs = [model(i, x) for i in ids]
-            loss = nd.add_n(*[(y * y).sum() + z.sum() for y, z in outs])
-        loss.backward()
-        runs.append(([o.asnumpy() for out in outs for o in out],
-                     [p.grad().asnumpy().copy() for p in model.collect_params().values()]
-                     + [x.grad.asnumpy().copy()]))
-    for got, want in zip(runs[1][0] + runs[1][1], runs[0][0] + runs[0][1]):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    want, got = [_outputs_and_gradients(
+        model, [(i, x) for i in ids],
+        lambda outs: nd.add_n(*[(y * y).sum() + z.sum() for y, z in outs]),
+        batching, [x]) for batching in (None, {"strategy": strategy, "compiled": compiled})]
+    assert len(got) == len(want)
+    for value, expected in zip(got, want):
+        np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("compiled", COMPILED)
