@@ -4,6 +4,7 @@ import enum
 import functools
 import math
 import random
+import sys
 import types
 
 import mxnet as mx
@@ -1058,3 +1059,91 @@ def test_a_hybrid_lambda_reading_per_call_state_is_not_replayed_stale(kind, comp
     samples = [list(r.randint(0, 6, size=n)) for n in (4, 2, 5, 3)]
     expected = run_model(model, samples, [emb], "eager")
     assert_same(run_model(model, samples, [emb], "depth", compiled=compiled), expected)
+
+
+SETTINGS = types.ModuleType("gdb_test_settings")    # a user's settings module
+SETTINGS.scale = 1.0
+sys.modules[SETTINGS.__name__] = SETTINGS
+
+
+class Knobs:
+    scale = 1.0
+
+
+class _Scaled(gluon.HybridBlock):
+    """A Dense whose output a setting scales, read in another way by each subclass."""
+
+    scale = 1.0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+
+class GetattrOfAClass(_Scaled):
+    def hybrid_forward(self, F, x):
+        return self.dense(x) * getattr(Knobs, "scale")
+
+
+class GetattrOfAModule(_Scaled):
+    def hybrid_forward(self, F, x):
+        return self.dense(x) * getattr(SETTINGS, "scale", 1.0)
+
+
+class ModuleAliased(_Scaled):
+    def hybrid_forward(self, F, x):
+        settings = SETTINGS
+        return self.dense(x) * settings.scale
+
+
+class ModuleImportedInside(_Scaled):
+    def hybrid_forward(self, F, x):
+        from gdb_test_settings import scale     # pylint: disable=import-outside-toplevel
+        return self.dense(x) * scale
+
+
+class OwnTypeAliased(_Scaled):
+    def hybrid_forward(self, F, x):
+        cls = type(self)
+        return self.dense(x) * cls.scale
+
+
+class GetattrOfOwnType(_Scaled):
+    def hybrid_forward(self, F, x):
+        return self.dense(x) * getattr(type(self), "scale")
+
+
+class SettingPerWord(gdb.DynBatchBlock):
+    """Sets every form of the setting per word, then calls the child."""
+
+    def __init__(self, child, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.child = child
+            self.carry = gluon.nn.Dense(4, in_units=4, use_bias=False)
+
+    def hybrid_forward(self, F, words, table):
+        h = F.zeros((1, 4))
+        for w in words:
+            SETTINGS.scale = Knobs.scale = type(self.child).scale = 0.5 + 0.1 * w
+            h = F.tanh(self.child(table[w:w + 1]) + self.carry(h))
+        return h
+
+
+@pytest.mark.parametrize("child", [GetattrOfAClass, GetattrOfAModule, ModuleAliased,
+                                   ModuleImportedInside, OwnTypeAliased, GetattrOfOwnType])
+def test_settings_a_child_reads_indirectly_are_read_at_every_call(child):
+    # Read through getattr, a local alias, an import inside the code or
+    # ``type(self)`` kept in a local, the setting went unkeyed: the child's
+    # first call was replayed for every word (other words' scales).
+    mx.random.seed(0)
+    model = SettingPerWord(child())
+    model.initialize(mx.init.Uniform(0.3))
+    table = nd.array(np.random.RandomState(0).uniform(-1, 1, (10, 3)))
+    for sentences in ([[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [2]]):
+        want = [model(s, table).asnumpy() for s in sentences]
+        with gdb.batching():
+            got = [model(s, table) for s in sentences]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.asnumpy(), w, rtol=1e-5, atol=1e-6)

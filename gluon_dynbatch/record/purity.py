@@ -355,8 +355,14 @@ def _instruction_facts(instructions, k, globals_, cls, depth, self_name):
             and _loads_self(instructions[k - 2], self_name):
         return frozenset([previous.argval + ".*"]), frozenset()     # ``kept = self.kept``
     if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and ins.argval == "getattr" \
-            and k + 1 < len(instructions) and _loads_self(instructions[k + 1], self_name):
-        return None                         # ``getattr(self, name)``
+            and k + 1 < len(instructions) and (_loads_self(instructions[k + 1], self_name)
+                                               or _shared_object(instructions[k + 1], globals_)):
+        return None                         # ``getattr(self, name)``, ``getattr(cfg, name)``
+    if ins.opname == "IMPORT_NAME" and not _known_module(ins.argval):
+        return None                         # ``import cfg`` inside the code: its attributes
+    if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and _aliased(instructions, k, self_name) \
+            and (ins.argval == "type" or _shared_object(ins, globals_)):
+        return None                         # ``m = cfg``, ``cls = type(self)``: read unkeyed
     if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
         following = instructions[k + 1] if k + 1 < len(instructions) else None
         return _global_facts(ins.argval, globals_, cls, depth, following)
@@ -372,6 +378,38 @@ def _instruction_facts(instructions, k, globals_, cls, depth, self_name):
             and _loads_self(instructions[k - 3], self_name):
         return _self_attribute(ins.argval, cls, depth)      # ``type(self).name``
     return _NOTHING
+
+
+def _known_module(name):
+    """Whether module ``name`` is trusted or of Python's standard library."""
+    return _trusted(name) or str(name).partition(".")[0] in sys.stdlib_module_names
+
+
+def _shared_object(ins, globals_):
+    """Whether instruction ``ins`` loads a global (or closure cell) holding state
+    other code may change: a module or class of the user's, or ``type``
+    (``getattr(type(self), name)``); not a trusted module."""
+    if ins.opname == "LOAD_DEREF":
+        return True
+    if ins.opname not in ("LOAD_GLOBAL", "LOAD_NAME"):
+        return False
+    value = globals_.get(ins.argval, _MISSING)
+    if value is _MISSING:
+        return ins.argval == "type"
+    if isinstance(value, types.ModuleType):
+        return not _known_module(value.__name__)
+    return isinstance(value, type) and not _known_module(value.__module__)
+
+
+def _aliased(instructions, k, self_name):
+    """Whether the global loaded at ``k`` (or ``type(self)`` called there) is
+    stored in a local name, whose attributes the code then reads unkeyed."""
+    j = k + 1
+    if j < len(instructions) and _loads_self(instructions[j], self_name):
+        j += 1
+        while j < len(instructions) and instructions[j].opname in ("PRECALL", "CALL"):
+            j += 1
+    return j < len(instructions) and instructions[j].opname == "STORE_FAST"
 
 
 def _statement_reads_state(instructions, k, self_name):
