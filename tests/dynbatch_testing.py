@@ -1,6 +1,8 @@
 """Shared test models and the eager-vs-batched comparison used by the engine tests."""
 import os
 import random
+import subprocess
+import sys
 
 import mxnet as mx
 import numpy as np
@@ -318,3 +320,14 @@ def make_model(cls, seed=0, **kwargs):
 
 def rng(seed):
     return random.Random(seed)
+
+
+def output_of_script(script, *args, timeout=300):
+    """The standard output of Python ``script`` run with ``args`` in a process of
+    its own from the repository root: a crash (or a hang, past ``timeout``
+    seconds) there fails the test, not the suite."""
+    proc = subprocess.run([sys.executable, "-c", script] + list(args), capture_output=True,
+                          text=True, timeout=timeout,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout

@@ -7,10 +7,7 @@ another graph.  An array written in place after calls that read it were
 recorded gives those calls its old values.
 """
 import contextlib
-import os
 import random
-import subprocess
-import sys
 
 import mxnet as mx
 import numpy as np
@@ -19,7 +16,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import DenseTanh as Encoder, outputs_of
+from dynbatch_testing import DenseTanh as Encoder, output_of_script, outputs_of
 
 
 class Scorer(gdb.DynBatchBlock):
@@ -578,11 +575,7 @@ print("max diff", float(np.abs(got - want).max()))
 def _max_diff_in_a_process(script, strategy):
     """The ``max diff`` a script prints, run in a process of its own with
     ``strategy`` (a crash of MXNet's there fails the test, not the suite)."""
-    proc = subprocess.run([sys.executable, "-c", script, strategy],
-                          capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return float(proc.stdout.split("max diff")[-1])
+    return float(output_of_script(script, strategy).split("max diff")[-1])
 
 
 @pytest.mark.parametrize("strategy", ["reference", "depth"])

@@ -20,7 +20,7 @@ import pytest
 from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import BATCHED, DenseTanh, assert_same, run_model
+from dynbatch_testing import BATCHED, DenseTanh, assert_same, output_of_script, run_model
 
 COMPILED = (False, True, "step")
 IN_UNITS = 3
@@ -1040,10 +1040,7 @@ except mx.MXNetError as err:
 def test_where_of_a_mask_of_another_length_is_eagers_error_not_a_crash():
     # MXNet's symbolic inference accepts such a ``where``; its kernel then
     # died of a floating point exception (the process ended).
-    proc = subprocess.run([sys.executable, "-c", _WHERE_OF_A_LONGER_MASK],
-                          capture_output=True, text=True, timeout=120,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "eager: MXNetError" in proc.stdout
-    assert "batched: InvalidCallError sample 0, in masked" in proc.stdout
-    assert "> where" in proc.stdout
+    out = output_of_script(_WHERE_OF_A_LONGER_MASK, timeout=120)
+    assert "eager: MXNetError" in out
+    assert "batched: InvalidCallError sample 0, in masked" in out
+    assert "> where" in out

@@ -6,10 +6,7 @@ layer); a layer whose states are given or returned runs once per length
 (``RNNRule``).  Every form is checked against eager
 Gluon, outputs and every gradient.
 """
-import os
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,7 +15,7 @@ from mxnet import autograd, nd
 from mxnet.gluon import nn, rnn
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import check_all_strategies, make_model
+from dynbatch_testing import check_all_strategies, make_model, output_of_script
 
 E, H = 3, 4
 LENGTHS = (1, 4, 2, 5, 3, 5)
@@ -257,10 +254,7 @@ def test_an_lstm_with_a_projection_called_without_states_runs_as_eager(bidirecti
     """MXNet's RNN operator with a projection aborts the process when asked for
     no state outputs, which the padded call of a layer called without states
     asks for: such a layer runs as its code is written (in a child process)."""
-    proc = subprocess.run([sys.executable, "-c", _PROJECTED, bidirectional],
-                          capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    diffs = [float(line.split()[-1]) for line in proc.stdout.splitlines()
+    out = output_of_script(_PROJECTED, bidirectional)
+    diffs = [float(line.split()[-1]) for line in out.splitlines()
              if line.startswith("max diff")]
     assert len(diffs) == 3 and max(diffs) < 1e-5

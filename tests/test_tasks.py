@@ -13,9 +13,7 @@ import copy
 import dataclasses
 import gc
 import io
-import os
 import pickle
-import subprocess
 import sys
 import weakref
 
@@ -28,6 +26,7 @@ from mxnet.gluon import nn, rnn
 
 import gluon_dynbatch as gdb
 from gluon_dynbatch.record.tasks import PendingValue, live_tasks
+from dynbatch_testing import output_of_script
 
 VOCAB, HIDDEN, EOS = 7, 8, 0
 
@@ -2064,7 +2063,6 @@ def test_stateful_cells_keep_each_samples_state_while_samples_take_turns(kind, w
     assert [len(steps) for steps in batched] == [len(steps) for steps in eager]
 
 
-
 _PAUSED_THEN_CRITIC = r"""
 import sys
 import numpy as np
@@ -2127,8 +2125,5 @@ def test_a_result_of_another_modes_task_passed_to_another_block_ends_as_eager(fo
     # modes while the generators waited under pause's: each round kept the
     # critics' modes, and the scope never ended (run in a process of its own,
     # which a time limit stops).
-    proc = subprocess.run([sys.executable, "-c", _PAUSED_THEN_CRITIC, form],
-                          capture_output=True, text=True, timeout=120,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert float(proc.stdout.split("max diff")[-1]) < 1e-6
+    out = output_of_script(_PAUSED_THEN_CRITIC, form, timeout=120)
+    assert float(out.split("max diff")[-1]) < 1e-6
