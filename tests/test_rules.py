@@ -7,11 +7,11 @@ reference executor, outputs and gradients.
 import mxnet as mx
 import numpy as np
 import pytest
-from mxnet import gluon, nd
+from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import (assert_batched_equals_eager, assert_same, check_all_strategies,
-                              make_model, reference_run, run_model)
+                              make_model, reference_run, rng, run_model)
 
 
 class OneOp(gdb.DynBatchBlock):
@@ -549,6 +549,41 @@ def test_operators_of_linalg_and_contrib_are_recorded_not_read():
     gemms = [len(s.nodes) for s in scope.last_plan.steps
              if "gemm2" in [e.op.name for e in getattr(s.nodes[0].op, "entries", ())]]
     assert max(gemms) == len(sentences) - 1
+
+
+class PositionsOnly(gdb.DynBatchBlock):
+    """Outputs made by ``arange_like`` alone: values of the input's shape only,
+    whose gradient is zero (eager's are in the graph all the same)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, words, table):
+        h = self.dense(F.concat(*[table[w:w + 1] for w in words], dim=0))
+        return (F.contrib.arange_like(h, axis=0),
+                F.contrib.arange_like(h, start=2, step=3, repeat=2), F.tanh(h))
+
+
+def test_a_loss_of_positions_alone_differentiates_as_in_eager():
+    # Recorded as a literal, such an output had no history: the backward pass
+    # of a loss of them raised "not in a computational graph".
+    model = make_model(PositionsOnly)
+    table = nd.array(np.random.RandomState(3).uniform(-1, 1, (10, 4)))
+    for seed in range(3):
+        r = rng(seed)
+        sentences = [[r.randrange(10) for _ in range(r.randint(1, 5))] for _ in range(5)]
+        check_all_strategies(model, sentences, [table], compiled=(False, True, "plan"))
+        for strategy in ("depth", "reference"):
+            model.collect_params().zero_grad()
+            with autograd.record():
+                with gdb.batching(strategy=strategy):
+                    outs = [model(words, table)[0] for words in sentences]
+                loss = nd.add_n(*[o.sum() for o in outs])
+            loss.backward()
+            assert all((p.grad().asnumpy() == 0).all()
+                       for p in model.collect_params().values())
 
 
 @pytest.mark.parametrize("name", ["sum_every_axis", "mean_every_axis_keepdims",

@@ -6,7 +6,8 @@
   step); more runs are one take over every sample's rows
   (``rules.gathers.KnownTakeRule``);
 * ``F.contrib.arange_like``: values that depend on the input's shape alone, a
-  literal (pooled by ``record.literals``) when they are whole numbers.
+  literal (pooled by ``record.literals``) when they are whole numbers and
+  autograd does not record.
 """
 import mxnet as mx
 import numpy as np
@@ -58,8 +59,13 @@ def _runs_of_rows(ns, data, values, mode):
 
 
 def arange_like(rec, op, args, kwargs):
-    """``F.contrib.arange_like`` of whole numbers as a literal (exact in any dtype)."""
-    if len(args) != 1 or not set(kwargs) <= {"start", "step", "repeat", "ctx", "axis"} \
+    """``F.contrib.arange_like`` of whole numbers as a literal (exact in any dtype).
+
+    Not while autograd records: eager's output is then in the graph (its
+    gradient zero), and a loss of such outputs alone must differentiate.
+    """
+    if mx.autograd.is_recording() or len(args) != 1 \
+            or not set(kwargs) <= {"start", "step", "repeat", "ctx", "axis"} \
             or type(args[0]) is not LazyArray:
         return None
     data, shape = args[0], args[0].shape
