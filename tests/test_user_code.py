@@ -134,6 +134,60 @@ def test_in_place_update_outside_record_updates_aliases():
     np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
 
 
+class ViewsThenUpdate(gdb.DynBatchBlock):
+    """Views of a value (reshape, rows, a row, detach, a view of a view, a
+    column slice: eager copies that one) taken before it is updated in place;
+    with ``read``, the value is read between the views and the update."""
+
+    def __init__(self, read=False, **kwargs):
+        super().__init__(**kwargs)
+        self.read = read
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        views = [h.reshape((-1,)), h[0:1], h[0], h.detach(), h[:, 1:3]]
+        views.append(views[0][2:4])
+        if self.read:
+            views.append(h.sum().asscalar() * F.ones((1,)))
+        h += x
+        h *= 2
+        return [h] + views
+
+
+def _views_updated(model, xs):
+    """Every sample's outputs, and a row view of a value of the caller's code
+    updated in place after the view was taken."""
+    outs = [model(x) for x in xs]
+    top = outs[0][0] * 3
+    row = top[1]
+    top += 1
+    return outs, row
+
+
+@pytest.mark.parametrize("read", [False, True])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_views_taken_before_an_update_in_place_see_it_as_in_eager(read, compiled):
+    # The views kept the value from before the update (eager's share memory).
+    model = ViewsThenUpdate(read)
+    model.initialize(mx.init.Uniform(0.5))
+    for seed in range(3):
+        xs = [nd.array(np.random.RandomState(seed * 10 + k).uniform(-1, 1, (k % 3 + 2, 4)))
+              for k in range(5)]
+        want, want_row = _views_updated(model, xs)
+        with gdb.batching(compiled=compiled):
+            outs, row = _views_updated(model, xs)
+        for got, expected in zip(outs + [[row]], want + [[want_row]]):
+            for value, eager in zip(got, expected):
+                np.testing.assert_allclose(value.asnumpy(), eager.asnumpy(),
+                                           rtol=1e-5, atol=1e-6)
+        # eager's column slice is a copy, its row a view
+        assert not np.allclose(want[1][5].asnumpy(), want[1][0][:, 1:3].asnumpy())
+        np.testing.assert_array_equal(want[1][2].asnumpy().ravel(),
+                                      want[1][0][0].asnumpy().ravel())
+
+
 class HalvesItsChildren(gdb.DynBatchBlock):
     """``c = self(child); c *= 0.5``: in place on a recursive call's result (a
     forward hook doing ``out *= 0.5`` does the same at every call)."""

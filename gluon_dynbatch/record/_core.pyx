@@ -1451,10 +1451,12 @@ cdef object _frame_call(object block, RecorderCore rec, tuple args):
         rec.path = outer_path
 
 
-def getitem_method(slow):
+def getitem_method(slow, note):
     """``LazyArray.__getitem__``: ``x[i:j]`` of a pending value without a base, rows
-    of it in range, is a row view (``RecorderCore.row_slice``); anything else
-    goes to ``slow`` (``arithmetic._getitem``), also outside a scope."""
+    of it in range, is a row view (``RecorderCore.row_slice``), which
+    ``note(x, view, ("index", key))`` keeps when ``x`` is an operator's value (eager's
+    view shares its memory: ``aliases``); anything else goes to ``slow``
+    (``arithmetic._getitem``), also outside a scope."""
     def getitem(self, key):
         cdef object rec = TLS.recorder, node, shape, begin, end
         if rec is None or type(key) is not slice:
@@ -1467,5 +1469,7 @@ def getitem_method(slow):
         shape = node.out_shapes[_get(self, OFF_IDX)]
         if not (0 <= begin < end <= shape[0]) or (begin == 0 and end == shape[0]):
             return slow(self, key)
-        return (<RecorderCore>rec).row_slice(self, begin, end)
+        if getattr(node, "kind", None) == "leaf":
+            return (<RecorderCore>rec).row_slice(self, begin, end)
+        return note(self, (<RecorderCore>rec).row_slice(self, begin, end), ("index", key))
     return getitem

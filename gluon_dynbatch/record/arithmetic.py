@@ -14,6 +14,7 @@ from mxnet.base import MXNetError
 from mxnet.ndarray.ndarray import indexing_key_expand_implicit_axes
 
 from . import _core
+from . import aliases
 from . import context
 from . import passes
 from . import weights as weight_calls
@@ -111,7 +112,10 @@ def _in_place(name):
     def in_place(self, other):
         rec = current()
         if rec is None or self._node is None:
-            return eager(self, other)
+            out = eager(self, other)
+            if rec is not None:
+                aliases.follow(rec, self, _getitem_value)
+            return out
         if autograd.is_recording() and getattr(self._node, "kind", None) != LEAF:
             # (a constant, ``F.zeros``, is in no graph: ``rebind`` says what to write)
             raise MXNetError(
@@ -120,7 +124,9 @@ def _in_place(name):
                 "already in a computational graph is not supported inside "
                 "autograd.record()" % (describe_call(rec.sample, rec.path), _SYMBOL[name]))
         result = fn(self, other)
-        return rec.rebind(self, result)
+        rec.rebind(self, result)
+        aliases.follow(rec, self, _getitem_value)
+        return self
     in_place.__name__ = "__i%s__" % _IN_PLACE[name]
     return in_place
 
@@ -222,7 +228,8 @@ def _reshape(self, *shape, **kwargs):
         shape = tuple(shape[0])
     if not shape:
         shape = tuple(kwargs.pop("shape"))
-    return rec.F.reshape(self, **dict(kwargs, shape=tuple(shape)))
+    kwargs = dict(kwargs, shape=tuple(shape))
+    return aliases.note(self, rec.F.reshape(self, **kwargs), ("reshape", kwargs))
 
 
 def _astype(self, dtype, copy=True):
@@ -245,7 +252,8 @@ def _detach(self):
     rec = current()
     if rec is None or not self.is_pending:      # computed: MXNet's own detach
         return nd.NDArray.detach(self)
-    return rec.F.BlockGrad(self)        # pending: the same values, no gradient
+    # pending: the same values, no gradient
+    return aliases.note(self, rec.F.BlockGrad(self), ("detach", None))
 
 
 def _copyto(self, other):
@@ -286,6 +294,12 @@ def _getitem(self, key):
     rec = current()
     if rec is None:
         return nd.NDArray.__getitem__(self, key)
+    return aliases.note(self, _getitem_value(self, key), ("index", key))
+
+
+def _getitem_value(self, key):
+    """``self[key]`` inside a scope (``_getitem``, which keeps it as a view)."""
+    rec = current()
     if type(key) is slice and key.step is None and type(key.start) is int \
             and type(key.stop) is int:
         # x[i:j], rows of a table: the common case, straight to the recorder.
@@ -405,4 +419,4 @@ def _indexed(rec, x, begins, ends, shape, whole_rows):
     return None
 
 
-LazyArray.__getitem__ = _core.getitem_method(_getitem)
+LazyArray.__getitem__ = _core.getitem_method(_getitem, aliases.note)

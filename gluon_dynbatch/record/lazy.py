@@ -94,7 +94,8 @@ class LazyArray(nd.NDArray):
     # ``_base``: (the value this one reshapes, autograd's mode count), see reshapes.py.
     # ``_rows``: (Rows, index) of a value a flush handed out as rows of a batched
     # output (``run.lowering.Lowering.deliver``), or of their view in a later graph.
-    __slots__ = ("_h", "_node", "_idx", "_epoch", "_base", "_rows", "__weakref__")
+    # ``_views``: views of this value eager would make share its memory (aliases.py).
+    __slots__ = ("_h", "_node", "_idx", "_epoch", "_base", "_rows", "_views", "__weakref__")
 
     def __init__(self, node=None, index=0, handle=None, writable=True):
         # pylint: disable=super-init-not-called

@@ -1,0 +1,117 @@
+"""Views: values that share their base's memory in eager MXNet.
+
+``x.reshape(...)``, ``x.detach()`` and indexing that NDArray answers with a
+view (``x[i]``, ``x[i:j]``) give arrays whose memory is ``x``'s: an in-place
+update of ``x`` (``x += y``, outside ``autograd.record()``) shows in them.
+Inside a scope a view is a value of its own node.  The base keeps (weakly)
+the views taken of it, with how to take each again (:func:`note`); an update
+in place takes every live view again on the new value and makes the view's
+object stand for it (:func:`follow`), so its readers see eager's values.
+"""
+import weakref
+
+import numpy as np
+from mxnet import autograd, nd
+
+from ..ir.graph import LEAF
+
+_SHARES = {}        # (shape, key) -> whether eager's x[key] shares x's memory
+
+
+def note(base, view, how):
+    """Keep ``view`` of LazyArray ``base``, taken as ``how`` says: ``("index",
+    key)``, ``("reshape", kwargs)`` or ``("detach", None)``.  Returns ``view``."""
+    node = base._node
+    if node is None or getattr(node, "kind", None) == LEAF or view is base:
+        return view         # (an update of such a value in place is refused)
+    views = getattr(base, "_views", None)
+    if views is None:
+        views = base._views = []
+    views.append((weakref.ref(view), how))
+    return view
+
+
+def follow(rec, base, getitem):
+    """After ``base`` took a new value in place, every live view of it takes
+    its new value too (views of views in turn): a pending view becomes the
+    view taken again of the new value (``rec.rebind``), a computed one eager's
+    view of the computed base.  ``getitem`` indexes a pending value without
+    keeping views."""
+    views = getattr(base, "_views", None)
+    if not views:
+        return
+    base._views = None
+    for ref, how in views:
+        view = ref()
+        if view is None or view is base:
+            continue
+        if how[0] == "index" and not shares_memory(base.shape, how[1]):
+            continue
+        if base._node is None:          # computed: share its memory from now on
+            if view._node is None:
+                _take_memory(view, _eager_view(base, how))
+                follow(rec, view, getitem)
+            continue
+        if view._node is None:
+            continue
+        note(base, rec.rebind(view, _pending_view(rec, base, how, getitem)), how)
+        follow(rec, view, getitem)
+
+
+def _pending_view(rec, base, how, getitem):
+    kind, arg = how
+    if kind == "reshape":
+        return rec.F.reshape(base, **arg)
+    if kind == "detach":
+        return rec.F.BlockGrad(base)
+    return getitem(base, arg)
+
+
+def _eager_view(base, how):
+    kind, arg = how
+    if kind == "reshape":
+        return nd.NDArray.reshape(base, **arg)
+    if kind == "detach":
+        return nd.NDArray.detach(base)
+    return nd.NDArray.__getitem__(base, arg)
+
+
+def _take_memory(view, array):
+    """Computed LazyArray ``view`` holds ``array``'s handle from now on."""
+    old = view._h
+    view._set_result(array)
+    if old is not None:
+        nd.NDArray(old)     # freed with this wrapper
+
+
+def shares_memory(shape, key):
+    """Whether eager ``x[key]`` shares the memory of an ``x`` of ``shape``: asked
+    of a small array of zeros once per shape and key."""
+    hashable = _hashable(key)
+    if hashable is None:
+        return False        # lists or arrays among the indices: a copy
+    found = _SHARES.get((shape, hashable))
+    if found is None:
+        with autograd.pause():
+            probe = nd.zeros(shape)         # (mx.nd's own: not recorded)
+            view = probe[key]
+            probe += 1
+            found = _SHARES[(shape, hashable)] = bool(view.asnumpy().any())
+    return found
+
+
+def _hashable(key):
+    """``key`` with its slices as tuples, or None if it holds anything but
+    integers, slices and None."""
+    parts = key if isinstance(key, tuple) else (key,)
+    out = []
+    for part in parts:
+        if isinstance(part, slice):
+            out.append(("slice", part.start, part.stop, part.step))
+        elif part is None:
+            out.append(part)
+        elif isinstance(part, (int, np.integer)):
+            out.append(int(part))
+        else:
+            return None
+    return (isinstance(key, tuple),) + tuple(out)
