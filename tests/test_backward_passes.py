@@ -504,11 +504,35 @@ def test_a_gradient_penalty_on_a_scopes_values_says_how_to_run_it(heads):
         total.backward()
         return model.dense.weight.grad().asnumpy().copy()
     want = penalised(None)
-    with pytest.raises(gdb.BatchingError, match="gradient of a gradient.*reference"):
+    with pytest.raises(gdb.BatchingError, match="create_graph=False.*reference"):
         penalised({})
     np.testing.assert_allclose(penalised({"strategy": "reference"}), want, rtol=1e-5,
                                atol=1e-6)
     assert type(_eager_second_order_error()) is MXNetError
+
+
+def test_input_gradients_with_create_graph_say_to_pass_false_when_used_as_values():
+    """``autograd.grad(loss, xs, create_graph=True)`` with no pass through the
+    result: MXNet cannot record the batched steps' backward at the call itself,
+    and the error says so (it spoke of a pass that had not happened);
+    ``create_graph=False`` gives eager's gradients."""
+    model = Encoder()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.random.uniform(-1, 1, shape=(1, 3)) for _ in range(3)]
+
+    def input_gradients(batching, create_graph):
+        for x in xs:
+            x.attach_grad()
+        with autograd.record():
+            outs = outputs_of(model, xs, batching)
+            total = nd.add_n(*[(o * o).sum() for o in outs])
+            grads = autograd.grad(total, xs, create_graph=create_graph, retain_graph=True)
+        return [g.asnumpy() for g in grads]
+    want = input_gradients(None, True)
+    with pytest.raises(gdb.BatchingError, match="create_graph=True.*create_graph=False"):
+        input_gradients({"compiled": "plan"}, True)
+    for got, expected in zip(input_gradients({"compiled": "plan"}, False), want):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_an_eager_gradient_of_a_gradient_after_a_scope_keeps_mxnets_error():

@@ -108,10 +108,11 @@ def _second_order_message(in_a_sample):
     """What a gradient of a gradient of values a scope computed tells the user."""
     rec = TLS.recorder
     where = "inside a sample" if in_a_sample else "of values a batching scope computed"
-    text = ("a gradient of a gradient %s (autograd.grad with create_graph=True, then a "
-            "pass through its result): the values were computed in batched steps that "
-            "gather them from the samples' arrays (and in CachedOps), which MXNet cannot "
-            "differentiate twice; run such a model with "
+    text = ("a gradient with create_graph=True %s (autograd.grad(..., "
+            "create_graph=True), for a gradient of a gradient): the values were computed "
+            "in batched steps that gather them from the samples' arrays (and in "
+            "CachedOps), whose backward MXNet cannot record; where the gradient is used "
+            "as a value only, pass create_graph=False; else run such a model with "
             "gluon_dynbatch.batching(strategy='reference'), which runs each call on its "
             "own" % where)
     if in_a_sample and rec is not None and rec.sample is not None:
