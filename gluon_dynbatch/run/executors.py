@@ -247,7 +247,10 @@ def _zero_of(part):
     backward crashed on the gathers it reached.)
     """
     with autograd.pause():
-        finite = mx.nd.contrib.isfinite(part)
+        # Operators, not ``mx.nd.contrib.isfinite`` (Python's ``==`` on a
+        # LazyArray is recorded): ``|x| <= max`` is false at NaN and inf.
+        finite = mx.nd._internal._lesser_equal_scalar(  # pylint: disable=protected-access
+            mx.nd.abs(part), scalar=float(np.finfo(part.dtype).max))
     return mx.nd.sum(mx.nd.multiply(mx.nd.where(finite, part, finite), 0)).astype("float32")
 
 
