@@ -1147,3 +1147,46 @@ def test_settings_a_child_reads_indirectly_are_read_at_every_call(child):
             got = [model(s, table) for s in sentences]
         for g, w in zip(got, want):
             np.testing.assert_allclose(g.asnumpy(), w, rtol=1e-5, atol=1e-6)
+
+
+class DoublesItsArgument(gluon.HybridBlock):
+    """``x *= 2`` on its argument: the caller's array changes (outside
+    ``autograd.record()``), an act a replay of its first call would skip."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        y = self.dense(x)
+        x *= 2
+        return F.tanh(y)
+
+
+class ScalesThroughAChild(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+            self.child = DoublesItsArgument()
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        y = self.child(h)
+        return h + 0, y
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_child_updating_its_argument_in_place_runs_at_every_call(compiled):
+    # A replay of its first call left the caller's array as it was.
+    model = make_model(ScalesThroughAChild)
+    for seed in range(3):
+        r = np.random.RandomState(seed)
+        xs = [nd.array(r.uniform(-1, 1, (k % 2 + 2, 4))) for k in range(5)]
+        want = [[v.asnumpy() for v in model(x)] for x in xs]
+        with gdb.batching(compiled=compiled):
+            outs = [model(x) for x in xs]
+        for got, expected in zip(outs, want):
+            for value, eager in zip(got, expected):
+                np.testing.assert_allclose(value.asnumpy(), eager, rtol=1e-5, atol=1e-6)

@@ -320,6 +320,8 @@ def _code_facts(code, globals_, cls, depth, self_name=None):
         self_name = code.co_varnames[0]
     names, guards = set(), set()
     instructions = list(dis.get_instructions(code))
+    if _updates_an_argument(code, instructions):
+        return None
     for k, ins in enumerate(instructions):
         found = _instruction_facts(instructions, k, globals_, cls, depth, self_name)
         if found is None:
@@ -334,6 +336,19 @@ def _code_facts(code, globals_, cls, depth, self_name=None):
             names |= found[0]
             guards |= found[1]
     return frozenset(names), frozenset(guards)
+
+
+def _updates_an_argument(code, instructions):
+    """Whether ``code`` updates one of its arguments in place (``x *= 2``) before
+    binding that name to anything else: it writes into its caller's array."""
+    arguments = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+    for ins, following in zip(instructions, instructions[1:]):
+        if ins.opname == "STORE_FAST":
+            arguments.discard(ins.argval)
+        elif ins.opname == "BINARY_OP" and ins.argrepr.endswith("=") \
+                and following.opname == "STORE_FAST" and following.argval in arguments:
+            return True
+    return False
 
 
 def _instruction_facts(instructions, k, globals_, cls, depth, self_name):
