@@ -188,6 +188,51 @@ def test_views_taken_before_an_update_in_place_see_it_as_in_eager(read, compiled
                                       want[1][0][0].asnumpy().ravel())
 
 
+class WritesAfterViews(gdb.DynBatchBlock):
+    """Views of a value, then the value written by another route than ``+=`` on
+    a pending value: ``+=`` after a read, ``x[:] = v`` after a read, an
+    operator's ``out=``, ``copyto``."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        if self.how in ("read_then_views", "views_read_setitem"):
+            early = [h.reshape((-1,)), h[0:1]] if self.how == "views_read_setitem" else []
+            h.sum().asscalar()
+            views = early or [h[0:1], h.reshape((-1,)), h[1]]
+            if self.how == "views_read_setitem":
+                h[:] = 2
+            else:
+                h += 1
+        else:
+            views = [h[0:1], h.reshape((-1,)), h.detach()]
+            if self.how == "out":
+                F.elemwise_add(x, x, out=h)
+            else:
+                (x * 3).copyto(h)
+        return [h + 0] + views
+
+
+@pytest.mark.parametrize("how", ["read_then_views", "views_read_setitem", "out", "copyto"])
+def test_views_see_writes_by_every_route_as_in_eager(how):
+    model = WritesAfterViews(how)
+    model.initialize(mx.init.Uniform(0.5))
+    for seed in range(3):
+        r = np.random.RandomState(seed)
+        xs = [nd.array(r.uniform(-1, 1, (k % 3 + 2, 4))) for k in range(4)]
+        want = [[v.asnumpy() for v in model(x)] for x in xs]
+        with gdb.batching():
+            outs = [model(x) for x in xs]
+        for got, expected in zip(outs, want):
+            for value, eager in zip(got, expected):
+                np.testing.assert_allclose(value.asnumpy(), eager, rtol=1e-5, atol=1e-6)
+
+
 class HalvesItsChildren(gdb.DynBatchBlock):
     """``c = self(child); c *= 0.5``: in place on a recursive call's result (a
     forward hook doing ``out *= 0.5`` does the same at every call)."""

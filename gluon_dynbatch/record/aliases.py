@@ -16,14 +16,14 @@ from mxnet import autograd, nd
 from ..ir.graph import LEAF
 
 _SHARES = {}        # (shape, key) -> whether eager's x[key] shares x's memory
+GETITEM = [None]    # x[key] inside a scope, keeping no view (``arithmetic``)
 
 
 def note(base, view, how):
     """Keep ``view`` of LazyArray ``base``, taken as ``how`` says: ``("index",
     key)``, ``("reshape", kwargs)`` or ``("detach", None)``.  Returns ``view``."""
-    node = base._node
-    if node is None or getattr(node, "kind", None) == LEAF or view is base:
-        return view         # (an update of such a value in place is refused)
+    if view is base or getattr(base._node, "kind", None) == LEAF:
+        return view         # (an input: its update in place is refused)
     views = getattr(base, "_views", None)
     if views is None:
         views = base._views = []
@@ -31,12 +31,11 @@ def note(base, view, how):
     return view
 
 
-def follow(rec, base, getitem):
+def follow(rec, base):
     """After ``base`` took a new value in place, every live view of it takes
     its new value too (views of views in turn): a pending view becomes the
     view taken again of the new value (``rec.rebind``), a computed one eager's
-    view of the computed base.  ``getitem`` indexes a pending value without
-    keeping views."""
+    view of the computed base."""
     views = getattr(base, "_views", None)
     if not views:
         return
@@ -50,21 +49,21 @@ def follow(rec, base, getitem):
         if base._node is None:          # computed: share its memory from now on
             if view._node is None:
                 _take_memory(view, _eager_view(base, how))
-                follow(rec, view, getitem)
+                follow(rec, view)
             continue
         if view._node is None:
             continue
-        note(base, rec.rebind(view, _pending_view(rec, base, how, getitem)), how)
-        follow(rec, view, getitem)
+        note(base, rec.rebind(view, _pending_view(rec, base, how)), how)
+        follow(rec, view)
 
 
-def _pending_view(rec, base, how, getitem):
+def _pending_view(rec, base, how):
     kind, arg = how
     if kind == "reshape":
         return rec.F.reshape(base, **arg)
     if kind == "detach":
         return rec.F.BlockGrad(base)
-    return getitem(base, arg)
+    return GETITEM[0](base, arg)
 
 
 def _eager_view(base, how):

@@ -114,7 +114,7 @@ def _in_place(name):
         if rec is None or self._node is None:
             out = eager(self, other)
             if rec is not None:
-                aliases.follow(rec, self, _getitem_value)
+                aliases.follow(rec, self)
             return out
         if autograd.is_recording() and getattr(self._node, "kind", None) != LEAF:
             # (a constant, ``F.zeros``, is in no graph: ``rebind`` says what to write)
@@ -125,7 +125,7 @@ def _in_place(name):
                 "autograd.record()" % (describe_call(rec.sample, rec.path), _SYMBOL[name]))
         result = fn(self, other)
         rec.rebind(self, result)
-        aliases.follow(rec, self, _getitem_value)
+        aliases.follow(rec, self)
         return self
     in_place.__name__ = "__i%s__" % _IN_PLACE[name]
     return in_place
@@ -164,7 +164,10 @@ def _setitem(self, key, value):
     """
     rec = current()
     if rec is None or self._node is None:
-        return nd.NDArray.__setitem__(self, key, value)
+        nd.NDArray.__setitem__(self, key, value)
+        if rec is not None:
+            aliases.follow(rec, self)
+        return None
     raise BatchingError(
         "%s: item assignment (x[...] = v) on a value recorded in a batching scope; "
         "build the value without assigning into it (F.one_hot, F.where, F.concat, or "
@@ -420,3 +423,4 @@ def _indexed(rec, x, begins, ends, shape, whole_rows):
 
 
 LazyArray.__getitem__ = _core.getitem_method(_getitem, aliases.note)
+aliases.GETITEM[0] = _getitem_value

@@ -20,6 +20,7 @@ from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
 from mxnet._ctypes import ndarray as _ctypes_ndarray
 from mxnet.ndarray import register as _register
 
+from . import aliases
 from . import context
 from . import arithmetic
 from . import literals
@@ -294,6 +295,8 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
         for array in outs:
             if type(array) is LazyArray:
                 array._rows = None  # pylint: disable=protected-access
+                if rec is not None:
+                    aliases.follow(rec, array)     # its views share its memory
     return result
 
 
