@@ -501,6 +501,23 @@ def test_max_pending_nodes_flushes_and_stays_exact(compiled):
         gdb.batching(max_pending_nodes=0)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_max_pending_nodes_bounds_a_scope_of_one_call_per_sample(compiled):
+    # Each sample's call was one program node added without the bound's check:
+    # 300 calls and one flush.
+    model = make_model(Scaled)
+    x = nd.random.uniform(shape=(40, 3))
+    samples = [k % 30 for k in range(300)]
+    want = [model(k, x).asnumpy() for k in samples]
+    for _ in range(2):
+        with gdb.batching(max_pending_nodes=10, compiled=compiled) as scope:
+            outs = [model(k, x) for k in samples]
+            assert len(scope.recorder.graph.nodes) <= 11
+        assert scope.stats.flushes > 30
+        for out, expected in zip(outs, want):
+            np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 class ModeSwitch(gdb.DynBatchBlock):
     """Changes autograd's modes inside its call, after its children's calls."""
 

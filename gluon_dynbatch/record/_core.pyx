@@ -213,8 +213,10 @@ cpdef apply_recipe(FrameCore frame, list alive, object recipe):
     whose external values this graph already holds, is applied here
     (``apply_program``) without the Python method."""
     cdef RecorderCore rec
-    cdef object graph
+    cdef object graph, owner = frame.rec
     cdef PyObject* hit
+    if len(owner.graph.nodes) >= owner.max_pending:
+        owner.flush()           # bounded memory, as ``Recorder.graph_op``
     if type(recipe) is PROGRAM_RECIPE:
         rec = frame.rec
         graph = rec.graph
