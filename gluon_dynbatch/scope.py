@@ -80,6 +80,9 @@ class BatchingScope:
         check_granularity(granularity)
         self.granularity = granularity
         check_max_pending(max_pending_nodes)
+        for name, value in (("keep_plan", keep_plan), ("replay", replay)):
+            if value not in (True, False):
+                raise ValueError("%s must be True or False, got %r" % (name, value))
         self.strategy = strategy
         self.compiled = None if compiled is None else check_compiled(compiled)
         self.max_pending_nodes = max_pending_nodes
@@ -290,6 +293,7 @@ class BatchingScope:
             stats.execute_ms = 1000.0 * (time.perf_counter() - t0)
             ops = sum(1 for n in needed if n.kind != "leaf")
             stats.steps = stats.planned_nodes = ops
+            stats.planners = {"reference": 1}
             return
         t0 = time.perf_counter()
         allowed, auto = self._budget()
@@ -405,8 +409,9 @@ def map(fn, samples, *args, **options):  # pylint: disable=redefined-builtin
     *args
         Passed to every call after the sample.
     **options
-        Passed to :func:`batching` when no scope is open (inside one, its calls
-        join it).
+        Options of :func:`batching`, checked always, used when no scope is
+        open (inside one, its calls join it); any other keyword is a
+        ``TypeError``: ``fn`` is given the positional arguments only.
 
     Returns
     -------
@@ -414,10 +419,16 @@ def map(fn, samples, *args, **options):  # pylint: disable=redefined-builtin
         The results in the order of ``samples``.  An exception in one sample's
         call is raised once every other sample has finished.
     """
+    try:
+        scope = batching(**options)
+    except TypeError as err:
+        raise TypeError("gluon_dynbatch.map: its keyword arguments are options of "
+                        "batching() (fn is given the sample and the positional "
+                        "arguments): %s" % err) from None
     rec = context.current()
     if rec is not None:             # inside a scope: its calls join it, no flush at the end
         return _map_tasks(rec.tasks, fn, samples, args)
-    with batching(**options) as scope:
+    with scope:
         return _map_tasks(scope.recorder.tasks, fn, samples, args)
 
 

@@ -20,8 +20,8 @@ class BatchStats:
         Of the samples, those run eagerly, not recorded, because reads kept
         flushing samples one at a time (see ``BatchingScope.read``).
     nodes : int
-        Graph nodes recorded (a program node stands for many calls; views
-        and leaves included).
+        Graph nodes recorded: operator and view nodes (a program node stands
+        for many calls); leaves (inputs, parameters, constants) not counted.
     calls : int
         Operator calls recorded (including row views and the calls inside
         child blocks and programs).
@@ -38,7 +38,8 @@ class BatchStats:
     cache_hits, cache_misses, evictions : int
         Plan-cache lookups of compiled flushes, and plans evicted by the LRU bound.
     planners : dict
-        Flushes per planner whose plan ran (``"depth"``, ``"agenda"``, ...).
+        Flushes per planner whose plan ran (``"depth"``, ``"agenda"``, ...,
+        ``"reference"``).
     reused_choices : int
         Flushes under an analysis budget whose planner was remembered from an
         earlier flush with the same plan structure (no search).

@@ -415,6 +415,45 @@ def test_unknown_compiled_setting_is_refused():
     assert gdb.batching(compiled="plan").compiled == "plan"
 
 
+@pytest.mark.parametrize("bound", ["10", None, 2.5, True, float("nan")])
+def test_a_plan_cache_bound_that_is_not_a_whole_number_is_refused_by_name(bound):
+    """It raised Python's TypeError of a comparison, or was taken (NaN: no bound)."""
+    with pytest.raises(ValueError, match="max_cached_plans"):
+        Scaled(max_cached_plans=bound)
+    assert Scaled(max_cached_plans=np.int64(3)).plan_cache.max_plans == 3
+
+
+def test_map_refuses_keywords_that_are_not_options_inside_a_scope_too():
+    """Inside a scope they were dropped: ``fn`` ran without the keyword the user
+    meant for it, and bad option values passed unchecked."""
+    model = make_model(Scaled)
+    x = nd.random.uniform(shape=(8, 3))
+    with gdb.batching():
+        with pytest.raises(TypeError, match="options of batching.*scale"):
+            gdb.map(model, [0, 1], x, scale=2.0)
+        with pytest.raises(ValueError, match="strategy"):
+            gdb.map(model, [0, 1], x, strategy="bogus")
+        outs = gdb.map(model, [0, 1], x, strategy="depth")
+    np.testing.assert_allclose(outs[1].asnumpy(), model(1, x).asnumpy(), rtol=1e-5)
+    with pytest.raises(TypeError, match="options of batching.*scale"):
+        gdb.map(model, [0, 1], x, scale=2.0)
+
+
+def test_the_reference_strategy_is_counted_among_planners():
+    model = make_model(Scaled)
+    x = nd.random.uniform(shape=(8, 3))
+    with gdb.batching(strategy="reference") as scope:
+        outs = [model(k, x) for k in range(3)]
+    assert scope.stats.planners == {"reference": 1} and len(outs) == 3
+
+
+def test_switches_that_are_not_true_or_false_are_refused_by_name():
+    for name in ("replay", "keep_plan"):
+        with pytest.raises(ValueError, match=name):
+            gdb.batching(**{name: "no"})
+    assert gdb.batching(replay=False, keep_plan=True).keep_plan
+
+
 @pytest.mark.parametrize("options", [{"analysis_budget": "fast"}, {"analysis_budget": "0.1"},
                                      {"analysis_budget": float("nan")},
                                      {"max_pending_nodes": "10"}, {"max_pending_nodes": 2.5}])

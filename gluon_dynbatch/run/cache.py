@@ -1,4 +1,5 @@
 """The plan cache: compiled plans, LRU-bounded, shared safely between threads."""
+import numbers
 import threading
 from collections import OrderedDict
 
@@ -13,8 +14,10 @@ class PlanCache:
     """
 
     def __init__(self, max_plans=64):
-        if max_plans < 1:
-            raise ValueError("max_cached_plans must be at least 1, got %r" % (max_plans,))
+        if isinstance(max_plans, bool) or not isinstance(max_plans, numbers.Integral) \
+                or max_plans < 1:
+            raise ValueError("max_cached_plans must be a whole number of at least 1, got %r"
+                             % (max_plans,))
         self.max_plans = max_plans
         self._plans = OrderedDict()
         self._lock = threading.Lock()
