@@ -233,6 +233,56 @@ def test_views_see_writes_by_every_route_as_in_eager(how):
                 np.testing.assert_allclose(value.asnumpy(), eager, rtol=1e-5, atol=1e-6)
 
 
+class UpdatesAfterViews(gdb.DynBatchBlock):
+    """A view taken, used or not, then its base updated in place, inside the
+    call, whose frame makes the samples' values provisional objects."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        if self.how == "reshape_returned":
+            v = h.reshape((-1,))
+            h *= 3
+            return v
+        if self.how == "rows_returned":
+            v = h[0:1]
+            h *= 3
+            return v
+        v = h[0] if self.how == "row_summed" else h.detach() if self.how == "detach_summed" \
+            else h[0:1]
+        before = F.sum(v)
+        h *= 2
+        return before, F.sum(v), v + 0
+
+
+@pytest.mark.parametrize("how", ["reshape_returned", "rows_returned", "row_summed",
+                                 "detach_summed", "rows_summed"])
+def test_updates_after_views_inside_calls_of_samples_of_several_sizes(how):
+    # Objects of dead values are reused for later values of a call; one that was
+    # a view was reused while its base still listed it: values of other
+    # samples, "never given a value", endless recursion.
+    model = UpdatesAfterViews(how)
+    model.initialize(mx.init.Uniform(0.5))
+    for seed in range(3):
+        r = np.random.RandomState(seed)
+        xs = [nd.array(r.uniform(-1, 1, (r.randint(1, 5), 4))) for _ in range(6)]
+        want = [model(x) for x in xs]
+        for compiled in (False, True):
+            with gdb.batching(compiled=compiled):
+                outs = [model(x) for x in xs]
+            for got, expected in zip(outs, want):
+                got = got if isinstance(got, tuple) else (got,)
+                expected = expected if isinstance(expected, tuple) else (expected,)
+                for value, eager in zip(got, expected):
+                    np.testing.assert_allclose(value.asnumpy(), eager.asnumpy(),
+                                               rtol=1e-5, atol=1e-6)
+
+
 class HalvesItsChildren(gdb.DynBatchBlock):
     """``c = self(child); c *= 0.5``: in place on a recursive call's result (a
     forward hook doing ``out *= 0.5`` does the same at every call)."""

@@ -37,7 +37,7 @@ cdef extern from "Python.h":
 cdef object LAZY = None            # the LazyArray class (``bind``)
 cdef object NDARRAY = None         # mxnet.nd.NDArray
 cdef list MODES = None             # context.MODE_CHANGES
-cdef Py_ssize_t OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_ROWS, OFF_WRITABLE, OFF_EPOCH
+cdef Py_ssize_t OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_ROWS, OFF_WRITABLE, OFF_EPOCH, OFF_VIEWS
 cdef object FLOAT = float
 cdef object INT = int
 cdef object STR = str
@@ -51,8 +51,9 @@ def bind(lazy_class, ndarray_class, mode_changes):
     """Learn where ``lazy_class`` (LazyArray) keeps its slots; the NDArray class
     and the counter of autograd's mode changes (``context.MODE_CHANGES``)."""
     global LAZY, NDARRAY, MODES, OFF_H, OFF_NODE, OFF_IDX, OFF_BASE, OFF_ROWS, OFF_WRITABLE
-    global OFF_EPOCH
+    global OFF_EPOCH, OFF_VIEWS
     OFF_EPOCH = _offset(lazy_class, "_epoch")
+    OFF_VIEWS = _offset(lazy_class, "_views")
     OFF_H = _offset(lazy_class, "_h")
     OFF_NODE = _offset(lazy_class, "_node")
     OFF_IDX = _offset(lazy_class, "_idx")
@@ -737,7 +738,8 @@ cdef class FrameCore:
             item = PyList_GET_ITEM(lazies, k)
             if Py_REFCNT(item) > 1:             # only the list holds a dead one
                 alive.append(<object>item)
-            elif PyList_GET_SIZE(pool) < POOL_SIZE:
+            elif PyList_GET_SIZE(pool) < POOL_SIZE and _peek(<object>item, OFF_VIEWS) == NULL:
+                # (not a view or a base of views: ``aliases`` holds it weakly)
                 lazy = <object>item
                 _set(lazy, OFF_NODE, None)
                 pool.append(lazy)

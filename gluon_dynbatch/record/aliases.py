@@ -28,6 +28,8 @@ def note(base, view, how):
     if views is None:
         views = base._views = []
     views.append((weakref.ref(view), how))
+    if getattr(view, "_views", None) is None:
+        view._views = []        # a view: never reused for another value (``FrameCore.scan``)
     return view
 
 
