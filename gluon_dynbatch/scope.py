@@ -144,10 +144,11 @@ class BatchingScope:
                 self.flush()
                 tasks.raise_first_error()
             else:
-                tasks.close("%s: %s" % (exc_type.__name__, exc))
-                self._discard("%s: %s" % (exc_type.__name__, exc))
+                why = _error_text(exc_type, exc)
+                tasks.close(why)
+                self._discard(why)
         except BaseException as err:
-            tasks.close("%s: %s" % (type(err).__name__, err))
+            tasks.close(_error_text(type(err), err))
             raise
         finally:
             context.set_current(None)
@@ -482,6 +483,16 @@ def check_granularity(value):
     """Raise ValueError unless ``value`` is None or one of ``GRANULARITIES``."""
     if value is not None and value not in GRANULARITIES:
         raise ValueError("unknown granularity %r; choose one of %s" % (value, GRANULARITIES))
+
+
+def _error_text(exc_type, exc):
+    """``"Type: message"`` of an exception, whose ``str`` is the user's code
+    and may itself raise."""
+    try:
+        message = str(exc)
+    except Exception:  # pylint: disable=broad-except
+        message = "(its message could not be made)"
+    return "%s: %s" % (exc_type.__name__, message)
 
 
 def check_max_pending(value):

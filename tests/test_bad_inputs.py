@@ -1044,3 +1044,39 @@ def test_where_of_a_mask_of_another_length_is_eagers_error_not_a_crash():
     assert "eager: MXNetError" in out
     assert "batched: InvalidCallError sample 0, in masked" in out
     assert "> where" in out
+
+
+class Unprintable(Exception):
+    """A user's exception whose message cannot be made."""
+
+    def __str__(self):
+        raise RuntimeError("no message")
+
+
+class RaisesUnprintable(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=IN_UNITS)
+
+    def hybrid_forward(self, F, x, fail):
+        if fail:
+            raise Unprintable()
+        return F.tanh(self.dense(x))
+
+
+def test_an_exception_whose_message_fails_is_the_users_and_the_scope_is_discarded():
+    # Making the scope's failure text raised instead: RuntimeError replaced the
+    # user's exception, and a held value gave an internal error when read.
+    model = RaisesUnprintable()
+    model.initialize(mx.init.Uniform(0.5))
+    x = nd.random.uniform(shape=(2, IN_UNITS))
+    with pytest.raises(Unprintable):
+        with gdb.batching():
+            held = model(x, False)
+            model(x, True)
+    with pytest.raises(gdb.BatchingError, match="scope that failed .*Unprintable"):
+        held.asnumpy()
+    with gdb.batching():
+        out = model(x, False)
+    np.testing.assert_allclose(out.asnumpy(), model(x, False).asnumpy(), rtol=1e-6)
