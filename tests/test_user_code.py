@@ -1996,6 +1996,31 @@ def test_a_call_mxnet_refuses_for_one_samples_values_gives_out_no_unwritten_valu
         np.testing.assert_allclose(out.asnumpy(), 2 * np.sqrt(a.asnumpy()), rtol=1e-6)
 
 
+class TakesRaising(gdb.DynBatchBlock):
+    """Rows of its own by positions, out of range an error (``mode="raise"``)."""
+
+    def hybrid_forward(self, F, x, positions):
+        return F.square(F.take(F.tanh(x), F.array(positions), mode="raise"))
+
+
+@pytest.mark.parametrize("compiled", [False, "plan"])
+def test_a_take_out_of_range_in_one_sample_names_the_calls(compiled):
+    """It gave MXNet's error alone, naming no sample or call."""
+    model = TakesRaising()
+    xs = [nd.ones((2, 2)) * n for n in (1, 2, 3, 4)]
+    positions = [[0, 1], [1, 0], [0, 2], [1, 1]]        # sample 2 has two rows
+    with pytest.raises(gdb.BatchingError, match="take.*of samples .*refused"):
+        with gdb.batching(compiled=compiled):
+            outs = [model(x, p) for x, p in zip(xs, positions)]
+    with pytest.raises(gdb.BatchingError, match="scope that failed"):
+        outs[0].asnumpy()
+    positions[2] = [0, 0]
+    with gdb.batching(compiled=compiled):
+        outs = [model(x, p) for x, p in zip(xs, positions)]
+    for out, x, p in zip(outs, xs, positions):
+        np.testing.assert_allclose(out.asnumpy(), np.tanh(x.asnumpy()[p]) ** 2, rtol=1e-6)
+
+
 @pytest.mark.parametrize("options", [{}, {"strategy": "agenda"}, {"granularity": "op"}])
 def test_a_sample_catching_mxnets_refusal_of_its_own_values_runs_as_eagerly(options):
     model = FactorsOrZero()

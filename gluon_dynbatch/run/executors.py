@@ -96,8 +96,14 @@ REFUSES_VALUES = frozenset(prefix + name for name in ("potrf", "potri", "inverse
 def _may_refuse(node):
     entries = getattr(node.op, "entries", None)     # a program: the calls it runs
     if entries is not None:
-        return any(entry.op.name in REFUSES_VALUES for entry in entries)
-    return node.op.name in REFUSES_VALUES
+        return any(_refuses(entry.op.name, entry.kwargs) for entry in entries)
+    return _refuses(node.op.name, node.kwargs)
+
+
+def _refuses(name, kwargs):
+    """Whether a call of operator ``name`` may refuse its values (``REFUSES_VALUES``,
+    or ``take`` of indices out of range with ``mode="raise"``)."""
+    return name in REFUSES_VALUES or name == "take" and (kwargs or {}).get("mode") == "raise"
 
 
 def check_refused_values(plan, only_read=False):
@@ -106,13 +112,17 @@ def check_refused_values(plan, only_read=False):
     calls if MXNet refused any (the scope's values then raise, none is read
     unwritten).
 
-    ``only_read``: only where a later step reads such a call's output; a call
-    run alone whose output is handed out as it is keeps MXNet's error for its
-    own sample's read, as eagerly (imperative plans)."""
-    nodes = [node for step in plan.steps for node in step.nodes[:1] if _may_refuse(node)]
-    if nodes and only_read:
+    ``only_read``: only where a later step reads such a call's output or the
+    step ran several samples' calls; a call run alone whose output is handed
+    out as it is keeps MXNet's error for its own sample's read, as eagerly
+    (a flush for samples waiting at reads, whose values are each handed out
+    as rows of their steps' outputs; at other flushes outputs of several
+    steps are gathered into one array, which the error would reach)."""
+    steps = [step for step in plan.steps if _may_refuse(step.nodes[0])]
+    if steps and only_read:
         read = {src for step in plan.steps for node in step.nodes for src, _ in node.inputs}
-        nodes = [node for node in nodes if node in read]
+        steps = [step for step in steps if len(step.nodes) > 1 or step.nodes[0] in read]
+    nodes = [step.nodes[0] for step in steps]
     if not nodes:
         return
     try:
@@ -160,7 +170,7 @@ def run_interpreted(plan, live, ctx, rows_out=False):
         for sid, array in zip(outs, results):
             values[sid] = array
     results = [_gather(desc, values, feeds) for desc, _ in walker.outputs]
-    check_refused_values(plan, only_read=True)
+    check_refused_values(plan, only_read=rows_out)
     walker.deliver(_with_history(results, detached, values, feeds),
                    _gather_sources(walker.outputs, values))
 
