@@ -11,7 +11,7 @@ object stand for it (:func:`follow`), so its readers see eager's values.
 import weakref
 
 import numpy as np
-from mxnet import autograd, nd
+from mxnet import nd
 
 from ..ir.graph import LEAF
 
@@ -93,11 +93,12 @@ def shares_memory(shape, key):
         return False        # lists or arrays among the indices: a copy
     found = _SHARES.get((shape, hashable))
     if found is None:
-        with autograd.pause():
-            probe = nd.zeros(shape)         # (mx.nd's own: not recorded)
-            view = probe[key]
-            probe += 1
-            found = _SHARES[(shape, hashable)] = bool(view.asnumpy().any())
+        # (mx.nd's own arrays, not recorded; in autograd's modes as they are:
+        # changing them would count as a change of the samples' modes)
+        probe = nd.zeros(shape)
+        view = probe[key]
+        probe += 1
+        found = _SHARES[(shape, hashable)] = bool(view.asnumpy().any())
     return found
 
 
