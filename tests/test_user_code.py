@@ -134,22 +134,35 @@ def test_in_place_update_outside_record_updates_aliases():
     np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
 
 
-class ViewsThenUpdate(gdb.DynBatchBlock):
-    """Views of a value (reshape, rows, a row, detach, a view of a view, a
-    column slice: eager copies that one) taken before it is updated in place;
-    with ``read``, the value is read between the views and the update."""
+class DenseAnd(gdb.DynBatchBlock):
+    """A Dense layer of 4 units and ``how``: what a subclass does with its output."""
 
-    def __init__(self, read=False, **kwargs):
+    def __init__(self, how, **kwargs):
         super().__init__(**kwargs)
-        self.read = read
+        self.how = how
         with self.name_scope():
             self.dense = gluon.nn.Dense(4, in_units=4)
+
+
+def _assert_outputs_equal(outs, want):
+    """Each sample's outputs (an array, or a list or tuple of them) equal eager's."""
+    for got, expected in zip(outs, want):
+        got = got if isinstance(got, (list, tuple)) else [got]
+        expected = expected if isinstance(expected, (list, tuple)) else [expected]
+        for value, eager in zip(got, expected):
+            np.testing.assert_allclose(value.asnumpy(), eager.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+class ViewsThenUpdate(DenseAnd):
+    """Views of a value (reshape, rows, a row, detach, a view of a view, a
+    column slice: eager copies that one) taken before it is updated in place;
+    with ``how`` true, the value is read between the views and the update."""
 
     def hybrid_forward(self, F, x):
         h = F.tanh(self.dense(x))
         views = [h.reshape((-1,)), h[0:1], h[0], h.detach(), h[:, 1:3]]
         views.append(views[0][2:4])
-        if self.read:
+        if self.how:
             views.append(h.sum().asscalar() * F.ones((1,)))
         h += x
         h *= 2
@@ -178,26 +191,17 @@ def test_views_taken_before_an_update_in_place_see_it_as_in_eager(read, compiled
         want, want_row = _views_updated(model, xs)
         with gdb.batching(compiled=compiled):
             outs, row = _views_updated(model, xs)
-        for got, expected in zip(outs + [[row]], want + [[want_row]]):
-            for value, eager in zip(got, expected):
-                np.testing.assert_allclose(value.asnumpy(), eager.asnumpy(),
-                                           rtol=1e-5, atol=1e-6)
+        _assert_outputs_equal(outs + [row], want + [want_row])
         # eager's column slice is a copy, its row a view
         assert not np.allclose(want[1][5].asnumpy(), want[1][0][:, 1:3].asnumpy())
         np.testing.assert_array_equal(want[1][2].asnumpy().ravel(),
                                       want[1][0][0].asnumpy().ravel())
 
 
-class WritesAfterViews(gdb.DynBatchBlock):
+class WritesAfterViews(DenseAnd):
     """Views of a value, then the value written by another route than ``+=`` on
     a pending value: ``+=`` after a read, ``x[:] = v`` after a read, an
     operator's ``out=``, ``copyto``."""
-
-    def __init__(self, how, **kwargs):
-        super().__init__(**kwargs)
-        self.how = how
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=4)
 
     def hybrid_forward(self, F, x):
         h = F.tanh(self.dense(x))
@@ -226,23 +230,15 @@ def test_views_see_writes_by_every_route_as_in_eager(how):
     for seed in range(3):
         r = np.random.RandomState(seed)
         xs = [nd.array(r.uniform(-1, 1, (k % 3 + 2, 4))) for k in range(4)]
-        want = [[v.asnumpy() for v in model(x)] for x in xs]
+        want = [model(x) for x in xs]
         with gdb.batching():
             outs = [model(x) for x in xs]
-        for got, expected in zip(outs, want):
-            for value, eager in zip(got, expected):
-                np.testing.assert_allclose(value.asnumpy(), eager, rtol=1e-5, atol=1e-6)
+        _assert_outputs_equal(outs, want)
 
 
-class UpdatesAfterViews(gdb.DynBatchBlock):
+class UpdatesAfterViews(DenseAnd):
     """A view taken, used or not, then its base updated in place, inside the
     call, whose frame makes the samples' values provisional objects."""
-
-    def __init__(self, how, **kwargs):
-        super().__init__(**kwargs)
-        self.how = how
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=4)
 
     def hybrid_forward(self, F, x):
         h = F.tanh(self.dense(x))
@@ -276,12 +272,7 @@ def test_updates_after_views_inside_calls_of_samples_of_several_sizes(how):
         for compiled in (False, True):
             with gdb.batching(compiled=compiled):
                 outs = [model(x) for x in xs]
-            for got, expected in zip(outs, want):
-                got = got if isinstance(got, tuple) else (got,)
-                expected = expected if isinstance(expected, tuple) else (expected,)
-                for value, eager in zip(got, expected):
-                    np.testing.assert_allclose(value.asnumpy(), eager.asnumpy(),
-                                               rtol=1e-5, atol=1e-6)
+            _assert_outputs_equal(outs, want)
 
 
 class HalvesItsChildren(gdb.DynBatchBlock):
