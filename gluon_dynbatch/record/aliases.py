@@ -28,14 +28,8 @@ def note(base, view, how):
     if views is None:
         views = base._views = []
     views.append((weakref.ref(view), how))
-    # The view holds its base, as eager's holds its memory: a view of a view
-    # (``h.reshape(...)[1:3]``) reaches ``h`` through a base no one else holds.
-    # Either way it is never reused for another value (``FrameCore.scan``).
-    own = getattr(view, "_views", None)
-    if own is None:
-        view._views = [(None, base)]
-    elif not any(ref is None and held is base for ref, held in own):
-        own.append((None, base))
+    if getattr(view, "_views", None) is None:
+        view._views = []        # a view: never reused for another value (``FrameCore.scan``)
     return view
 
 
@@ -47,9 +41,9 @@ def follow(rec, base):
     views = getattr(base, "_views", None)
     if not views:
         return
-    base._views = [entry for entry in views if entry[0] is None]   # the bases it holds
+    base._views = None
     for ref, how in views:
-        view = ref() if ref is not None else None
+        view = ref()
         if view is None or view is base:
             continue
         if how[0] == "index" and not shares_memory(base.shape, how[1]):
