@@ -442,6 +442,40 @@ def test_a_literal_held_across_a_read_is_used_again_as_eager_uses_it(compiled):
         np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
 
 
+class RoutedConstantRows(gdb.DynBatchBlock):
+    """Rows of a constant table (frozen embeddings), a read choosing a scale,
+    then ``dot`` of the rows with a weight: after the read, one sample's rows
+    are a constant array and the others' rows of the flush's output."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.gate = nn.Dense(4, in_units=HIDDEN)
+            self.weight = self.params.get("weight", shape=(HIDDEN, HIDDEN))
+
+    def hybrid_forward(self, F, word, table, weight):
+        x = table[word:word + 1]
+        k = int(F.argmax(self.gate(x), axis=1).asscalar())
+        return F.dot(x, weight) * (k + 1)
+
+
+@pytest.mark.parametrize("record", [False, True])
+@pytest.mark.parametrize("options", [{}, {"compiled": True}])
+def test_constant_rows_held_across_a_read_multiply_as_in_eager(record, options):
+    mx.random.seed(6)
+    model = RoutedConstantRows()
+    model.initialize(mx.init.Uniform(0.5))
+    table = nd.array(np.random.RandomState(1).uniform(-1, 1, (30, HIDDEN)))
+    modes = autograd.record if record else autograd.pause
+    for words in ([3, 17, 5, 29, 11, 8], [4, 9, 21, 2, 0], [7, 7, 13]):
+        with modes():
+            want = [model(w, table).asnumpy() for w in words]
+            with gdb.batching(**options):
+                got = [model(w, table) for w in words]
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a.asnumpy(), b, rtol=1e-5, atol=1e-6)
+
+
 def test_a_scopes_last_flush_hands_out_one_array_per_group():
     """Values of a flush that no sample waits for go to the user, who uses
     them as arrays: each group of them is rows of one array (one split when

@@ -19,10 +19,11 @@ import numpy as np
 
 from mxnet.ndarray import NDArray
 
-from ..ir.graph import slot
+from ..ir.graph import LEAF, slot
 from ..ir.known import exact_scalar
 from ..ir.ops import Stand
 from ._core import MAX_STATES, Macro, State  # noqa: F401  (compiled: nodes, macro edges)
+from .lazy import LazyArray
 from .usage import Usage
 
 log = logging.getLogger(__name__)
@@ -377,11 +378,22 @@ def learn_call(rec, frame, op, args, kwargs, refs, kw):
 
 
 def _source(rec, frame, array, ref):
-    """``(node, idx)`` standing for an input of a frame's call during analysis."""
+    """``(node, idx)`` standing for an input of a frame's call during analysis.
+
+    A value the frame read from outside before a flush of this scope is, by
+    now, either a leaf of the value the flush gave it or rows of a batched
+    output, from sample to sample: its key item, given when it was read,
+    says neither.  It stands in by its shape alone, so that no rule reads
+    its values when it plans (``ir.known.values_known``) for one sample and
+    finds rows of a computed output in the next.
+    """
     if type(ref) is int:
         outside = frame.vals.get(ref)
         if outside is not None:
-            return rec.value_of(outside)
+            found = rec.value_of(outside)
+            node = found[0]
+            if node.kind != LEAF or type(node.value) is not LazyArray:
+                return found
         return (Stand(frame.out_shapes[ref], frame.out_dtypes[ref], ref), 0)
     return rec.value_of(array)
 
