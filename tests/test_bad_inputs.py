@@ -154,6 +154,37 @@ def test_wrong_dtype_names_sample_block_and_the_dtypes(compiled):
     assert_next_batch_ok(model, compiled=compiled)
 
 
+class Products(gdb.DynBatchBlock):
+    """``dot`` of a sample's rows with a matrix of its own, then the probe."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.probe = Probe()
+
+    def hybrid_forward(self, F, rows, x, m):
+        return self.probe(rows, F.dot(x, m).astype("float32"))
+
+
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_a_product_of_float16_values_on_the_cpu_names_sample_and_call(compiled):
+    model = Products()
+    model.initialize(mx.init.Uniform(0.5))
+    x, m = table(), nd.ones((IN_UNITS, IN_UNITS))
+    want = [model((0, 2), x, m), model((1, 2), x, m)]
+    with pytest.raises(gdb.BatchingError) as info:
+        with gdb.batching(compiled=compiled):
+            model((0, 2), x, m)
+            model((1, 2), x.astype("float16"), m.astype("float16"))
+    message = str(info.value)
+    assert "sample 1" in message and "dot" in message and "float16" in message
+    with gdb.batching(compiled=compiled):
+        got = [model((0, 2), x, m), model((1, 2), x, m)]
+    for outs, ref in zip(got, want):
+        for a, b in zip(outs, ref):
+            np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
 class FreeSums(gdb.DynBatchBlock):
     """No parameters: an elementwise op and an axis-0 mean of each sample's rows."""
 

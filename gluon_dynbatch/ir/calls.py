@@ -9,10 +9,11 @@ same shape reuses it: ``INFOS`` memoises them for the recorder.
 import threading
 from math import prod
 
+import mxnet as mx
 import numpy as np
 from mxnet.ndarray import NDArray
 
-from ..errors import BatchingError, describe_call, refused_call
+from ..errors import BatchingError, InvalidCallError, describe_call, refused_call
 from .graph import OP, VIEW, Slot, slot
 from .ops import INFER, UnknownShape, first_line, hashable
 from .rules import ALONE, intern, rule_for
@@ -144,6 +145,7 @@ def analyse(node, in_shapes, in_dtypes):
         # whose size the target does not match: refused as numpy does.
         raise BatchingError("%s: reshape of %s to %s changes the number of elements" % (
             describe_call(node.sample, node.path, op.name), in_shapes[0], out_shapes[0]))
+    _check_kernel_dtypes(node, in_dtypes, where)
     deferred = _finish_deferred(node.inputs, inferred)
     node.out_shapes, node.out_dtypes, node.attrs = out_shapes, out_dtypes, attrs
     signature = rule_for(op.name).signature(node)
@@ -154,6 +156,32 @@ def analyse(node, in_shapes, in_dtypes):
     if info.shared_pos and op.name.startswith("broadcast_") and len(out_shapes[0]) >= 2:
         info.low = tuple(k for k in info.shared_pos if len(in_shapes[k]) < len(out_shapes[0]))
     return info
+
+
+_NO_CPU_FLOAT16 = frozenset(("dot", "batch_dot", "FullyConnected", "Convolution",
+                             "Deconvolution"))
+"""Operators whose CPU kernels refuse float16 values (and ``linalg``'s): MXNet's
+inference takes the call, its kernel raises when it runs."""
+
+
+def _check_kernel_dtypes(node, in_dtypes, where):
+    """Raise ``InvalidCallError`` for a call whose CPU kernel refuses its dtypes.
+
+    Eager MXNet raises when such a value is read; batched, the kernel would
+    fail inside a batched step, and its error would reach the values of
+    every sample that step ran, named after no call.
+    """
+    op = node.op
+    if op.name not in _NO_CPU_FLOAT16 and op.path[0] != "linalg":
+        return
+    if not any(np.dtype(dtype) == np.float16 for dtype in in_dtypes):
+        return
+    ctx = getattr(getattr(node, "graph", None), "ctx", None) or mx.current_context()
+    if ctx.device_type == "cpu":
+        raise InvalidCallError(
+            "%s: MXNet's CPU kernel of %s takes float32 and float64 values, not float16 "
+            "(eager MXNet raises when the value is read); cast the inputs with "
+            ".astype('float32')" % (where, op.name))
 
 
 def written_shapes(op, args, kwargs, sample=None, path=()):
