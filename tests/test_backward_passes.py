@@ -212,6 +212,134 @@ def test_arrays_written_in_place_inside_a_scope_give_each_call_its_values():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
+class ReadsMemory(gdb.DynBatchBlock):
+    """Adds a view of an array it keeps (``memory[0:1]``), then writes the
+    array in place (``how``: through the array itself, or a view of it)."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        self.memory = nd.zeros((2, 3))
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x, value):
+        h = self.dense(x + self.memory[0:1])
+        if self.how == "base":
+            self.memory[:] = value
+        elif self.how == "iadd":
+            self.memory += value
+        else:
+            self.memory.reshape((-1,))[:] = value
+        return h
+
+
+def _through_views(how, options):
+    """Outputs of a sample writing an array whose view it read (a scope each);
+    of a loop refilling a buffer whose view each call gets; the arrays after."""
+    mx.random.seed(0)
+    model = ReadsMemory(how)
+    model.initialize()
+    xs = _inputs()
+    buffer = nd.zeros((2, 3))
+    outs = []
+    for k, x in enumerate(xs):
+        with gdb.batching(**options) if options is not None else contextlib.nullcontext():
+            outs.append(model(x, float(k + 1)))
+    with gdb.batching(**options) if options is not None else contextlib.nullcontext():
+        for x in xs:
+            buffer[:] = nd.concat(x, x * 2, dim=0)
+            outs.append(model.dense(buffer[1:2]))
+    return [o.asnumpy() for o in outs] + [model.memory.asnumpy(), buffer.asnumpy()]
+
+
+@pytest.mark.parametrize("how", ["base", "iadd", "reshaped"])
+@pytest.mark.parametrize("options", [{}, {"strategy": "reference"}, {"compiled": True}])
+def test_writes_of_arrays_whose_views_calls_read_give_each_call_its_values(how, options):
+    """The pending calls read a view (``memory[0:1]``), the write went to the
+    array (or another view of it): the calls ran after the write."""
+    for got, want in zip(_through_views(how, options), _through_views(how, None)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+class Masked(gluon.HybridBlock):
+    """Multiplies by an array it keeps, which its parent writes per sample."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.mask = nd.ones((1, 3))
+
+    def hybrid_forward(self, F, x):
+        return x * self.mask
+
+
+class SetsMask(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.masked = Masked()
+
+    def hybrid_forward(self, F, x, scale):
+        self.masked.mask[:] = scale
+        return self.masked(x)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}])
+def test_samples_each_writing_one_array_before_their_calls_read_their_own_values(options):
+    """Each sample waits at its write while the next one writes too: after the
+    wait, calls other samples recorded meanwhile run before the write."""
+    model = SetsMask()
+    model.initialize()
+    xs, scales = _inputs(), [2.0, 3.0, 5.0, 7.0]
+    want = [model(x, s).asnumpy() for x, s in zip(xs, scales)]
+    for _ in range(2):
+        with gdb.batching(**options):
+            got = [model(x, s) for x, s in zip(xs, scales)]
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a.asnumpy(), b, rtol=1e-6)
+
+
+class TakesRows(gdb.DynBatchBlock):
+    """Rows of a constant buffer (``take``, or an ``Embedding`` of its rows)."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(2, in_units=3)
+
+    def hybrid_forward(self, F, buffer):
+        if self.how == "take":
+            return self.dense(F.take(buffer, F.array([0, 2])))
+        return self.dense(F.Embedding(F.array([0, 2]), buffer, input_dim=3, output_dim=3))
+
+
+def _refilled_under_record(how, options):
+    mx.random.seed(0)
+    model = TakesRows(how)
+    model.initialize()
+    buffer = nd.zeros((3, 3))
+    outs = []
+    with autograd.record():
+        with gdb.batching(**options) if options is not None else contextlib.nullcontext():
+            for k in range(4):
+                buffer[:] = k + 1.0
+                outs.append(model(buffer))
+        loss = nd.add_n(*[(o * o).sum() for o in outs])
+    loss.backward()
+    return [o.asnumpy() for o in outs] + [model.dense.weight.grad().asnumpy()]
+
+
+@pytest.mark.parametrize("how", ["take", "embedding"])
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": "plan"}])
+def test_a_constant_buffer_refilled_under_record_stays_out_of_autograds_graph(how, options):
+    """Eager's ``take`` of a constant takes no gradient of it and leaves it out
+    of autograd's graph; batched calls made it an input there, and MXNet
+    refused the next refill ("already in a computational graph")."""
+    for got, want in zip(_refilled_under_record(how, options), _refilled_under_record(how, None)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def _given_new_arrays(how, options):
     """Samples before and after a parameter is given new arrays: outputs, and
     the gradient of the parameter's arrays after the change."""

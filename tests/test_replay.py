@@ -1190,3 +1190,35 @@ def test_a_child_updating_its_argument_in_place_runs_at_every_call(compiled):
         for got, expected in zip(outs, want):
             for value, eager in zip(got, expected):
                 np.testing.assert_allclose(value.asnumpy(), eager, rtol=1e-5, atol=1e-6)
+
+
+class Signed(gluon.HybridBlock):
+    """Tells a number's sign apart, zeros too."""
+
+    def hybrid_forward(self, F, x, c):
+        return x * math.copysign(1.0, c)
+
+
+class PassesSigns(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.signed = Signed()
+
+    def hybrid_forward(self, F, x, c):
+        return self.signed(x, c)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_childs_argument_of_minus_zero_is_told_from_zero(compiled):
+    """0.0 == -0.0 as Python keys: the first call of the child was replayed
+    for the other zero, whose code gives another result."""
+    model = PassesSigns()
+    model.initialize()
+    x, signs = nd.ones((1, 2)), [0.0, -0.0, 0.0, -0.0]
+    want = [model(x, c).asnumpy() for c in signs]
+    for _ in range(2):
+        with gdb.batching(compiled=compiled):
+            got = [model(x, c) for c in signs]
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a.asnumpy(), b)

@@ -172,7 +172,7 @@ def _check_kernel_dtypes(node, in_dtypes, where):
     every sample that step ran, named after no call.
     """
     op = node.op
-    if op.name not in _NO_CPU_FLOAT16 and op.path[0] != "linalg":
+    if op.name not in _NO_CPU_FLOAT16 and (op.path or ("",))[0] != "linalg":
         return
     if not any(np.dtype(dtype) == np.float16 for dtype in in_dtypes):
         return

@@ -175,6 +175,7 @@ class Graph:
         self.derived_nodes = {}    # id(DerivedWeight) -> (it, its node here)
         self.mode = None           # autograd's (recording, training) of its calls
         self.links = []            # additions that may form chains (``sums.py``)
+        self.spans = {}            # id(array) -> (it, its memory): ``aliases.shares_with_pending``
 
     def add(self, node):
         self.nodes.append(node)
@@ -204,6 +205,7 @@ class Graph:
         self.derived = {}
         self.derived_nodes = {}
         self.links = []
+        self.spans = {}
         self.flush_fn = self.read_fn = _released
 
     def live_and_needed(self):

@@ -1178,7 +1178,9 @@ cdef object _structure(object obj, list arrays):
                 return None
             items.append(inner)
         return ("list" if kind is list else "tuple", tuple(items))
-    if kind is INT or kind is FLOAT or kind is bool or kind is str or obj is None:
+    if kind is FLOAT:                   # -0.0 told from 0.0, as recorded scalars are
+        return ("C", kind, _scalar(obj))
+    if kind is INT or kind is bool or kind is str or obj is None:
         return ("C", kind, obj)
     return None
 

@@ -8,12 +8,15 @@ the views taken of it, with how to take each again (:func:`note`); an update
 in place takes every live view again on the new value and makes the view's
 object stand for it (:func:`follow`), so its readers see eager's values.
 """
+import ctypes
 import weakref
 
 import numpy as np
 from mxnet import nd
+from mxnet.base import _LIB, check_call
 
 from ..ir.graph import LEAF
+from .lazy import LazyArray
 
 _SHARES = {}        # (shape, key) -> whether eager's x[key] shares x's memory
 GETITEM = [None]    # x[key] inside a scope, keeping no view (``arithmetic``)
@@ -57,6 +60,61 @@ def follow(rec, base):
             continue
         note(base, rec.rebind(view, _pending_view(rec, base, how)), how)
         follow(rec, view)
+
+
+def shares_with_pending(rec, array, with_frame=True):
+    """Whether computed ``array`` shares memory with an array a pending call
+    (of the current frame too: ``with_frame``) reads (one of its views, its
+    base, a view of the same base): eager code read those values before
+    ``array`` is written.
+
+    Identity is asked first (``Recorder.before_write``); this compares where
+    the arrays' memory lies, once per array of the graph (``graph.spans``: the
+    graph holds them).  The frame's values are asked each time: holding them
+    would keep them alive, and which of them are alive shapes the templates.
+    """
+    span = _span(array)
+    if span is None:
+        return False
+    graph, frame = rec.graph, rec.frame if with_frame else None
+    held = [entry[2] for entry in graph.leaf_by_id.values()]
+    held.extend(graph.param_arrays.values())
+    spans = graph.spans
+    for other in held:
+        found = spans.get(id(other))
+        if found is None or found[0] is not other:
+            found = spans[id(other)] = (other, _span(other))
+        if other is not array and _overlap(found[1], span, other, array):
+            return True
+    if frame is not None:
+        for other in frame.vals.values():
+            if other is not array and _overlap(_span(other), span, other, array):
+                return True
+    return False
+
+
+def _overlap(span, other_span, array, other):
+    return span is not None and span[0] < other_span[1] and other_span[0] < span[1] \
+        and array.context == other.context
+
+
+def _span(array):
+    """``(first byte, end byte)`` of a computed dense NDArray's memory, or None
+    (not an NDArray, sparse, pending, or without memory yet).  MXNet's
+    ``MXNDArrayGetData`` gives the address without waiting for the engine."""
+    if type(array) is LazyArray:
+        handle = array._h
+    elif type(array) is nd.NDArray:
+        handle = array.handle
+    else:
+        return None
+    if handle is None:
+        return None
+    address = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(handle, ctypes.byref(address)))
+    if not address.value:
+        return None
+    return (address.value, address.value + array.size * np.dtype(array.dtype).itemsize)
 
 
 def _pending_view(rec, base, how):

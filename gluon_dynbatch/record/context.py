@@ -205,8 +205,15 @@ def _counting_backward(backward, position=2, to_variables=False):
             if reworded is err:
                 raise
             raise reworded from err
-        for grad, value in kept or ():
-            value.copyto(grad)
+        if kept:
+            # The gradients as they were: no write of the user's (the recorder
+            # would run pending calls reading them before they are restored).
+            recorder, TLS.recorder = TLS.recorder, None
+            try:
+                for grad, value in kept:
+                    value.copyto(grad)
+            finally:
+                TLS.recorder = recorder
         retain = kwargs.get("retain_graph", args[position] if len(args) > position else None)
         if not (create if retain is None else retain):
             lazy_mod.backward_ran()

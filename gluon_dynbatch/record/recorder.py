@@ -23,6 +23,7 @@ from mxnet.ndarray import NDArray
 from mxnet.ndarray.sparse import BaseSparseNDArray
 
 from ..ir import _scan, calls
+from . import aliases
 from . import context
 from . import passes
 from . import purity
@@ -277,12 +278,22 @@ class Recorder(RecorderCore):
                       "with its old values, as in eager code (give each sample an array of "
                       "its own to batch them)", describe_call(self.sample, self.path))
             tasks.drain()
-        for array in arrays:
-            if self._read_by_pending(array):
-                self._run_pending("written", "an array that recorded calls read is written "
-                                  "in place; they run first, with its old values, as in "
-                                  "eager code", "an array it read is written in place")
-                return
+        with_frame = True
+        while self._written_are_read(arrays, with_frame):
+            self._run_pending("written", "an array that recorded calls read is written "
+                              "in place; they run first, with its old values, as in "
+                              "eager code", "an array it read is written in place")
+            if self.tasks.current is None:
+                return                  # a flush: nothing is pending
+            # This sample waited, its frame cut: other samples may have read
+            # the array meanwhile (each refilling a shared buffer).
+            with_frame = False
+
+    def _written_are_read(self, arrays, with_frame):
+        """Whether a pending call (of the current frame too: ``with_frame``) reads
+        one of ``arrays`` or an array sharing memory with one."""
+        return any(self._read_by_pending(array, with_frame) for array in arrays) \
+            or any(aliases.shares_with_pending(self, array, with_frame) for array in arrays)
 
     def before_replace(self, parameter):
         """``parameter``'s arrays are about to be replaced by new ones
@@ -298,9 +309,10 @@ class Recorder(RecorderCore):
                               "run first, with its old ones, as in eager code",
                               "a parameter it read is given new arrays")
 
-    def _read_by_pending(self, array):
-        """Whether a pending call reads ``array``."""
-        graph, frame = self.graph, self.frame
+    def _read_by_pending(self, array, with_frame=True):
+        """Whether a pending call (of the current frame too: ``with_frame``) reads
+        ``array``."""
+        graph, frame = self.graph, self.frame if with_frame else None
         found = graph.leaf_by_id.get(id(array))
         return found is not None and found[2] is array \
             or graph.param_arrays.get(id(array)) is array \

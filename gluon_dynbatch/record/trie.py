@@ -81,7 +81,10 @@ def _walk_args(obj, arrays):
     if isinstance(obj, (list, tuple)):
         inner = tuple(_walk_args(o, arrays) for o in obj)
         return None if None in inner else (type(obj).__name__, inner)
-    # The type too: 1, 1.0 and True are equal keys, and code may tell them apart.
+    # The type too: 1, 1.0 and True are equal keys, and code may tell them apart;
+    # -0.0 and 0.0 too (``math.copysign``), as recorded scalars are.
+    if isinstance(obj, float):
+        return ("C", type(obj), exact_scalar(obj))
     return ("C", type(obj), obj) if isinstance(obj, _SIMPLE) else None
 
 

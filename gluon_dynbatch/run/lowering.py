@@ -21,7 +21,7 @@ import numpy as np
 from mxnet.base import _LIB, NDArrayHandle, c_array, check_call, mx_uint
 
 from ..ir.graph import LEAF, VIEW
-from ..ir.known import device_array
+from ..ir.known import device_array, values_known
 from ..record import context
 from ..record.lazy import Rows, split_rows
 from ..record.trie import store
@@ -195,6 +195,13 @@ def leaf_value(node, constants):
     if constants and id(value) in constants:
         with mx.autograd.pause():
             return value.copy()
+    if type(value) is mx.nd.NDArray and mx.autograd.is_recording() and values_known(node):
+        # A constant given by the user: a batched call recorded on it would make
+        # it an input of autograd's graph, where eager's calls that take no
+        # gradient of it leave it out, and MXNet would refuse to write it in
+        # place afterwards (an input buffer refilled per sample).  The same
+        # memory under another handle is recorded instead.
+        return value.detach()
     return value
 
 
