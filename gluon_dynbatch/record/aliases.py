@@ -94,6 +94,7 @@ def shares_with_pending(rec, array, with_frame=True):
 
 
 def _overlap(span, other_span, array, other):
+    """Whether memory ``span`` of ``array`` and ``other_span`` of ``other`` overlap."""
     return span is not None and span[0] < other_span[1] and other_span[0] < span[1] \
         and array.context == other.context
 

@@ -195,7 +195,8 @@ def leaf_value(node, constants):
     if constants and id(value) in constants:
         with mx.autograd.pause():
             return value.copy()
-    if type(value) is mx.nd.NDArray and mx.autograd.is_recording() and values_known(node):
+    if type(value) is mx.nd.NDArray and mx.autograd.is_recording() \
+            and node not in node.graph.literal_leaves and values_known(node):
         # A constant given by the user: a batched call recorded on it would make
         # it an input of autograd's graph, where eager's calls that take no
         # gradient of it leave it out, and MXNet would refuse to write it in
