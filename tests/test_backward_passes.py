@@ -299,6 +299,64 @@ def test_samples_each_writing_one_array_before_their_calls_read_their_own_values
             np.testing.assert_allclose(a.asnumpy(), b, rtol=1e-6)
 
 
+class ReadsThenReuses(gdb.DynBatchBlock):
+    """Reads a value of its input's layer (the sample waits), then uses its
+    input again."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        if h.sum().asscalar() > 0:
+            h = h + x
+        return h * x
+
+
+REFILLS = {
+    "view": lambda buf, k: buf.__setitem__(slice(None), (k + 1.0) * nd.array([[1, -1, .5]])),
+    "kvstore": None,
+    "reset_arrays": lambda buf, k: nd.reset_arrays(buf, num_arrays=1),
+}
+
+
+def _refilled_by(how, options):
+    """A buffer written between samples by ``how``: a refill of a buffer whose
+    view each sample waiting at a read was given, a pull from a kvstore (no
+    operator writes it), ``reset_arrays`` (``zero_grad``: no ``out``)."""
+    mx.random.seed(0)
+    model = ReadsThenReuses()
+    model.initialize()
+    encoder = _models()[0]
+    buf = nd.ones((2, 3)) * 5
+    store = mx.kv.create("local")
+    store.init(0, nd.zeros((2, 3)))
+    outs = []
+    with gdb.batching(**options) if options is not None else contextlib.nullcontext():
+        for k in range(3):
+            if how == "kvstore":
+                store.push(0, nd.ones((2, 3)) * (k - 1))
+                store.pull(0, out=buf)
+            elif how == "view":
+                REFILLS[how](buf, k)
+            if how == "reset_arrays":       # a pending call reads the buffer, then reset
+                outs.append(encoder(buf))
+                REFILLS[how](buf, k)
+                buf += k + 2.0
+            else:
+                outs.append(model(buf[0:1]))
+    return [o.asnumpy() for o in outs]
+
+
+@pytest.mark.parametrize("how", sorted(REFILLS))
+@pytest.mark.parametrize("options", [{}, {"compiled": True}])
+def test_buffers_written_without_an_operators_out_run_what_reads_them_first(how, options):
+    for got, want in zip(_refilled_by(how, options), _refilled_by(how, None)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 class TakesRows(gdb.DynBatchBlock):
     """Rows of a constant buffer (``take``, or an ``Embedding`` of its rows)."""
 

@@ -210,6 +210,36 @@ def test_many_scopes_with_waiting_samples_leave_no_greenlet_behind():
     assert _greenlets() <= before
 
 
+def test_an_interrupt_while_a_round_resumes_its_samples_leaves_none_waiting(monkeypatch):
+    """A KeyboardInterrupt (Ctrl-C) at the third sample a round resumes: the
+    samples not resumed yet were out of the waiting list, and the scope's end
+    did not unwind them (their stacks stayed for good)."""
+    from gluon_dynbatch.record import tasks as task_module
+    model = _model()
+    before = _greenlets()
+    switch, count = task_module.Tasks._switch, [0]
+
+    def interrupted(self, task):
+        if sys._getframe(1).f_code.co_name == "_resume":
+            count[0] += 1
+            if count[0] == 3:
+                raise KeyboardInterrupt
+        return switch(self, task)
+    monkeypatch.setattr(task_module.Tasks, "_switch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with gdb.batching():
+            [model(s) for s in STARTS]
+    monkeypatch.setattr(task_module.Tasks, "_switch", switch)
+    assert _greenlets() <= before
+    want, want_grads = _eager(model, STARTS)
+    with autograd.record():
+        with gdb.batching():
+            got = gdb.map(model, STARTS)
+        loss = nd.add_n(*[scores.sum() for _, scores in got])
+    loss.backward()
+    _assert_like_eager(model, got, want, want_grads)
+
+
 class Tree:
     def __init__(self, word, children=()):
         self.word, self.children = word, list(children)

@@ -93,6 +93,14 @@ def shares_with_pending(rec, array, with_frame=True):
     return False
 
 
+def overlapping(array, others):
+    """Whether computed ``array`` shares memory with one of ``others`` (itself
+    not counted)."""
+    span = _span(array)
+    return span is not None and any(
+        other is not array and _overlap(_span(other), span, other, array) for other in others)
+
+
 def _overlap(span, other_span, array, other):
     """Whether memory ``span`` of ``array`` and ``other_span`` of ``other`` overlap."""
     return span is not None and span[0] < other_span[1] and other_span[0] < span[1] \

@@ -264,9 +264,22 @@ def _resolve_direct(name):
     return None
 
 
+def _op_handle(name):
+    """The ``OpHandle`` value of MXNet operator ``name``."""
+    found = OpHandle()
+    check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(found)))
+    return found.value
+
+
+_WRITES_INPUTS = [_op_handle("reset_arrays")]
+"""Operators writing their inputs in place, without ``out``."""
+
+
 def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list):
     """``_imperative_invoke`` that records calls on pending LazyArrays in a scope."""
     rec = context.TLS.recorder
+    if rec is not None and out is None and getattr(handle, "value", handle) == _WRITES_INPUTS[0]:
+        rec.before_write(ndargs)        # ``reset_arrays`` (``zero_grad``) writes its inputs
     if out is not None:                 # written in place: no longer rows of a flush's output
         outs = out if isinstance(out, (list, tuple)) else (out,)
         if rec is not None:

@@ -36,6 +36,7 @@ from mxnet.base import integer_types, numeric_types
 from mxnet.ndarray import NDArray
 
 from ..ir.ops import opdef
+from . import aliases
 from .context import MODE_CHANGES
 from .handlers import caught_at
 from .lazy import LazyArray
@@ -248,9 +249,15 @@ class Tasks:
 
     def holding(self, arrays):
         """Whether a waiting task was given one of ``arrays`` (in its arguments,
-        or in lists, tuples and dicts of them)."""
+        or in lists, tuples and dicts of them), or an array sharing memory with
+        one (a view of a buffer refilled per sample)."""
         wanted = {id(a) for a in arrays}
-        return any(_holds(task.args, wanted, 4) for task in self.waiting)
+        if any(_holds(task.args, wanted, 4) for task in self.waiting):
+            return True
+        given = []
+        for task in self.waiting:
+            _arrays_in(task.args, 4, given)
+        return any(aliases.overlapping(array, given) for array in arrays)
 
     def drain(self, until=None):
         """Rounds until every task has finished (or ``until`` has): each runs what
@@ -292,11 +299,20 @@ class Tasks:
             self.mode = next((mode for mode, go in zip(modes, ready)
                               if go and mode is not None), None)
         later = []
-        for task, mode, go in zip(resumed, modes, ready):
-            if go and (mode is None or mode == self.mode):
-                self._switch(task)
-            else:
+        round_ = list(zip(resumed, modes, ready))
+        for k, (task, mode, go) in enumerate(round_):
+            if not (go and (mode is None or mode == self.mode)):
                 later.append(task)
+                continue
+            try:
+                self._switch(task)
+            except BaseException:
+                # (KeyboardInterrupt while the round resumes its tasks): those
+                # not resumed yet wait on, so that the scope's end unwinds them.
+                later.extend(t for t, _, _ in round_[k:] if not t.done
+                             and not t.glet.dead and t not in self.waiting)
+                self.waiting[:0] = later
+                raise
         self.waiting[:0] = later        # they stopped before those stopping now
 
     def _finished(self, task):
@@ -481,6 +497,16 @@ def _holds(obj, wanted, depth):
     elif not isinstance(obj, (list, tuple)):
         return False
     return any(_holds(item, wanted, depth - 1) for item in obj)
+
+
+def _arrays_in(obj, depth, found):
+    """Append to ``found`` the NDArrays ``obj`` is or holds within ``depth``
+    levels of lists, tuples and dicts."""
+    if isinstance(obj, NDArray):
+        found.append(obj)
+    elif depth and isinstance(obj, (list, tuple, dict)):
+        for item in obj.values() if isinstance(obj, dict) else obj:
+            _arrays_in(item, depth - 1, found)
 
 
 def settings_of(args, owner=None):

@@ -166,6 +166,35 @@ def install():
     from mxnet.gluon import Parameter  # pylint: disable=import-outside-toplevel
     for name in ("initialize", "_init_impl", "cast"):
         setattr(Parameter, name, _replacing(getattr(Parameter, name)))
+    from mxnet.kvstore import KVStore  # pylint: disable=import-outside-toplevel
+    for name in ("pull", "row_sparse_pull", "pushpull"):
+        setattr(KVStore, name, _pulling(getattr(KVStore, name)))
+
+
+def _pulling(original):
+    """``original``, a method of KVStore writing the arrays given as ``out`` (new
+    weights pulled after an update on the store: ``Trainer.step`` with
+    ``update_on_kvstore``), running the pending calls that read them first
+    (``Recorder.before_write``); MXNet writes them without an operator."""
+    from . import context  # pylint: disable=import-outside-toplevel
+
+    def pulling(self, *args, **kwargs):
+        rec = context.current()
+        out = kwargs.get("out", args[1] if len(args) > 1 else None)
+        if rec is not None and out is not None:
+            rec.before_write(_flat_arrays(out))
+        return original(self, *args, **kwargs)
+
+    pulling.__name__ = pulling.__qualname__ = original.__name__
+    pulling.__doc__ = original.__doc__
+    return pulling
+
+
+def _flat_arrays(out):
+    """The NDArrays of ``out``: an array, or lists of them (one per device)."""
+    if isinstance(out, (list, tuple)):
+        return [a for item in out for a in _flat_arrays(item)]
+    return [out]
 
 
 def _replacing(original):
