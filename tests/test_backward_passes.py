@@ -318,6 +318,8 @@ class ReadsThenReuses(gdb.DynBatchBlock):
 REFILLS = {
     "view": lambda buf, k: buf.__setitem__(slice(None), (k + 1.0) * nd.array([[1, -1, .5]])),
     "kvstore": None,
+    "broadcast": None,
+    "pushpull": None,
     "reset_arrays": lambda buf, k: nd.reset_arrays(buf, num_arrays=1),
 }
 
@@ -339,6 +341,10 @@ def _refilled_by(how, options):
             if how == "kvstore":
                 store.push(0, nd.ones((2, 3)) * (k - 1))
                 store.pull(0, out=buf)
+            elif how == "broadcast":
+                store.broadcast(k + 1, nd.ones((2, 3)) * (k - 1), buf)
+            elif how == "pushpull":
+                store.pushpull(0, nd.ones((2, 3)) * (k - 1), buf)
             elif how == "view":
                 REFILLS[how](buf, k)
             if how == "reset_arrays":       # a pending call reads the buffer, then reset
@@ -354,6 +360,54 @@ def _refilled_by(how, options):
 @pytest.mark.parametrize("options", [{}, {"compiled": True}])
 def test_buffers_written_without_an_operators_out_run_what_reads_them_first(how, options):
     for got, want in zip(_refilled_by(how, options), _refilled_by(how, None)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class ReadsThenDense(gdb.DynBatchBlock):
+    """Waits at a read, then calls a layer it did not call before it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.first = gluon.nn.Dense(3, in_units=3)
+            self.second = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.first(x))
+        if h.sum().asscalar() > -10:
+            h = self.second(h)
+        return h
+
+
+def _steps_while_waiting(how, options):
+    """Per sample a call waiting at its read, then ``how`` writes the weights."""
+    mx.random.seed(0)
+    model = ReadsThenDense()
+    model.initialize()
+    trainer = gluon.Trainer(model.collect_params(), "sgd", {"learning_rate": 1.0})
+    xs = [nd.array([[0.1 * k, -0.2, 0.3]]) for k in range(3)]
+    outs = []
+    for _ in range(2):                  # the second batch replays what the first learned
+        with autograd.record():
+            loss = nd.add_n(*[(model(x) ** 2).sum() for x in xs])
+        loss.backward()
+        with gdb.batching(**options) if options is not None else contextlib.nullcontext():
+            for x in xs:
+                outs.append(model(x))
+                if how == "step":
+                    trainer.step(1, ignore_stale_grad=True)
+                else:
+                    model.second.weight.data()[:] *= 0.5
+    return [o.asnumpy() for o in outs]
+
+
+@pytest.mark.parametrize("how", ["step", "in place"])
+@pytest.mark.parametrize("options", [{}, {"compiled": True}])
+def test_weights_written_while_samples_wait_at_reads_are_read_as_eager_reads_them(how, options):
+    """Eager's sample finished, on the old weights, before the loop's write;
+    a waiting sample resumed after it and its calls after the read used the
+    new weights."""
+    for got, want in zip(_steps_while_waiting(how, options), _steps_while_waiting(how, None)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 

@@ -8,6 +8,7 @@ the views taken of it, with how to take each again (:func:`note`); an update
 in place takes every live view again on the new value and makes the view's
 object stand for it (:func:`follow`), so its readers see eager's values.
 """
+import bisect
 import ctypes
 import weakref
 
@@ -93,12 +94,26 @@ def shares_with_pending(rec, array, with_frame=True):
     return False
 
 
-def overlapping(array, others):
-    """Whether computed ``array`` shares memory with one of ``others`` (itself
-    not counted)."""
+def memory_index(arrays):
+    """The memory of the computed arrays of ``arrays``, for ``in_index``: their
+    first bytes in order, and the furthest end byte up to each."""
+    spans = sorted(span for span in map(_span, arrays) if span is not None)
+    ends, furthest = [], 0
+    for _, end in spans:
+        furthest = max(furthest, end)
+        ends.append(furthest)
+    return [start for start, _ in spans], ends
+
+
+def in_index(array, index):
+    """Whether computed ``array`` shares memory with an array of ``index``
+    (``memory_index``): a bisection, whatever the number of arrays."""
     span = _span(array)
-    return span is not None and any(
-        other is not array and _overlap(_span(other), span, other, array) for other in others)
+    if span is None:
+        return False
+    starts, ends = index
+    before = bisect.bisect_left(starts, span[1])     # those starting before its end
+    return before > 0 and ends[before - 1] > span[0]
 
 
 def _overlap(span, other_span, array, other):

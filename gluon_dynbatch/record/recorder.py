@@ -272,12 +272,19 @@ class Recorder(RecorderCore):
         first, as eager code finished them before the write.
         """
         tasks = self.tasks
-        if tasks.current is None and tasks.waiting and tasks.holding(arrays):
-            warn_once("written while waiting", "%s: an array a sample waiting at a read "
-                      "was given is written in place; the waiting samples finish first, "
-                      "with its old values, as in eager code (give each sample an array of "
-                      "its own to batch them)", describe_call(self.sample, self.path))
-            tasks.drain()
+        if tasks.current is None and tasks.waiting:
+            if self._weights_among(arrays):
+                # (``trainer.step()`` in the loop: eager's samples finished first)
+                warn_once("weights written while waiting", "%s: weights are written in "
+                          "place while samples wait at a read; they finish first, with the "
+                          "old weights, as in eager code", describe_call(self.sample, self.path))
+                tasks.drain()
+            elif tasks.holding(arrays):
+                warn_once("written while waiting", "%s: an array a sample waiting at a read "
+                          "was given is written in place; the waiting samples finish first, "
+                          "with its old values, as in eager code (give each sample an array "
+                          "of its own to batch them)", describe_call(self.sample, self.path))
+                tasks.drain()
         with_frame = True
         while self._written_are_read(arrays, with_frame):
             self._run_pending("written", "an array that recorded calls read is written "
@@ -288,6 +295,16 @@ class Recorder(RecorderCore):
             # This sample waited, its frame cut: other samples may have read
             # the array meanwhile (each refilling a shared buffer).
             with_frame = False
+
+    def _weights_among(self, arrays):
+        """Whether one of ``arrays`` is the data of a parameter: of the scope's
+        block, or read by a pending call."""
+        table, read = self.param_table(), self.graph.param_arrays
+        for array in arrays:
+            found = table.get(id(array))
+            if found is not None and found[0] is array or read.get(id(array)) is array:
+                return True
+        return False
 
     def _written_are_read(self, arrays, with_frame):
         """Whether a pending call (of the current frame too: ``with_frame``) reads

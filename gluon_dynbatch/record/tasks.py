@@ -154,6 +154,7 @@ class Tasks:
         self._flush = flush
         self.current = None         # the task running now; None: the scope's own code
         self.waiting = []           # tasks waiting at a read, in the order they stopped
+        self._given = (None, {}, None)  # the arrays they were given (``holding``)
         self.started = []           # every task of the scope not collected yet
         self.rounds = 0             # flushes run to resume waiting tasks
         self.longest = 0            # reads of the sample that read most
@@ -251,13 +252,18 @@ class Tasks:
         """Whether a waiting task was given one of ``arrays`` (in its arguments,
         or in lists, tuples and dicts of them), or an array sharing memory with
         one (a view of a buffer refilled per sample)."""
-        wanted = {id(a) for a in arrays}
-        if any(_holds(task.args, wanted, 4) for task in self.waiting):
-            return True
-        given = []
-        for task in self.waiting:
-            _arrays_in(task.args, 4, given)
-        return any(aliases.overlapping(array, given) for array in arrays)
+        waiting = self.waiting
+        # Between rounds the scope's code only adds waiting tasks: the arrays
+        # they were given are indexed once per round and count of tasks.
+        key = (self.rounds, len(waiting), id(waiting[-1]) if waiting else None)
+        if self._given[0] != key:
+            given = []
+            for task in waiting:
+                _arrays_in(task.args, 4, given)
+            self._given = (key, {id(a): a for a in given}, aliases.memory_index(given))
+        ids = self._given[1]
+        return any(ids.get(id(a)) is a for a in arrays) \
+            or any(aliases.in_index(a, self._given[2]) for a in arrays)
 
     def drain(self, until=None):
         """Rounds until every task has finished (or ``until`` has): each runs what
@@ -352,6 +358,7 @@ class Tasks:
                 "record it again in a new scope" % why)
         self.started = []
         self.current = None
+        self._given = (None, {}, None)
 
     # -- what a task's recording is -----------------------------------------------
     def keep_cells(self, block):
@@ -483,20 +490,6 @@ def placeholders(tasks, task, form, path=()):
         return kind._make(items) if hasattr(kind, "_make") else kind(items)
     task.placeholders.append(found)
     return found
-
-
-def _holds(obj, wanted, depth):
-    """Whether ``obj`` is, or holds within ``depth`` levels of containers, an
-    object whose id is in ``wanted``."""
-    if id(obj) in wanted:
-        return True
-    if depth == 0:
-        return False
-    if isinstance(obj, dict):
-        obj = obj.values()
-    elif not isinstance(obj, (list, tuple)):
-        return False
-    return any(_holds(item, wanted, depth - 1) for item in obj)
 
 
 def _arrays_in(obj, depth, found):

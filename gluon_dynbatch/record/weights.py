@@ -167,22 +167,29 @@ def install():
     for name in ("initialize", "_init_impl", "cast"):
         setattr(Parameter, name, _replacing(getattr(Parameter, name)))
     from mxnet.kvstore import KVStore  # pylint: disable=import-outside-toplevel
-    for name in ("pull", "row_sparse_pull", "pushpull"):
-        setattr(KVStore, name, _pulling(getattr(KVStore, name)))
+    for name, place in (("pull", 1), ("row_sparse_pull", 1), ("pushpull", 2),
+                        ("broadcast", 2)):
+        if hasattr(KVStore, name):
+            setattr(KVStore, name, _pulling(getattr(KVStore, name), place))
 
 
-def _pulling(original):
-    """``original``, a method of KVStore writing the arrays given as ``out`` (new
-    weights pulled after an update on the store: ``Trainer.step`` with
-    ``update_on_kvstore``), running the pending calls that read them first
-    (``Recorder.before_write``); MXNet writes them without an operator."""
+def _pulling(original, place):
+    """``original``, a method of KVStore writing the arrays given as ``out`` (its
+    argument at ``place``, ``self`` not counted; ``pushpull`` without ``out``
+    writes ``value``): new weights pulled after an update on the store
+    (``Trainer.step`` with ``update_on_kvstore``).  The pending calls that
+    read them run first (``Recorder.before_write``): MXNet writes them
+    without an operator."""
     from . import context  # pylint: disable=import-outside-toplevel
 
     def pulling(self, *args, **kwargs):
         rec = context.current()
-        out = kwargs.get("out", args[1] if len(args) > 1 else None)
-        if rec is not None and out is not None:
-            rec.before_write(_flat_arrays(out))
+        if rec is not None:
+            out = kwargs.get("out", args[place] if len(args) > place else None)
+            if out is None and original.__name__ == "pushpull":
+                out = kwargs.get("value", args[1] if len(args) > 1 else None)
+            if out is not None:
+                rec.before_write(_flat_arrays(out))
         return original(self, *args, **kwargs)
 
     pulling.__name__ = pulling.__qualname__ = original.__name__
