@@ -107,7 +107,9 @@ def memory_index(arrays):
 
 def in_index(array, index):
     """Whether computed ``array`` shares memory with an array of ``index``
-    (``memory_index``): a bisection, whatever the number of arrays."""
+    (``memory_index``): a bisection, whatever the number of arrays.  Contexts
+    are not compared: a match of addresses on two devices only makes the
+    waiting samples finish early."""
     span = _span(array)
     if span is None:
         return False
