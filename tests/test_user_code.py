@@ -425,6 +425,33 @@ def test_reads_after_every_sample_switch_the_scope_to_eager(caplog):
         np.testing.assert_allclose(got.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-6)
 
 
+class Refusing(Plain):
+    """``Plain`` that raises on an input of all zeros."""
+
+    def hybrid_forward(self, F, x):
+        if not x.abs().sum().asscalar():
+            raise ValueError("an empty input")
+        return super().hybrid_forward(F, x)
+
+
+def test_an_error_of_a_sample_run_eagerly_after_reads_names_the_sample():
+    model = Refusing()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = _inputs(12, seed=5)
+    xs[9] = nd.zeros_like(xs[9])
+    for _ in range(2):                        # the first scope and a next one
+        with pytest.raises(ValueError, match="an empty input") as info:
+            with gdb.batching() as scope:
+                for x in xs:
+                    float(model(x).sum().asscalar())
+        assert scope.stats.eager_samples > 0
+        notes = " ".join(getattr(info.value, "__notes__", []))
+        assert "raised while running eagerly" in notes and "sample 9, in refusing" in notes
+    with gdb.batching():                      # the next batch works
+        out = model(xs[0])
+    np.testing.assert_allclose(out.asnumpy(), model(xs[0]).asnumpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_values_after_the_scope_take_views_like_ndarrays():
     # NDArray.reshape and basic indexing build ``self.__class__(handle=...)``.
     plain = Plain()

@@ -124,11 +124,19 @@ def eager_call(self, rec, args):
     """One sample run eagerly inside a scope that stopped recording (see
     ``BatchingScope.read``)."""
     stats = rec.scope.stats
+    # Samples run on from those recorded, as errors number them.
+    sample = rec.num_samples + stats.eager_samples
     stats.samples += 1
     stats.eager_samples += 1
     context.set_current(None)
     try:
         return _ORIGINAL_CALL(self, *args)
+    except Exception as err:
+        if hasattr(err, "add_note"):
+            err.add_note("gluon_dynbatch: raised while running eagerly (the scope stopped "
+                         "recording after reads in its own code): %s"
+                         % describe_call(sample, rec.path + (self._name,)))
+        raise
     finally:
         context.set_current(rec)
 
