@@ -274,6 +274,43 @@ def test_updates_after_views_inside_calls_of_samples_of_several_sizes(how):
             _assert_outputs_equal(outs, want)
 
 
+class UpdatesASquareProduct(gdb.DynBatchBlock):
+    """A sample's own square matrix ``x x^T`` (recorded as a reshape of a
+    column), updated in place as Sinkhorn's row normalisation is written:
+    ``how`` says whether a view is taken first, the value read before the
+    update, or the view reshaped back and added in place."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+
+    def hybrid_forward(self, F, x):
+        s = F.dot(x, x, transpose_b=True)
+        flat = s.reshape((-1,))
+        if self.how == "read":
+            s.sum().asscalar()
+        s *= 2.0
+        s /= s.sum(axis=1, keepdims=True)
+        if self.how == "view_added":
+            s += flat.reshape(s.shape)
+        return s.sum(axis=1), flat.sum()
+
+
+@pytest.mark.parametrize("how", ["plain", "read", "view_added"])
+@pytest.mark.parametrize("batching", [{}, {"compiled": True}, {"granularity": "op"}])
+def test_a_square_product_updated_in_place_keeps_the_update(how, batching):
+    # The update was lost (the value's rows read from the column it reshapes),
+    # or, with a view reshaped back, followed views without end.
+    model = UpdatesASquareProduct(how)
+    for seed in range(3):
+        r = np.random.RandomState(seed)
+        xs = [nd.array(r.uniform(0.1, 1, (r.randint(1, 5), 4))) for _ in range(5)]
+        want = [model(x) for x in xs]
+        with gdb.batching(**batching):
+            outs = [model(x) for x in xs]
+        _assert_outputs_equal(outs, want)
+
+
 class HalvesItsChildren(gdb.DynBatchBlock):
     """``c = self(child); c *= 0.5``: in place on a recursive call's result (a
     forward hook doing ``out *= 0.5`` does the same at every call)."""

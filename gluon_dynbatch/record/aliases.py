@@ -37,30 +37,34 @@ def note(base, view, how):
     return view
 
 
-def follow(rec, base):
+def follow(rec, base, done=None):
     """After ``base`` took a new value in place, every live view of it takes
     its new value too (views of views in turn): a pending view becomes the
     view taken again of the new value (``rec.rebind``), a computed one eager's
-    view of the computed base."""
+    view of the computed base.  ``done``: the ids of the arrays followed
+    already (a reshape to the base's own shape may be the base's value, so
+    that each is noted a view of the other)."""
     views = getattr(base, "_views", None)
     if not views:
         return
+    done = {id(base)} if done is None else done
     base._views = None
     for ref, how in views:
         view = ref()
-        if view is None or view is base:
+        if view is None or id(view) in done:
             continue
         if how[0] == "index" and not shares_memory(base.shape, how[1]):
             continue
+        done.add(id(view))
         if base._node is None:          # computed: share its memory from now on
             if view._node is None:
                 _take_memory(view, _eager_view(base, how))
-                follow(rec, view)
+                follow(rec, view, done)
             continue
         if view._node is None:
             continue
         note(base, rec.rebind(view, _pending_view(rec, base, how)), how)
-        follow(rec, view)
+        follow(rec, view, done)
 
 
 def shares_with_pending(rec, array, with_frame=True):

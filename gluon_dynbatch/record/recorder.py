@@ -271,6 +271,9 @@ class Recorder(RecorderCore):
         one of ``arrays`` (an input buffer refilled for the next sample) finish
         first, as eager code finished them before the write.
         """
+        for array in arrays:
+            if type(array) is LazyArray and array._node is None:
+                array._base = None      # its base (``bases.py``) keeps the old values
         tasks = self.tasks
         if tasks.current is None and tasks.waiting:
             if self._weights_among(arrays):
@@ -474,6 +477,7 @@ class Recorder(RecorderCore):
         """
         node = lazy._node
         if type(node) is Frame:
+            _rebase(lazy, result)
             if result._node is node:          # both values of the recording frame
                 lazy._idx = result._idx
                 return lazy
@@ -486,7 +490,8 @@ class Recorder(RecorderCore):
         if node is None or node.kind == LEAF:     # (None: a constant a flush handed out)
             raise BatchingError(
                 "%s: in-place update (x += y) inside a batching scope of an array no "
-                "recorded call computed (an input, or a constant such as F.zeros(...)); "
+                "recorded call of the sample computed (an input, a value computed before it "
+                "was given to the sample, or a constant such as F.zeros(...)); "
                 "write x = x + y instead" % describe_call(self.sample, self.path))
         if node.graph is not self.graph:
             lazy.handle  # pylint: disable=pointless-statement  (runs its graph)
@@ -500,7 +505,7 @@ class Recorder(RecorderCore):
             # in the graph rather than left a value of the frame.
             result._node.cut("an in-place update of a value it read")
         new, idx = result._node, result._idx
-        lazy._node, lazy._idx = new, idx
+        lazy._node, lazy._idx, lazy._base = new, idx, result._base
         new.outs[idx] = weakref.ref(lazy)
         result._node = None
         return lazy
@@ -948,6 +953,18 @@ class Recorder(RecorderCore):
         info = calls.analyse(node, in_shapes, in_dtypes)
         calls.remember(key, info)
         return info
+
+
+def _rebase(lazy, result):
+    """``lazy``, a frame's value updated in place to ``result``, is a reshape of
+    what ``result`` reshapes (``bases.py``) or of nothing: not of its old base.
+    The frame forgets the base at its next scan, as ``bases.note`` has it."""
+    base = lazy._base = result._base
+    frame = result._node
+    if base is not None and type(frame) is Frame:
+        if frame.based is None:
+            frame.based = []
+        frame.based.append(lazy)
 
 
 def _memo(op, args, kwargs, in_shapes, in_dtypes):
