@@ -16,6 +16,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
+from gluon_dynbatch import logs
 from dynbatch_testing import DenseTanh as Encoder, output_of_script, outputs_of
 
 
@@ -205,6 +206,55 @@ def _written_in_place(batched):
     if scope is not None:
         scope.__exit__(None, None, None)
     return [out.asnumpy() for out in outs]
+
+
+class TwoHeads(gdb.DynBatchBlock):
+    """A classifier's scores and the features they are computed from."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.enc = gluon.nn.Dense(4, activation="tanh", in_units=5)
+            self.out = gluon.nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = self.enc(x)
+        return self.out(h), h
+
+
+def _two_passes(model, xs, batching, second):
+    """Gradients after ``l1.backward(retain_graph=True)`` then ``l2.backward()``."""
+    with autograd.record():
+        with batching():
+            outs = [model(x) for x in xs]
+        l1 = nd.add_n(*[o.sum() for o, _ in outs])
+        l2 = nd.add_n(*[(h * h).sum() if second == "features" else (o * o).sum()
+                        for o, h in outs])
+    l1.backward(retain_graph=True)
+    l2.backward()
+    return {name: p.grad().asnumpy() for name, p in model.collect_params().items()}
+
+
+@pytest.mark.parametrize("second", ["features", "scores"])
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "agenda"}])
+def test_a_second_pass_leaves_what_it_does_not_reach_as_the_first_wrote_it(
+        second, options, caplog, monkeypatch):
+    monkeypatch.setattr(logs, "_WARNED", set())     # told once a process
+    # The features' pass does not reach the classifier: eager keeps its
+    # gradients from the first pass; batched steps of both outputs wrote zeros.
+    model = TwoHeads()
+    model.initialize(mx.init.Xavier())
+    for seed in range(2):
+        r = np.random.RandomState(seed)
+        xs = [nd.array(r.randn(1, 5)) for _ in range(4)]
+        want = _two_passes(model, xs, contextlib.nullcontext, second)
+        with caplog.at_level("WARNING", logger="gluon_dynbatch"):
+            got = _two_passes(model, xs, lambda: gdb.batching(**options), second)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+    assert np.abs(want[model.out.weight.name]).sum() > 0
+    told = [r.getMessage() for r in caplog.records if "retain_graph" in r.getMessage()]
+    assert bool(told) == (second == "features")
 
 
 def test_arrays_written_in_place_inside_a_scope_give_each_call_its_values():
@@ -576,7 +626,6 @@ def test_states_carried_over_by_detach_are_constants_without_a_warning(batched, 
     """``h.detach()`` of the previous scope's state (the truncated-BPTT idiom):
     the user asked for a constant, so no warning about a freed graph; the
     losses and weights as eager's."""
-    from gluon_dynbatch import logs
     monkeypatch.setattr(logs, "_WARNED", set())
     runs = []
     for run_batched in (False, batched):

@@ -159,6 +159,7 @@ class Graph:
         self.error = None          # set when the scope failed
         self.leaf_by_id = {}       # id(NDArray or Parameter) -> (leaf Node, LazyArray, it)
         self.param_arrays = {}     # id(NDArray) -> it, the data of a parameter leaf
+        self.parameters = {}       # id(Parameter) -> it, of a leaf
         self.param_dicts = {}      # id(block) -> (block, {name: LazyArray}) of its params
         self.externals = {}        # id(recipe) -> (recipe, its parameters here, signature)
         self.constants = {}        # (F path, args) -> leaf of a deterministic F.zeros ...
@@ -191,6 +192,7 @@ class Graph:
         self.nodes = []
         self.leaf_by_id = {}
         self.param_arrays = {}
+        self.parameters = {}
         self.param_dicts = {}
         self.externals = {}
         self.constants = {}

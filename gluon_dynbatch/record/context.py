@@ -17,6 +17,7 @@ from mxnet.base import MXNetError
 from mxnet.ndarray import NDArray
 
 from ..errors import BatchingError, describe_call
+from ..logs import warn_once
 from . import _core
 from . import lazy as lazy_mod
 
@@ -27,6 +28,9 @@ class _Local(threading.local):
     # A flush ran under autograd since the last pass that freed a graph: a
     # loss computed from its values holds batched steps, lazy or not.
     batched_history = False
+    # id -> Parameter fed to such flushes, and whether a pass since kept the graph.
+    batched_params = None
+    retained = False
 
 
 TLS = _Local()
@@ -194,10 +198,12 @@ def _counting_backward(backward, position=2, to_variables=False):
         elif create and TLS.batched_history and not TLS.second_order:
             # Values of a scope may or may not be in the heads' history.
             TLS.second_order = "maybe"
-        kept = None
+        kept = again = None
         if _in_a_sample():
             args, kwargs = _retaining(args, kwargs, position)
             kept = () if to_variables else _others_gradients(heads)
+        elif TLS.retained and not to_variables:
+            again = _written_gradients()
         try:
             result = backward(*args, **kwargs)
         except MXNetError as err:
@@ -205,6 +211,8 @@ def _counting_backward(backward, position=2, to_variables=False):
             if reworded is err:
                 raise
             raise reworded from err
+        if again:
+            _keep_unreached(again)
         if kept:
             # The gradients as they were: no write of the user's (the recorder
             # would run pending calls reading them before they are restored).
@@ -218,11 +226,53 @@ def _counting_backward(backward, position=2, to_variables=False):
         if not (create if retain is None else retain):
             lazy_mod.backward_ran()
             # The graph is freed: a later error is not about its batched steps.
-            TLS.second_order = TLS.batched_history = False
+            TLS.second_order = TLS.batched_history = TLS.retained = False
+            TLS.batched_params = None
+        elif kept is None and TLS.batched_history and not to_variables:
+            TLS.retained = True
         return result
     wrapper.__doc__ = backward.__doc__
     wrapper.__name__ = backward.__name__
     return wrapper
+
+
+def _written_gradients():
+    """Copies of the gradients a pass may overwrite with zeros: of parameters
+    fed to batched steps, written (``grad_req="write"``) by an earlier pass
+    that kept the graph (``l1.backward(retain_graph=True); l2.backward()``).
+
+    A batched step computes several samples' calls, or a call's several
+    outputs, in one operator; a pass from a loss reaching only some of its
+    outputs writes zeros into the gradients of parameters only the others
+    read, where eager's pass leaves them as the earlier pass wrote them.
+    """
+    saved = []
+    for param in (TLS.batched_params or {}).values():
+        if param.grad_req == "write" and getattr(param, "_grad", None):
+            saved.append((param, [g.copy() for g in param.list_grad()]))
+    return saved
+
+
+def _keep_unreached(saved):
+    """Give back their earlier values to the gradients ``saved`` that the pass
+    left all zeros (the pass did not reach their parameters, as far as can be
+    told), and say so once."""
+    restored = []
+    for param, before in saved:
+        grads = param.list_grad()
+        if any(g.norm().asscalar() for g in grads) \
+                or not any(b.norm().asscalar() for b in before):
+            continue
+        for grad, value in zip(grads, before):
+            value.copyto(grad)
+        restored.append(param.name)
+    if restored:
+        warn_once("unreached gradients", "a backward pass after one that kept the graph "
+                  "(retain_graph=True) left the gradients of %s all zeros; batched steps "
+                  "reach parameters a loss does not, so they are kept as the earlier pass "
+                  "wrote them, as eager MXNet keeps what a pass does not reach. One pass "
+                  "over all losses (autograd.backward([l1, l2])) or grad_req='add' says "
+                  "it without guessing", ", ".join(restored))
 
 
 def _reworded(err, in_a_sample, heads):

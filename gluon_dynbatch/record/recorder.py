@@ -388,6 +388,7 @@ class Recorder(RecorderCore):
             parameter.data()        # never initialised: Gluon's error, as eager raises it
         node = graph.add(Node(graph, LEAF))
         node.param = parameter
+        graph.parameters[id(parameter)] = parameter
         for data in getattr(parameter, "_data", None) or ():   # written in place by updates
             graph.param_arrays[id(data)] = data
         node.out_shapes = (tuple(parameter.shape),)
