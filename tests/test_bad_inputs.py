@@ -185,6 +185,42 @@ def test_a_product_of_float16_values_on_the_cpu_names_sample_and_call(compiled):
             np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6)
 
 
+class LengthSoftmax(gdb.DynBatchBlock):
+    """A softmax over each of a sample's columns, masked to the first ``length`` rows."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, flatten=False)
+
+    def hybrid_forward(self, F, x, length):
+        scores = F.transpose(self.dense(x))
+        return F.softmax(scores, length=F.broadcast_to(length, (4,)), use_length=True, axis=1)
+
+
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_softmax_lengths_that_are_not_integers_name_sample_and_call(compiled):
+    # MXNet's kernel refused them in the batched step; its error was left in the
+    # engine and raised again by the next, valid, batch and by eager code.
+    model = LengthSoftmax()
+    model.initialize(mx.init.Uniform(0.5))
+    r = np.random.RandomState(0)
+    xs = [nd.array(r.randn(n, 3)) for n in (2, 3, 4)]
+    lengths = [nd.array([n], dtype="int32") for n in (2, 3, 4)]
+    want = [model(x, n).asnumpy() for x, n in zip(xs, lengths)]
+    with pytest.raises(gdb.BatchingError) as info:
+        with gdb.batching(compiled=compiled):
+            outs = [model(x, n.astype("float32") if k == 1 else n)
+                    for k, (x, n) in enumerate(zip(xs, lengths))]
+    message = str(info.value)
+    assert "sample 1" in message and "softmax" in message and "float32" in message
+    np.testing.assert_allclose(model(xs[0], lengths[0]).asnumpy(), want[0], rtol=1e-6)
+    with gdb.batching(compiled=compiled):
+        outs = [model(x, n) for x, n in zip(xs, lengths)]
+    for out, ref in zip(outs, want):
+        np.testing.assert_allclose(out.asnumpy(), ref, rtol=1e-5, atol=1e-6)
+
+
 class FreeSums(gdb.DynBatchBlock):
     """No parameters: an elementwise op and an axis-0 mean of each sample's rows."""
 

@@ -172,6 +172,9 @@ def _check_kernel_dtypes(node, in_dtypes, where):
     every sample that step ran, named after no call.
     """
     op = node.op
+    if op.name in _LENGTHS:
+        _check_lengths(node, in_dtypes, where)
+        return
     if op.name not in _NO_CPU_FLOAT16 and (op.path or ("",))[0] != "linalg":
         return
     if not any(np.dtype(dtype) == np.float16 for dtype in in_dtypes):
@@ -182,6 +185,25 @@ def _check_kernel_dtypes(node, in_dtypes, where):
             "%s: MXNet's CPU kernel of %s takes float32 and float64 values, not float16 "
             "(eager MXNet raises when the value is read); cast the inputs with "
             ".astype('float32')" % (where, op.name))
+
+
+_LENGTHS = frozenset(("softmax", "log_softmax"))
+"""Operators whose ``length`` input (``use_length=True``) their kernel takes
+as integers only."""
+
+
+def _check_lengths(node, in_dtypes, where):
+    """Raise ``InvalidCallError`` for ``softmax(x, length, use_length=True)``
+    of lengths that are not integers: MXNet's kernel refuses them when it runs."""
+    use = (node.kwargs or {}).get("use_length", False)
+    if len(in_dtypes) < 2 or str(use).lower() not in ("true", "1"):
+        return
+    dtype = np.dtype(in_dtypes[1])
+    if dtype.kind not in "iu":
+        raise InvalidCallError(
+            "%s: the lengths of %s(..., use_length=True) are %s; MXNet's kernel takes "
+            "integers (eager MXNet raises when the value is read): give them as "
+            "nd.array(..., dtype='int32')" % (where, node.op.name, dtype.name))
 
 
 def written_shapes(op, args, kwargs, sample=None, path=()):
