@@ -12,7 +12,7 @@ import contextlib
 import threading
 import types
 
-from mxnet import autograd
+from mxnet import autograd, nd
 from mxnet.base import MXNetError
 from mxnet.ndarray import NDArray
 
@@ -203,7 +203,7 @@ def _counting_backward(backward, position=2, to_variables=False):
             args, kwargs = _retaining(args, kwargs, position)
             kept = () if to_variables else _others_gradients(heads)
         elif TLS.retained and not to_variables:
-            again = _written_gradients()
+            again = _unrecorded(_written_gradients)
         try:
             result = backward(*args, **kwargs)
         except MXNetError as err:
@@ -212,16 +212,11 @@ def _counting_backward(backward, position=2, to_variables=False):
                 raise
             raise reworded from err
         if again:
-            _keep_unreached(again)
+            _unrecorded(_keep_unreached, again)
         if kept:
             # The gradients as they were: no write of the user's (the recorder
             # would run pending calls reading them before they are restored).
-            recorder, TLS.recorder = TLS.recorder, None
-            try:
-                for grad, value in kept:
-                    value.copyto(grad)
-            finally:
-                TLS.recorder = recorder
+            _unrecorded(_copy_back, kept)
         retain = kwargs.get("retain_graph", args[position] if len(args) > position else None)
         if not (create if retain is None else retain):
             lazy_mod.backward_ran()
@@ -234,6 +229,21 @@ def _counting_backward(backward, position=2, to_variables=False):
     wrapper.__doc__ = backward.__doc__
     wrapper.__name__ = backward.__name__
     return wrapper
+
+
+def _unrecorded(fn, *args):
+    """``fn(*args)`` on gradients, its MXNet calls run as they are, not recorded
+    by a scope the pass runs in."""
+    recorder, TLS.recorder = TLS.recorder, None
+    try:
+        return fn(*args)
+    finally:
+        TLS.recorder = recorder
+
+
+def _copy_back(kept):
+    for grad, value in kept:
+        value.copyto(grad)
 
 
 def _written_gradients():
@@ -257,11 +267,15 @@ def _keep_unreached(saved):
     """Give back their earlier values to the gradients ``saved`` that the pass
     left all zeros (the pass did not reach their parameters, as far as can be
     told), and say so once."""
-    restored = []
+    # Every gradient's norm, before and after, read in one copy from MXNet.
+    norms = nd.concat(*[g.norm().reshape((1,)) for param, before in saved
+                        for g in param.list_grad() + before], dim=0).asnumpy()
+    restored, at = [], 0
     for param, before in saved:
         grads = param.list_grad()
-        if any(g.norm().asscalar() for g in grads) \
-                or not any(b.norm().asscalar() for b in before):
+        now, then = norms[at:at + len(grads)], norms[at + len(grads):at + 2 * len(grads)]
+        at += 2 * len(grads)
+        if now.any() or not then.any():
             continue
         for grad, value in zip(grads, before):
             value.copyto(grad)
