@@ -3,8 +3,10 @@ import importlib.util
 import os
 import time
 
+import numpy as np
 import pytest
 from mxnet import nd
+from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
 from gluon_dynbatch.plan import budget
@@ -33,6 +35,24 @@ def test_cost_model_is_measured_and_prefers_batched_plans():
     assert outs
     batched, unbatched = make_plan(nodes, "depth"), make_plan(nodes, "unbatched")
     assert model.cost(batched) < model.cost(unbatched)
+
+
+def test_measuring_the_machine_leaves_errors_of_pending_work_to_their_reads(monkeypatch):
+    # The first flush of a process measures launches; it waited for the whole
+    # engine and raised an error of the user's own unread work as its own.
+    monkeypatch.setattr(budget, "_MODEL", None)
+    refused = nd.softmax(nd.ones((2, 4)), length=nd.array([3, 3]), use_length=True, axis=1)
+    trees = _trees(2)
+    net = make_model(ChildSumTreeLSTM, hidden=4)
+    emb = nd.random.uniform(shape=(12, 3))
+    with gdb.batching(analysis_budget="auto"):
+        outs = [net(t, emb) for t in trees]
+    assert budget._MODEL is not None        # measured in this scope
+    for out, tree in zip(outs, trees):
+        np.testing.assert_allclose(out[0].asnumpy(), net(tree, emb)[0].asnumpy(), rtol=1e-5,
+                                   atol=1e-6)
+    with pytest.raises(MXNetError, match="integer types"):
+        refused.asnumpy()
 
 
 @pytest.mark.parametrize("value", [0, 0.0, 1e-9, 10.0, "auto"])

@@ -58,12 +58,13 @@ _MODEL = None
 
 
 def _time(fn, repeats=20):
-    fn()
-    mx.nd.waitall()
+    # Waits for fn's own results: ``waitall`` would also raise the errors of
+    # the user's pending work, here, at the first flush.
+    fn().wait_to_read()
     start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    mx.nd.waitall()
+    outs = [fn() for _ in range(repeats)]
+    for out in outs:
+        out.wait_to_read()
     return (time.perf_counter() - start) / repeats
 
 
