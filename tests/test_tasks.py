@@ -1652,17 +1652,19 @@ def test_a_stand_in_at_a_place_its_result_lacks_raises_where_used():
     assert [len(g) for g in got] == lengths and first
 
 
-@pytest.mark.parametrize("use", ["last", "list"])
+@pytest.mark.parametrize("use", ["last", "list", "prefixed"])
 def test_a_waiting_list_read_at_once_has_its_own_samples_length(use):
-    """``model(x)[-1]`` or ``list(model(x))`` in the loop's body: the list a
-    waiting call hands out has the length an earlier call returned until its
-    sample finishes; reading its length or its end waits for the sample (the
-    last item was another step's output, the list of another length)."""
+    """``model(x)[-1]``, ``list(model(x))`` or ``[start] + model(x)`` in the
+    loop's body: the list a waiting call hands out has the length an earlier
+    call returned until its sample finishes; reading its length or its end
+    waits for the sample (the last item was another step's output, the list
+    of another length; a plain list's ``+`` copied none of its items)."""
     mx.random.seed(0)
     model = StepsUntilItStops()
     model.initialize(mx.init.Uniform(1.0))
     xs = [nd.array(np.random.RandomState(i).uniform(-1, 1, (1, 4))) for i in range(8)]
-    pick = (lambda g: [g[-1]]) if use == "last" else list
+    pick = {"last": lambda g: [g[-1]], "list": list,
+            "prefixed": lambda g: ([None] + g)[1:]}[use]
     want = [pick(model(x)) for x in xs]
     assert len({len(model(x)) for x in xs}) > 2
     for _ in range(2):

@@ -925,6 +925,14 @@ class _WaitingList(list):
     del _name
     __hash__ = None
 
+    def __radd__(self, other):
+        """``[bos] + tokens``: list's own concatenation copies the items the
+        right operand holds (none yet); Python asks a subclass first."""
+        if not isinstance(other, list):
+            return NotImplemented
+        _force(self._tasks, self._task)
+        return other + list.__getitem__(self, slice(None))
+
     def __reduce_ex__(self, protocol):
         """Pickled and copied as the plain list of its items."""
         _force(self._tasks, self._task)
