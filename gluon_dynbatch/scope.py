@@ -274,8 +274,6 @@ class BatchingScope:
                     self._run(graph, live, needed, stats)
                     if mx.autograd.is_recording():
                         context.TLS.batched_history = True
-                        if context.TLS.batched_params is None:
-                            context.TLS.batched_params = {}
                         context.TLS.batched_params.update(graph.parameters)
         except Exception as err:
             graph.error = "%s: %s" % (type(err).__name__, err)

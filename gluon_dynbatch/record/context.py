@@ -28,9 +28,11 @@ class _Local(threading.local):
     # A flush ran under autograd since the last pass that freed a graph: a
     # loss computed from its values holds batched steps, lazy or not.
     batched_history = False
-    # id -> Parameter fed to such flushes, and whether a pass since kept the graph.
-    batched_params = None
-    retained = False
+    retained = False    # and a pass since kept the graph
+
+    def __init__(self):
+        super().__init__()
+        self.batched_params = {}    # id -> Parameter fed to such flushes
 
 
 TLS = _Local()
@@ -222,7 +224,7 @@ def _counting_backward(backward, position=2, to_variables=False):
             lazy_mod.backward_ran()
             # The graph is freed: a later error is not about its batched steps.
             TLS.second_order = TLS.batched_history = TLS.retained = False
-            TLS.batched_params = None
+            TLS.batched_params = {}
         elif kept is None and TLS.batched_history and not to_variables:
             TLS.retained = True
         return result
@@ -257,7 +259,7 @@ def _written_gradients():
     read, where eager's pass leaves them as the earlier pass wrote them.
     """
     saved = []
-    for param in (TLS.batched_params or {}).values():
+    for param in TLS.batched_params.values():
         if param.grad_req == "write" and getattr(param, "_grad", None):
             saved.append((param, [g.copy() for g in param.list_grad()]))
     return saved

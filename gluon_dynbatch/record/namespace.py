@@ -271,14 +271,14 @@ def _op_handle(name):
     return found.value
 
 
-_WRITES_INPUTS = [_op_handle("reset_arrays")]
-"""Operators writing their inputs in place, without ``out``."""
+_RESET_ARRAYS = _op_handle("reset_arrays")
+"""The operator writing its inputs in place, without ``out`` (``zero_grad``)."""
 
 
 def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list):
     """``_imperative_invoke`` that records calls on pending LazyArrays in a scope."""
     rec = context.TLS.recorder
-    if rec is not None and out is None and getattr(handle, "value", handle) == _WRITES_INPUTS[0]:
+    if rec is not None and out is None and getattr(handle, "value", handle) == _RESET_ARRAYS:
         rec.before_write(ndargs)        # ``reset_arrays`` (``zero_grad``) writes its inputs
     if out is not None:                 # written in place: no longer rows of a flush's output
         outs = out if isinstance(out, (list, tuple)) else (out,)
