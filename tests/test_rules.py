@@ -136,6 +136,10 @@ CASES.update({
         F.BlockGrad(F.exp(x * 200)) + x - 5, gamma=F.sum(x, axis=0) * 0.1, act_type="prelu")),
     "cross_entropy_masked_classes": lambda F, x: F.softmax_cross_entropy(
         x[0:1] * 3 + F.log(F.array([[1, 0, 1, 1]])), F.array([2])),
+    "cross_entropy_masked_label": lambda F, x: F.softmax_cross_entropy(F.where(
+        F.array([[1, 0, 1, 1]]) > 0, x[0:1] * 3, F.ones_like(x[0:1]) * -np.inf), F.array([1])),
+    "cross_entropy_huge_scores": lambda F, x: F.softmax_cross_entropy(
+        x[0:1] + F.array([[2e38, -2e38, 0, 0]]), F.array([1])),
     "cross_entropy_float64": lambda F, x: F.cast(F.softmax_cross_entropy(
         F.cast(x[0:1], "float64") * 30, F.array([3], dtype="float64")), "float32"),
 })

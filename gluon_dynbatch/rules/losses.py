@@ -27,17 +27,21 @@ class RowCrossEntropyRule(Rule):
         # As MXNet's kernel: -log of the picked softmax floored at 1e-8, its
         # gradient softmax - one_hot(label) however small the picked probability
         # (a log_softmax would round the gradient differently).  Rows below the
-        # floor take that gradient from ``linear - BlockGrad(linear)``, a zero;
-        # scores of -inf (masked classes) are left out of it (0 * -inf is NaN).
+        # floor take that gradient from ``slope * (scores - BlockGrad(scores))``,
+        # a zero taken score by score: a sum of the products first could
+        # overflow (scores near 3e38), and an infinite score (a masked class,
+        # the label's too) gives NaN there, so it is left out.
         scores, label = plain_layout(F, inputs[0], 2), inputs[1]
         probs = F.softmax(scores, axis=-1)
         picked = F.pick(probs, label, axis=-1)
         value = -F.log(F.maximum(picked, _FLOOR))
         slope = F.BlockGrad(probs - F.one_hot(label, depth=_in_shape(node, 0)[1],
                                               dtype=np.dtype(_in_dtype(node, 0)).name))
-        linear = F.sum(slope * F.where(slope != 0, scores, F.zeros_like(scores)), axis=-1)
+        zero = scores - F.BlockGrad(scores)
+        zero = F.where(zero == 0, zero, F.zeros_like(zero))
         floored = F.BlockGrad(picked <= _FLOOR)
-        return [value + F.where(floored, linear - F.BlockGrad(linear), F.zeros_like(linear))]
+        linear = F.sum(slope * zero, axis=-1)
+        return [value + F.where(floored, linear, F.zeros_like(linear))]
 
 
 _FLOOR = 1e-8       # MXNet's floor of the picked probability
