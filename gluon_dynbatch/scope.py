@@ -273,8 +273,7 @@ class BatchingScope:
                 with context.modes_within(graph.mode):
                     self._run(graph, live, needed, stats)
                     if mx.autograd.is_recording():
-                        context.TLS.batched_history = True
-                        context.TLS.batched_params.update(graph.parameters)
+                        context.note_batched(graph)
         except Exception as err:
             graph.error = "%s: %s" % (type(err).__name__, err)
             if isinstance(err, BatchingError):

@@ -257,6 +257,45 @@ def test_a_second_pass_leaves_what_it_does_not_reach_as_the_first_wrote_it(
     assert bool(told) == (second == "features")
 
 
+def _input_gradients(model, batching, per_sample):
+    """``x.grad`` of inputs given gradients before the scope, after a pass per
+    sample's loss: inside each sample (``gdb.map``), or after the scope."""
+    r = np.random.RandomState(3)
+    xs = [nd.array(r.randn(1, 5)) for _ in range(4)]
+    for x in xs:
+        x.attach_grad()
+
+    def one(x):
+        with autograd.record():
+            loss = (model(x)[0] ** 2).sum()
+        loss.backward()
+        return loss
+    with batching():
+        if per_sample:
+            gdb.map(one, xs)
+        else:
+            with autograd.record():
+                losses = [(model(x)[0] ** 2).sum() for x in xs]
+    if not per_sample:
+        for k, loss in enumerate(losses):
+            loss.backward(retain_graph=k < len(losses) - 1)
+    return [x.grad.asnumpy() for x in xs]
+
+
+@pytest.mark.parametrize("per_sample", [True, False], ids=["inside", "after"])
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "agenda"}])
+def test_a_pass_per_sample_leaves_the_other_samples_input_gradients(per_sample, options):
+    # Each sample's pass runs through batched steps holding every sample's
+    # rows: it wrote zeros into the gradients of the others' inputs.
+    model = TwoHeads()
+    model.initialize(mx.init.Xavier())
+    want = _input_gradients(model, contextlib.nullcontext, per_sample)
+    got = _input_gradients(model, lambda: gdb.batching(**options), per_sample)
+    for g, w in zip(got, want):
+        assert np.abs(w).sum() > 0
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
 def test_arrays_written_in_place_inside_a_scope_give_each_call_its_values():
     for got, want in zip(_written_in_place(True), _written_in_place(False)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

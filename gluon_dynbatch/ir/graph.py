@@ -160,6 +160,7 @@ class Graph:
         self.leaf_by_id = {}       # id(NDArray or Parameter) -> (leaf Node, LazyArray, it)
         self.param_arrays = {}     # id(NDArray) -> it, the data of a parameter leaf
         self.parameters = {}       # id(Parameter) -> it, of a leaf
+        self.variables = {}        # id(NDArray) -> it, a leaf with a gradient attached
         self.param_dicts = {}      # id(block) -> (block, {name: LazyArray}) of its params
         self.externals = {}        # id(recipe) -> (recipe, its parameters here, signature)
         self.constants = {}        # (F path, args) -> leaf of a deterministic F.zeros ...
@@ -193,6 +194,7 @@ class Graph:
         self.leaf_by_id = {}
         self.param_arrays = {}
         self.parameters = {}
+        self.variables = {}
         self.param_dicts = {}
         self.externals = {}
         self.constants = {}

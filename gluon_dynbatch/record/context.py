@@ -33,6 +33,7 @@ class _Local(threading.local):
     def __init__(self):
         super().__init__()
         self.batched_params = {}    # id -> Parameter fed to such flushes
+        self.batched_variables = {}     # id -> array with a gradient fed to them
 
 
 TLS = _Local()
@@ -163,6 +164,22 @@ def _retaining(args, kwargs, position):
     return args, kwargs
 
 
+MAX_VARIABLES = 4096
+"""Arrays with gradients noted (``note_batched``) until a pass frees the graph:
+a loop recording under autograd that never runs a pass keeps the newest only."""
+
+
+def note_batched(graph):
+    """Note that ``graph`` ran under autograd: its parameters and arrays with
+    gradients are reached by batched steps a later pass runs through."""
+    TLS.batched_history = True
+    TLS.batched_params.update(graph.parameters)
+    variables = TLS.batched_variables
+    variables.update(graph.variables)
+    for key in list(variables)[:max(0, len(variables) - MAX_VARIABLES)]:
+        del variables[key]
+
+
 def _compute(heads):
     """Compute the pending arrays among ``heads`` (an array or a list)."""
     for head in heads if isinstance(heads, (list, tuple)) else [heads]:
@@ -175,10 +192,13 @@ def _others_gradients(heads):
     their values once ``heads`` are computed (the sample may wait for them): a
     sample's backward pass runs through batched steps that reach them too
     (their arrays alive or not), and writes zeros into them, where eager
-    leaves them."""
+    leaves them.  Then those of arrays given gradients before the scope, fed to
+    batched steps (``_saved``: kept where the pass leaves them all zeros, as
+    no sample is known as theirs)."""
     _compute(heads)
     tasks = TLS.recorder.tasks
-    return [(grad, grad.copy()) for task, grad in tasks.variables if task is not tasks.current]
+    return ([(grad, grad.copy()) for task, grad in tasks.variables if task is not tasks.current],
+            _unrecorded(lambda: _saved(_variables())))
 
 
 def _counting_backward(backward, position=2, to_variables=False):
@@ -203,7 +223,8 @@ def _counting_backward(backward, position=2, to_variables=False):
         kept = again = None
         if _in_a_sample():
             args, kwargs = _retaining(args, kwargs, position)
-            kept = () if to_variables else _others_gradients(heads)
+            if not to_variables:
+                kept, again = _others_gradients(heads)
         elif TLS.retained and not to_variables:
             again = _unrecorded(_written_gradients)
         try:
@@ -224,7 +245,7 @@ def _counting_backward(backward, position=2, to_variables=False):
             lazy_mod.backward_ran()
             # The graph is freed: a later error is not about its batched steps.
             TLS.second_order = TLS.batched_history = TLS.retained = False
-            TLS.batched_params = {}
+            TLS.batched_params, TLS.batched_variables = {}, {}
         elif kept is None and TLS.batched_history and not to_variables:
             TLS.retained = True
         return result
@@ -250,45 +271,59 @@ def _copy_back(kept):
 
 def _written_gradients():
     """Copies of the gradients a pass may overwrite with zeros: of parameters
-    fed to batched steps, written (``grad_req="write"``) by an earlier pass
-    that kept the graph (``l1.backward(retain_graph=True); l2.backward()``).
+    (``grad_req="write"``) and arrays with gradients fed to batched steps,
+    written by an earlier pass that kept the graph
+    (``l1.backward(retain_graph=True); l2.backward()``, or one pass per
+    sample's loss).
 
     A batched step computes several samples' calls, or a call's several
     outputs, in one operator; a pass from a loss reaching only some of its
-    outputs writes zeros into the gradients of parameters only the others
-    read, where eager's pass leaves them as the earlier pass wrote them.
+    outputs writes zeros into the gradients of what only the others read,
+    where eager's pass leaves them as the earlier pass wrote them.
     """
-    saved = []
-    for param in TLS.batched_params.values():
-        if param.grad_req == "write" and getattr(param, "_grad", None):
-            saved.append((param, [g.copy() for g in param.list_grad()]))
-    return saved
+    params = [(param.name, param.list_grad()) for param in TLS.batched_params.values()
+              if param.grad_req == "write" and getattr(param, "_grad", None)]
+    return _saved(params + _variables())
+
+
+def _variables():
+    """``(name, [gradient])`` of the arrays with gradients (``x.attach_grad()``)
+    fed to batched steps since the last pass that freed the graph."""
+    return [("an array of shape %s" % (array.shape,), [array.grad])
+            for array in TLS.batched_variables.values()]
+
+
+def _saved(gradients):
+    """``gradients`` (``(name, [gradient arrays])``) with copies of their values."""
+    return [(name, grads, [g.copy() for g in grads]) for name, grads in gradients]
 
 
 def _keep_unreached(saved):
-    """Give back their earlier values to the gradients ``saved`` that the pass
-    left all zeros (the pass did not reach their parameters, as far as can be
+    """Give back their earlier values to the gradients ``saved`` (``_saved``) that
+    the pass left all zeros (it did not reach their arrays, as far as can be
     told), and say so once."""
+    if not saved:
+        return
     # Every gradient's norm, before and after, read in one copy from MXNet.
-    norms = nd.concat(*[g.norm().reshape((1,)) for param, before in saved
-                        for g in param.list_grad() + before], dim=0).asnumpy()
+    norms = nd.concat(*[g.norm().reshape((1,)) for _, grads, before in saved
+                        for g in grads + before], dim=0).asnumpy()
     restored, at = [], 0
-    for param, before in saved:
-        grads = param.list_grad()
+    for name, grads, before in saved:
         now, then = norms[at:at + len(grads)], norms[at + len(grads):at + 2 * len(grads)]
         at += 2 * len(grads)
         if now.any() or not then.any():
             continue
         for grad, value in zip(grads, before):
             value.copyto(grad)
-        restored.append(param.name)
+        restored.append(name)
     if restored:
-        warn_once("unreached gradients", "a backward pass after one that kept the graph "
-                  "(retain_graph=True) left the gradients of %s all zeros; batched steps "
-                  "reach parameters a loss does not, so they are kept as the earlier pass "
+        warn_once("unreached gradients", "a backward pass through batched steps that an "
+                  "earlier pass kept (retain_graph=True) left the gradients of %s all zeros; batched "
+                  "steps reach arrays a loss does not, so they are kept as the earlier pass "
                   "wrote them, as eager MXNet keeps what a pass does not reach. One pass "
                   "over all losses (autograd.backward([l1, l2])) or grad_req='add' says "
-                  "it without guessing", ", ".join(restored))
+                  "it without guessing" % ", ".join(restored[:5]) + (
+                      " (and %d more)" % (len(restored) - 5) if len(restored) > 5 else ""))
 
 
 def _reworded(err, in_a_sample, heads):
