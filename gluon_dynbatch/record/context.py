@@ -289,8 +289,9 @@ def _written_gradients():
 def _variables():
     """``(name, [gradient])`` of the arrays with gradients (``x.attach_grad()``)
     fed to batched steps since the last pass that freed the graph."""
-    return [("an array of shape %s" % (array.shape,), [array.grad])
-            for array in TLS.batched_variables.values()]
+    found = [(array, array.grad) for array in TLS.batched_variables.values()]
+    return [("an array of shape %s" % (array.shape,), [grad])
+            for array, grad in found if grad is not None]
 
 
 def _saved(gradients):
