@@ -221,6 +221,39 @@ def test_softmax_lengths_that_are_not_integers_name_sample_and_call(compiled):
         np.testing.assert_allclose(out.asnumpy(), ref, rtol=1e-5, atol=1e-6)
 
 
+class RowSoftmax(gdb.DynBatchBlock):
+    """A softmax along a sample's row of scores, masked to its first ``length``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(1, flatten=False)
+
+    def hybrid_forward(self, F, x, length):
+        scores = F.reshape(F.tanh(self.dense(x)), (1, -1))
+        return F.softmax(scores, length=length, use_length=True, axis=1) * scores
+
+
+@pytest.mark.parametrize("bad", [-1, -3, 9])
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_a_softmax_length_outside_its_row_leaves_the_other_samples_rows(bad, compiled):
+    # MXNet's kernel reads and writes past a row of a negative length or one
+    # longer than the row: in a batched step, the other samples' rows.
+    model = RowSoftmax()
+    model.initialize(mx.init.Uniform(0.5))
+    r = np.random.RandomState(1)
+    sizes = (4, 2, 5, 3, 4, 5)
+    xs = [nd.array(r.randn(n, 3)) for n in sizes]
+    lengths = [nd.array([max(1, n - k % 2)], dtype="int32") for k, n in enumerate(sizes)]
+    lengths[3] = nd.array([bad], dtype="int32")
+    want = {k: model(x, n).asnumpy() for k, (x, n) in enumerate(zip(xs, lengths)) if k != 3}
+    with gdb.batching(compiled=compiled):
+        outs = [model(x, n) for x, n in zip(xs, lengths)]
+    for k, ref in want.items():
+        np.testing.assert_allclose(outs[k].asnumpy(), ref, rtol=1e-5, atol=1e-6)
+    assert np.isfinite(outs[3].asnumpy()).all()
+
+
 class FreeSums(gdb.DynBatchBlock):
     """No parameters: an elementwise op and an axis-0 mean of each sample's rows."""
 

@@ -250,7 +250,15 @@ class SoftmaxRowRule(RowRule):
 
     def batched_call(self, F, node, inputs):
         plain = plain_layout(F, inputs[0], len(node.out_shapes[0]))
-        return call_as_recorded(F, node, [plain] + list(inputs[1:]))
+        rest = list(inputs[1:])
+        if rest and str(node.kwargs.get("use_length", False)).lower() in ("true", "1"):
+            # MXNet's kernel reads and writes outside a row whose length is
+            # negative or past the axis: other samples' rows, when batched.
+            # Valid lengths are left as they are.
+            shape = node.out_shapes[0]      # a program's entry has no inputs
+            size = shape[int(node.kwargs.get("axis", -1)) % len(shape)]
+            rest[0] = F.clip(rest[0], 0, size)
+        return call_as_recorded(F, node, [plain] + rest)
 
 
 def default_layout(F, x):
