@@ -126,9 +126,9 @@ def build_parser():
         help="tree encoder: 'cell', the node update in one Child-Sum cell "
              "block, or 'opbyop', the same function written operator by "
              "operator in the encoder (default: %(default)s)")
-    add("--memory", type=int, default=150,
+    add("--memory", type=_at_least_one, default=150,
         help="Tree-LSTM memory size (default: %(default)s)")
-    add("--hidden", type=int, default=50,
+    add("--hidden", type=_at_least_one, default=50,
         help="hidden units of the similarity layer (default: %(default)s)")
     add("--max-pairs", type=_at_least_one, default=None,
         help="use at most this many training pairs, for quick runs; the "

@@ -359,6 +359,15 @@ def test_full_preset_and_explicit_flags():
     assert script.parse_args([]).epochs == 2
 
 
+@pytest.mark.parametrize("flag", ["--memory", "--hidden"])
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_layer_sizes_below_one_are_refused_by_the_parser(flag, value, capsys):
+    with pytest.raises(SystemExit) as info:
+        script.parse_args([flag, value])
+    assert info.value.code == 2
+    assert "must be at least 1" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag", ["--l2", "--embed-lr"])
 def test_script_rejects_negative_rates(tmp_path, capsys, flag):
     assert run_script(tmp_path / "nowhere", tmp_path / "run", flag,

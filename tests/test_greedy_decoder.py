@@ -9,6 +9,7 @@ import random
 
 import mxnet as mx
 import numpy as np
+import pytest
 from mxnet import autograd, nd
 
 import gluon_dynbatch as gdb
@@ -74,3 +75,13 @@ def test_teacher_forced_training_reduces_the_loss():
     pairs = gd.make_pairs(96, random.Random(0))
     losses = gd.train(model, pairs, epochs=3, batch_size=32, lr=0.01, seed=0, progress=False)
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
+
+
+@pytest.mark.parametrize("flag", ["--batch-size", "--hidden", "--samples", "--rounds",
+                                  "--train-pairs", "--test-pairs"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_sizes_below_one_are_refused_by_the_parser(flag, value, capsys):
+    with pytest.raises(SystemExit) as info:
+        gd.build_parser().parse_args([flag, value])
+    assert info.value.code == 2
+    assert "must be at least 1" in capsys.readouterr().err
