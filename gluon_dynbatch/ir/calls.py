@@ -192,11 +192,16 @@ _LENGTHS = frozenset(("softmax", "log_softmax"))
 as integers only."""
 
 
+def uses_length(node):
+    """Whether call ``node`` (``softmax``, ``log_softmax``) reads its ``length``
+    input (``use_length=True``, given as a bool or as MXNet's string)."""
+    return str((node.kwargs or {}).get("use_length", False)).lower() in ("true", "1")
+
+
 def _check_lengths(node, in_dtypes, where):
     """Raise ``InvalidCallError`` for ``softmax(x, length, use_length=True)``
     of lengths that are not integers: MXNet's kernel refuses them when it runs."""
-    use = (node.kwargs or {}).get("use_length", False)
-    if len(in_dtypes) < 2 or str(use).lower() not in ("true", "1"):
+    if len(in_dtypes) < 2 or not uses_length(node):
         return
     dtype = np.dtype(in_dtypes[1])
     if dtype.kind not in "iu":

@@ -319,8 +319,9 @@ def _keep_unreached(saved):
         restored.append(name)
     if restored:
         warn_once("unreached gradients", "a backward pass through batched steps that an "
-                  "earlier pass kept (retain_graph=True) left the gradients of %s all zeros; batched "
-                  "steps reach arrays a loss does not, so they are kept as the earlier pass "
+                  "earlier pass kept (retain_graph=True) left the gradients of %s all "
+                  "zeros; batched steps reach arrays a loss does not, so they are kept as "
+                  "the earlier pass "
                   "wrote them, as eager MXNet keeps what a pass does not reach. One pass "
                   "over all losses (autograd.backward([l1, l2])) or grad_req='add' says "
                   "it without guessing" % ", ".join(restored[:5]) + (

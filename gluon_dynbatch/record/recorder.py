@@ -217,7 +217,7 @@ class Recorder(RecorderCore):
         described = self._described_leaf(array)
         node = graph.add(Node(graph, LEAF))
         node.value = array
-        if array.grad is not None:      # ``x.attach_grad()``: see ``context._kept_gradients``
+        if array.grad is not None:      # ``x.attach_grad()``: see ``context._variables``
             graph.variables[id(array)] = array
         if isinstance(array, BaseSparseNDArray):
             graph.sparse_leaves.add(node)

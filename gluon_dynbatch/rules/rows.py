@@ -18,6 +18,7 @@ import ast
 import mxnet as mx
 import numpy as np
 
+from ..ir.calls import uses_length
 from ..ir.rules import (BROW, ROW, SHARED, Rule, Signature, _in_dtype, _in_shape, _shared_key,
                         _trail, call_as_recorded, register_rule)
 
@@ -251,7 +252,7 @@ class SoftmaxRowRule(RowRule):
     def batched_call(self, F, node, inputs):
         plain = plain_layout(F, inputs[0], len(node.out_shapes[0]))
         rest = list(inputs[1:])
-        if rest and str(node.kwargs.get("use_length", False)).lower() in ("true", "1"):
+        if rest and uses_length(node):
             # MXNet's kernel reads and writes outside a row whose length is
             # negative or past the axis: other samples' rows, when batched.
             # Valid lengths are left as they are.
