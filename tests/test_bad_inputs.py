@@ -254,6 +254,47 @@ def test_a_softmax_length_outside_its_row_leaves_the_other_samples_rows(bad, com
     assert np.isfinite(outs[3].asnumpy()).all()
 
 
+class LastStep(gdb.DynBatchBlock):
+    """The state at a sample's last step, its steps laid out (T, 1, C)."""
+
+    def __init__(self, op, **kwargs):
+        super().__init__(**kwargs)
+        self.op = op
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, flatten=False)
+
+    def hybrid_forward(self, F, x, length):
+        steps = F.expand_dims(F.tanh(self.dense(x)), axis=1)
+        return getattr(F, self.op)(steps, length, use_sequence_length=True) * 2
+
+
+@pytest.mark.parametrize("op", ["SequenceLast", "SequenceMask", "SequenceReverse"])
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_a_sequence_length_past_its_steps_leaves_the_other_samples_steps(op, compiled):
+    # MXNet's kernels write past a sample's steps for such a length: in a
+    # batched step, the other samples' (heap corruption, or their values).
+    model = LastStep(op)
+    model.initialize(mx.init.Uniform(0.5))
+    r = np.random.RandomState(2)
+    xs = [nd.array(r.randn(3, 4)) for _ in range(4)]
+    lengths = [nd.array([k % 3 + 1]) for k in range(4)]
+    want = {}
+    for k in (0, 2, 3):
+        with autograd.record():
+            out = model(xs[k], lengths[k])
+        out.backward()
+        want[k] = (out.asnumpy(), model.dense.weight.grad().asnumpy().copy())
+    lengths[1] = nd.array([7])
+    for k in (0, 2, 3):
+        with autograd.record():
+            with gdb.batching(compiled=compiled):
+                outs = [model(x, n) for x, n in zip(xs, lengths)]
+        outs[k].backward()
+        np.testing.assert_allclose(outs[k].asnumpy(), want[k][0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(model.dense.weight.grad().asnumpy(), want[k][1],
+                                   rtol=1e-4, atol=1e-6)
+
+
 class FreeSums(gdb.DynBatchBlock):
     """No parameters: an elementwise op and an axis-0 mean of each sample's rows."""
 

@@ -205,6 +205,9 @@ def _self_attention_roles(node):
 # Operators whose batched output holds a block of rows per sample already:
 # ``SequenceLast``'s (k, ...), the attention scores' (k heads, T, T).
 _ROWS_OUT = frozenset(["SequenceLast", "interleaved_matmul_selfatt_qk"])
+# The least valid length of each sequence operator (``SequenceLast`` reads step
+# ``length - 1``); the most is the number of steps.
+_LENGTH_BOUNDS = {"SequenceMask": 0, "SequenceReverse": 0, "SequenceLast": 1}
 
 
 class SequenceRule(_OneLengthRule):
@@ -219,7 +222,14 @@ class SequenceRule(_OneLengthRule):
         super().__init__(roles)
 
     def batched_call(self, F, node, inputs):
-        laid = [_batch_on_axis1(F, inputs[0], _in_shape(node, 0))] + list(inputs[1:])
+        shape = _in_shape(node, 0)
+        laid = [_batch_on_axis1(F, inputs[0], shape)] + list(inputs[1:])
+        if node.op.name in _LENGTH_BOUNDS and len(laid) > 1 and str(
+                node.kwargs.get("use_sequence_length", False)).lower() in ("true", "1"):
+            # MXNet's kernels read and write past a sample's steps for a length
+            # outside them: other samples' steps, when batched.  Valid lengths
+            # are left as they are.
+            laid[1] = F.clip(laid[1], _LENGTH_BOUNDS[node.op.name], shape[0])
         out = call_as_recorded(F, node, laid)[0]
         if node.op.name in _ROWS_OUT:
             return [out]
