@@ -40,6 +40,7 @@ from mxnet.gluon import nn, rnn  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import gluon_dynbatch as gdb  # noqa: E402
+from examples.arguments import count  # noqa: E402
 from examples.progress_logging import setup_logging  # noqa: E402
 
 LOG = logging.getLogger("greedy_decoder")
@@ -250,30 +251,19 @@ def time_decoding(model, source_sets):
     return rows
 
 
-def _count(least):
-    """An argparse type: a whole number of at least ``least``."""
-    def parse(text):
-        value = int(text)
-        if value < least:
-            raise argparse.ArgumentTypeError("must be at least %d, got %d" % (least, value))
-        return value
-    parse.__name__ = "count"        # argparse's "invalid count value" on a non-number
-    return parse
-
-
 def build_parser():
     """The command-line parser."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
     add("--task", choices=sorted(TASKS), default="reverse")
-    add("--train-pairs", type=_count(1), default=3000)
-    add("--test-pairs", type=_count(1), default=200)
-    add("--epochs", type=_count(0), default=6)
-    add("--batch-size", type=_count(1), default=32)
+    add("--train-pairs", type=count(1), default=3000)
+    add("--test-pairs", type=count(1), default=200)
+    add("--epochs", type=count(0), default=6)
+    add("--batch-size", type=count(1), default=32)
     add("--lr", type=float, default=0.005)
-    add("--hidden", type=_count(1), default=64)
-    add("--samples", type=_count(1), default=64, help="sentences decoded per timed round")
-    add("--rounds", type=_count(1), default=3, help="timed rounds of eager against batched")
+    add("--hidden", type=count(1), default=64)
+    add("--samples", type=count(1), default=64, help="sentences decoded per timed round")
+    add("--rounds", type=count(1), default=3, help="timed rounds of eager against batched")
     add("--seed", type=int, default=7)
     add("--no-progress", action="store_true", help="no progress bars")
     return parser

@@ -40,6 +40,7 @@ from tqdm import tqdm  # noqa: E402
 
 from examples import curves, data_parallel, data_sources  # noqa: E402
 from examples import run_state, sick_data  # noqa: E402
+from examples.arguments import count  # noqa: E402
 from examples.data_sources import DataUnavailable  # noqa: E402
 from examples.progress_logging import setup_logging  # noqa: E402
 from examples.sick_data import SickDataError  # noqa: E402
@@ -60,14 +61,6 @@ RANDOM_GLOVE = "random"
 #: Settings of ``--full``, the best full run (selected on dev Pearson).
 FULL_PRESET = {"epochs": 8, "tune_embeddings": True, "embed_lr": 0.01,
                "ensemble": 2}
-
-
-def _at_least_one(text):
-    """An argparse type: a whole number of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1, got %d" % value)
-    return value
 
 
 def build_parser():
@@ -126,15 +119,15 @@ def build_parser():
         help="tree encoder: 'cell', the node update in one Child-Sum cell "
              "block, or 'opbyop', the same function written operator by "
              "operator in the encoder (default: %(default)s)")
-    add("--memory", type=_at_least_one, default=150,
+    add("--memory", type=count(1), default=150,
         help="Tree-LSTM memory size (default: %(default)s)")
-    add("--hidden", type=_at_least_one, default=50,
+    add("--hidden", type=count(1), default=50,
         help="hidden units of the similarity layer (default: %(default)s)")
-    add("--max-pairs", type=_at_least_one, default=None,
+    add("--max-pairs", type=count(1), default=None,
         help="use at most this many training pairs, for quick runs; the "
              "vocabulary still covers all training tokens, and the dev and "
              "test words that have a GloVe vector (default: all)")
-    add("--max-eval-pairs", type=_at_least_one, default=None,
+    add("--max-eval-pairs", type=count(1), default=None,
         help="use at most this many dev and test pairs (default: all)")
     add("--seed", type=int, default=42,
         help="seed for random, numpy and mxnet (default: %(default)s)")

@@ -192,10 +192,11 @@ _LENGTHS = frozenset(("softmax", "log_softmax"))
 as integers only."""
 
 
-def uses_length(node):
-    """Whether call ``node`` (``softmax``, ``log_softmax``) reads its ``length``
-    input (``use_length=True``, given as a bool or as MXNet's string)."""
-    return str((node.kwargs or {}).get("use_length", False)).lower() in ("true", "1")
+def uses_length(node, flag="use_length"):
+    """Whether call ``node`` reads its lengths input: ``flag`` true, given as a
+    bool or as MXNet's string (``use_length`` of ``softmax``,
+    ``use_sequence_length`` of the sequence operators)."""
+    return str((node.kwargs or {}).get(flag, False)).lower() in ("true", "1")
 
 
 def _check_lengths(node, in_dtypes, where):

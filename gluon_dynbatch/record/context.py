@@ -176,8 +176,10 @@ def note_batched(graph):
     TLS.batched_params.update(graph.parameters)
     variables = TLS.batched_variables
     variables.update(graph.variables)
-    for key in list(variables)[:max(0, len(variables) - MAX_VARIABLES)]:
-        del variables[key]
+    excess = len(variables) - MAX_VARIABLES
+    if excess > 0:                  # the oldest first (insertion order)
+        for key in list(variables)[:excess]:
+            del variables[key]
 
 
 def _compute(heads):

@@ -30,6 +30,7 @@ import numpy as np
 
 from .rows import ReshapeRule, RowFallback, RowRule
 from .segments import _padding, _with_zero_row
+from ..ir.calls import uses_length
 from ..ir.rules import ROW, SHARED, Rule, Signature, _in_dtype, _in_shape, call_as_recorded, \
     register_rule
 
@@ -224,8 +225,8 @@ class SequenceRule(_OneLengthRule):
     def batched_call(self, F, node, inputs):
         shape = _in_shape(node, 0)
         laid = [_batch_on_axis1(F, inputs[0], shape)] + list(inputs[1:])
-        if node.op.name in _LENGTH_BOUNDS and len(laid) > 1 and str(
-                node.kwargs.get("use_sequence_length", False)).lower() in ("true", "1"):
+        if node.op.name in _LENGTH_BOUNDS and len(laid) > 1 \
+                and uses_length(node, "use_sequence_length"):
             # MXNet's kernels read and write past a sample's steps for a length
             # outside them: other samples' steps, when batched.  Valid lengths
             # are left as they are.
