@@ -763,6 +763,115 @@ def test_a_gradient_a_sample_takes_of_its_own_equals_eager(how, options):
             np.testing.assert_allclose(got[1][name], want[1][name], rtol=1e-4, atol=1e-5)
 
 
+class InputGradient(gdb.DynBatchBlock):
+    """A sample's gradient with respect to its own input (an array the caller gave
+    a gradient, ``x.attach_grad()``), used in its output: through
+    ``autograd.grad`` or through a pass and ``x.grad``."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(2, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        out = F.sum(F.tanh(self.dense(x)))
+        if self.how == "grad":
+            slope = autograd.grad(out, [x], retain_graph=True)[0]
+        else:
+            out.backward(retain_graph=True)
+            slope = x.grad
+        return out + F.sum(slope * slope)
+
+
+def _input_gradient_losses(model, xs, options):
+    model.dense.weight.zero_grad()
+    for x in xs:
+        x.attach_grad()
+    with autograd.record():
+        with gdb.batching(**options) if options is not None else _NO_SCOPE():
+            outs = [model(x) for x in xs]
+        loss = nd.add_n(*outs)
+    loss.backward()
+    return ([out.asnumpy() for out in outs] + [x.grad.asnumpy() for x in xs]
+            + [model.dense.weight.grad().asnumpy()])
+
+
+_NO_SCOPE = contextlib.nullcontext
+
+
+@pytest.mark.parametrize("how", ["grad", "backward"])
+@pytest.mark.parametrize("options", [{}, {"strategy": "reference"}, {"compiled": "step"}])
+def test_a_gradient_a_sample_takes_with_respect_to_its_input_equals_eager(how, options):
+    """The input a sample's code sees stands for the caller's array, whose gradient
+    it takes (MXNet refused it: 'does not require gradient'; ``x.grad`` was None)."""
+    mx.random.seed(3)
+    model = InputGradient(how)
+    model.initialize(mx.init.Uniform(0.5))
+    for seed in range(2):
+        xs = [nd.random.uniform(-1, 1, shape=(1, 3)) for _ in range(3 + seed)]
+        want = _input_gradient_losses(model, xs, None)
+        got = _input_gradient_losses(model, xs, options)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+class MarkedVariable(gdb.DynBatchBlock):
+    """A gradient into a buffer of the sample's own (``autograd.mark_variables``)
+    of a value it computed, or one through a pass whose head gradient it
+    computed (``backward(out_grad=...)``), used in its output."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        v = h.detach()
+        if self.how == "marked":
+            slope = nd.zeros(v.shape)
+            autograd.mark_variables([v], [slope])
+        else:
+            v.attach_grad()
+        with autograd.record():
+            y = F.tanh(v)
+        if self.how == "marked":
+            F.sum(y).backward()
+        else:
+            y.backward(out_grad=F.ones_like(y) + y.detach())
+            slope = v.grad
+        return F.sum(slope * h)
+
+
+def _marked_outputs(model, xs, options, record):
+    with autograd.record(record):
+        with gdb.batching(**options) if options is not None else _NO_SCOPE():
+            outs = [model(x) for x in xs]
+    return [out.asnumpy() for out in outs]
+
+
+@pytest.mark.parametrize("record", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("how", ["marked", "head"])
+@pytest.mark.parametrize("options", [{}, {"strategy": "reference"}, {"compiled": "step"}])
+def test_gradients_a_sample_writes_into_its_own_arrays_equal_eager(how, options, record):
+    """A marked value is an array of its own, as after ``attach_grad`` (its
+    gradient was zeros, or MXNet refused the other samples' buffers), and a
+    pass's pending head gradient is computed before the other samples'
+    gradients are kept (their gradients were zeros)."""
+    mx.random.seed(4)
+    model = MarkedVariable(how)
+    model.initialize(mx.init.Uniform(0.5))
+    for seed in range(2):
+        xs = [nd.random.uniform(-1, 1, shape=(2, 3)) for _ in range(3 + seed)]
+        want = _marked_outputs(model, xs, None, record)
+        got = _marked_outputs(model, xs, options, record)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+        assert all(np.abs(w).sum() > 0 for w in want)
+
+
 class SecondOrder(gdb.DynBatchBlock):
     """``x.grad`` of ``d/dx`` of ``sin(x)``: a gradient of a gradient."""
 

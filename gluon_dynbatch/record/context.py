@@ -65,6 +65,7 @@ _SET_RECORDING = _copy_function(autograd.set_recording)
 _SET_TRAINING = _copy_function(autograd.set_training)
 _BACKWARD = _copy_function(autograd.backward)
 _GRAD = _copy_function(autograd.grad)
+_MARK_VARIABLES = _copy_function(autograd.mark_variables)
 
 
 def _counting_set_recording(is_recording):
@@ -182,22 +183,29 @@ def note_batched(graph):
             del variables[key]
 
 
-def _compute(heads):
-    """Compute the pending arrays among ``heads`` (an array or a list)."""
-    for head in heads if isinstance(heads, (list, tuple)) else [heads]:
-        if isinstance(head, lazy_mod.LazyArray):
-            head.wait_to_read()
+def _arrays_in(values):
+    """The arrays among ``values``, each an array, a list of arrays, or None."""
+    for value in values:
+        yield from value if isinstance(value, (list, tuple)) else [value]
 
 
-def _others_gradients(heads):
+def _compute(arrays):
+    """Compute the pending arrays among ``arrays`` (``_arrays_in``'s values)."""
+    for array in _arrays_in(arrays):
+        if isinstance(array, lazy_mod.LazyArray):
+            array.wait_to_read()
+
+
+def _others_gradients(arrays):
     """The gradients of arrays other samples attached gradients to, with copies of
-    their values once ``heads`` are computed (the sample may wait for them): a
+    their values once ``arrays`` (the pass's heads, head gradients and
+    variables) are computed (the sample may wait for them: not during the pass): a
     sample's backward pass runs through batched steps that reach them too
     (their arrays alive or not), and writes zeros into them, where eager
     leaves them.  Then those of arrays given gradients before the scope, fed to
     batched steps (``_saved``: kept where the pass leaves them all zeros, as
     no sample is known as theirs)."""
-    _compute(heads)
+    _compute(arrays)
     tasks = TLS.recorder.tasks
     return ([(grad, grad.copy()) for task, grad in tasks.variables if task is not tasks.current],
             _unrecorded(lambda: _saved(_variables())))
@@ -223,10 +231,12 @@ def _counting_backward(backward, position=2, to_variables=False):
             # Values of a scope may or may not be in the heads' history.
             TLS.second_order = "maybe"
         kept = again = None
+        if to_variables:
+            args, kwargs = _given_variables(args, kwargs)
         if _in_a_sample():
             args, kwargs = _retaining(args, kwargs, position)
             if not to_variables:
-                kept, again = _others_gradients(heads)
+                kept, again = _others_gradients(list(args) + list(kwargs.values()))
         elif TLS.retained and not to_variables:
             again = _unrecorded(_written_gradients)
         try:
@@ -256,6 +266,22 @@ def _counting_backward(backward, position=2, to_variables=False):
     return wrapper
 
 
+def _given_variables(args, kwargs):
+    """``args, kwargs`` of ``autograd.grad`` with each sample's input that stands
+    for an array the user attached a gradient to replaced by that array."""
+    if len(args) > 1:
+        return args[:1] + (_as_variables(args[1]),) + args[2:], kwargs
+    if "variables" in kwargs:
+        kwargs = dict(kwargs, variables=_as_variables(kwargs["variables"]))
+    return args, kwargs
+
+
+def _as_variables(variables):
+    if isinstance(variables, (list, tuple)):
+        return [lazy_mod.given_array(v) for v in variables]
+    return lazy_mod.given_array(variables)
+
+
 def _unrecorded(fn, *args):
     """``fn(*args)`` on gradients, its MXNet calls run as they are, not recorded
     by a scope the pass runs in."""
@@ -268,7 +294,10 @@ def _unrecorded(fn, *args):
 
 def _copy_back(kept):
     for grad, value in kept:
-        value.copyto(grad)
+        # Through a handle of the same memory with no autograd entry: a
+        # gradient array a batched step read (``mark_variables``' buffers
+        # are arrays of the user's) is an input in autograd's graph.
+        value.copyto(grad.detach())
 
 
 def _written_gradients():
@@ -363,6 +392,25 @@ def _attach_grad(self, grad_req="write", stype=None):
             rec.tasks.variables.append((rec.tasks.current, self.grad))
 
 
+def _mark_variables(variables, gradients, grad_reqs="write"):
+    """``autograd.mark_variables``: as ``attach_grad``, each value a scope computed
+    is an array of its own from then on, and inside a sample the gradient
+    arrays are kept from other samples' passes."""
+    listed = isinstance(variables, (list, tuple))
+    arrays, grads = (variables, gradients) if listed else ([variables], [gradients])
+    for array in arrays:
+        if isinstance(array, lazy_mod.LazyArray):
+            array.own_array()
+    _MARK_VARIABLES(variables, gradients, grad_reqs)
+    rec = TLS.recorder
+    if rec is None:
+        return
+    for array in arrays:
+        rec.graph.leaf_by_id.pop(id(array), None)
+    if rec.tasks is not None and rec.tasks.current is not None:
+        rec.tasks.variables.extend((rec.tasks.current, grad) for grad in grads)
+
+
 # Bodies that MXNet's functions run once redirected (``_redirect``): each calls
 # what ``install`` put in ``mxnet.autograd``'s namespace under its name.
 # pylint: disable=undefined-variable
@@ -382,6 +430,8 @@ def _to_grad(heads, variables, head_grads=None, retain_graph=None, create_graph=
              train_mode=True):
     return _gluon_dynbatch_grad(heads, variables, head_grads, retain_graph, create_graph,
                                 train_mode)
+def _to_mark_variables(variables, gradients, grad_reqs="write"):
+    return _gluon_dynbatch_mark_variables(variables, gradients, grad_reqs)
 # pylint: enable=undefined-variable
 
 
@@ -399,12 +449,14 @@ def _redirect(fn, body, target):
 
 def install():
     """Count changes of autograd's modes and graph-freeing backward passes
-    (``autograd.grad`` too); keep the gradients of arrays samples attach them to."""
+    (``autograd.grad`` too); keep the gradients of arrays samples attach them to
+    (``attach_grad``, ``autograd.mark_variables``)."""
     NDArray.attach_grad = _attach_grad
     NDArray.backward = _counting_backward(NDArray.backward)
     _redirect(autograd.backward, _to_backward, _counting_backward(_BACKWARD))
     _redirect(autograd.grad, _to_grad,
               _counting_backward(_GRAD, position=3, to_variables=True))
+    _redirect(autograd.mark_variables, _to_mark_variables, _mark_variables)
     _redirect(autograd.set_recording, _to_set_recording, _counting_set_recording)
     _redirect(autograd.set_training, _to_set_training, _counting_set_training)
 

@@ -79,6 +79,23 @@ def constants_if_freed(arrays):
 _FREED = -1     # an epoch's count once its value is known to be freed
 
 
+def given_array(array):
+    """The array the user gave that ``array`` stands for, when it is a sample's
+    input not yet used as an array (a leaf of a recorded graph) and that array
+    has a gradient (``x.attach_grad()`` before the scope), else ``array``.
+
+    Batched steps read the given array itself, so autograd reaches it as
+    eager's calls do (``autograd.grad(out, [x])`` inside a sample).
+    """
+    if type(array) is not LazyArray or array._h is not None or array._node is None:
+        return array
+    node = array._node
+    value = getattr(node, "value", None) if node.kind == "leaf" else None
+    if value is None or type(value) is LazyArray or value.grad is None:
+        return array
+    return value
+
+
 def epoch_stamp():
     """What a value computed now is stamped with (``LazyArray.history_freed``):
     its thread's count of backward passes, and the count now."""
@@ -177,9 +194,21 @@ class LazyArray(nd.NDArray):
         array of its own (a variable of autograd: ``x = h.detach();
         x.attach_grad()`` for a gradient inside a sample): later graphs read it
         as such, not as rows of the batched output that computed it."""
+        self.own_array()
+        nd.NDArray.attach_grad(self, grad_req, stype)    # (``context._attach_grad``)
+
+    def own_array(self):
+        """Compute this value as an array of its own, not rows of a batched
+        output (before it is made a variable of autograd)."""
         self._materialize()
         self._rows = None
-        nd.NDArray.attach_grad(self, grad_req, stype)    # (``context._attach_grad``)
+
+    @property
+    def grad(self):
+        """``NDArray.grad``; of a sample's input that stands for an array with a
+        gradient (``x.attach_grad()`` before the scope), that array's gradient."""
+        given = given_array(self)
+        return nd.NDArray.grad.fget(self if given is self else given)
 
     def _set_result(self, array):
         """Take over ``array``'s handle (and so its autograd history)."""
