@@ -1057,6 +1057,58 @@ def test_an_autograd_function_in_the_samples_code_equals_eager(in_child, options
         assert_batched_equals_eager(model, samples, options)
 
 
+class _ScaleBy(mx.autograd.Function):
+    """``x * gate`` with its own backward; the gates (computed by the sample) given
+    to the constructor, alone, in a list or in a dict."""
+
+    def __init__(self, gate, how):
+        super().__init__()
+        self.how = how
+        if how == "list":
+            self.gates = [gate]
+        elif how == "dict":
+            self.gates = {"gate": gate}
+        else:
+            self.gate = gate
+
+    def _gate(self):
+        return self.gate if self.how == "alone" else \
+            self.gates[0] if self.how == "list" else self.gates["gate"]
+
+    def forward(self, x):  # pylint: disable=arguments-differ
+        return x * self._gate()
+
+    def backward(self, dy):  # pylint: disable=arguments-differ
+        return dy * self._gate()
+
+
+class GatedByFunction(gdb.DynBatchBlock):
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, flatten=False, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        return F.sum(_ScaleBy(F.sigmoid(h).detach(), self.how)(h))
+
+
+@pytest.mark.parametrize("how", ["alone", "list", "dict"])
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"granularity": "op"},
+                                     {"strategy": "reference"}])
+def test_an_autograd_function_holding_values_the_sample_computed_equals_eager(how, options):
+    """Its ``forward`` runs on computed plain arrays (calls on the held values
+    were recorded: wrong weight gradients, then MXNet's 'not in a
+    computational graph' from the second scope)."""
+    model = GatedByFunction(how)
+    model.initialize(mx.init.Xavier())
+    for scope in range(3):
+        rs = np.random.RandomState(scope)
+        samples = [(nd.array(rs.randn(n, 4)),) for n in (2, 3, 1)]
+        assert_batched_equals_eager(model, samples, options)
+
+
 class Chain(gdb.DynBatchBlock):
     """``f(k) = tanh(W f(k - 1))``, ``f(0) = x``: a call of the block per level."""
 

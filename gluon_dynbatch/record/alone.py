@@ -69,17 +69,57 @@ def _function_call(self, *inputs):
     """``mx.autograd.Function.__call__``: inside a scope, on concrete values
     (what is pending runs first, as a read of a value does)."""
     rec = context.TLS.recorder
-    if rec is None or rec.eager or not any(type(a) is LazyArray for a in inputs):
+    if rec is None or rec.eager:
+        return _FUNCTION_CALL(self, *inputs)
+    held = _held_values(self)
+    if not held and not any(type(a) is LazyArray for a in inputs):
         return _FUNCTION_CALL(self, *inputs)
     frame = rec.frame
     if frame is not None:
         # No template may replay this call's block without running the Function.
         frame.cut("an autograd.Function")
+    _make_plain(self, held)
     inputs = _computed(inputs)
     # Plain arrays, with the values' autograd history: the Function's
     # ``forward`` and ``backward`` compute on them as eager code does.
     inputs = [mx.nd.identity(a) if type(a) is LazyArray else a for a in inputs]
     return rec.wrap_inputs(_FUNCTION_CALL(self, *inputs))
+
+
+def _held_values(function):
+    """The names of a Function's attributes holding values a scope computed
+    (given to its constructor), directly or in a list, tuple or dict."""
+    return [name for name, value in vars(function).items()
+            if any(type(item) is LazyArray for item in _items(value))]
+
+
+def _items(value):
+    if isinstance(value, dict):
+        return list(value.values())
+    return value if isinstance(value, (list, tuple)) else [value]
+
+
+def _make_plain(function, names):
+    """Give the Function's attributes ``names`` computed plain arrays in place of
+    the values a scope computed: its ``forward`` and ``backward`` run on them
+    as eager MXNet runs them (calls on a LazyArray would be recorded)."""
+    for name in names:
+        value = getattr(function, name)
+        plain = {id(item): _plain(item) for item in _items(value)
+                 if type(item) is LazyArray}
+        if isinstance(value, dict):
+            value = type(value)((k, plain.get(id(v), v)) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            value = type(value)(plain.get(id(v), v) for v in value)
+        else:
+            value = plain[id(value)]
+        setattr(function, name, value)
+
+
+def _plain(value):
+    """A plain array of ``value``'s data and history, ``value`` computed first."""
+    value, = _computed([value])
+    return mx.nd.identity(value) if type(value) is LazyArray else value
 
 
 def install():
