@@ -126,6 +126,8 @@ def analyse(node, in_shapes, in_dtypes):
              tuple(sorted((k, hashable(v)) for k, v in node.kwargs.items()
                           if not isinstance(v, Slot))))
     where = describe_call(node.sample, node.path, op.name)
+    if sparse_output(op.name, input_storage(node), attrs[1]):
+        raise ShapeFromData("%s: an output of sparse storage" % where)
     try:
         out_shapes, out_dtypes, inferred = INFER.infer(op, node, in_shapes, in_dtypes, attrs)
     except UnknownShape:
@@ -251,6 +253,41 @@ class _Written:
 
     def __init__(self, op, args, kwargs):
         self.op, self.args, self.kwargs = op, args, kwargs
+
+
+SPARSE_OUTPUTS = {}
+"""(operator, its inputs' storage types, attributes) -> whether an output is sparse,
+as the call run by itself found it (``note_sparse_output``)."""
+
+
+def input_storage(node):
+    """The storage types of ``node``'s inputs: a leaf's array's own (CSR,
+    row-sparse), "default" for every computed value."""
+    return tuple(getattr(src.value, "stype", "default")
+                 if getattr(src, "kind", None) == "leaf" and getattr(src, "value", None) is not None
+                 else "default" for src, _ in node.inputs)
+
+
+def sparse_output(name, storage, attributes):
+    """Whether a call may give an output of sparse storage: a cast to it, or a
+    call on a sparse input not yet known to give dense outputs.
+
+    Such a call runs by itself (``ShapeFromData``): MXNet's kernels and
+    CachedOp's backward do not take sparse step outputs gathered or
+    concatenated (an empty CSR row crashes the process).
+    """
+    if name == "cast_storage":
+        return dict(attributes).get("stype", "default") != "default"
+    if all(stype == "default" for stype in storage):
+        return False
+    return SPARSE_OUTPUTS.get((name, storage, attributes), True)
+
+
+def note_sparse_output(name, storage, attributes, outputs):
+    """Keep whether the call ``sparse_output`` sent to run by itself gave a sparse
+    output, so that later such calls are batched when it did not."""
+    SPARSE_OUTPUTS[(name, storage, attributes)] = any(
+        getattr(out, "stype", "default") != "default" for out in outputs)
 
 
 class ShapeFromData(BatchingError):

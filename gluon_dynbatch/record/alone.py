@@ -21,7 +21,8 @@ from .lazy import LazyArray
 from . import context
 from ..errors import BatchingError, describe_call, refused_call
 from ..ir.graph import LEAF
-from ..ir.ops import first_line
+from ..ir.calls import note_sparse_output
+from ..ir.ops import first_line, hashable
 from ..ir.rules import NO_INPUT_GRADIENT
 
 
@@ -39,6 +40,12 @@ def run_alone(rec, op, args, kwargs):
         raise refused_call(err, "%s: invalid call with input shapes %s: %s" % (
             describe_call(rec.sample, rec.path, op.name), [a.shape for a in arrays],
             first_line(err))) from None
+    storage = tuple(a.stype for a in arrays)
+    if any(stype != "default" for stype in storage):
+        # (``calls.sparse_output`` sent it here to find out its outputs' storage)
+        note_sparse_output(op.name, storage, tuple(sorted(
+            (k, hashable(v)) for k, v in kwargs.items() if not isinstance(v, NDArray))),
+            out if isinstance(out, (list, tuple)) else [out])
     return rec.wrap_inputs(out)
 
 

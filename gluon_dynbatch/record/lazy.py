@@ -295,8 +295,10 @@ class LazyArray(nd.NDArray):
 
     @property
     def stype(self):
-        if self._node is not None:
-            return "default"
+        node = self._node
+        if node is not None:        # computed values are dense; an input as given
+            value = node.value if node.kind == "leaf" else None
+            return "default" if value is None else value.stype
         return nd.NDArray.stype.fget(self)
 
     def __len__(self):

@@ -755,6 +755,9 @@ class Recorder(RecorderCore):
         in_shapes = tuple([src.out_shapes[i] for src, i in inputs])
         in_dtypes = tuple([src.out_dtypes[i] for src, i in inputs])
         key, info = _memo(op, targs, tkw, in_shapes, in_dtypes)
+        if info is not None and graph.sparse_leaves \
+                and any(src in graph.sparse_leaves for src, _ in inputs):
+            info = None         # (the memo does not know storage: ``calls.sparse_output``)
         if info is None:
             node = Node(graph, OP, op, inputs, targs, tkw)
             node.sample = self.sample
@@ -994,14 +997,18 @@ def summed_duplicates(csr):
     b, a); MXNet's conversions to dense, which gathering a sample's rows
     makes, keep only one of them.
     """
-    indices, indptr = csr.indices.asnumpy(), csr.indptr.asnumpy()
+    indptr = csr.indptr.asnumpy()
+    if len(indptr) < 2:             # (no rows)
+        return csr
+    stored = int(indptr[-1])        # an operator's output may hold more room
+    indices = csr.indices.asnumpy()[:stored]
     width = csr.shape[1]
     keys = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr)) * width + indices
     unique, inverse = np.unique(keys, return_inverse=True)
     if len(unique) == len(keys):
         return csr
     summed = np.zeros(len(unique), dtype=csr.dtype)
-    np.add.at(summed, inverse, csr.data.asnumpy())
+    np.add.at(summed, inverse, csr.data.asnumpy()[:stored])
     rows, columns = np.divmod(unique, width)
     starts = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=csr.shape[0]))])
     return mx.nd.sparse.csr_matrix((summed, columns, starts), shape=csr.shape,

@@ -728,7 +728,13 @@ class Pending(LazyArray):
         if not isinstance(value, NDArray):
             raise BatchingError("a sample's call returned %r where an array was expected"
                                 % (type(value).__name__,))
-        if isinstance(value, LazyArray) and value._node is not None:
+        if value.stype != "default":
+            # Of sparse storage (computed by itself, ``alone.run_alone``): this
+            # placeholder is a dense array, so it holds the value densely.
+            if isinstance(value, LazyArray) and value._node is not None:
+                value = value._node.value
+            self._set_result(nd.cast_storage(value, stype="default"))
+        elif isinstance(value, LazyArray) and value._node is not None:
             # A copy of its own: a call on weights alone is one node for every
             # sample (``weights.shared_call``), which each placeholder would take.
             out = self._tasks.rec.own_copy(value)
