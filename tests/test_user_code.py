@@ -2219,12 +2219,12 @@ class SparseOutputs(gdb.DynBatchBlock):
         with self.name_scope():
             self.dense = gluon.nn.Dense(6, in_units=2)
 
-    def hybrid_forward(self, F, x, row):
+    def hybrid_forward(self, F, x, row, other):
         h = self.dense(x)
         if self.how == "dot":
             return F.tanh(F.sparse.dot(h, row, transpose_b=True))
         if self.how == "sum":           # (its entries stored with room to spare)
-            return F.tanh(F.sparse.dot(h, F.sparse.elemwise_add(row, row), transpose_b=True))
+            return F.tanh(F.sparse.dot(h, F.sparse.elemwise_add(row, other), transpose_b=True))
         kept = F.sparse.retain(F.tanh(h).T.tostype("row_sparse"), nd.array([1, 4]))
         return F.sum(kept.tostype("default"), axis=0, keepdims=True) * F.sum(h)
 
@@ -2233,7 +2233,9 @@ def _sparse_samples(seed):
     rs = np.random.RandomState(seed)
     rows = (rs.rand(4, 6) > 0.5) * rs.randn(4, 6).astype(np.float32)
     rows[1] = 0                                     # a row of no entries
-    return [(nd.array(rs.randn(1, 2)), nd.sparse.csr_matrix(rows[k:k + 1])) for k in range(4)]
+    others = np.roll(rows, 1, axis=1) + rows        # entries shared with the row's
+    return [(nd.array(rs.randn(1, 2)), nd.sparse.csr_matrix(rows[k:k + 1]),
+             nd.sparse.csr_matrix(others[k:k + 1])) for k in range(4)]
 
 
 @pytest.mark.parametrize("how", ["dot", "sum", "retain"])
