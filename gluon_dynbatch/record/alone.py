@@ -86,11 +86,9 @@ def _function_call(self, *inputs):
         # No template may replay this call's block without running the Function.
         frame.cut("an autograd.Function")
     _make_plain(self, held)
-    inputs = _computed(inputs)
     # Plain arrays, with the values' autograd history: the Function's
     # ``forward`` and ``backward`` compute on them as eager code does.
-    inputs = [mx.nd.identity(a) if type(a) is LazyArray else a for a in inputs]
-    return rec.wrap_inputs(_FUNCTION_CALL(self, *inputs))
+    return rec.wrap_inputs(_FUNCTION_CALL(self, *[_plain(a) for a in inputs]))
 
 
 def _held_values(function):

@@ -430,6 +430,8 @@ def _to_grad(heads, variables, head_grads=None, retain_graph=None, create_graph=
              train_mode=True):
     return _gluon_dynbatch_grad(heads, variables, head_grads, retain_graph, create_graph,
                                 train_mode)
+
+
 def _to_mark_variables(variables, gradients, grad_reqs="write"):
     return _gluon_dynbatch_mark_variables(variables, gradients, grad_reqs)
 # pylint: enable=undefined-variable
