@@ -1057,29 +1057,43 @@ def test_an_autograd_function_in_the_samples_code_equals_eager(in_child, options
         assert_batched_equals_eager(model, samples, options)
 
 
+class _Holder:
+    def __init__(self, gate):
+        self.gate = gate
+
+
 class _ScaleBy(mx.autograd.Function):
-    """``x * gate`` with its own backward; the gates (computed by the sample) given
-    to the constructor, alone, in a list or in a dict."""
+    """``x * gate`` with its own backward; the gate (computed by the sample) given
+    to the constructor and held alone, in a list, in a dict, in a list of
+    tuples, or by another object."""
 
     def __init__(self, gate, how):
         super().__init__()
         self.how = how
-        if how == "list":
-            self.gates = [gate]
-        elif how == "dict":
-            self.gates = {"gate": gate}
-        else:
-            self.gate = gate
+        self.held = {"alone": gate, "list": [gate], "dict": {"gate": gate},
+                     "nested": [(gate, 1.0)], "object": _Holder(gate)}[how]
 
     def _gate(self):
-        return self.gate if self.how == "alone" else \
-            self.gates[0] if self.how == "list" else self.gates["gate"]
+        held = self.held
+        return {"alone": lambda: held, "list": lambda: held[0], "dict": lambda: held["gate"],
+                "nested": lambda: held[0][0], "object": lambda: held.gate}[self.how]()
 
     def forward(self, x):  # pylint: disable=arguments-differ
         return x * self._gate()
 
     def backward(self, dy):  # pylint: disable=arguments-differ
         return dy * self._gate()
+
+
+def _scale_by_closure(gate):
+    """A Function class whose methods read ``gate`` from their closure."""
+    class ScaleBy(mx.autograd.Function):
+        def forward(self, x):  # pylint: disable=arguments-differ
+            return x * gate
+
+        def backward(self, dy):  # pylint: disable=arguments-differ
+            return dy * gate
+    return ScaleBy()
 
 
 class GatedByFunction(gdb.DynBatchBlock):
@@ -1091,10 +1105,12 @@ class GatedByFunction(gdb.DynBatchBlock):
 
     def hybrid_forward(self, F, x):
         h = self.dense(x)
-        return F.sum(_ScaleBy(F.sigmoid(h).detach(), self.how)(h))
+        gate = F.sigmoid(h).detach()
+        scale = _scale_by_closure(gate) if self.how == "closure" else _ScaleBy(gate, self.how)
+        return F.sum(scale(h))
 
 
-@pytest.mark.parametrize("how", ["alone", "list", "dict"])
+@pytest.mark.parametrize("how", ["alone", "list", "dict", "nested", "object", "closure"])
 @pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"granularity": "op"},
                                      {"strategy": "reference"}])
 def test_an_autograd_function_holding_values_the_sample_computed_equals_eager(how, options):
