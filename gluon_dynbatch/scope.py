@@ -14,6 +14,7 @@ from .errors import BatchingError
 from .plan import budget, scalars, sums
 from .plan.planners import PLANNERS, make_plan
 from .record import context, dispatch, handlers, literals, patches, trie
+from .record.tasks import dense_results
 from .record.recorder import Recorder
 from .run.cache import PlanCache
 from .run.executors import run_compiled, run_interpreted, run_steps
@@ -448,7 +449,7 @@ def _map_tasks(tasks, fn, samples, args):
         if task.error is not None:
             _note_sample(task.error, index, call)
             raise task.error
-    return [task.result for task in started]
+    return [dense_results(tasks.rec, task.result) for task in started]
 
 
 _MAP_CALLS = itertools.count()      # numbers ``gdb.map``'s calls, in the order they start

@@ -775,7 +775,8 @@ class InputGradient(gdb.DynBatchBlock):
             self.dense = gluon.nn.Dense(2, in_units=3)
 
     def hybrid_forward(self, F, x):
-        out = F.sum(F.tanh(self.dense(x)))
+        with autograd.record():
+            out = F.sum(F.tanh(self.dense(x)))
         if self.how == "grad":
             slope = autograd.grad(out, [x], retain_graph=True)[0]
         else:
@@ -784,14 +785,16 @@ class InputGradient(gdb.DynBatchBlock):
         return out + F.sum(slope * slope)
 
 
-def _input_gradient_losses(model, xs, options):
+def _input_gradient_losses(model, xs, options, record):
     model.dense.weight.zero_grad()
     for x in xs:
         x.attach_grad()
-    with autograd.record():
+    with autograd.record(record):
         with gdb.batching(**options) if options is not None else _NO_SCOPE():
             outs = [model(x) for x in xs]
         loss = nd.add_n(*outs)
+    if not record:
+        return [out.asnumpy() for out in outs]
     loss.backward()
     return ([out.asnumpy() for out in outs] + [x.grad.asnumpy() for x in xs]
             + [model.dense.weight.grad().asnumpy()])
@@ -800,18 +803,24 @@ def _input_gradient_losses(model, xs, options):
 _NO_SCOPE = contextlib.nullcontext
 
 
+@pytest.mark.parametrize("record", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("shared", [False, True], ids=["own", "shared"])
 @pytest.mark.parametrize("how", ["grad", "backward"])
 @pytest.mark.parametrize("options", [{}, {"strategy": "reference"}, {"compiled": "step"}])
-def test_a_gradient_a_sample_takes_with_respect_to_its_input_equals_eager(how, options):
+def test_a_gradient_a_sample_takes_with_respect_to_its_input_equals_eager(how, options, shared,
+                                                                         record):
     """The input a sample's code sees stands for the caller's array, whose gradient
-    it takes (MXNet refused it: 'does not require gradient'; ``x.grad`` was None)."""
+    it takes (MXNet refused it: 'does not require gradient'; ``x.grad`` was None,
+    or, of one array all samples share, another sample's)."""
     mx.random.seed(3)
     model = InputGradient(how)
     model.initialize(mx.init.Uniform(0.5))
     for seed in range(2):
         xs = [nd.random.uniform(-1, 1, shape=(1, 3)) for _ in range(3 + seed)]
-        want = _input_gradient_losses(model, xs, None)
-        got = _input_gradient_losses(model, xs, options)
+        if shared:
+            xs = [xs[0]] * len(xs)
+        want = _input_gradient_losses(model, xs, None, record)
+        got = _input_gradient_losses(model, xs, options, record)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 

@@ -217,7 +217,8 @@ class Recorder(RecorderCore):
         described = self._described_leaf(array)
         node = graph.add(Node(graph, LEAF))
         node.value = array
-        if array.grad is not None:      # ``x.attach_grad()``: see ``context._variables``
+        given = array.grad is not None  # ``x.attach_grad()``: see ``context._variables``
+        if given:
             graph.variables[id(array)] = array
         if isinstance(array, BaseSparseNDArray):
             graph.sparse_leaves.add(node)
@@ -234,6 +235,8 @@ class Recorder(RecorderCore):
         node.out_shapes = (described[1],)
         node.out_dtypes = (described[2],)
         lazy = LazyArray(node, 0)
+        if given:
+            lazy._given = array         # (``lazy.given_array``)
         graph.leaf_by_id[id(array)] = (node, lazy, array)
         return lazy
 
@@ -991,15 +994,19 @@ def _on_cpu(array):
 
 
 def summed_duplicates(csr):
-    """``csr`` with the entries each row repeats for one column summed into one.
+    """``csr`` with the entries each row repeats for one column summed into one
+    (and its row pointers, where MXNet left them out of an empty result).
 
     ``sparse.dot`` adds such entries (a word's subword ids, "aba": columns a,
     b, a); MXNet's conversions to dense, which gathering a sample's rows
     makes, keep only one of them.
     """
     indptr = csr.indptr.asnumpy()
-    if len(indptr) < 2:             # (no rows)
-        return csr
+    if len(indptr) != csr.shape[0] + 1:
+        # MXNet's operators give a result of no entries (``tanh`` of an empty
+        # CSR) without row pointers, which its kernels then read past (a
+        # segfault once rows of several are gathered): an empty CSR made well.
+        return mx.nd.sparse.zeros("csr", csr.shape, ctx=csr.context, dtype=csr.dtype)
     stored = int(indptr[-1])        # an operator's output may hold more room
     indices = csr.indices.asnumpy()[:stored]
     width = csr.shape[1]

@@ -199,7 +199,7 @@ class Tasks:
         if task.error is not None:
             raise task.error
         _note_form(owner, settings, form_of(task.result))
-        return task.result
+        return dense_results(self.rec, task.result)
 
     def _switch(self, task):
         """Run ``task`` until it finishes or waits, in its recording state."""
@@ -703,6 +703,23 @@ def _part(result, path):
             result = result[key]
         else:                           # a dataclass (``form_of``)
             result = getattr(result, _record_fields(result)[key])
+    return result
+
+
+def dense_results(rec, result):
+    """A sample's result with each value of sparse storage (run by itself,
+    ``alone.run_alone``) given as a dense array of its values, as placeholders
+    hold them (``Pending.fill``): a LazyArray is a dense array."""
+    if isinstance(result, (list, tuple)):
+        items = [dense_results(rec, item) for item in result]
+        if all(a is b for a, b in zip(items, result)):
+            return result
+        return type(result)(*items) if hasattr(result, "_fields") else type(result)(items)
+    if isinstance(result, dict):
+        items = {k: dense_results(rec, v) for k, v in result.items()}
+        return result if all(items[k] is result[k] for k in result) else type(result)(items)
+    if type(result) is LazyArray and result._node is not None and result.stype != "default":
+        return rec.wrap_inputs(nd.cast_storage(result._node.value, stype="default"))
     return result
 
 
