@@ -81,19 +81,16 @@ _FREED = -1     # an epoch's count once its value is known to be freed
 
 def given_array(array):
     """The array the user gave that ``array`` stands for, when it is a sample's
-    input not yet used as an array (a leaf of a recorded graph) and that array
-    has a gradient (``x.attach_grad()`` before the scope), else ``array``.
+    input (a leaf of a recorded graph) and that array has a gradient
+    (``x.attach_grad()`` before the scope), else ``array``.
 
     Batched steps read the given array itself, so autograd reaches it as
     eager's calls do (``autograd.grad(out, [x])`` inside a sample).
     """
-    if type(array) is not LazyArray or array._h is not None or array._node is None:
+    if type(array) is not LazyArray:
         return array
-    node = array._node
-    value = getattr(node, "value", None) if node.kind == "leaf" else None
-    if value is None or type(value) is LazyArray or value.grad is None:
-        return array
-    return value
+    given = getattr(array, "_given", None)
+    return array if given is None or given.grad is None else given
 
 
 def epoch_stamp():
@@ -112,7 +109,10 @@ class LazyArray(nd.NDArray):
     # ``_rows``: (Rows, index) of a value a flush handed out as rows of a batched
     # output (``run.lowering.Lowering.deliver``), or of their view in a later graph.
     # ``_views``: views of this value eager would make share its memory (aliases.py).
-    __slots__ = ("_h", "_node", "_idx", "_epoch", "_base", "_rows", "_views", "__weakref__")
+    # ``_given``: the array with a gradient the user gave that a leaf stands for
+    # (``given_array``), set by ``Recorder.new_leaf``.
+    __slots__ = ("_h", "_node", "_idx", "_epoch", "_base", "_rows", "_views", "_given",
+                 "__weakref__")
 
     def __init__(self, node=None, index=0, handle=None, writable=True):
         # pylint: disable=super-init-not-called
@@ -206,9 +206,14 @@ class LazyArray(nd.NDArray):
     @property
     def grad(self):
         """``NDArray.grad``; of a sample's input that stands for an array with a
-        gradient (``x.attach_grad()`` before the scope), that array's gradient."""
+        gradient (``x.attach_grad()`` before the scope), a copy of that array's
+        gradient as it is now: calls reading it run later, after other
+        samples' passes may have written it (an array all samples share)."""
         given = given_array(self)
-        return nd.NDArray.grad.fget(self if given is self else given)
+        if given is self:
+            return nd.NDArray.grad.fget(self)
+        grad = given.grad
+        return None if grad is None else grad.copy()
 
     def _set_result(self, array):
         """Take over ``array``'s handle (and so its autograd history)."""
