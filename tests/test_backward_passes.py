@@ -825,6 +825,60 @@ def test_a_gradient_a_sample_takes_with_respect_to_its_input_equals_eager(how, o
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+def _per_sample_gradients(model, xs, batched, table=None):
+    """Each sample's gradients as DP-SGD takes them: cleared, its own pass, copied."""
+    got = []
+
+    def one(x):
+        model.collect_params().zero_grad()
+        if table is not None:
+            table.grad[:] = 0
+        with autograd.record():
+            loss = model(x) if table is None else model(x) + nd.sum(table * x)
+        loss.backward()
+        got.append([model.dense.weight.grad().asnumpy().copy()]
+                   + ([] if table is None else [table.grad.asnumpy().copy()]))
+        return loss
+
+    if batched == "map":
+        with gdb.batching():
+            gdb.map(one, xs)
+    else:
+        for x in xs:
+            one(x)
+    return got
+
+
+@pytest.mark.parametrize("table", [False, True], ids=["weights", "table"])
+def test_per_sample_gradients_added_into_cleared_gradients_equal_eager(table):
+    """With ``grad_req="add"``, each sample clears the gradients and runs its pass
+    (samples of ``gdb.map`` wait at their passes): a sample's clearing comes
+    after the earlier samples' passes, as eager's (the passes added up)."""
+    mx.random.seed(5)
+    model = DenseSum()
+    model.initialize(mx.init.Uniform(0.5))
+    model.collect_params().setattr("grad_req", "add")
+    shared = nd.random.uniform(-1, 1, shape=(1, 3)) if table else None
+    if table:
+        shared.attach_grad(grad_req="add")
+    xs = [nd.random.uniform(-1, 1, shape=(1, 3)) for _ in range(3)]
+    want = _per_sample_gradients(model, xs, False, shared)
+    got = _per_sample_gradients(model, xs, "map", shared)
+    for sample_got, sample_want in zip(got, want):
+        for g, w in zip(sample_got, sample_want):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+class DenseSum(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(2, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        return F.sum(F.tanh(self.dense(x)))
+
+
 class MarkedVariable(gdb.DynBatchBlock):
     """A gradient into a buffer of the sample's own (``autograd.mark_variables``)
     of a value it computed, or one through a pass whose head gradient it

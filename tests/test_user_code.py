@@ -2307,6 +2307,39 @@ def test_sparse_results_of_an_empty_document_batch_in_later_scopes_as_eager(opti
         assert_batched_equals_eager(model, [(doc,) for doc in docs], options)
 
 
+class CastThenProduct(gdb.DynBatchBlock):
+    """A document's CSR rows times a matrix the sample computed and cast to CSR."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = gluon.nn.Dense(4, in_units=6)
+
+    def hybrid_forward(self, F, x, doc):
+        made = F.cast_storage(F.relu(F.dot(x.T, self.proj(x)) - 0.1), "csr")
+        return F.sum(F.dot(doc, made), axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("options", [{}, {"granularity": "op"}, {"compiled": "step"}])
+def test_a_sparse_value_a_sample_computed_is_read_as_sparse_in_later_graphs(options):
+    """Computed by itself and held by a LazyArray, the CSR value reached a later
+    graph as a dense leaf whose values a product's rule read (MXNet's 'copying
+    size mismatch'): it is a sparse leaf, read as stored."""
+    mx.random.seed(0)
+    model = CastThenProduct()
+    model.initialize(mx.init.Uniform(0.5))
+    rs = np.random.RandomState(0)
+    docs = [np.zeros((1, 6), np.float32),
+            ((rs.rand(2, 6) > 0.5) * rs.randn(2, 6)).astype(np.float32)]
+    samples = [(nd.array(rs.randn(1, 6)), nd.sparse.csr_matrix(doc)) for doc in docs]
+    want = [model(*sample).asnumpy() for sample in samples]
+    for _ in range(2):
+        with gdb.batching(**options):
+            outs = [model(*sample) for sample in samples]
+        for out, expected in zip(outs, want):
+            np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 class ScalesByItsWeight(gdb.DynBatchBlock):
     def hybrid_forward(self, F, x, weight):
         return x * weight

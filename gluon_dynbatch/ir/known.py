@@ -62,7 +62,8 @@ def values_known(node):
     kind = getattr(node, "kind", None)
     if kind == VIEW:
         return node.inputs[0][0] in node.graph.literal_leaves
-    if kind != LEAF or node.param is not None or node.value is None:
+    if kind != LEAF or node.param is not None or node.value is None \
+            or node in node.graph.sparse_leaves:     # (read as a sparse array, not as values)
         return False
     known = node.graph.known_leaves
     found = known.get(node)

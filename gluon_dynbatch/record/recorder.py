@@ -220,16 +220,21 @@ class Recorder(RecorderCore):
         given = array.grad is not None  # ``x.attach_grad()``: see ``context._variables``
         if given:
             graph.variables[id(array)] = array
-        if isinstance(array, BaseSparseNDArray):
-            graph.sparse_leaves.add(node)
-            if array.stype == "csr":
-                node.value = summed_duplicates(array)
         if type(array) is LazyArray and array.history_freed():
             node.value = array.detach()      # as eager uses it: a constant
             warn_once("freed", "%s: a value computed in an earlier batch is used after a "
                        "backward pass freed the batched steps that computed it; it is used as "
                        "a constant (no gradient flows into that earlier batch), as eager MXNet "
                        "uses arrays whose graph a pass freed", describe_call(self.sample, self.path))
+        elif type(array) is LazyArray and array._h is not None and array._node is None \
+                and array.stype != "default":
+            # A sparse result computed by itself (``alone.run_alone``), held by a
+            # LazyArray: the array of its storage's class, with its history.
+            node.value = mx.nd.identity(array)
+        if isinstance(node.value, BaseSparseNDArray):
+            graph.sparse_leaves.add(node)
+            if node.value.stype == "csr":
+                node.value = summed_duplicates(node.value)
         if described[3]:
             node.value = _on_cpu(node.value)
         node.out_shapes = (described[1],)
@@ -280,6 +285,8 @@ class Recorder(RecorderCore):
             if type(array) is LazyArray and array._node is None:
                 array._base = None      # its base (``bases.py``) keeps the old values
         tasks = self.tasks
+        if tasks.current is not None and tasks.waiting and self._gradients_among(arrays):
+            self._after_earlier_samples()
         if tasks.current is None and tasks.waiting:
             if self._weights_among(arrays):
                 # (``trainer.step()`` in the loop: eager's samples finished first)
@@ -303,6 +310,36 @@ class Recorder(RecorderCore):
             # This sample waited, its frame cut: other samples may have read
             # the array meanwhile (each refilling a shared buffer).
             with_frame = False
+
+    def _gradients_among(self, arrays):
+        """Whether one of ``arrays`` shares memory with a gradient a backward pass
+        adds into: of a parameter of the scope's block with ``grad_req="add"``,
+        or of an array given a gradient that recorded calls read."""
+        grads = [grad for _, param in self.param_table().values() if param.grad_req == "add"
+                 for grad in (param._grad or ())]  # pylint: disable=protected-access
+        variables = list(context.TLS.batched_variables.values())
+        grads += [array.grad for array in variables + list(self.graph.variables.values())]
+        grads = [grad for grad in grads if grad is not None]
+        if not grads:
+            return False
+        index = aliases.memory_index(grads)
+        return any(aliases.in_index(array, index) for array in arrays)
+
+    def _after_earlier_samples(self):
+        """Wait until the samples started before this one, waiting at a read now,
+        have finished: a sample's write into gradients a pass adds into
+        (``zero_grad()`` before its own ``backward()``, per-sample gradients with
+        ``grad_req="add"``) comes after the passes of the samples before it, as
+        in eager code."""
+        tasks = self.tasks
+        me = tasks.current
+        while True:
+            earlier = tasks.started[:tasks.started.index(me)] if me in tasks.started else []
+            if not any(task in earlier for task in tasks.waiting):
+                return
+            if self.frame is not None:
+                self.frame.cut("gradients are written")
+            self.read()
 
     def _weights_among(self, arrays):
         """Whether one of ``arrays`` is the data of a parameter: of the scope's
