@@ -879,6 +879,65 @@ class DenseSum(gdb.DynBatchBlock):
         return F.sum(F.tanh(self.dense(x)))
 
 
+def _updating_samples(model, xs, batched, how):
+    """Each sample calls the model, then moves the bias by its output (``set_data``
+    or an in-place write), or by its own gradient (online SGD)."""
+    bias = model.dense.bias
+
+    def one(x):
+        if how == "sgd":
+            with autograd.record():
+                out = model(x)
+            out.backward()
+            bias.set_data(bias.data() - 0.1 * bias.grad())
+            return out
+        out = model(x)
+        if how == "set_data":
+            bias.set_data(bias.data() + 0.5)
+        else:
+            bias.data()[:] += 0.25
+        return out
+
+    if batched:
+        with gdb.batching():
+            outs = gdb.map(one, xs)
+    else:
+        outs = [one(x) for x in xs]
+    return [out.asnumpy() for out in outs] + [bias.data().asnumpy()]
+
+
+@pytest.mark.parametrize("how", ["set_data", "in place"])
+def test_weights_a_sample_of_gdb_map_writes_reach_the_next_sample_as_eager(how):
+    """What is pending runs at the write, with no other sample started, so the
+    next sample starts with the new weights (they recorded calls with the old
+    ones while the writer waited: updates were lost)."""
+    runs = []
+    for batched in (False, True):
+        mx.random.seed(6)
+        model = DenseSum()
+        model.initialize(mx.init.Uniform(0.5))
+        xs = [nd.ones((1, 3)) * k for k in range(4)]
+        runs.append(_updating_samples(model, xs, batched, how))
+    for got, want in zip(runs[1], runs[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_weights_a_sample_writes_while_others_wait_raise_a_clear_error():
+    """Online SGD inside ``gdb.map``: the samples wait at their passes, so the
+    others have recorded calls with the old weights before the first write."""
+    mx.random.seed(6)
+    model = DenseSum()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.ones((1, 3)) * k for k in range(3)]
+    with pytest.raises(gdb.BatchingError, match="weights are written in place inside a sample"):
+        _updating_samples(model, xs, True, "sgd")
+    want = [model(x).asnumpy() for x in xs]
+    with gdb.batching():
+        outs = [model(x) for x in xs]
+    for out, expected in zip(outs, want):
+        np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 class MarkedVariable(gdb.DynBatchBlock):
     """A gradient into a buffer of the sample's own (``autograd.mark_variables``)
     of a value it computed, or one through a pass whose head gradient it

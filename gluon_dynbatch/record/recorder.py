@@ -287,6 +287,15 @@ class Recorder(RecorderCore):
         tasks = self.tasks
         if tasks.current is not None and tasks.waiting and self._gradients_among(arrays):
             self._after_earlier_samples()
+        now = tasks.current is not None and self._weights_among(arrays)
+        if now and self._other_samples():
+            raise BatchingError(
+                "%s: weights are written in place inside a sample (p.set_data, p.data()[:] "
+                "= ..., trainer.step) while other samples (gdb.map) have recorded calls and "
+                "wait; eager code runs each sample's write before the next sample starts and "
+                "after the one before it ends. Write weights in the scope's own code, between "
+                "the samples' calls (a plain loop), or outside the scope"
+                % describe_call(self.sample, self.path))
         if tasks.current is None and tasks.waiting:
             if self._weights_among(arrays):
                 # (``trainer.step()`` in the loop: eager's samples finished first)
@@ -302,10 +311,12 @@ class Recorder(RecorderCore):
                 tasks.drain()
         with_frame = True
         while self._written_are_read(arrays, with_frame):
+            # Weights a sample writes with no other sample started: what is pending
+            # runs now (a flush), so the next sample starts with the new weights.
             self._run_pending("written", "an array that recorded calls read is written "
                               "in place; they run first, with its old values, as in "
-                              "eager code", "an array it read is written in place")
-            if self.tasks.current is None:
+                              "eager code", "an array it read is written in place", now)
+            if self.tasks.current is None or now:
                 return                  # a flush: nothing is pending
             # This sample waited, its frame cut: other samples may have read
             # the array meanwhile (each refilling a shared buffer).
@@ -318,12 +329,26 @@ class Recorder(RecorderCore):
         grads = [grad for _, param in self.param_table().values() if param.grad_req == "add"
                  for grad in (param._grad or ())]  # pylint: disable=protected-access
         variables = list(context.TLS.batched_variables.values())
-        grads += [array.grad for array in variables + list(self.graph.variables.values())]
+        # (``NDArray.grad`` itself: ``LazyArray.grad`` copies, which writes)
+        grads += [NDArray.grad.fget(array)
+                  for array in variables + list(self.graph.variables.values())]
         grads = [grad for grad in grads if grad is not None]
         if not grads:
             return False
         index = aliases.memory_index(grads)
         return any(aliases.in_index(array, index) for array in arrays)
+
+    def _other_samples(self):
+        """Whether samples other than the running one have started and not
+        finished: waiting at a read, or started after it (not those that wait
+        for it to finish, its caller's ``gdb.map``)."""
+        tasks = self.tasks
+        me = tasks.current
+        if any(task is not me for task in tasks.waiting):
+            return True
+        if me not in tasks.started:
+            return False
+        return any(not task.done for task in tasks.started[tasks.started.index(me) + 1:])
 
     def _after_earlier_samples(self):
         """Wait until the samples started before this one, waiting at a read now,
@@ -380,15 +405,15 @@ class Recorder(RecorderCore):
             or graph.param_arrays.get(id(array)) is array \
             or frame is not None and frame.vals.get(frame.ext.get(id(array))) is array
 
-    def _run_pending(self, kind, what, reason):
-        """Run what is pending now (see ``before_write``), warning once per ``kind``
-        of ``what``."""
+    def _run_pending(self, kind, what, reason, now=False):
+        """Run what is pending (see ``before_write``), warning once per ``kind`` of
+        ``what``: a sample waits for it, unless ``now`` (a flush)."""
         warn_once(kind, "%s: %s (calls recorded before it do not batch with those "
                   "after it: give each sample an array of its own to batch them)",
                   describe_call(self.sample, self.path), what)
         if self.frame is not None:
             self.frame.cut(reason)
-        if self.tasks.current is not None:
+        if self.tasks.current is not None and not now:
             self.read()
         else:
             self.flush()
