@@ -34,6 +34,7 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 from mxnet.base import integer_types, numeric_types
 from mxnet.ndarray import NDArray
+from mxnet.ndarray.sparse import BaseSparseNDArray
 
 from ..ir.ops import opdef
 from . import aliases
@@ -718,9 +719,20 @@ def dense_results(rec, result):
     if isinstance(result, dict):
         items = {k: dense_results(rec, v) for k, v in result.items()}
         return result if all(items[k] is result[k] for k in result) else type(result)(items)
-    if type(result) is LazyArray and result._node is not None and result.stype != "default":
-        return rec.wrap_inputs(nd.cast_storage(result._node.value, stype="default"))
+    sparse = sparse_array(result)
+    if sparse is not None:
+        return rec.wrap_inputs(nd.cast_storage(sparse, stype="default"))
     return result
+
+
+def sparse_array(value):
+    """The array of sparse storage ``value`` is, or stands for as a leaf of a
+    graph (a result computed by itself, ``alone.run_alone``); else None.
+    Nothing pending is computed to tell."""
+    if type(value) is LazyArray:
+        node = value._node
+        value = node.value if node is not None and node.kind == "leaf" else None
+    return value if isinstance(value, BaseSparseNDArray) else None
 
 
 class Pending(LazyArray):
@@ -745,12 +757,10 @@ class Pending(LazyArray):
         if not isinstance(value, NDArray):
             raise BatchingError("a sample's call returned %r where an array was expected"
                                 % (type(value).__name__,))
-        if value.stype != "default":
-            # Of sparse storage (computed by itself, ``alone.run_alone``): this
-            # placeholder is a dense array, so it holds the value densely.
-            if isinstance(value, LazyArray) and value._node is not None:
-                value = value._node.value
-            self._set_result(nd.cast_storage(value, stype="default"))
+        sparse = sparse_array(value)
+        if sparse is not None:
+            # This placeholder is a dense array: it holds the value densely.
+            self._set_result(nd.cast_storage(sparse, stype="default"))
         elif isinstance(value, LazyArray) and value._node is not None:
             # A copy of its own: a call on weights alone is one node for every
             # sample (``weights.shared_call``), which each placeholder would take.
