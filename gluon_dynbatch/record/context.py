@@ -207,8 +207,9 @@ def _others_gradients(arrays):
     no sample is known as theirs)."""
     _compute(arrays)
     tasks = TLS.recorder.tasks
+    # (Arrays samples gave gradients themselves are kept as the first list.)
     return ([(grad, grad.copy()) for task, grad in tasks.variables if task is not tasks.current],
-            _unrecorded(lambda: _saved(_variables())))
+            _unrecorded(lambda: _saved(_variables(tasks.variable_ids))))
 
 
 def _counting_backward(backward, position=2, to_variables=False):
@@ -317,10 +318,12 @@ def _written_gradients():
     return _saved(params + _variables())
 
 
-def _variables():
+def _variables(skipped=()):
     """``(name, [gradient])`` of the arrays with gradients (``x.attach_grad()``)
-    fed to batched steps since the last pass that freed the graph."""
-    found = [(array, array.grad) for array in TLS.batched_variables.values()]
+    fed to batched steps since the last pass that freed the graph, but for the
+    ids ``skipped``."""
+    found = [(array, array.grad) for key, array in TLS.batched_variables.items()
+             if key not in skipped]
     return [("an array of shape %s" % (array.shape,), [grad])
             for array, grad in found if grad is not None]
 
@@ -390,6 +393,7 @@ def _attach_grad(self, grad_req="write", stype=None):
         rec.graph.leaf_by_id.pop(id(self), None)
         if rec.tasks is not None and rec.tasks.current is not None:
             rec.tasks.variables.append((rec.tasks.current, self.grad))
+            rec.tasks.variable_ids.add(id(self))
 
 
 def _mark_variables(variables, gradients, grad_reqs="write"):
@@ -409,6 +413,7 @@ def _mark_variables(variables, gradients, grad_reqs="write"):
         rec.graph.leaf_by_id.pop(id(array), None)
     if rec.tasks is not None and rec.tasks.current is not None:
         rec.tasks.variables.extend((rec.tasks.current, grad) for grad in grads)
+        rec.tasks.variable_ids.update(id(array) for array in arrays)
 
 
 # Bodies that MXNet's functions run once redirected (``_redirect``): each calls

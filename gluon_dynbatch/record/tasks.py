@@ -162,6 +162,7 @@ class Tasks:
         self.mode = None            # the autograd modes of the tasks a round resumes now
         self._modes = (None, None)  # (MODE_CHANGES, autograd's modes) when last read
         self.variables = []         # (task, gradient array) of arrays samples attached grads to
+        self.variable_ids = set()   # and those arrays' ids
         self.cells = {}             # id -> (cell, its state's names): ``keep_cells``
         self._searched = set()      # ids of blocks whose children ``keep_cells`` searched
 
