@@ -825,11 +825,14 @@ def test_a_gradient_a_sample_takes_with_respect_to_its_input_equals_eager(how, o
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
-def _per_sample_gradients(model, xs, batched, table=None):
-    """Each sample's gradients as DP-SGD takes them: cleared, its own pass, copied."""
+def _per_sample_gradients(model, xs, batched, table=None, read=False):
+    """Each sample's gradients as DP-SGD takes them: cleared, its own pass, copied
+    (``read``: after reading its score first, outside ``autograd.record()``)."""
     got = []
 
     def one(x):
+        if read:
+            float(model(x).asscalar())
         model.collect_params().zero_grad()
         if table is not None:
             table.grad[:] = 0
@@ -849,11 +852,15 @@ def _per_sample_gradients(model, xs, batched, table=None):
     return got
 
 
+@pytest.mark.parametrize("read", [False, True], ids=["pass", "read first"])
 @pytest.mark.parametrize("table", [False, True], ids=["weights", "table"])
-def test_per_sample_gradients_added_into_cleared_gradients_equal_eager(table):
+def test_per_sample_gradients_added_into_cleared_gradients_equal_eager(table, read):
     """With ``grad_req="add"``, each sample clears the gradients and runs its pass
     (samples of ``gdb.map`` wait at their passes): a sample's clearing comes
-    after the earlier samples' passes, as eager's (the passes added up)."""
+    after the earlier samples' passes, as eager's (the passes added up; a
+    sample that read first, outside autograd, was resumed in rounds of its
+    own modes before the earlier samples' passes; an array whose gradient
+    only the sample's code reads was not known as one)."""
     mx.random.seed(5)
     model = DenseSum()
     model.initialize(mx.init.Uniform(0.5))
@@ -862,8 +869,8 @@ def test_per_sample_gradients_added_into_cleared_gradients_equal_eager(table):
     if table:
         shared.attach_grad(grad_req="add")
     xs = [nd.random.uniform(-1, 1, shape=(1, 3)) for _ in range(3)]
-    want = _per_sample_gradients(model, xs, False, shared)
-    got = _per_sample_gradients(model, xs, "map", shared)
+    want = _per_sample_gradients(model, xs, False, shared, read)
+    got = _per_sample_gradients(model, xs, "map", shared, read)
     for sample_got, sample_want in zip(got, want):
         for g, w in zip(sample_got, sample_want):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)

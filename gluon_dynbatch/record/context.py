@@ -416,6 +416,21 @@ def _mark_variables(variables, gradients, grad_reqs="write"):
         rec.tasks.variable_ids.update(id(array) for array in arrays)
 
 
+GRAD_OF = NDArray.grad.fget
+"""``NDArray.grad`` as MXNet reads it (``install`` notes what samples read)."""
+
+
+def _noted_grad(self):
+    """``NDArray.grad``; inside a sample, the gradient array is noted as one
+    (``Tasks.gradients_read``)."""
+    grad = GRAD_OF(self)
+    rec = TLS.recorder
+    if grad is not None and rec is not None and rec.tasks is not None \
+            and rec.tasks.current is not None:
+        rec.tasks.gradients_read.append(grad)
+    return grad
+
+
 # Bodies that MXNet's functions run once redirected (``_redirect``): each calls
 # what ``install`` put in ``mxnet.autograd``'s namespace under its name.
 # pylint: disable=undefined-variable
@@ -459,6 +474,7 @@ def install():
     (``autograd.grad`` too); keep the gradients of arrays samples attach them to
     (``attach_grad``, ``autograd.mark_variables``)."""
     NDArray.attach_grad = _attach_grad
+    NDArray.grad = property(_noted_grad, doc=NDArray.grad.__doc__)
     NDArray.backward = _counting_backward(NDArray.backward)
     _redirect(autograd.backward, _to_backward, _counting_backward(_BACKWARD))
     _redirect(autograd.grad, _to_grad,

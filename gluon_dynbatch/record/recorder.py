@@ -285,7 +285,7 @@ class Recorder(RecorderCore):
             if type(array) is LazyArray and array._node is None:
                 array._base = None      # its base (``bases.py``) keeps the old values
         tasks = self.tasks
-        if tasks.current is not None and tasks.waiting and self._gradients_among(arrays):
+        if tasks.current is not None and self._gradients_among(arrays):
             self._after_earlier_samples()
         now = tasks.current is not None and self._weights_among(arrays)
         if now and self._other_samples():
@@ -330,8 +330,9 @@ class Recorder(RecorderCore):
                  for grad in (param._grad or ())]  # pylint: disable=protected-access
         variables = list(context.TLS.batched_variables.values())
         # (``NDArray.grad`` itself: ``LazyArray.grad`` copies, which writes)
-        grads += [NDArray.grad.fget(array)
+        grads += [context.GRAD_OF(array)
                   for array in variables + list(self.graph.variables.values())]
+        grads += self.tasks.gradients_read
         grads = [grad for grad in grads if grad is not None]
         if not grads:
             return False
@@ -344,27 +345,40 @@ class Recorder(RecorderCore):
         for it to finish, its caller's ``gdb.map``)."""
         tasks = self.tasks
         me = tasks.current
-        if any(task is not me for task in tasks.waiting):
+        callers = _callers(me)
+        if any(task is not me and id(task) not in callers for task in tasks.waiting):
             return True
         if me not in tasks.started:
             return False
         return any(not task.done for task in tasks.started[tasks.started.index(me) + 1:])
 
     def _after_earlier_samples(self):
-        """Wait until the samples started before this one, waiting at a read now,
-        have finished: a sample's write into gradients a pass adds into
-        (``zero_grad()`` before its own ``backward()``, per-sample gradients with
-        ``grad_req="add"``) comes after the passes of the samples before it, as
-        in eager code."""
+        """Wait until the samples started before this one have finished (but for
+        those waiting for another sample's result): a sample's write into
+        gradients a pass adds into (``zero_grad()`` before its own
+        ``backward()``, per-sample gradients with ``grad_req="add"``) comes
+        after the passes of the samples before it, as in eager code.
+
+        While it waits it is blocked on the first of them (``Tasks.drain``): its
+        autograd modes choose no round's, so the earlier samples' rounds run.
+        """
         tasks = self.tasks
         me = tasks.current
+        if me not in tasks.started:
+            return
+        callers = _callers(me)          # (they wait for this sample: not before it)
         while True:
-            earlier = tasks.started[:tasks.started.index(me)] if me in tasks.started else []
-            if not any(task in earlier for task in tasks.waiting):
+            earlier = [task for task in tasks.started[:tasks.started.index(me)]
+                       if not task.done and task.blocked is None and id(task) not in callers]
+            if not earlier:
                 return
             if self.frame is not None:
                 self.frame.cut("gradients are written")
-            self.read()
+            me.blocked = earlier[0]
+            try:
+                tasks.wait()
+            finally:
+                me.blocked = None
 
     def _weights_among(self, arrays):
         """Whether one of ``arrays`` is the data of a parameter: of the scope's
@@ -1053,6 +1067,17 @@ def _on_cpu(array):
     take the two together, its CachedOps do not.  Recorded as a copy under
     autograd, so gradients reach ``array``."""
     return array.as_in_context(mx.cpu(array.context.device_id))
+
+
+def _callers(task):
+    """The ids of the tasks that started ``task`` (``gdb.map`` inside a sample),
+    and theirs."""
+    found = set()
+    caller = task.parent
+    while caller is not None:
+        found.add(id(caller))
+        caller = caller.parent
+    return found
 
 
 def summed_duplicates(csr):

@@ -129,7 +129,7 @@ class Task:
     """One sample's call running on a greenlet of its own (see the module docstring)."""
 
     __slots__ = ("glet", "job", "state", "result", "error", "done", "placeholders", "form",
-                 "reads", "handed", "args", "sample", "blocked")
+                 "reads", "handed", "args", "sample", "blocked", "parent")
 
     def __init__(self, glet, job):
         self.glet = glet
@@ -145,6 +145,7 @@ class Task:
         self.handed = None          # what the call returned while it waited
         self.sample = None          # the number of the sample it records (``call``)
         self.blocked = None         # the task whose result it waits for (``drain``)
+        self.parent = None          # the task that started it (``gdb.map`` in a sample)
 
 
 class Tasks:
@@ -163,6 +164,9 @@ class Tasks:
         self._modes = (None, None)  # (MODE_CHANGES, autograd's modes) when last read
         self.variables = []         # (task, gradient array) of arrays samples attached grads to
         self.variable_ids = set()   # and those arrays' ids
+        # Gradient arrays samples' code read (``x.grad``, the newest), which a
+        # sample may clear before its own pass (``Recorder._gradients_among``).
+        self.gradients_read = collections.deque(maxlen=256)
         self.cells = {}             # id -> (cell, its state's names): ``keep_cells``
         self._searched = set()      # ids of blocks whose children ``keep_cells`` searched
 
@@ -170,6 +174,7 @@ class Tasks:
     def start(self, fn, args):
         """``fn(*args)`` as a task, run until it finishes or waits; the task."""
         task = Task(_worker(), (fn, args))
+        task.parent = self.current
         self.started.append(task)
         self._switch(task)
         return task
