@@ -1,4 +1,5 @@
 """Code written the way users write it: containers, aliases, in-place updates, kept values."""
+import collections
 import gc
 
 import mxnet as mx
@@ -1062,6 +1063,13 @@ class _Holder:
         self.gate = gate
 
 
+class _SlotHolder:
+    __slots__ = ("gate",)
+
+    def __init__(self, gate):
+        self.gate = gate
+
+
 class _ScaleBy(mx.autograd.Function):
     """``x * gate`` with its own backward; the gate (computed by the sample) given
     to the constructor and held alone, in a list, in a dict, in a list of
@@ -1070,13 +1078,18 @@ class _ScaleBy(mx.autograd.Function):
     def __init__(self, gate, how):
         super().__init__()
         self.how = how
+        shared = [gate]
         self.held = {"alone": gate, "list": [gate], "dict": {"gate": gate},
-                     "nested": [(gate, 1.0)], "object": _Holder(gate)}[how]
+                     "nested": [[[[[(gate, 1.0)]]]]], "object": _Holder(gate),
+                     "slots": _SlotHolder(gate), "deque": collections.deque([gate]),
+                     "shared": (shared, shared)}[how]
 
     def _gate(self):
         held = self.held
         return {"alone": lambda: held, "list": lambda: held[0], "dict": lambda: held["gate"],
-                "nested": lambda: held[0][0], "object": lambda: held.gate}[self.how]()
+                "nested": lambda: held[0][0][0][0][0][0], "object": lambda: held.gate,
+                "slots": lambda: held.gate, "deque": lambda: held[0],
+                "shared": lambda: held[1][0]}[self.how]()
 
     def forward(self, x):  # pylint: disable=arguments-differ
         return x * self._gate()
@@ -1110,13 +1123,15 @@ class GatedByFunction(gdb.DynBatchBlock):
         return F.sum(scale(h))
 
 
-@pytest.mark.parametrize("how", ["alone", "list", "dict", "nested", "object", "closure"])
+@pytest.mark.parametrize("how", ["alone", "list", "dict", "nested", "object", "slots", "deque",
+                                 "shared", "closure"])
 @pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"granularity": "op"},
                                      {"strategy": "reference"}])
 def test_an_autograd_function_holding_values_the_sample_computed_equals_eager(how, options):
-    """Its ``forward`` runs on computed plain arrays (calls on the held values
-    were recorded: wrong weight gradients, then MXNet's 'not in a
-    computational graph' from the second scope)."""
+    """What the sample recorded runs first and the Function's code runs with the
+    recorder set aside (calls on the held values were recorded: wrong weight
+    gradients, then MXNet's 'not in a computational graph' from the second
+    scope), wherever it holds them."""
     model = GatedByFunction(how)
     model.initialize(mx.init.Xavier())
     for scope in range(3):

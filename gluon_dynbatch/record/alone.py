@@ -17,6 +17,7 @@ call alone; its outputs enter the graph as inputs, with that history.
 import mxnet as mx
 from mxnet.ndarray import NDArray
 
+from . import lazy as lazy_mod
 from .lazy import LazyArray
 from . import context
 from ..errors import BatchingError, describe_call, refused_call
@@ -73,94 +74,40 @@ _FUNCTION_CALL = mx.autograd.Function.__call__
 
 
 def _function_call(self, *inputs):
-    """``mx.autograd.Function.__call__``: inside a scope, on concrete values
-    (what is pending runs first, as a read of a value does)."""
+    """``mx.autograd.Function.__call__``: inside a scope, on concrete values.
+
+    What the sample recorded runs first (a read): the Function's code may hold
+    any of its values, anywhere (its attributes, other objects, closures).
+    Its ``forward``, and its ``backward`` when a pass runs it, then run with
+    the recorder set aside, as eager MXNet runs them, on computed values.
+    """
     rec = context.TLS.recorder
     if rec is None or rec.eager:
-        return _FUNCTION_CALL(self, *inputs)
-    held = _holds_values(self)
-    if not held and not any(type(a) is LazyArray for a in inputs):
         return _FUNCTION_CALL(self, *inputs)
     frame = rec.frame
     if frame is not None:
         # No template may replay this call's block without running the Function.
         frame.cut("an autograd.Function")
-    if held:
-        _make_plain(self)
-    # Plain arrays, with the values' autograd history: the Function's
-    # ``forward`` and ``backward`` compute on them as eager code does.
-    return rec.wrap_inputs(_FUNCTION_CALL(self, *[_plain(a) for a in inputs]))
+    if rec.graph.nodes:
+        rec.read()
+    # Plain arrays, with the values' autograd history.
+    inputs = [_plain(a) for a in inputs]
+    self.backward = _set_aside(self.backward)
+    return rec.wrap_inputs(_set_aside(_FUNCTION_CALL)(self, *inputs))
 
 
-_DEPTH = 4
-"""How deep into containers and objects a Function's held values are looked for."""
-
-
-def _closures(function):
-    """The closure cells of the Function's ``forward`` and ``backward``."""
-    for name in ("forward", "backward"):
-        code = getattr(type(function), name, None)
-        yield from getattr(code, "__closure__", None) or ()
-
-
-def _holds_values(function):
-    """Whether a Function holds values a scope computed: in its attributes (given
-    to its constructor) or its methods' closures, directly, in lists, tuples,
-    dicts, or attributes of other objects."""
-    return any(_walk(value, _DEPTH, set(), None) is not None
-               for value in list(vars(function).values())
-               + [cell.cell_contents for cell in _closures(function)])
-
-
-def _make_plain(function):
-    """Give the Function computed plain arrays in place of the values a scope
-    computed that it holds (``_holds_values``): its ``forward`` and
-    ``backward`` run on them as eager MXNet runs them (calls on a LazyArray
-    would be recorded).  Containers holding them are copied; other objects'
-    attributes and the closures' cells are set."""
-    for name, value in list(vars(function).items()):
-        found = _walk(value, _DEPTH, set(), _plain)
-        if found is not None:
-            setattr(function, name, found)
-    for cell in _closures(function):
-        found = _walk(cell.cell_contents, _DEPTH, set(), _plain)
-        if found is not None:
-            cell.cell_contents = found
-
-
-def _walk(value, depth, seen, replace):
-    """``value`` with every LazyArray in it replaced by ``replace(array)``, or
-    None where it holds none (``replace`` None: only whether it holds one)."""
-    if type(value) is LazyArray:
-        return value if replace is None else replace(value)
-    if depth == 0 or id(value) in seen or isinstance(value, (NDArray, str, bytes, type)) \
-            or isinstance(value, (mx.gluon.Block, mx.gluon.Parameter)):
-        return None
-    seen.add(id(value))
-    if isinstance(value, (list, tuple, dict)):
-        pairs = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
-        found = {k: _walk(v, depth - 1, seen, replace) for k, v in pairs}
-        if all(v is None for v in found.values()):
-            return None
-        if replace is None:
-            return value
-        items = [(k, v if found[k] is None else found[k]) for k, v in pairs]
-        if isinstance(value, dict):
-            return type(value)(items)
-        if isinstance(value, tuple) and hasattr(value, "_fields"):     # a namedtuple
-            return type(value)(*[v for _, v in items])
-        return type(value)([v for _, v in items])
-    attributes = getattr(value, "__dict__", None)
-    if not isinstance(attributes, dict) or callable(value):
-        return None
-    held = None
-    for name, item in list(attributes.items()):
-        found = _walk(item, depth - 1, seen, replace)
-        if found is not None:
-            held = value
-            if replace is not None:
-                setattr(value, name, found)
-    return held
+def _set_aside(fn):
+    """``fn`` run with no recorder (a value still pending that it reads raises
+    a ``BatchingError``: ``lazy.set_aside``)."""
+    def run(*args):
+        recorder, context.TLS.recorder = context.TLS.recorder, None
+        try:
+            with lazy_mod.set_aside():
+                return fn(*args)
+        finally:
+            context.TLS.recorder = recorder
+    run.__wrapped__ = fn
+    return run
 
 
 def _plain(value):

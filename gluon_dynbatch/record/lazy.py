@@ -8,6 +8,7 @@ fluent methods on it (and ``mx.nd`` operators called on it directly, see
 operator writing to ``out=``, ``backward``) reaches for ``handle``, which
 first runs what is pending.
 """
+import contextlib
 import threading
 import weakref
 
@@ -77,6 +78,22 @@ def constants_if_freed(arrays):
 
 
 _FREED = -1     # an epoch's count once its value is known to be freed
+
+
+_SET_ASIDE = threading.local()
+
+
+@contextlib.contextmanager
+def set_aside():
+    """While a user's ``autograd.Function`` runs with the recorder set aside, a
+    value still pending that it reads raises (a read would let other samples
+    record with no recorder)."""
+    before = getattr(_SET_ASIDE, "on", False)
+    _SET_ASIDE.on = True
+    try:
+        yield
+    finally:
+        _SET_ASIDE.on = before
 
 
 def given_array(array):
@@ -172,6 +189,11 @@ class LazyArray(nd.NDArray):
             raise BatchingError(
                 "this value comes from a batching scope that failed (%s); "
                 "record it again in a new scope" % graph.error)
+        if getattr(_SET_ASIDE, "on", False):
+            raise BatchingError(
+                "an autograd.Function's code read a value of the scope that other samples' "
+                "calls recorded after its sample's last read; give it to the Function as an "
+                "input, or compute it in the sample before the call")
         graph.read_fn()
 
     def asnumpy(self):
