@@ -886,6 +886,64 @@ class DenseSum(gdb.DynBatchBlock):
         return F.sum(F.tanh(self.dense(x)))
 
 
+def _ordered_passes(how, batched):
+    """Per-sample gradients with ``grad_req="add"`` around other work: another
+    block called first, a pass before the clearing, or samples of a nested
+    ``gdb.map`` after a read."""
+    mx.random.seed(7)
+    model, other = DenseSum(), DenseSum()
+    model.initialize(mx.init.Uniform(0.5))
+    other.initialize(mx.init.Uniform(0.5))
+    model.collect_params().setattr("grad_req", "add")
+    got = []
+
+    def own(x):
+        model.collect_params().zero_grad()
+        with autograd.record():
+            loss = model(x)
+        loss.backward()
+        got.append(model.dense.weight.grad().asnumpy().copy())
+        return loss
+
+    def one(x):
+        if how == "other first":
+            other(x)
+        elif how == "pass first":
+            with autograd.record():
+                loss = model(x)
+            loss.backward()
+        return own(x)
+
+    def group(xs):
+        float(model(xs[0]).asscalar())
+        inner = gdb.map(own, xs) if batched else [own(x) for x in xs]
+        return [own(xs[-1])] + list(inner)
+
+    rs = np.random.RandomState(3)
+    xs = [nd.array(rs.uniform(-1, 1, (1, 3))) for _ in range(4)]
+    samples, fn = ([xs[:1], xs[1:3], xs[3:]], group) if how == "nested" else (xs, one)
+    if batched:
+        with gdb.batching():
+            gdb.map(fn, samples)
+    else:
+        for sample in samples:
+            fn(sample)
+    return got + [model.dense.weight.grad().asnumpy()]
+
+
+@pytest.mark.parametrize("how", ["other first", "pass first", "nested"])
+def test_per_sample_gradients_follow_eagers_order_of_samples(how):
+    """A clearing of a block called after another (its gradients were not known
+    as such), a pass adding into gradients an earlier sample has not read yet,
+    and samples of a ``gdb.map`` inside a sample that read first (they ran
+    after samples started after their caller): all in eager's order."""
+    want = _ordered_passes(how, False)
+    got = _ordered_passes(how, True)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
 def _updating_samples(model, xs, batched, how):
     """Each sample calls the model, then moves the bias by its output (``set_data``
     or an in-place write), or by its own gradient (online SGD)."""

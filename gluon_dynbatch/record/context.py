@@ -12,7 +12,7 @@ import contextlib
 import threading
 import types
 
-from mxnet import autograd, nd
+from mxnet import autograd, gluon, nd
 from mxnet.base import MXNetError
 from mxnet.ndarray import NDArray
 
@@ -237,6 +237,7 @@ def _counting_backward(backward, position=2, to_variables=False):
         if _in_a_sample():
             args, kwargs = _retaining(args, kwargs, position)
             if not to_variables:
+                TLS.recorder.before_own_pass()
                 kept, again = _others_gradients(list(args) + list(kwargs.values()))
         elif TLS.retained and not to_variables:
             again = _unrecorded(_written_gradients)
@@ -431,6 +432,19 @@ def _noted_grad(self):
     return grad
 
 
+_PARAMETER_GRAD = gluon.Parameter.grad
+
+
+def _noted_parameter_grad(self, ctx=None):
+    """``Parameter.grad``; inside a sample, the gradient array is noted as one
+    (``Tasks.gradients_read``)."""
+    grad = _PARAMETER_GRAD(self, ctx)
+    rec = TLS.recorder
+    if rec is not None and rec.tasks is not None and rec.tasks.current is not None:
+        rec.tasks.gradients_read.append(grad)
+    return grad
+
+
 # Bodies that MXNet's functions run once redirected (``_redirect``): each calls
 # what ``install`` put in ``mxnet.autograd``'s namespace under its name.
 # pylint: disable=undefined-variable
@@ -475,6 +489,7 @@ def install():
     (``attach_grad``, ``autograd.mark_variables``)."""
     NDArray.attach_grad = _attach_grad
     NDArray.grad = property(_noted_grad, doc=NDArray.grad.__doc__)
+    gluon.Parameter.grad = _noted_parameter_grad
     NDArray.backward = _counting_backward(NDArray.backward)
     _redirect(autograd.backward, _to_backward, _counting_backward(_BACKWARD))
     _redirect(autograd.grad, _to_grad,

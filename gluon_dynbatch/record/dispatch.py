@@ -64,6 +64,7 @@ _ASYNC = ("; MXNet raises an error of a batched call where a value is next read,
 def _record_sample(self, rec, args):
     rec.sample = rec.num_samples
     rec.num_samples += 1
+    rec.blocks_called[id(self)] = self
     if getattr(rec, "strategy", None) is None:
         rec.strategy = self.strategy
         rec.compiled = self.compiled

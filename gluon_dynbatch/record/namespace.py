@@ -279,7 +279,8 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
     """``_imperative_invoke`` that records calls on pending LazyArrays in a scope."""
     rec = context.TLS.recorder
     if rec is not None and out is None and getattr(handle, "value", handle) == _RESET_ARRAYS:
-        rec.before_write(ndargs)        # ``reset_arrays`` (``zero_grad``) writes its inputs
+        # ``reset_arrays`` (``zero_grad``) writes its inputs: gradients
+        rec.before_write(ndargs, gradients=True)
     if out is not None:                 # written in place: no longer rows of a flush's output
         outs = out if isinstance(out, (list, tuple)) else (out,)
         if rec is not None:

@@ -84,6 +84,7 @@ class Recorder(RecorderCore):
         self.row_views = _ROW_SLICES    # row views whose analysis is known (``row_slice``)
         self.replay = True          # child blocks replayed from their first trace
         self.owner = None           # the first top-level DynBatchBlock called
+        self.blocks_called = {}     # id -> every top-level DynBatchBlock called
         self.last_stateful = None   # last stateful node recorded (calls.STATEFUL)
         self.frame = None           # the Frame recording now, if any
         self.frames = None          # whether calls are recorded as frames (frames_on)
@@ -271,7 +272,7 @@ class Recorder(RecorderCore):
             current[id(array)] = found
         return found
 
-    def before_write(self, arrays):
+    def before_write(self, arrays, gradients=False):
         """``arrays`` are about to be written in place (``x[:] = ...``, ``x += y``,
         an optimizer's update of a parameter): if a pending call reads one, what
         is pending runs first, with the values eager code ran it with.
@@ -279,13 +280,14 @@ class Recorder(RecorderCore):
         Inside a sample this is a read (the sample waits, ``scope.read``);
         between samples, a flush.  Samples waiting at a read that were given
         one of ``arrays`` (an input buffer refilled for the next sample) finish
-        first, as eager code finished them before the write.
+        first, as eager code finished them before the write.  ``gradients``:
+        ``arrays`` are gradients (``zero_grad``), see ``_after_earlier_samples``.
         """
         for array in arrays:
             if type(array) is LazyArray and array._node is None:
                 array._base = None      # its base (``bases.py``) keeps the old values
         tasks = self.tasks
-        if tasks.current is not None and self._gradients_among(arrays):
+        if tasks.current is not None and (gradients or self._gradients_among(arrays)):
             self._after_earlier_samples()
         now = tasks.current is not None and self._weights_among(arrays)
         if now and self._other_samples():
@@ -324,10 +326,14 @@ class Recorder(RecorderCore):
 
     def _gradients_among(self, arrays):
         """Whether one of ``arrays`` shares memory with a gradient a backward pass
-        adds into: of a parameter of the scope's block with ``grad_req="add"``,
-        or of an array given a gradient that recorded calls read."""
-        grads = [grad for _, param in self.param_table().values() if param.grad_req == "add"
-                 for grad in (param._grad or ())]  # pylint: disable=protected-access
+        adds into: of a parameter with ``grad_req="add"`` (of the scope's block,
+        or read by recorded calls), or of an array given a gradient that recorded
+        calls or the samples' code read."""
+        params = [param for block in list(self.blocks_called.values())
+                  for param in trie.parameters(block)]
+        params += list(self.graph.parameters.values()) + list(context.TLS.batched_params.values())
+        grads = [grad for param in params if getattr(param, "grad_req", None) == "add"
+                 for grad in (getattr(param, "_grad", None) or ())]
         variables = list(context.TLS.batched_variables.values())
         # (``NDArray.grad`` itself: ``LazyArray.grad`` copies, which writes)
         grads += [context.GRAD_OF(array)
@@ -352,8 +358,16 @@ class Recorder(RecorderCore):
             return False
         return any(not task.done for task in tasks.started[tasks.started.index(me) + 1:])
 
+    def before_own_pass(self):
+        """A sample's own backward pass adds into gradients (a parameter of a block
+        called with ``grad_req="add"``): the samples before it finish first, as
+        eager ran their passes and reads of those gradients first."""
+        if any(param.grad_req == "add" for block in list(self.blocks_called.values())
+               for param in trie.parameters(block)):
+            self._after_earlier_samples()
+
     def _after_earlier_samples(self):
-        """Wait until the samples started before this one have finished (but for
+        """Wait until the samples before this one (eager's order) have finished (but for
         those waiting for another sample's result): a sample's write into
         gradients a pass adds into (``zero_grad()`` before its own
         ``backward()``, per-sample gradients with ``grad_req="add"``) comes
@@ -364,12 +378,12 @@ class Recorder(RecorderCore):
         """
         tasks = self.tasks
         me = tasks.current
-        if me not in tasks.started:
+        if me is None:
             return
         callers = _callers(me)          # (they wait for this sample: not before it)
         while True:
-            earlier = [task for task in tasks.started[:tasks.started.index(me)]
-                       if not task.done and task.blocked is None and id(task) not in callers]
+            earlier = [task for task in tasks.started if task.order < me.order
+                       and not task.done and task.blocked is None and id(task) not in callers]
             if not earlier:
                 return
             if self.frame is not None:

@@ -23,6 +23,7 @@ import collections
 import contextvars
 import dataclasses
 import gc
+import itertools
 import math
 import operator
 import sys
@@ -129,7 +130,7 @@ class Task:
     """One sample's call running on a greenlet of its own (see the module docstring)."""
 
     __slots__ = ("glet", "job", "state", "result", "error", "done", "placeholders", "form",
-                 "reads", "handed", "args", "sample", "blocked", "parent")
+                 "reads", "handed", "args", "sample", "blocked", "parent", "order")
 
     def __init__(self, glet, job):
         self.glet = glet
@@ -146,6 +147,7 @@ class Task:
         self.sample = None          # the number of the sample it records (``call``)
         self.blocked = None         # the task whose result it waits for (``drain``)
         self.parent = None          # the task that started it (``gdb.map`` in a sample)
+        self.order = ()             # its place in eager's order of samples (``Tasks.start``)
 
 
 class Tasks:
@@ -164,6 +166,7 @@ class Tasks:
         self._modes = (None, None)  # (MODE_CHANGES, autograd's modes) when last read
         self.variables = []         # (task, gradient array) of arrays samples attached grads to
         self.variable_ids = set()   # and those arrays' ids
+        self._count = itertools.count()     # (``Task.order``)
         # Gradient arrays samples' code read (``x.grad``, the newest), which a
         # sample may clear before its own pass (``Recorder._gradients_among``).
         self.gradients_read = collections.deque(maxlen=256)
@@ -175,6 +178,10 @@ class Tasks:
         """``fn(*args)`` as a task, run until it finishes or waits; the task."""
         task = Task(_worker(), (fn, args))
         task.parent = self.current
+        # Eager runs a sample's own samples (``gdb.map`` inside it) within it:
+        # before the samples started after it, even those started earlier.
+        task.order = (self.current.order if self.current is not None else ()) \
+            + (next(self._count),)
         self.started.append(task)
         self._switch(task)
         return task
