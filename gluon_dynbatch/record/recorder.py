@@ -85,6 +85,7 @@ class Recorder(RecorderCore):
         self.replay = True          # child blocks replayed from their first trace
         self.owner = None           # the first top-level DynBatchBlock called
         self.blocks_called = {}     # id -> every top-level DynBatchBlock called
+        self._called_params = (0, [])   # (blocks, their parameters): ``_called_parameters``
         self.last_stateful = None   # last stateful node recorded (calls.STATEFUL)
         self.frame = None           # the Frame recording now, if any
         self.frames = None          # whether calls are recorded as frames (frames_on)
@@ -329,8 +330,7 @@ class Recorder(RecorderCore):
         adds into: of a parameter with ``grad_req="add"`` (of the scope's block,
         or read by recorded calls), or of an array given a gradient that recorded
         calls or the samples' code read."""
-        params = [param for block in list(self.blocks_called.values())
-                  for param in trie.parameters(block)]
+        params = self._called_parameters()
         params += list(self.graph.parameters.values()) + list(context.TLS.batched_params.values())
         grads = [grad for param in params if getattr(param, "grad_req", None) == "add"
                  for grad in (getattr(param, "_grad", None) or ())]
@@ -362,9 +362,20 @@ class Recorder(RecorderCore):
         """A sample's own backward pass adds into gradients (a parameter of a block
         called with ``grad_req="add"``): the samples before it finish first, as
         eager ran their passes and reads of those gradients first."""
-        if any(param.grad_req == "add" for block in list(self.blocks_called.values())
-               for param in trie.parameters(block)):
+        if any(param.grad_req == "add" for param in self._called_parameters()):
             self._after_earlier_samples()
+
+    def _called_parameters(self):
+        """The parameters of the top-level blocks called in this scope (a new list,
+        collected once per block called)."""
+        found = self._called_params
+        if found[0] != len(self.blocks_called):
+            owner = self.owner      # (its parameters as ``param_table`` found them)
+            params = list({id(param): param for _, param in self.param_table().values()}.values())
+            params += [param for block in list(self.blocks_called.values()) if block is not owner
+                       for param in trie.parameters(block)]
+            found = self._called_params = (len(self.blocks_called), params)
+        return list(found[1])
 
     def _after_earlier_samples(self):
         """Wait until the samples before this one (eager's order) have finished (but for
