@@ -421,10 +421,9 @@ GRAD_OF = NDArray.grad.fget
 """``NDArray.grad`` as MXNet reads it (``install`` notes what samples read)."""
 
 
-def _noted_grad(self):
-    """``NDArray.grad``; inside a sample, the gradient array is noted as one
+def _noted(grad):
+    """``grad``, noted as a gradient array when a sample's code reads it
     (``Tasks.gradients_read``)."""
-    grad = GRAD_OF(self)
     rec = TLS.recorder
     if grad is not None and rec is not None and rec.tasks is not None \
             and rec.tasks.current is not None:
@@ -432,17 +431,17 @@ def _noted_grad(self):
     return grad
 
 
+def _noted_grad(self):
+    """``NDArray.grad``, noted (``_noted``)."""
+    return _noted(GRAD_OF(self))
+
+
 _PARAMETER_GRAD = gluon.Parameter.grad
 
 
 def _noted_parameter_grad(self, ctx=None):
-    """``Parameter.grad``; inside a sample, the gradient array is noted as one
-    (``Tasks.gradients_read``)."""
-    grad = _PARAMETER_GRAD(self, ctx)
-    rec = TLS.recorder
-    if rec is not None and rec.tasks is not None and rec.tasks.current is not None:
-        rec.tasks.gradients_read.append(grad)
-    return grad
+    """``Parameter.grad``, noted (``_noted``)."""
+    return _noted(_PARAMETER_GRAD(self, ctx))
 
 
 # Bodies that MXNet's functions run once redirected (``_redirect``): each calls

@@ -219,7 +219,9 @@ class Recorder(RecorderCore):
         described = self._described_leaf(array)
         node = graph.add(Node(graph, LEAF))
         node.value = array
-        given = array.grad is not None  # ``x.attach_grad()``: see ``context._variables``
+        # ``x.attach_grad()``: see ``context._variables`` (read as MXNet reads it,
+        # not noted as the samples' code reading a gradient)
+        given = context.GRAD_OF(array) is not None
         if given:
             graph.variables[id(array)] = array
         if type(array) is LazyArray and array.history_freed():
@@ -347,16 +349,12 @@ class Recorder(RecorderCore):
 
     def _other_samples(self):
         """Whether samples other than the running one have started and not
-        finished: waiting at a read, or started after it (not those that wait
-        for it to finish, its caller's ``gdb.map``)."""
-        tasks = self.tasks
-        me = tasks.current
+        finished (not those that wait for it to finish: its callers'
+        ``gdb.map``)."""
+        me = self.tasks.current
         callers = _callers(me)
-        if any(task is not me and id(task) not in callers for task in tasks.waiting):
-            return True
-        if me not in tasks.started:
-            return False
-        return any(not task.done for task in tasks.started[tasks.started.index(me) + 1:])
+        return any(not task.done and task is not me and id(task) not in callers
+                   for task in self.tasks.started + self.tasks.waiting)
 
     def before_own_pass(self):
         """A sample's own backward pass adds into gradients (a parameter of a block
