@@ -185,6 +185,34 @@ def test_a_product_of_float16_values_on_the_cpu_names_sample_and_call(compiled):
             np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6)
 
 
+class Ranks(gdb.DynBatchBlock):
+    """``sort`` or ``argsort`` of a sample's rows, in the dtype it is given."""
+
+    def __init__(self, op, **kwargs):
+        super().__init__(**kwargs)
+        self.op = op
+
+    def hybrid_forward(self, F, x, dtype):
+        return getattr(F, self.op)((x * 2).astype(dtype), axis=1).astype("float32")
+
+
+@pytest.mark.parametrize("op", ["sort", "argsort"])
+def test_a_sort_of_float16_values_on_the_cpu_names_sample_and_call(op):
+    model = Ranks(op)
+    x = table()
+    with pytest.raises(gdb.BatchingError) as info:
+        with gdb.batching():
+            model(x, "float32")
+            model(x, "float16")
+    message = str(info.value)
+    assert "sample 1" in message and op in message and "float16" in message
+    with gdb.batching():
+        got = model(x, "float32")
+    want = np.sort(x.asnumpy() * 2, axis=1) if op == "sort" else \
+        np.argsort(x.asnumpy() * 2, axis=1, kind="stable")
+    np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-6)
+
+
 class LengthSoftmax(gdb.DynBatchBlock):
     """A softmax over each of a sample's columns, masked to the first ``length`` rows."""
 

@@ -161,7 +161,7 @@ def analyse(node, in_shapes, in_dtypes):
 
 
 _NO_CPU_FLOAT16 = frozenset(("dot", "batch_dot", "FullyConnected", "Convolution",
-                             "Deconvolution"))
+                             "Deconvolution", "sort", "argsort", "khatri_rao"))
 """Operators whose CPU kernels refuse float16 values (and ``linalg``'s): MXNet's
 inference takes the call, its kernel raises when it runs."""
 
