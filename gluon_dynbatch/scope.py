@@ -36,27 +36,51 @@ class _OpenScopes:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._open = 0
+        self._open = {}             # thread id -> scopes it has open
+        self._attached = False
         self._was_enabled = False
 
-    def __enter__(self):
+    def enter(self):
+        """Count a scope the calling thread opens; returns the thread's id, for ``leave``."""
         with self._lock:
-            if self._open == 0:
+            if not self._attached:
                 self._was_enabled = gc.isenabled()
                 gc.disable()
                 dispatch.attach_call()
-            self._open += 1
+                self._attached = True
+            ident = threading.get_ident()
+            self._open[ident] = self._open.get(ident, 0) + 1
+            return ident
 
-    def __exit__(self, *exc):
+    def leave(self, ident):
+        """A scope thread ``ident`` opened ends (maybe in another thread: a
+        generator's scope closed by its consumer)."""
         with self._lock:
-            self._open -= 1
-            if self._open == 0:
-                dispatch.detach_call()
-                if self._was_enabled:
-                    gc.enable()
+            count = self._open.get(ident, 0) - 1
+            if count > 0:
+                self._open[ident] = count
+            else:
+                self._open.pop(ident, None)     # (gone in a forked child)
+                self._close_all()
+
+    def _close_all(self):
+        if not self._open and self._attached:
+            self._attached = False
+            dispatch.detach_call()
+            if self._was_enabled:
+                gc.enable()
+
+    def after_fork(self):
+        """In a child process: only the forking thread lives on, with its own
+        scopes; other threads' scopes are gone (and so is anything they held)."""
+        self._lock = threading.Lock()
+        ident = threading.get_ident()
+        self._open = {ident: self._open[ident]} if ident in self._open else {}
+        self._close_all()
 
 
 _OPEN_SCOPES = _OpenScopes()
+os.register_at_fork(after_in_child=_OPEN_SCOPES.after_fork)
 
 #: Reads in most samples of a scope, after which it runs its samples eagerly.
 READS_BEFORE_EAGER = 4
@@ -101,6 +125,7 @@ class BatchingScope:
         self._reads = self._reads_counted = 0     # values read (``read``)
         self._own_reads = 0                         # of them, by the scope's own code
         self._where_read = None
+        self._opened_by = None      # the thread that opened it (``_OpenScopes``)
 
     def __enter__(self):
         if self.recorder is not None:
@@ -121,7 +146,7 @@ class BatchingScope:
         if self.max_pending_nodes is not None:
             self.recorder.max_pending = self.max_pending_nodes
         self.recorder.replay = self.replay
-        _OPEN_SCOPES.__enter__()
+        self._opened_by = _OPEN_SCOPES.enter()
         context.set_current(self.recorder)
         self._mark = time.perf_counter()
         return self
@@ -155,7 +180,7 @@ class BatchingScope:
             context.set_current(None)
             self.recorder.close()
             self.recorder = None
-            _OPEN_SCOPES.__exit__()
+            _OPEN_SCOPES.leave(self._opened_by)
         return False
 
     def _discard(self, why):

@@ -8,7 +8,7 @@ from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, Tree, assert_same, make_model,
-                              random_tree, reference_run, rng, run_model)
+                              output_of_script, random_tree, reference_run, rng, run_model)
 from gluon_dynbatch.run.cache import PlanCache
 
 
@@ -134,6 +134,96 @@ def test_plan_cache_is_thread_safe():
     assert not errors
     assert len(cache) <= 8
     assert cache.hits + cache.misses == 2000
+
+
+def test_threads_sharing_a_compiled_plan_call_it_in_turn():
+    """MXNet 1.9.1's CachedOp fails now and then when two threads call it at once
+    ("Graph attr dependency shape is required by pass MXPlanMemory"): the plan
+    cache shares compiled plans between threads, whose calls take turns."""
+    import time
+    from gluon_dynbatch.run.executors import CompiledPlan
+    x = mx.sym.var("x")
+    plan = CompiledPlan(mx.sym.tanh(x), ())
+    inside, overlaps = [0], []
+    real = plan.op
+
+    def slow_op(*inputs):
+        inside[0] += 1
+        overlaps.append(inside[0] > 1)
+        time.sleep(0.01)            # a wide window for another thread to enter
+        out = real(*inputs)
+        inside[0] -= 1
+        return out
+    plan.op = slow_op
+    data = nd.ones((2, 3))
+    threads = [threading.Thread(target=lambda: [plan([data]) for _ in range(5)])
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(overlaps) == 15 and not any(overlaps)
+    assert plan.calls == 15
+
+
+_FORK_WHILE_ANOTHER_THREAD_RECORDS = """
+import gc, os, threading
+import mxnet as mx
+from mxnet import gluon, nd
+import gluon_dynbatch as gdb
+
+
+class Layer(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=2)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
+model = Layer()
+model.initialize(mx.init.Uniform(0.5))
+x = nd.ones((1, 2))
+opened, done = threading.Event(), threading.Event()
+
+
+def record():
+    with gdb.batching():
+        model(x)
+        opened.set()
+        done.wait(60)
+
+
+thread = threading.Thread(target=record)
+thread.start()
+opened.wait(60)
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    with gdb.batching():
+        out = model(x * 2)
+    value = float(out.sum().asscalar())
+    same = value == float(model(x * 2).sum().asscalar())
+    os.write(write, ("%s %s" % (gc.isenabled(), same)).encode())
+    os._exit(0)
+os.close(write)
+print("child", os.read(read, 200).decode())
+os.waitpid(pid, 0)
+done.set()
+thread.join()
+print("parent", gc.isenabled())
+"""
+
+
+def test_a_process_forked_while_another_thread_records_collects_garbage_again():
+    """A child forked while another thread had a scope open counted that scope
+    open for good: Python's garbage collector stayed off there (DataLoader and
+    pool workers leaked every reference cycle)."""
+    out = output_of_script(_FORK_WHILE_ANOTHER_THREAD_RECORDS, timeout=120).split()
+    assert out[out.index("child") + 1:out.index("child") + 3] == ["True", "True"]
+    assert out[out.index("parent") + 1] == "True"
 
 
 def test_threads_record_separately_and_match_running_alone():

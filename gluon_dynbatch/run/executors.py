@@ -13,6 +13,7 @@ MXNet in one copy, and the live values get their rows at the end.
 """
 import contextlib
 import os
+import threading
 import time
 
 import mxnet as mx
@@ -334,9 +335,15 @@ def _gather(desc, values, feeds):
 
 
 class CompiledPlan:
-    """A CachedOp and the order of its inputs."""
+    """A CachedOp and the order of its inputs.
+
+    The plan cache shares it between threads; MXNet 1.9.1's CachedOp fails
+    ("Graph attr dependency shape is required by pass MXPlanMemory") when two
+    threads call it at once, so its calls take turns.
+    """
 
     def __init__(self, symbol, param_names):
+        self._lock = threading.Lock()
         self.names = symbol.list_inputs()
         flags = [("data_indices", [i for i, n in enumerate(self.names)
                                    if n not in param_names]),
@@ -345,8 +352,9 @@ class CompiledPlan:
         self.calls = 0
 
     def __call__(self, inputs):
-        self.calls += 1
-        out = self.op(*inputs)
+        with self._lock:
+            self.calls += 1
+            out = self.op(*inputs)
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
