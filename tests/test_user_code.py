@@ -135,6 +135,43 @@ def test_in_place_update_outside_record_updates_aliases():
     np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
 
 
+class CountingScale(gdb.DynBatchBlock):
+    """Scales its output by a counter the model keeps (an array attribute, or
+    an entry of a dict other code shares) and then adds one to it in place."""
+
+    def __init__(self, shared, **kwargs):
+        super().__init__(**kwargs)
+        self.shared = shared
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        out = F.tanh(self.dense(x)) * self.shared["count"]
+        self.shared["count"] += 1.0
+        return out
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"},
+                                     {"granularity": "op"}, "map"])
+def test_an_array_each_sample_reads_then_writes_reaches_the_next_sample_as_eager(options):
+    """Each sample waited at its write (a read) while the next one started and
+    read the counter: samples 2 and 3 were scaled by 2 where eager has 3 and 4."""
+    shared = {"count": nd.ones((1, 3))}
+    model = CountingScale(shared)
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.array([[k, 1 - k, 0.5 * k]]) for k in range(4)]
+    want = [model(x).asnumpy() for x in xs]
+    shared["count"][:] = 1
+    if options == "map":
+        outs = gdb.map(model, xs)
+    else:
+        with gdb.batching(**options):
+            outs = [model(x) for x in xs]
+    for out, expected in zip(outs, want):
+        np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(shared["count"].asnumpy(), np.full((1, 3), 5.0))
+
+
 class DenseAnd(gdb.DynBatchBlock):
     """A Dense layer of 4 units and ``how``: what a subclass does with its output."""
 

@@ -301,6 +301,9 @@ class Recorder(RecorderCore):
                 "after the one before it ends. Write weights in the scope's own code, between "
                 "the samples' calls (a plain loop), or outside the scope"
                 % describe_call(self.sample, self.path))
+        if not now and tasks.current is not None and self._outside_among(arrays) \
+                and not self._other_samples():
+            now = True
         if tasks.current is None and tasks.waiting:
             if self._weights_among(arrays):
                 # (``trainer.step()`` in the loop: eager's samples finished first)
@@ -316,8 +319,9 @@ class Recorder(RecorderCore):
                 tasks.drain()
         with_frame = True
         while self._written_are_read(arrays, with_frame):
-            # Weights a sample writes with no other sample started: what is pending
-            # runs now (a flush), so the next sample starts with the new weights.
+            # Weights, or arrays from outside the samples, that a sample writes with
+            # no other sample started: what is pending runs now (a flush), so the
+            # next sample starts with the new values, as eager's did.
             self._run_pending("written", "an array that recorded calls read is written "
                               "in place; they run first, with its old values, as in "
                               "eager code", "an array it read is written in place", now)
@@ -412,6 +416,13 @@ class Recorder(RecorderCore):
             if found is not None and found[0] is array or read.get(id(array)) is array:
                 return True
         return False
+
+    @staticmethod
+    def _outside_among(arrays):
+        """Whether one of ``arrays`` was not made in the scope (a model's attribute,
+        a global, the caller's input: the samples after the writer may read it);
+        arrays a scope makes are LazyArrays."""
+        return any(type(array) is not LazyArray for array in arrays)
 
     def _written_are_read(self, arrays, with_frame):
         """Whether a pending call (of the current frame too: ``with_frame``) reads
