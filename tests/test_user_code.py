@@ -2308,6 +2308,29 @@ def _sparse_samples(seed):
              nd.sparse.csr_matrix(others[k:k + 1])) for k in range(4)]
 
 
+class FillsFirstColumn(gdb.DynBatchBlock):
+    """``fill_element_0index``: an operator MXNet's symbols cannot build."""
+
+    def hybrid_forward(self, F, x):
+        index = F.array([k % 3 for k in range(x.shape[0])])
+        return F.fill_element_0index(F.tanh(x), F.sum(x, axis=1), index) * 2
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "agenda"},
+                                     {"granularity": "op"}])
+def test_an_operator_mxnets_symbols_cannot_build_runs_by_itself_as_eager(options):
+    """Every scope refused it ("Not enough argument to call operator"), where
+    eager runs it."""
+    model = FillsFirstColumn()
+    rs = np.random.RandomState(0)
+    xs = [nd.array(rs.uniform(-1, 1, (n, 3))) for n in (3, 4, 5)]
+    want = [model(x).asnumpy() for x in xs]
+    with gdb.batching(**options):
+        outs = [model(x) for x in xs]
+    for out, expected in zip(outs, want):
+        np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-6)
+
+
 @pytest.mark.parametrize("how", ["dot", "sum", "returned", "retain"])
 @pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"strategy": "agenda"}])
 def test_calls_giving_sparse_storage_run_by_themselves_as_eager(how, options):

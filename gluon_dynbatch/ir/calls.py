@@ -114,6 +114,10 @@ class CallInfo:
         return other
 
 
+_NOT_SYMBOLIC = "Not enough argument to call operator"
+"""MXNet's error composing a symbol of an operator its symbols cannot build."""
+
+
 def analyse(node, in_shapes, in_dtypes):
     """The :class:`CallInfo` of ``node``'s call (a node of the graph or a stand-in).
 
@@ -139,6 +143,10 @@ def analyse(node, in_shapes, in_dtypes):
     except RecursionError:
         raise
     except Exception as err:  # MXNetError, TypeError, ValueError from MXNet
+        if _NOT_SYMBOLIC in str(err):
+            # An operator MXNet's symbols cannot build (``fill_element_0index``):
+            # it runs by itself, as eager runs it.
+            raise ShapeFromData("%s: MXNet's symbols cannot build it" % where) from None
         raise refused_call(err, "%s: invalid call with input shapes %s: %s" % (
             where, list(in_shapes), _not_arrays(node) or first_line(err))) from None
     if op.name in ("reshape", "Reshape") and in_shapes \
@@ -241,6 +249,10 @@ def written_shapes(op, args, kwargs, sample=None, path=()):
     except RecursionError:
         raise
     except Exception as err:  # MXNetError, TypeError, ValueError from MXNet
+        if _NOT_SYMBOLIC in str(err):
+            # An operator MXNet's symbols cannot build (``fill_element_0index``):
+            # it runs by itself, as eager runs it.
+            raise ShapeFromData("%s: MXNet's symbols cannot build it" % where) from None
         raise refused_call(err, "%s: invalid call with input shapes %s: %s" % (
             describe_call(sample, path, op.name), shapes,
             _not_arrays(stub) or first_line(err))) from None
