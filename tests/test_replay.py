@@ -355,6 +355,54 @@ def test_a_child_whose_attribute_changed_is_not_replayed_as_before(compiled, num
         assert_same(run_model(model, [1, 2, 3], [emb], "depth", compiled=compiled), expected)
 
 
+class Squashing(gluon.HybridBlock):
+    """A child whose code a user swaps between scopes (in a notebook, say)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
+class UsesSquashing(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = Squashing()
+
+    def hybrid_forward(self, F, word, emb):
+        return self.cell(emb[word:word + 1])
+
+
+def _sigmoid_times_three(self, F, x):
+    return F.sigmoid(self.dense(x)) * 3
+
+
+@pytest.mark.parametrize("where", ["instance", "class", "grandchild"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_childs_code_replaced_after_its_calls_were_learned_runs_as_replaced(
+        where, compiled, monkeypatch):
+    """The child's calls, learned from its old code, were replayed: outputs and
+    gradients silently those of the old code."""
+    model = make_model(UsesSquashing)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    assert_same(run_model(model, [1, 2, 3], [emb], "depth", compiled=compiled),
+                run_model(model, [1, 2, 3], [emb], "eager"))
+    if where == "instance":
+        model.cell.hybrid_forward = types.MethodType(_sigmoid_times_three, model.cell)
+    elif where == "class":
+        monkeypatch.setattr(Squashing, "hybrid_forward", _sigmoid_times_three)
+    else:       # a Dense inside the child: its code is Gluon's own, set on the instance
+        monkeypatch.setattr(model.cell.dense, "hybrid_forward", types.MethodType(
+            lambda self, F, x, weight, bias=None: F.FullyConnected(
+                x, weight, bias, num_hidden=4) * 2, model.cell.dense))
+    expected = run_model(model, [1, 2, 3], [emb], "eager")
+    assert_same(run_model(model, [1, 2, 3], [emb], "depth", compiled=compiled), expected)
+
+
 def test_a_child_whose_attributes_change_at_every_scope_is_told_once_and_stays_exact(caplog):
     from gluon_dynbatch.record import trie
     model = make_model(UsesTempered)

@@ -100,9 +100,10 @@ def _replay_guards(block):
         if current is not block and (current._forward_hooks  # pylint: disable=W0212
                                      or current._forward_pre_hooks):  # pylint: disable=W0212
             return None         # a hook of a block inside runs as its calls run (eager's)
-        facts = _CLASSES.get(type(current), False)
+        key = (type(current), _class_code(type(current)))
+        facts = _CLASSES.get(key, False)
         if facts is False:
-            facts = _CLASSES[type(current)] = _class_facts(type(current))
+            facts = _CLASSES[key] = _class_facts(type(current))
         found = None if facts is None else _instance_guards(current, facts, stack)
         if found is not None and isinstance(current, _LAMBDAS):
             found = _lambda_guards(current, found)
@@ -111,6 +112,40 @@ def _replay_guards(block):
         guards.update(found)
         stack.extend(current._children.values())  # pylint: disable=protected-access
     return tuple(sorted(guards, key=lambda guard: (hash(guard[0]), guard[1])))
+
+
+def code_version(block):
+    """The code calls of ``block`` and its children run: each class's methods
+    and methods set on the block itself, by identity.  Part of the block's key
+    (``Recorder.block_token``), so a method replaced after its calls were
+    learned (``Cell.hybrid_forward = f``, ``cell.hybrid_forward = ...``) has
+    them learned anew."""
+    found, stack, seen = [], [block], set()
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        found.append((_class_code(type(current)), _instance_code(current)))
+        stack.extend(current._children.values())  # pylint: disable=protected-access
+    return tuple(found)
+
+
+def _class_code(cls):
+    """The identities of the methods the user-defined classes of ``cls`` define."""
+    return tuple(id(member) for klass in cls.__mro__
+                 if klass is not object and not _trusted(klass.__module__)
+                 for member in vars(klass).values() if _is_function(member))
+
+
+def _instance_code(block):
+    """The identities of code set on ``block`` itself under the name of a method
+    (``cell.hybrid_forward = types.MethodType(f, cell)``): what its calls run."""
+    cls = type(block)
+    return tuple((name, id(getattr(value, "__func__", value)))
+                 for name, value in vars(block).items()
+                 if callable(value) and not isinstance(value, gluon.Block)
+                 and (name == "hybrid_forward" or _is_function(getattr(cls, name, None))))
 
 
 # Gluon's blocks that call a function the user gave them (``_func``).

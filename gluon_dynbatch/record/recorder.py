@@ -978,7 +978,8 @@ class Recorder(RecorderCore):
         if guarded is None:
             settings = trie.settings(block)
             token = trie.token(
-                (self.block_identity(block), self.block_version(block), settings), block)
+                (self.block_identity(block), self.block_version(block), settings,
+                 purity.code_version(block)), block)
             guards = None if settings is None else purity.replay_guards(block)
             if not guards:
                 if guards is None:
