@@ -361,7 +361,7 @@ class BatchingScope:
                 0.8 * owner.recent_execute_s + 0.2 * (t2 - t1)
         stats.steps = len(plan.steps)
         stats.planned_nodes = plan.num_nodes
-        _note_program_batches(plan, stats.samples)
+        _note_program_batches(plan)
         _note_learning(stats, mode)
         if self.keep_plan:
             # Holding the plan keeps every node alive: only when asked for.
@@ -376,17 +376,20 @@ def _note_learning(stats, mode):
         usage.note_learning(flush_ms, mode)
 
 
-def _note_program_batches(plan, samples):
-    """Tell each block how well its programs batched in ``plan`` (``usage.Usage``)."""
+def _note_program_batches(plan):
+    """Tell each block how well its programs batched in ``plan`` (``usage.Usage``),
+    for the samples its programs ran for (a flush after reads runs samples
+    that started in earlier ones)."""
     seen = {}
     for step in plan.steps:
         usage = getattr(step.nodes[0].info, "usage", None)
         if usage is not None:
-            counts = seen.setdefault(id(usage), [usage, 0, 0])
+            counts = seen.setdefault(id(usage), [usage, 0, 0, set()])
             counts[1] += len(step.nodes)
             counts[2] += 1
-    for usage, nodes, steps in seen.values():
-        usage.note_flush(nodes, steps, samples)
+            counts[3].update(node.sample for node in step.nodes)
+    for usage, nodes, steps, samples in seen.values():
+        usage.note_flush(nodes, steps, len(samples))
 
 
 DEFAULT_CACHE = PlanCache(64)

@@ -52,8 +52,8 @@ class Usage:
 
     Frames of a model whose structure is each sample's own (a graph's
     adjacency) become programs of their own, which batch with nothing.
-    After two flushes in a row where the block's program steps held few
-    nodes for the samples of the flush (``note_flush``), its calls are
+    After two of three flushes in a row where the block's program steps held
+    few nodes for the samples of the flush (``note_flush``), its calls are
     recorded operator by operator instead (``irregular``): operators batch
     across samples by signature whatever the structure.  The switch comes
     sooner, inside a scope, when almost every call of the block has made a
@@ -83,13 +83,17 @@ class Usage:
                 self.irregular = True
 
     def note_flush(self, nodes, steps, samples):
-        """Count a flush where this block's programs ran as ``nodes`` nodes in ``steps`` steps."""
+        """Count a flush where this block's programs ran as ``nodes`` nodes in ``steps`` steps.
+
+        Two of the last three flushes count: a sample that reads a value splits
+        its calls into a part before the read, which batches (every sample's
+        alike), and a part after it, a structure of each sample's own (experts
+        picked by the value read), so good and bad flushes alternate.
+        """
         mean = nodes / steps
-        if nodes >= 32 and samples >= 8 and mean < min(4.0, samples / 8.0):
-            self.strikes += 1
-            self.irregular = self.irregular or self.strikes >= 2
-        else:
-            self.strikes = 0
+        bad = nodes >= 32 and samples >= 8 and mean < min(4.0, samples / 8.0)
+        self.strikes = ((self.strikes << 1) | bad) & 0b111     # the last three, as bits
+        self.irregular = self.irregular or bin(self.strikes).count("1") >= 2
 
     # -- calls that keep learning ------------------------------------------------
     def states(self):
