@@ -403,6 +403,31 @@ def test_a_childs_code_replaced_after_its_calls_were_learned_runs_as_replaced(
     assert_same(run_model(model, [1, 2, 3], [emb], "depth", compiled=compiled), expected)
 
 
+_SQUASHINGS = ["return F.tanh(self.dense(x))", "return F.relu(self.dense(x)) * 3",
+               "return F.sigmoid(self.dense(x)) - 1", "return F.tanh(self.dense(x)) * 5"]
+
+
+def _defined(body, module="notebook"):
+    """``hybrid_forward`` as a notebook's cell defines it, edited and run again
+    (``module`` None: made by ``exec`` with no module name at all)."""
+    space = {} if module is None else {"__name__": module}
+    exec("def hybrid_forward(self, F, x):\n    " + body, space)  # pylint: disable=exec-used
+    return space["hybrid_forward"]
+
+
+@pytest.mark.parametrize("module", ["notebook", None])
+def test_a_childs_code_defined_anew_before_each_scope_runs_as_defined(module, monkeypatch):
+    """A new function could take a freed one's id, which keyed its calls: the old
+    code's recorded calls ran (and code made by ``exec`` with no module name
+    failed to record)."""
+    model = make_model(UsesSquashing)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    for k in range(8):
+        monkeypatch.setattr(Squashing, "hybrid_forward", _defined(_SQUASHINGS[k % 4], module))
+        expected = run_model(model, [1, 2, 3], [emb], "eager")
+        assert_same(run_model(model, [1, 2, 3], [emb], "depth"), expected)
+
+
 def test_a_child_whose_attributes_change_at_every_scope_is_told_once_and_stays_exact(caplog):
     from gluon_dynbatch.record import trie
     model = make_model(UsesTempered)

@@ -132,17 +132,18 @@ def code_version(block):
 
 
 def _class_code(cls):
-    """The identities of the methods the user-defined classes of ``cls`` define."""
-    return tuple(id(member) for klass in cls.__mro__
+    """The methods the user-defined classes of ``cls`` define (compared by
+    identity; held, so that no later function takes a freed one's id)."""
+    return tuple(member for klass in cls.__mro__
                  if klass is not object and not _trusted(klass.__module__)
                  for member in vars(klass).values() if _is_function(member))
 
 
 def _instance_code(block):
-    """The identities of code set on ``block`` itself under the name of a method
+    """The code set on ``block`` itself under the name of a method
     (``cell.hybrid_forward = types.MethodType(f, cell)``): what its calls run."""
     cls = type(block)
-    return tuple((name, id(getattr(value, "__func__", value)))
+    return tuple((name, getattr(value, "__func__", value))
                  for name, value in vars(block).items()
                  if callable(value) and not isinstance(value, gluon.Block)
                  and (name == "hybrid_forward" or _is_function(getattr(cls, name, None))))
