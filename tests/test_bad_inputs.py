@@ -185,6 +185,32 @@ def test_a_product_of_float16_values_on_the_cpu_names_sample_and_call(compiled):
             np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6)
 
 
+class WeightLeftOut(gdb.DynBatchBlock):
+    """A layer called without its weight by the sample given ``forget``."""
+
+    def hybrid_forward(self, F, x, forget):
+        if forget:
+            return F.FullyConnected(x, num_hidden=3, no_bias=True)
+        return F.FullyConnected(x, F.ones((3, x.shape[1])), num_hidden=3, no_bias=True)
+
+
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_a_call_left_without_its_weight_names_sample_and_call(compiled):
+    """MXNet's symbol made a variable of the missing weight: the call passed and
+    the batched plan failed later ("'fullyconnected4_weight' is not in list")."""
+    model = WeightLeftOut()
+    x = table()
+    with pytest.raises(gdb.BatchingError) as info:
+        with gdb.batching(compiled=compiled):
+            model(x, False)
+            model(x, True)
+    message = str(info.value)
+    assert "sample 1" in message and "FullyConnected" in message and "weight" in message
+    with gdb.batching(compiled=compiled):
+        out = model(x, False)
+    np.testing.assert_allclose(out.asnumpy(), model(x, False).asnumpy(), rtol=1e-6)
+
+
 class Ranks(gdb.DynBatchBlock):
     """``sort`` or ``argsort`` of a sample's rows, in the dtype it is given."""
 

@@ -289,6 +289,12 @@ def _infer_symbolic(op, node, in_shapes, in_dtypes):
     kwargs = {k: (syms[v.k] if isinstance(v, Slot) else v) for k, v in node.kwargs.items()}
     args, kwargs = by_name(op, args, kwargs)
     sym = op.sym_fn(*args, **kwargs)
+    missing = [n for n in sym.list_arguments() if n not in names]
+    if missing:
+        # MXNet's symbols make a variable of each input not given (a weight);
+        # its arrays take no such default.
+        raise ValueError("no array given for its input(s) %s" % ", ".join(
+            n.rpartition("_")[2] for n in missing))
     known = {n: s for n, s in zip(names, in_shapes) if s and all(d > 0 for d in s)}
     with warnings.catch_warnings():     # shapes it cannot decide: UnknownShape below
         warnings.simplefilter("ignore", UserWarning)
