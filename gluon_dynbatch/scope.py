@@ -133,6 +133,11 @@ class BatchingScope:
                 "this batching scope is open already (its with-block has not ended): enter a "
                 "scope object once at a time, and nest a new gdb.batching() instead")
         outer = context.current()
+        if outer is not None and getattr(outer, "closed", False):
+            # Left by a scope of this thread that another thread ended (a
+            # generator's scope closed by its consumer there).
+            context.set_current(None)
+            outer = None
         if outer is not None:
             # Nested scope: it joins the outer one and flushes when it ends.
             self._outer = outer

@@ -226,6 +226,40 @@ def test_a_process_forked_while_another_thread_records_collects_garbage_again():
     assert out[out.index("parent") + 1] == "True"
 
 
+def test_a_thread_whose_scope_another_thread_ended_batches_its_next_scopes():
+    """A generator's scope, opened in one thread and closed by another, stayed
+    the first thread's current scope: its later scopes recorded nothing and
+    ran eagerly, silently."""
+    emb = nd.random.uniform(shape=(10, 3))
+    model = make_model(ChildSumTreeLSTM, hidden=4)
+    trees = [random_tree(rng(6), 10, max_depth=2) for _ in range(3)]
+
+    def batches():
+        with gdb.batching():
+            yield [model(t, emb) for t in trees]
+
+    generator, counts = batches(), []
+    opened, done = threading.Event(), threading.Event()
+
+    def work():
+        next(generator)             # its scope opens in this thread
+        opened.set()
+        done.wait(30)
+        with gdb.batching() as scope:
+            outs = [model(t, emb) for t in trees]
+        counts.append((scope.stats.samples, [o[0].asnumpy() for o in outs]))
+    worker = threading.Thread(target=work)
+    worker.start()
+    opened.wait(30)
+    generator.close()               # and ends in this one
+    done.set()
+    worker.join()
+    samples, outs = counts[0]
+    assert samples == len(trees)
+    for out, tree in zip(outs, trees):
+        np.testing.assert_allclose(out, model(tree, emb)[0].asnumpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_threads_record_separately_and_match_running_alone():
     r = rng(3)
     tree_sets = [[random_tree(r, 10, max_depth=3) for _ in range(4)] for _ in range(4)]
