@@ -136,28 +136,36 @@ def test_in_place_update_outside_record_updates_aliases():
 
 
 class CountingScale(gdb.DynBatchBlock):
-    """Scales its output by a counter the model keeps (an array attribute, or
-    an entry of a dict other code shares) and then adds one to it in place."""
+    """Scales its output by a counter kept in a dict other code shares, then
+    writes it in place: one added (``how`` "count"), or the output stored into
+    it (``"set"``: ``count[:] = out``, ``"copyto"``: ``out.copyto(count)``)."""
 
-    def __init__(self, shared, **kwargs):
+    def __init__(self, shared, how, **kwargs):
         super().__init__(**kwargs)
-        self.shared = shared
+        self.shared, self.how = shared, how
         with self.name_scope():
             self.dense = gluon.nn.Dense(3, in_units=3)
 
     def hybrid_forward(self, F, x):
         out = F.tanh(self.dense(x)) * self.shared["count"]
-        self.shared["count"] += 1.0
+        if self.how == "count":
+            self.shared["count"] += 1.0
+        elif self.how == "set":
+            self.shared["count"][:] = out + 1
+        else:
+            (out + 1).copyto(self.shared["count"])
         return out
 
 
+@pytest.mark.parametrize("how", ["count", "set", "copyto"])
 @pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"},
                                      {"granularity": "op"}, "map"])
-def test_an_array_each_sample_reads_then_writes_reaches_the_next_sample_as_eager(options):
-    """Each sample waited at its write (a read) while the next one started and
-    read the counter: samples 2 and 3 were scaled by 2 where eager has 3 and 4."""
+def test_an_array_each_sample_reads_then_writes_reaches_the_next_sample_as_eager(options, how):
+    """Each sample waited at its write (a read, or the pending value written)
+    while the next one started and read the counter: samples 2 and 3 were
+    scaled by 2 where eager has 3 and 4."""
     shared = {"count": nd.ones((1, 3))}
-    model = CountingScale(shared)
+    model = CountingScale(shared, how)
     model.initialize(mx.init.Uniform(0.5))
     xs = [nd.array([[k, 1 - k, 0.5 * k]]) for k in range(4)]
     want = [model(x).asnumpy() for x in xs]
@@ -167,9 +175,11 @@ def test_an_array_each_sample_reads_then_writes_reaches_the_next_sample_as_eager
     else:
         with gdb.batching(**options):
             outs = [model(x) for x in xs]
+    final = shared["count"].asnumpy()
     for out, expected in zip(outs, want):
         np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(shared["count"].asnumpy(), np.full((1, 3), 5.0))
+    np.testing.assert_allclose(final, want[-1] + 1 if how != "count" else np.full((1, 3), 5.0),
+                               rtol=1e-5)
 
 
 class DenseAnd(gdb.DynBatchBlock):

@@ -359,6 +359,9 @@ def _prepare_value_nd(self, value, bcast_shape, squeeze_axes=None):
     class took it for a sequence and recursed), with its history, as eager's
     copy keeps it (a constant once a backward pass may have freed it)."""
     if isinstance(value, LazyArray):
+        rec = context.TLS.recorder
+        if rec is not None and type(self) is not LazyArray:
+            rec.before_writing_pending(self)
         value.wait_to_read()            # a read of a pending value: it runs first
         freed = value.history_freed()
         with mx.autograd.pause() if freed else contextlib.nullcontext():
