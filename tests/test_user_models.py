@@ -1012,35 +1012,11 @@ def test_a_trial_counts_the_flush_that_started_it_as_one_as_frames():
     assert usage.trial_ms == (0.2, 1.0)
 
 
-class RoutedTokens(gdb.DynBatchBlock):
-    """A mixture of experts: each token goes to one of three experts, picked by
-    a gate whose choices the sample reads once (``topk``), then token by token:
-    after the read, each sample's calls take a path of its own."""
-
-    def __init__(self, hidden=um.HIDDEN, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.gate = nn.Dense(3)
-            self.experts = nn.HybridSequential()
-            self.experts.add(*[nn.Dense(hidden) for _ in range(3)])
-            self.out = nn.Dense(um.CLASSES)
-
-    def hybrid_forward(self, F, words, emb):
-        x = F.concat(*[emb[w:w + 1] for w in words], dim=0)
-        gates = F.softmax(self.gate(x), axis=1)
-        picks = F.topk(gates, axis=1, k=1).asnumpy().astype(int).ravel()
-        routed = [self.experts[int(k)](x[t:t + 1])
-                  * F.pick(gates[t:t + 1], F.array([int(k)]), axis=1, keepdims=True)
-                  for t, k in enumerate(picks)]
-        return F.sum(self.out(F.relu(F.concat(*routed, dim=0)) + x[:, 0:1]), axis=0,
-                     keepdims=True)
-
-
 def test_calls_after_a_read_taking_a_path_of_each_samples_own_are_recorded_op_by_op():
     """Each sample's calls after its read became one program of its own: the
     flush after the read ran a step per sample, scope after scope (its samples
     all started in the flush before, which was not counted)."""
-    model = make_model(RoutedTokens)
+    model = make_model(um.RoutedTokens)
     table = nd.array(np.random.RandomState(0).uniform(-1, 1, (um.VOCAB, um.DIM)))
     stats = []
     for seed in range(3):

@@ -217,6 +217,30 @@ class BranchingTreeRNN(gdb.DynBatchBlock):
         return F.tanh(self.down(h)) * F.sigmoid(score)
 
 
+class RoutedTokens(gdb.DynBatchBlock):
+    """A mixture of experts: each token goes to one of three experts, picked by
+    a gate whose choices the sample reads once (``topk``), then token by token:
+    after the read, each sample's calls take a path of its own."""
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.gate = nn.Dense(3)
+            self.experts = nn.HybridSequential()
+            self.experts.add(*[nn.Dense(hidden) for _ in range(3)])
+            self.out = nn.Dense(CLASSES)
+
+    def hybrid_forward(self, F, words, emb):
+        x = F.concat(*[emb[w:w + 1] for w in words], dim=0)
+        gates = F.softmax(self.gate(x), axis=1)
+        picks = F.topk(gates, axis=1, k=1).asnumpy().astype(int).ravel()
+        routed = [self.experts[int(k)](x[t:t + 1])
+                  * F.pick(gates[t:t + 1], F.array([int(k)]), axis=1, keepdims=True)
+                  for t, k in enumerate(picks)]
+        return F.sum(self.out(F.relu(F.concat(*routed, dim=0)) + x[:, 0:1]), axis=0,
+                     keepdims=True)
+
+
 class HybridizedScorer(gluon.HybridBlock):
     """An ordinary child block; the model calls ``hybridize()`` on it."""
 
@@ -536,6 +560,11 @@ def case_mid_sample_reads(seed=0, n=6, hidden=HIDDEN):
                 notes="a read per tree node: each sample waits at its reads")
 
 
+def case_routed_tokens(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(RoutedTokens(hidden), seed), _sentences(seed, n), [_table(seed)],
+                notes="a read per sentence, then an expert per token")
+
+
 def case_mixed_children(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(MixedChildren(hidden), seed), _trees(seed, n), [_table(seed)])
 
@@ -840,6 +869,7 @@ CASES = {
     "embedding": case_embedding,
     "child_attention": case_child_attention,
     "mid_sample_reads": case_mid_sample_reads,
+    "routed_tokens": case_routed_tokens,
     "mixed_children": case_mixed_children,
     "dropout_p0": case_dropout_p0,
     "opbyop_child_sum": case_opbyop_child_sum,
