@@ -249,10 +249,6 @@ def written_shapes(op, args, kwargs, sample=None, path=()):
     except RecursionError:
         raise
     except Exception as err:  # MXNetError, TypeError, ValueError from MXNet
-        if _NOT_SYMBOLIC in str(err):
-            # An operator MXNet's symbols cannot build (``fill_element_0index``):
-            # it runs by itself, as eager runs it.
-            raise ShapeFromData("%s: MXNet's symbols cannot build it" % where) from None
         raise refused_call(err, "%s: invalid call with input shapes %s: %s" % (
             describe_call(sample, path, op.name), shapes,
             _not_arrays(stub) or first_line(err))) from None
