@@ -34,7 +34,6 @@ def _finite_part(F, y):
 
 CASES = {
     "tanh": lambda F, x: F.tanh(x),
-    "cross_entropy_rows": lambda F, x: F.softmax_cross_entropy(x * 3, F.argmin(x, axis=1)),
     "activation": lambda F, x: F.Activation(x, act_type="softrelu"),
     "scalar_ops": lambda F, x: (2 - x) / 3 + x ** 2,
     "softmax_last_axis": lambda F, x: F.softmax(x, axis=-1),

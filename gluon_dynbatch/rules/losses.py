@@ -1,15 +1,12 @@
-"""Rules of losses: ``F.softmax_cross_entropy`` of rows of scores and their labels.
+"""Rules of losses: ``F.softmax_cross_entropy`` of one row of scores and its label.
 
 ``RowCrossEntropyRule``: a sum over the rows, so over one row that row's loss;
 the batch computes every row's loss at once, ``-log(pick(softmax(x), label))``
 floored as MXNet's kernel floors it, with the kernel's gradient.
-``SegmentCrossEntropyRule``: over each node's rows (a sentence's tokens), the
-same row losses of every node's rows at once, summed per node.
 """
 import numpy as np
 
-from .rows import RowFallback, plain_layout
-from .segments import SegmentRule, _padded_rows
+from .rows import plain_layout
 from ..ir.rules import ROW, Rule, Signature, _in_dtype, _in_shape, register_rule
 
 
@@ -27,53 +24,27 @@ class RowCrossEntropyRule(Rule):
         return Signature((key,), self, (ROW, ROW))
 
     def batched_call(self, F, node, inputs):
-        return [_row_losses(F, plain_layout(F, inputs[0], 2), inputs[1], node)]
-
-
-class SegmentCrossEntropyRule(SegmentRule):
-    """``softmax_cross_entropy(x, label)`` of (rows, C) scores and (rows,) labels,
-    rows ragged across nodes: every row's loss at once (``_row_losses``), summed
-    over each node's rows through a padded index."""
-
-    kind = "segment-cross-entropy"
-    program_form = None
-    passes_single = False
-
-    def signature(self, node):
-        data, label = _in_shape(node, 0), _in_shape(node, 1)
-        if len(node.inputs) != 2 or len(data) != 2 or label != data[:1] or not data[0]:
-            return None
-        key = (self.kind, data[1], _in_dtype(node, 0), _in_dtype(node, 1))
-        return Signature((key,), self, (ROW, ROW))
-
-    def batched_call(self, F, node, inputs):
-        losses = _row_losses(F, inputs[0], inputs[1], node)      # (every node's rows,)
-        return [F.sum(_padded_rows(F, losses, inputs[2], 0), axis=1)]
-
-
-def _row_losses(F, scores, label, node):
-    """Each row's loss of (rows, C) ``scores``, as MXNet's kernel computes it."""
-    # As MXNet's kernel: -log of the picked softmax floored at 1e-8, its
-    # gradient softmax - one_hot(label) however small the picked probability
-    # (a log_softmax would round the gradient differently).  Rows below the
-    # floor take that gradient from ``slope * (scores - BlockGrad(scores))``,
-    # a zero taken score by score: a sum of the products first could
-    # overflow (scores near 3e38), and an infinite score (a masked class,
-    # the label's too) gives NaN there, so it is left out.
-    probs = F.softmax(scores, axis=-1)
-    picked = F.pick(probs, label, axis=-1)
-    value = -F.log(F.maximum(picked, _FLOOR))
-    slope = F.BlockGrad(probs - F.one_hot(label, depth=_in_shape(node, 0)[1],
-                                          dtype=np.dtype(_in_dtype(node, 0)).name))
-    zero = scores - F.BlockGrad(scores)
-    zero = F.where(zero == 0, zero, F.zeros_like(zero))
-    floored = F.BlockGrad(picked <= _FLOOR)
-    linear = F.sum(slope * zero, axis=-1)
-    return value + F.where(floored, linear, F.zeros_like(linear))
+        # As MXNet's kernel: -log of the picked softmax floored at 1e-8, its
+        # gradient softmax - one_hot(label) however small the picked probability
+        # (a log_softmax would round the gradient differently).  Rows below the
+        # floor take that gradient from ``slope * (scores - BlockGrad(scores))``,
+        # a zero taken score by score: a sum of the products first could
+        # overflow (scores near 3e38), and an infinite score (a masked class,
+        # the label's too) gives NaN there, so it is left out.
+        scores, label = plain_layout(F, inputs[0], 2), inputs[1]
+        probs = F.softmax(scores, axis=-1)
+        picked = F.pick(probs, label, axis=-1)
+        value = -F.log(F.maximum(picked, _FLOOR))
+        slope = F.BlockGrad(probs - F.one_hot(label, depth=_in_shape(node, 0)[1],
+                                              dtype=np.dtype(_in_dtype(node, 0)).name))
+        zero = scores - F.BlockGrad(scores)
+        zero = F.where(zero == 0, zero, F.zeros_like(zero))
+        floored = F.BlockGrad(picked <= _FLOOR)
+        linear = F.sum(slope * zero, axis=-1)
+        return [value + F.where(floored, linear, F.zeros_like(linear))]
 
 
 _FLOOR = 1e-8       # MXNet's floor of the picked probability
 
 
-register_rule("softmax_cross_entropy",
-              RowFallback(RowCrossEntropyRule(), SegmentCrossEntropyRule()))
+register_rule("softmax_cross_entropy", RowCrossEntropyRule())
