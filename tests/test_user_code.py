@@ -10,7 +10,7 @@ from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
 from gluon_dynbatch.scope import READS_BEFORE_EAGER
-from dynbatch_testing import (Tree, assert_batched_equals_eager, assert_same,
+from dynbatch_testing import (DenseTanh, Tree, assert_batched_equals_eager, assert_same,
                               check_all_strategies, run_model)
 
 
@@ -180,6 +180,29 @@ def test_an_array_each_sample_reads_then_writes_reaches_the_next_sample_as_eager
         np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(final, want[-1] + 1 if how != "count" else np.full((1, 3), 5.0),
                                rtol=1e-5)
+
+
+@pytest.mark.parametrize("how", ["set", "copyto"])
+def test_samples_writing_their_own_buffers_made_before_the_scope_still_batch(how):
+    """Each sample of a ``gdb.map`` stores its result into a buffer of its own:
+    nothing reads the buffers before, so the samples' writes wait together and
+    their calls batch (a flush at each write ran a step per call)."""
+    model = DenseTanh()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.array(np.random.RandomState(k).uniform(-1, 1, (2, 3))) for k in range(16)]
+    buffers = [nd.zeros((2, 4)) for _ in xs]
+
+    def store(k):
+        if how == "set":
+            buffers[k][:] = model(xs[k])
+        else:
+            model(xs[k]).copyto(buffers[k])
+        return k
+    with gdb.batching() as scope:
+        gdb.map(store, list(range(len(xs))))
+    for x, buffer in zip(xs, buffers):
+        np.testing.assert_allclose(buffer.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-6)
+    assert scope.stats.steps <= 2
 
 
 class DenseAnd(gdb.DynBatchBlock):
