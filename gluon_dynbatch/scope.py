@@ -61,9 +61,9 @@ class _OpenScopes:
                 self._open[ident] = count
             else:
                 self._open.pop(ident, None)     # (gone in a forked child)
-                self._close_all()
+                self._release_when_none_open()
 
-    def _close_all(self):
+    def _release_when_none_open(self):
         if not self._open and self._attached:
             self._attached = False
             dispatch.detach_call()
@@ -76,7 +76,7 @@ class _OpenScopes:
         self._lock = threading.Lock()
         ident = threading.get_ident()
         self._open = {ident: self._open[ident]} if ident in self._open else {}
-        self._close_all()
+        self._release_when_none_open()
 
 
 _OPEN_SCOPES = _OpenScopes()

@@ -262,7 +262,7 @@ def _detach(self):
 def _copyto(self, other):
     rec = current()
     if rec is not None and self._h is None and type(other) is nd.NDArray:
-        rec.before_writing_pending(other)       # (``h.copyto(self.memory)``)
+        rec.before_write((other,))      # before ``self`` is read (``h.copyto(self.memory)``)
     if rec is None or self._h is not None or not isinstance(other, mx.Context) \
             or other != self.context:
         return nd.NDArray.copyto(self, other)

@@ -360,8 +360,10 @@ def _prepare_value_nd(self, value, bcast_shape, squeeze_axes=None):
     copy keeps it (a constant once a backward pass may have freed it)."""
     if isinstance(value, LazyArray):
         rec = context.TLS.recorder
-        if rec is not None and type(self) is not LazyArray:
-            rec.before_writing_pending(self)
+        if rec is not None:
+            # Before the value is read: a sample writing state the samples share
+            # runs what is pending now, not waiting as at a read (``before_write``).
+            rec.before_write((self,))
         value.wait_to_read()            # a read of a pending value: it runs first
         freed = value.history_freed()
         with mx.autograd.pause() if freed else contextlib.nullcontext():

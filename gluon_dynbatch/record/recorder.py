@@ -417,19 +417,6 @@ class Recorder(RecorderCore):
                 return True
         return False
 
-    def before_writing_pending(self, array):
-        """A pending value is about to be written into ``array``, made outside the
-        scope, which pending calls read (``h = x + self.bank; self.bank[:] =
-        h``: state the samples share): with no other sample started, what is
-        pending runs now, so the next sample reads what this one writes, as
-        eager's did (waiting for the value as at a read, the next samples would
-        start and read the old values).  An array only written (a buffer of
-        the sample's own) waits as at a read: the samples' writes batch."""
-        if self.tasks.current is not None and self._written_are_read((array,), True) \
-                and not self._other_samples():
-            self._run_pending("written", "an array made outside the scope is written in "
-                              "place with a pending value", "a value is written", True)
-
     @staticmethod
     def _outside_among(arrays):
         """Whether one of ``arrays`` was not made in the scope (a model's attribute,
