@@ -205,6 +205,50 @@ def test_samples_writing_their_own_buffers_made_before_the_scope_still_batch(how
     assert scope.stats.steps <= 2
 
 
+class PausedMask(gdb.DynBatchBlock):
+    """Refills a mask kept on the model from its input under ``autograd.pause()``,
+    then reads it: the state every sample shares, written before it is read."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+        self.mask = nd.zeros((1, 3))
+
+    def hybrid_forward(self, F, x):
+        with autograd.pause():
+            self.mask[:] = F.tanh(x)
+        return F.sum(self.dense(x) * self.mask)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, "map"])
+def test_a_mask_each_sample_writes_before_reading_it_is_its_own_as_eager(options):
+    """Each sample waited at the change of modes after its write; the next
+    samples then wrote the mask, and the first read the last sample's mask
+    (outputs and the weight's gradient off)."""
+    model = PausedMask()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.array(np.random.RandomState(k).randn(1, 3)) for k in range(4)]
+    weight = model.dense.weight
+    with autograd.record():
+        want = [model(x) for x in xs]
+        total = nd.add_n(*want)
+    total.backward()
+    want_grad = weight.grad().asnumpy().copy()
+    model.mask[:] = 0
+    with autograd.record():
+        if options == "map":
+            outs = gdb.map(model, xs)
+        else:
+            with gdb.batching(**options):
+                outs = [model(x) for x in xs]
+        total = nd.add_n(*outs)
+    total.backward()
+    _assert_outputs_equal(outs, want)
+    np.testing.assert_allclose(weight.grad().asnumpy(), want_grad, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.mask.asnumpy(), np.tanh(xs[-1].asnumpy()), rtol=1e-6)
+
+
 class DenseAnd(gdb.DynBatchBlock):
     """A Dense layer of 4 units and ``how``: what a subclass does with its output."""
 

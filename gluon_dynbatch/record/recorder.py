@@ -106,6 +106,9 @@ class Recorder(RecorderCore):
         # id(array) -> (array, shape, dtype) of plain arrays made leaves of this
         # graph and of the one before (``_described``).
         self._described = ({}, {})
+        # id(array) -> (array, task) of the sample that last wrote an array from
+        # outside the scope (``_written_by_earlier``).
+        self._outside_writers = {}
 
     @property
     def constant_ids(self):
@@ -171,6 +174,7 @@ class Recorder(RecorderCore):
         self.graph.release()
         self.lazy_pool = []
         self._described = ({}, {})
+        self._outside_writers = {}
         self.closed = True
         if self.F is not None:
             forget(self.F)
@@ -290,7 +294,8 @@ class Recorder(RecorderCore):
             if type(array) is LazyArray and array._node is None:
                 array._base = None      # its base (``bases.py``) keeps the old values
         tasks = self.tasks
-        if tasks.current is not None and (gradients or self._gradients_among(arrays)):
+        if tasks.current is not None and (gradients or self._gradients_among(arrays)
+                                          or self._written_by_earlier(arrays)):
             self._after_earlier_samples()
         now = tasks.current is not None and self._weights_among(arrays)
         if now and self._other_samples():
@@ -350,6 +355,24 @@ class Recorder(RecorderCore):
             return False
         index = aliases.memory_index(grads)
         return any(aliases.in_index(array, index) for array in arrays)
+
+    def _written_by_earlier(self, arrays):
+        """Whether a sample before this one (eager's order) that has not finished
+        wrote one of ``arrays`` from outside the scope (a mask on the model
+        refilled per sample under ``autograd.pause()``): eager code ran that
+        sample to its end, reads of the array included, before this write.
+        Notes this sample as their writer."""
+        me, writers, earlier = self.tasks.current, self._outside_writers, False
+        for array in arrays:
+            if type(array) is LazyArray:
+                continue
+            found = writers.get(id(array))
+            if found is not None and found[0] is array and found[1] is not me \
+                    and not found[1].done and found[1].order < me.order \
+                    and id(found[1]) not in _callers(me):
+                earlier = True
+            writers[id(array)] = (array, me)
+        return earlier
 
     def _other_samples(self):
         """Whether samples other than the running one have started and not
