@@ -3,7 +3,7 @@ import mxnet as mx
 from mxnet import gluon
 
 from .plan import budget
-from .record import dispatch
+from .record import context, dispatch
 from .record.recursion import helper_frames, recursive_closures, recursive_helpers
 from .run.cache import PlanCache
 from .run.choice import ExecutorChoice
@@ -72,14 +72,23 @@ class DynBatchBlock(gluon.HybridBlock):
         super().__init_subclass__(**kwargs)
         for name in recursive_helpers(vars(cls)):
             setattr(cls, name, helper_frames(vars(cls)[name]))
+        cls._own_forward = cls.forward is not DynBatchBlock.forward
         if "hybrid_forward" in vars(cls):
             cls._closure_codes = recursive_closures(cls.hybrid_forward)
 
     _closure_codes = frozenset()     # recursive closures of ``hybrid_forward``
+    _own_forward = False             # a subclass's ``forward`` wraps this one
 
     def forward(self, *args):
         """Eager, one-sample call (outside a batching scope); traced into a
-        symbol, as a HybridBlock's is, when a hybridized parent passes Symbols."""
+        symbol, as a HybridBlock's is, when a hybridized parent passes Symbols.
+
+        A subclass may override it (preparing its inputs, then
+        ``super().forward(...)``): inside a scope the override runs, and this
+        records ``hybrid_forward``."""
+        rec = context.TLS.recorder
+        if rec is not None and rec.forwarding is self:
+            return rec.forwarded(self, args)
         if any(isinstance(a, mx.sym.Symbol) for a in _flat(args)):
             params = {name: p.var() for name, p in self._reg_params.items()}
             with self.name_scope():

@@ -249,6 +249,51 @@ def test_a_mask_each_sample_writes_before_reading_it_is_its_own_as_eager(options
     np.testing.assert_allclose(model.mask.asnumpy(), np.tanh(xs[-1].asnumpy()), rtol=1e-6)
 
 
+class Prepared(gdb.DynBatchBlock):
+    """Overrides ``forward``: scales its input (by an optional argument it
+    passes on) before ``super().forward``; ``child``: a Prepared inside."""
+
+    def __init__(self, child=False, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+            self.child = Prepared() if child else None
+
+    def forward(self, x, scale=2.0):
+        return super().forward(x * scale, scale)
+
+    def hybrid_forward(self, F, x, scale, **params):
+        h = F.tanh(self.dense(x)) * scale
+        return h if self.child is None else self.child(h, 0.5)
+
+
+class OnlyForward(gdb.DynBatchBlock):
+    """Writes ``forward`` alone, as a plain Block would."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def forward(self, x):
+        return nd.sigmoid(self.dense(x * 3.0))
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}, "map"])
+@pytest.mark.parametrize("make", [Prepared, lambda: Prepared(child=True), OnlyForward])
+def test_a_dynbatch_blocks_own_forward_runs_in_a_scope_as_eagerly(make, options):
+    """The scope called ``hybrid_forward`` directly: the override's scaling was
+    lost (outputs and gradients off), the optional argument it passes on went
+    missing (TypeError), and a block writing ``forward`` alone raised
+    ``NotImplementedError``."""
+    model = make()
+    model.initialize(mx.init.Uniform(0.5))
+    for seed in range(2):       # a second batch replays what the first learned
+        rng = np.random.RandomState(seed)
+        samples = [(nd.array(rng.uniform(-1, 1, (1 + k % 2, 3))),) for k in range(5)]
+        assert_batched_equals_eager(model, samples, options)
+
+
 class DenseAnd(gdb.DynBatchBlock):
     """A Dense layer of 4 units and ``how``: what a subclass does with its output."""
 

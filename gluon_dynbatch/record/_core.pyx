@@ -421,6 +421,7 @@ cdef class RecorderCore:
     cdef public object frames            # whether calls are recorded as frames, once known
     cdef public object rows_token        # marks values this scope's flushes handed out
     cdef public bint closed              # its scope has ended (``Recorder.close``)
+    cdef public object forwarding        # the block whose own ``forward`` runs now
 
     cdef object root_of(self, object block):
         """``Recorder.frame_root(block)``: this scope's root while the modes hold."""
@@ -437,6 +438,12 @@ cdef class RecorderCore:
         if hit != NULL and (<tuple><object>hit)[0] is block:
             return (<tuple><object>hit)[1]
         return self.params_of(block)
+
+    def forwarded(self, object block, tuple args):
+        """``DynBatchBlock.forward(block, *args)`` called from the block's own
+        ``forward`` (``forwarding``): its ``hybrid_forward`` with the recording
+        ``F`` and its parameters' lazy values, in the block's frame."""
+        return _hybrid_forward(block, self, args)
 
     cpdef tuple value_of(self, object x):
         """(node, index) of array ``x`` in the current graph (``Recorder.slow_value_of``
@@ -1426,9 +1433,15 @@ cpdef object record_frame(object block, RecorderCore rec, tuple args):
     return out
 
 
+cdef object _hybrid_forward(object block, RecorderCore rec, tuple args):
+    if not block._reg_params:   # a recursive model's own block often has none
+        return block.hybrid_forward(rec.F, *args)
+    return block.hybrid_forward(rec.F, *args, **rec.params_dict(block))
+
+
 cdef object _frame_call(object block, RecorderCore rec, tuple args):
     cdef object outer_path = rec.path, outer_frame = rec.frame
-    cdef object frame = None, root, out, tracer = None, params
+    cdef object frame = None, root, out, tracer = None, outer_forwarding
     rec.depth += 1
     rec.path = outer_path + (block._name,)
     try:
@@ -1441,11 +1454,16 @@ cdef object _frame_call(object block, RecorderCore rec, tuple args):
             if block._closure_codes:
                 tracer = WATCH(block, block._closure_codes)
         rec.frame = frame
-        params = block._reg_params
-        if not params:          # a recursive model's own block often has none
-            out = block.hybrid_forward(rec.F, *args)
+        if block._own_forward:
+            # Its class's ``forward`` runs, as eagerly; ``DynBatchBlock.forward``
+            # called from it runs ``hybrid_forward`` here (``forwarded``).
+            outer_forwarding, rec.forwarding = rec.forwarding, block
+            try:
+                out = block.forward(*args)
+            finally:
+                rec.forwarding = outer_forwarding
         else:
-            out = block.hybrid_forward(rec.F, *args, **rec.params_dict(block))
+            out = _hybrid_forward(block, rec, args)
         if frame is not None:
             (<FrameCore>frame).finish()     # ``out`` holds what the call returns
         return out
