@@ -116,6 +116,10 @@ def _in_place(name):
             if rec is not None:
                 aliases.follow(rec, self)
             return out
+        given = _given_array(rec, self)
+        if given is not None:
+            _write_given(rec, self, given, lambda array: eager(array, other))
+            return self
         if autograd.is_recording() and getattr(self._node, "kind", None) != LEAF:
             # (a constant, ``F.zeros``, is in no graph: ``rebind`` says what to write)
             raise MXNetError(
@@ -155,18 +159,47 @@ def _abs(self):
     return self.abs()
 
 
+def _given_array(rec, lazy):
+    """The array from outside the scope that ``lazy`` stands for (a sample's input,
+    ``Recorder.new_leaf``), or None: a constant the scope shares between calls
+    (``F.zeros``), a value of the graph, one copied to another device."""
+    given = getattr(lazy, "_given", None)
+    if type(given) is not nd.NDArray or id(given) in rec.constant_ids:
+        return None
+    node = lazy._node
+    if node is None or getattr(node, "kind", None) == LEAF and node.value is given:
+        return given
+    return None
+
+
+def _write_given(rec, lazy, given, write):
+    """``write(array)`` on the array ``lazy`` stands for (what read it runs first,
+    ``Recorder.before_write``), and on ``lazy``'s own values once computed
+    (a copy out of the graph)."""
+    write(given)
+    if lazy._node is None:
+        write(lazy)
+    aliases.follow(rec, lazy)
+
+
 def _setitem(self, key, value):
-    """``x[key] = value``: eager MXNet's on a computed value; refused on a recorded one.
+    """``x[key] = value``: eager MXNet's on a computed value, and on the array a
+    sample was given (its caller's, written as eagerly: what read it before
+    runs first, ``Recorder.before_write``); refused on a recorded one.
 
     A recorded value may be shared (``F.zeros`` gives every call of a graph
     the same constant) or not computed yet, so writing into it would change
     other samples' values or be lost; the error says what to write instead.
     """
     rec = current()
-    if rec is None or self._node is None:
+    if rec is None or self._node is None and _given_array(rec, self) is None:
         nd.NDArray.__setitem__(self, key, value)
         if rec is not None:
             aliases.follow(rec, self)
+        return None
+    given = _given_array(rec, self)
+    if given is not None:
+        _write_given(rec, self, given, lambda array: nd.NDArray.__setitem__(array, key, value))
         return None
     raise BatchingError(
         "%s: item assignment (x[...] = v) on a value recorded in a batching scope; "

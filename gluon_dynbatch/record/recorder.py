@@ -248,8 +248,9 @@ class Recorder(RecorderCore):
         node.out_shapes = (described[1],)
         node.out_dtypes = (described[2],)
         lazy = LazyArray(node, 0)
-        if given:
-            lazy._given = array         # (``lazy.given_array``)
+        # The array it stands for: its gradient (``lazy.given_array``), where a
+        # sample's writes go (``arithmetic._given_array``).
+        lazy._given = array
         graph.leaf_by_id[id(array)] = (node, lazy, array)
         return lazy
 
@@ -495,6 +496,7 @@ class Recorder(RecorderCore):
         of the graph)."""
         node, _, value = found
         lazy = LazyArray(node, 0)
+        lazy._given = value
         self.graph.leaf_by_id[id(value)] = (node, lazy, value)
         return lazy
 
@@ -629,8 +631,8 @@ class Recorder(RecorderCore):
         if node is None or node.kind == LEAF:     # (None: a constant a flush handed out)
             raise BatchingError(
                 "%s: in-place update (x += y) inside a batching scope of an array no "
-                "recorded call of the sample computed (an input, a value computed before it "
-                "was given to the sample, or a constant such as F.zeros(...)); "
+                "recorded call of the sample computed (a value computed before it was given to "
+                "the sample, or a constant such as F.zeros(...)); "
                 "write x = x + y instead" % describe_call(self.sample, self.path))
         if node.graph is not self.graph:
             lazy.handle  # pylint: disable=pointless-statement  (runs its graph)
