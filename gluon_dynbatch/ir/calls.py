@@ -14,7 +14,8 @@ import numpy as np
 from mxnet.ndarray import NDArray
 
 from ..errors import BatchingError, InvalidCallError, describe_call, refused_call
-from .graph import OP, VIEW, Slot, slot
+from .graph import OP, VIEW, Slot, slot, weight_node
+from .known import values_known
 from .ops import INFER, UnknownShape, first_line, hashable
 from .rules import ALONE, intern, rule_for
 
@@ -352,17 +353,38 @@ def scalar_argument(call):
         return None
 
 
-def remember(key, info):
+def remember(key, info, facts=None):
     """Memoise ``info`` for call shape ``key`` (when cacheable).
 
     A rule that looks at where the inputs come from, not only at their
     shapes (``source_dependent``: ``dot``, per-sample or shared), decides
-    per call, so its answer is not kept for the call shape.
+    by the ``facts`` of its sources (``source_facts``): its answer is kept
+    for the call shape and those.
     """
-    if key is not None and info.cacheable \
-            and not getattr(rule_for(key[0].name), "source_dependent", False):
-        with _INFOS_LOCK:
-            INFOS[key] = info
+    if key is None or not info.cacheable:
+        return
+    if source_dependent(key[0]):
+        if facts is None:
+            return
+        key = (key, facts)
+    with _INFOS_LOCK:
+        INFOS[key] = info
+
+
+def source_dependent(op):
+    """Whether the rule of ``op`` reads where its inputs come from (``remember``)."""
+    return getattr(rule_for(op.name), "source_dependent", False)
+
+
+def source_facts(inputs):
+    """What a source-dependent rule reads of the sources of ``inputs`` ((node,
+    index) pairs): each one's kind, whether it holds weights or a value
+    computed from weights alone, whether its values are known."""
+    facts = []
+    for src, _ in inputs:
+        kind = getattr(src, "kind", None)
+        facts.append((kind, weight_node(src), values_known(src)) if kind is not None else None)
+    return tuple(facts)
 
 
 def _finish_deferred(inputs, inferred):

@@ -893,6 +893,10 @@ class Recorder(RecorderCore):
         in_shapes = tuple([src.out_shapes[i] for src, i in inputs])
         in_dtypes = tuple([src.out_dtypes[i] for src, i in inputs])
         key, info = _memo(op, targs, tkw, in_shapes, in_dtypes)
+        facts = None
+        if info is None and key is not None and calls.source_dependent(op):
+            facts = calls.source_facts(inputs)
+            info = calls.INFOS.get((key, facts))
         if info is not None and graph.sparse_leaves \
                 and any(src in graph.sparse_leaves for src, _ in inputs):
             info = None         # (the memo does not know storage: ``calls.sparse_output``)
@@ -901,7 +905,7 @@ class Recorder(RecorderCore):
             node.sample = self.sample
             node.path = self.path
             info = calls.analyse(node, in_shapes, in_dtypes)
-            calls.remember(key, info)
+            calls.remember(key, info, facts)
             node.out_shapes, node.out_dtypes = info.out_shapes, info.out_dtypes
             node.attrs, node.rule, node.meta, node.info = info.attrs, info.rule, info.meta, info
         else:
