@@ -938,3 +938,54 @@ def test_a_learned_prelu_slope_takes_eagers_gradient_in_every_mode(vector):
     samples = [(0, 3), (2, 1), (5, 3), (1, 2), (7, 4)]
     assert_batched_equals_eager(model, [(s, table) for s in samples])
     check_all_strategies(model, samples, [table], compiled=(False, True, "step", "plan"))
+
+
+class TakesOwnRows(gdb.DynBatchBlock):
+    """Takes rows of its own values by indices it computes, of dtype ``dtype``
+    (``nan``: a NaN index, which MXNet clips to the first row)."""
+
+    def __init__(self, dtype, row, **kwargs):
+        super().__init__(**kwargs)
+        self.dtype, self.row = dtype, row
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=2)
+
+    def hybrid_forward(self, F, x):
+        index = F.ones((2,)) * (float("nan") if self.row == "nan" else self.row)
+        return F.take(self.dense(x), F.cast(index, self.dtype))
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}])
+@pytest.mark.parametrize("dtype, rows, row", [("uint8", 100, 1), ("int8", 100, 1),
+                                              ("float16", 101, 1), ("uint8", 300, 200),
+                                              ("float32", 7, "nan")])
+def test_rows_a_sample_takes_of_its_own_values_by_any_index_dtype_are_its_own(
+        dtype, rows, row, options):
+    """The batch's indices were moved in the indices' own dtype: past 255 rows
+    (uint8), 127 (int8) or 2048 (float16) they wrapped or rounded into another
+    sample's rows, and a NaN index took the first sample's first row."""
+    model = TakesOwnRows(dtype, row)
+    model.initialize(mx.init.Uniform(0.5))
+    count = 24 if dtype == "float16" else 4
+    rng = np.random.RandomState(0)
+    samples = [(nd.array(rng.uniform(-1, 1, (rows, 2))),) for _ in range(count)]
+    assert_batched_equals_eager(model, samples, options)
+
+
+class IntegerMean(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.w = self.params.get("w", shape=(1, 2), init=mx.init.Constant(3.7))
+
+    def hybrid_forward(self, F, x, w):
+        return F.mean(F.cast(F.broadcast_mul(x, w), "int32"))
+
+
+def test_the_gradient_of_an_integer_mean_over_every_axis_of_several_rows_is_eagers():
+    """A mean over all axes of a (3, 2) integer value batched as a sum and a
+    division: the weight's gradient was 0, where MXNet's integer division of
+    the incoming gradient gives eager's."""
+    model = IntegerMean()
+    model.initialize()
+    samples = [(nd.array(np.arange(6).reshape(3, 2) + k),) for k in range(3)]
+    assert_batched_equals_eager(model, samples)

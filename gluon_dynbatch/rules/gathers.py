@@ -81,24 +81,43 @@ class OwnTableTakeRule(Rule):
     @staticmethod
     def segment_arrays(nodes, dtype):
         """(where each index row's table starts, its table's last row), shaped to
-        broadcast over the index rows, in the indices' dtype."""
+        broadcast over the index rows, in the dtype the indices are moved in
+        (``_wide``): the batch's rows may outnumber what a narrow one holds."""
         idx_shape = _in_shape(nodes[0], 1)
         tables = np.array([_in_shape(n, 0)[0] for n in nodes], dtype=np.int64)
         counts = np.array([_in_shape(n, 1)[0] for n in nodes], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(tables)[:-1]])
         shape = (-1,) + (1,) * (len(idx_shape) - 1)
-        idx_dtype = _in_dtype(nodes[0], 1)
-        return [np.repeat(starts, counts).reshape(shape).astype(idx_dtype),
-                np.repeat(tables - 1, counts).reshape(shape).astype(idx_dtype)]
+        wide = _wide(_in_dtype(nodes[0], 1))
+        return [np.repeat(starts, counts).reshape(shape).astype(wide),
+                np.repeat(tables - 1, counts).reshape(shape).astype(wide)]
 
     def batched_call(self, F, node, inputs):
         table, idx, starts, lasts = inputs
+        wide = _wide(_in_dtype(node, 1))
+        if np.dtype(_in_dtype(node, 1)) != wide:
+            idx = F.Cast(idx, dtype=wide.name)
+        if wide.kind == "f":
+            # MXNet's take clips a NaN index to the first row of the sample's table.
+            idx = F.where(idx == idx, idx, F.zeros_like(idx))
         inside = F.broadcast_minimum(F.broadcast_maximum(idx, F.zeros_like(lasts)), lasts)
         # The moved indices carry the history of the samples' own (a counter
         # ``i = i + 1``); MXNet's take then runs its backward for them even
         # where the table needs no gradient, and refuses that ("wrong req").
         # An index's gradient is zero: none is taken.
         return [F.take(table, F.BlockGrad(F.broadcast_add(inside, starts)), axis=0)]
+
+
+def _wide(dtype):
+    """The dtype a batch's moved indices are computed in: the indices' own, or
+    for a narrow one (``uint8``, ``float16``) float32 or int32, exact for any
+    batch's row count (a fraction kept, which MXNet's take truncates)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return dtype if dtype.itemsize >= 4 else np.dtype(np.float32)
+    if dtype in (np.int32, np.int64):
+        return dtype
+    return np.dtype(np.int64 if dtype.itemsize >= 4 else np.int32)
 
 
 _TAKE = RowFallback(KnownTakeRule(), RowFallback(OwnTableTakeRule(), RowRule(take_roles)))

@@ -47,8 +47,11 @@ class TotalRule(Rule):
                 or not _all_axes(kwargs.get("axis"), len(shape)) or node.args[1:] \
                 or set(kwargs) - {"axis", "keepdims"}:
             return None
-        if node.op.name in ("max", "min") and np.dtype(dtype) not in (np.float32, np.float64):
-            return None         # padded with infinities
+        if node.op.name in ("max", "min", "mean") \
+                and np.dtype(dtype) not in (np.float32, np.float64):
+            # Padded with infinities; an integer mean's gradient is MXNet's
+            # integer division (``SegmentRule``).
+            return None
         key = ("total", shape[1:], dtype, bool(kwargs.get("keepdims", False)))
         return Signature((key,), self, (ROW,))
 
