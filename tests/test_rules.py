@@ -989,3 +989,35 @@ def test_the_gradient_of_an_integer_mean_over_every_axis_of_several_rows_is_eage
     model.initialize()
     samples = [(nd.array(np.arange(6).reshape(3, 2) + k),) for k in range(3)]
     assert_batched_equals_eager(model, samples)
+
+
+class SumsWordRows(gdb.DynBatchBlock):
+    """Sums the rows of a table it is given at a sentence's word ids (a memory
+    network's sentence encodings)."""
+
+    def hybrid_forward(self, F, words, table):
+        return F.sum(F.take(table, F.array(words)), axis=0, keepdims=True)
+
+
+def test_calls_whose_rule_reads_their_sources_are_analysed_once_per_kind_of_source(
+        monkeypatch):
+    """A ``take`` recorded operator by operator (its rule asks whether the
+    indices are known and the table computed per sample) was analysed at
+    every call; a second scope of the same shapes analyses none, and the
+    results stay eager's."""
+    from gluon_dynbatch.ir import calls
+    model = SumsWordRows()
+    table = nd.array(np.random.RandomState(0).uniform(-1, 1, (20, 3)))
+    samples = [([k, k + 1, 3], table) for k in range(5)]
+    want = [model(*sample).asnumpy() for sample in samples]
+    analysed = []
+    original = calls.analyse
+    monkeypatch.setattr(calls, "analyse",
+                        lambda node, *args: analysed.append(node.op.name) or original(node, *args))
+    for _ in range(2):
+        del analysed[:]
+        with gdb.batching(granularity="op"):
+            outs = [model(*sample) for sample in samples]
+        for out, expected in zip(outs, want):
+            np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-6)
+    assert "take" not in analysed
