@@ -309,19 +309,28 @@ class ScalesItsInput(gdb.DynBatchBlock):
         with autograd.pause():
             if self.how == "iadd":
                 x *= 2
+            elif self.how == "iadd pending":
+                x += F.tanh(x)
+            elif self.how == "out":
+                F.broadcast_mul(x, F.ones_like(x) * 2, out=x)
+            elif self.how == "copyto":
+                (x * 2).copyto(x)
             else:
                 x[:] = x * 2
         return F.sum(self.dense(x) + before, axis=1)
 
 
 @pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}, "map"])
-@pytest.mark.parametrize("how", ["setitem", "iadd", "read first"])
+@pytest.mark.parametrize("how", ["setitem", "iadd", "iadd pending", "out", "copyto",
+                                 "read first"])
 @pytest.mark.parametrize("training", [False, True])
 def test_a_sample_writing_the_array_it_was_given_writes_the_callers_array(how, options,
                                                                           training):
     """The write went to the scope's stand-in for the array: ``x[:] = ...``
-    raised a BatchingError and ``x *= 2`` another, or, when a call had read
-    the array first, the caller's array kept its old values."""
+    raised a BatchingError and ``x *= 2`` another, or, once a flush had
+    computed the stand-in (a call had read it, or the sample waited at the
+    change of modes), the caller's array kept its old values (``+=``,
+    ``out=``, ``copyto``)."""
     model = ScalesItsInput(how)
     model.initialize(mx.init.Uniform(0.5))
     base = [np.random.RandomState(k).uniform(-1, 1, (1 + k % 2, 3)) for k in range(4)]
@@ -348,6 +357,25 @@ def test_a_sample_writing_the_array_it_was_given_writes_the_callers_array(how, o
         if training and how != "read first":
             # (eager's pass reads the first call's input as written after it: documented)
             np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_write_into_a_given_array_with_a_gradient_is_refused_and_the_next_scope_works():
+    """Written as the caller's array, the later calls read a copy of it and its
+    gradient came back zeros for every sample but the first."""
+    model = ScalesItsInput("setitem")
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.array(np.random.RandomState(k).uniform(-1, 1, (2, 3))) for k in range(3)]
+    for x in xs:
+        x.attach_grad()
+    with pytest.raises(gdb.BatchingError, match="sample 0, in .*a gradient attached"):
+        with autograd.record():
+            with gdb.batching():
+                [model(x) for x in xs]
+    want = [model(nd.array(x.asnumpy())).asnumpy() for x in xs]
+    with gdb.batching():
+        outs = [model(nd.array(x.asnumpy())) for x in xs]
+    for out, expected in zip(outs, want):
+        np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
 
 
 class DenseAnd(gdb.DynBatchBlock):

@@ -5,12 +5,14 @@ Each operation uses the same MXNet operator that ``NDArray`` itself would
 ``_mul_scalar(x, -1)``), so batched and eager runs compute the same thing.
 Outside a scope LazyArray behaves exactly as NDArray.
 """
+import ctypes
 import operator
 
 import numpy as np
 import mxnet as mx
 from mxnet import autograd, nd
-from mxnet.base import MXNetError
+from mxnet.base import _LIB, MXNetError, OpHandle, c_str, check_call
+from mxnet.ndarray import register as _register
 from mxnet.ndarray.ndarray import indexing_key_expand_implicit_axes
 
 from . import _core
@@ -111,12 +113,12 @@ def _in_place(name):
 
     def in_place(self, other):
         rec = current()
-        if rec is None or self._node is None:
+        if rec is None or self._node is None and written_array(rec, self) is None:
             out = eager(self, other)
             if rec is not None:
                 aliases.follow(rec, self)
             return out
-        given = _given_array(rec, self)
+        given = written_array(rec, self)
         if given is not None:
             _write_given(rec, self, given, lambda array: eager(array, other))
             return self
@@ -159,12 +161,14 @@ def _abs(self):
     return self.abs()
 
 
-def _given_array(rec, lazy):
+def written_array(rec, lazy):
     """The array from outside the scope that ``lazy`` stands for (a sample's input,
-    ``Recorder.new_leaf``), or None: a constant the scope shares between calls
-    (``F.zeros``), a value of the graph, one copied to another device."""
+    ``Recorder.new_leaf``), where a sample's writes into ``lazy`` go, or None: a
+    constant the scope shares between calls (``F.zeros``), a value of the graph,
+    one copied to another device, an array with a gradient attached."""
     given = getattr(lazy, "_given", None)
-    if type(given) is not nd.NDArray or id(given) in rec.constant_ids:
+    if type(given) is not nd.NDArray or id(given) in rec.constant_ids \
+            or given.grad is not None:  # (later calls read ``lazy``: no gradient would reach it)
         return None
     node = lazy._node
     if node is None or getattr(node, "kind", None) == LEAF and node.value is given:
@@ -178,8 +182,28 @@ def _write_given(rec, lazy, given, write):
     (a copy out of the graph)."""
     write(given)
     if lazy._node is None:
-        write(lazy)
+        copy_into(given, lazy)
     aliases.follow(rec, lazy)
+
+
+_RAW_INVOKE = _register._imperative_invoke      # (before ``namespace.install``)
+_COPYTO = None      # the handle of MXNet's ``_copyto`` (``_copy_handle``)
+
+
+def copy_into(source, target):
+    """``source``'s values written into ``target`` by MXNet itself: not recorded,
+    not a write the scope checks (``target`` is a sample's own copy of
+    ``source``)."""
+    _RAW_INVOKE(_copy_handle(), [source], [], [], target, False, False)
+
+
+def _copy_handle():
+    global _COPYTO          # pylint: disable=global-statement
+    if _COPYTO is None:
+        found = OpHandle()
+        check_call(_LIB.NNGetOpHandle(c_str("_copyto"), ctypes.byref(found)))
+        _COPYTO = found.value
+    return _COPYTO
 
 
 def _setitem(self, key, value):
@@ -192,15 +216,22 @@ def _setitem(self, key, value):
     other samples' values or be lost; the error says what to write instead.
     """
     rec = current()
-    if rec is None or self._node is None and _given_array(rec, self) is None:
+    if rec is None or self._node is None and written_array(rec, self) is None:
         nd.NDArray.__setitem__(self, key, value)
         if rec is not None:
             aliases.follow(rec, self)
         return None
-    given = _given_array(rec, self)
+    given = written_array(rec, self)
     if given is not None:
         _write_given(rec, self, given, lambda array: nd.NDArray.__setitem__(array, key, value))
         return None
+    given = getattr(self, "_given", None)
+    if type(given) is nd.NDArray and given.grad is not None:
+        raise BatchingError(
+            "%s: item assignment (x[...] = v) into an array the sample was given that has "
+            "a gradient attached (x.attach_grad()): the sample's later calls would read a "
+            "copy, which takes no gradient; assign into a copy (x = x.copy()) or write the "
+            "array outside the scope" % describe_call(rec.sample, rec.path))
     raise BatchingError(
         "%s: item assignment (x[...] = v) on a value recorded in a batching scope; "
         "build the value without assigning into it (F.one_hot, F.where, F.concat, or "

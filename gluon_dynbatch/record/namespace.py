@@ -301,6 +301,15 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
             return result
     if any(type(a) is LazyArray for a in ndargs):
         ndargs = constants_if_freed(ndargs)
+    given = _given_outputs(rec, out) if out is not None and rec is not None else None
+    if given is not None:
+        # The array a sample was given, written through ``out=`` (``copyto``):
+        # the caller's array, as eagerly, then the sample's own copy of it.
+        result = _INVOKE(handle, ndargs, keys, vals, given[0], is_np_op, output_is_list)
+        for lazy, array in given[1]:
+            if lazy._node is None:
+                arithmetic.copy_into(array, lazy)
+        return result
     result = _INVOKE(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
     if out is not None:
         # An output still pending above was computed by the flush its handle
@@ -313,6 +322,20 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
                     aliases.follow(rec, array)     # its views share its memory
     return result
 
+
+
+def _given_outputs(rec, out):
+    """``(out, [(lazy, array), ...])`` with each LazyArray of ``out`` that stands
+    for an array a sample was given replaced by that array
+    (``arithmetic.written_array``), or None when there is none."""
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    pairs = [(a, arithmetic.written_array(rec, a) if type(a) is LazyArray else None)
+             for a in outs]
+    if all(array is None for _, array in pairs):
+        return None
+    arrays = [a if array is None else array for a, array in pairs]
+    swapped = [(a, array) for a, array in pairs if array is not None]
+    return (arrays if isinstance(out, (list, tuple)) else arrays[0]), swapped
 
 
 # -- ``nn.HybridLambda`` given an operator by name -------------------------------------

@@ -249,7 +249,7 @@ class Recorder(RecorderCore):
         node.out_dtypes = (described[2],)
         lazy = LazyArray(node, 0)
         # The array it stands for: its gradient (``lazy.given_array``), where a
-        # sample's writes go (``arithmetic._given_array``).
+        # sample's writes go (``arithmetic.written_array``).
         lazy._given = array
         graph.leaf_by_id[id(array)] = (node, lazy, array)
         return lazy
