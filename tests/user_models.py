@@ -241,6 +241,32 @@ class RoutedTokens(gdb.DynBatchBlock):
                      keepdims=True)
 
 
+class MemoryHops(gdb.DynBatchBlock):
+    """An end-to-end memory network: a story's sentences, each the sum of its
+    words' rows (``F.take`` by ``F.array`` of the ids), are its memories; three
+    hops of attention from the question, then the answer's cross-entropy."""
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.keys = nn.Dense(hidden, use_bias=False)
+            self.values = nn.Dense(hidden, use_bias=False)
+            self.query = nn.Dense(hidden, use_bias=False)
+            self.hop = nn.Dense(hidden)
+            self.answer = nn.Dense(CLASSES)
+
+    def hybrid_forward(self, F, sample, emb):
+        story, question, answer = sample
+        memories = F.concat(*[F.sum(F.take(emb, F.array(s)), axis=0, keepdims=True)
+                              for s in story], dim=0)
+        keys, values = self.keys(memories), self.values(memories)
+        u = self.query(F.sum(F.take(emb, F.array(question)), axis=0, keepdims=True))
+        for _ in range(3):
+            attention = F.softmax(F.dot(u, keys, transpose_b=True), axis=-1)
+            u = self.hop(u) + F.dot(attention, values)
+        return F.softmax_cross_entropy(self.answer(u), F.array([answer]))
+
+
 class HybridizedScorer(gluon.HybridBlock):
     """An ordinary child block; the model calls ``hybridize()`` on it."""
 
@@ -565,6 +591,21 @@ def case_routed_tokens(seed=0, n=6, hidden=HIDDEN):
                 notes="a read per sentence, then an expert per token")
 
 
+def _stories(seed, n):
+    """(sentences of word ids, question, answer class) per sample: 1-8 sentences
+    of 1-5 words."""
+    r = random.Random(seed)
+    return [([[r.randrange(VOCAB) for _ in range(r.randint(1, 5))]
+              for _ in range(r.randint(1, 8))],
+             [r.randrange(VOCAB) for _ in range(r.randint(1, 4))], r.randrange(CLASSES))
+            for _ in range(n)]
+
+
+def case_memory_hops(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(MemoryHops(hidden), seed), _stories(seed, n), [_table(seed)],
+                notes="a memory network: sentences summed from word rows, three hops")
+
+
 def case_mixed_children(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(MixedChildren(hidden), seed), _trees(seed, n), [_table(seed)])
 
@@ -870,6 +911,7 @@ CASES = {
     "child_attention": case_child_attention,
     "mid_sample_reads": case_mid_sample_reads,
     "routed_tokens": case_routed_tokens,
+    "memory_hops": case_memory_hops,
     "mixed_children": case_mixed_children,
     "dropout_p0": case_dropout_p0,
     "opbyop_child_sum": case_opbyop_child_sum,
