@@ -113,8 +113,8 @@ def _inside_one_call(site, before, level):
 def iterations(sites, calls=None):
     """Per call, the loops it ran in, each as ``(loop, iteration)``, outermost first.
 
-    ``loop`` names one run of a loop (its code, range, and the calls and
-    iterations around it); ``iteration`` counts from 0.  A call of no known
+    ``loop`` is a number naming one run of a loop (its code, range, and the
+    calls and iterations around it); ``iteration`` counts from 0.  A call of no known
     site is in no loop.  ``calls`` numbers the calls: consecutive operators
     of one number come from one child-block call, at one site in one
     iteration (by default every call is a call of its own).
@@ -122,6 +122,12 @@ def iterations(sites, calls=None):
     out = []
     last = {}                 # loop -> (offset, number, site) of its previous call
     count = {}                # loop -> current iteration
+    # Loops and the runs of loops around them are numbered, so a key holds its
+    # outer loops as one number: as nested tuples, a key would double in size
+    # with each loop around it (recursion through a helper function nests a
+    # child's loop inside its parent's), and so would the time to hash it.
+    loop_ids = {}             # (around, prefix, code, start) -> loop
+    around_ids = {}           # (around, loop, iteration) -> around (0: no loop)
     if calls is None:
         calls = range(len(sites))
     for site, call in zip(sites, calls):
@@ -129,9 +135,12 @@ def iterations(sites, calls=None):
             out.append(())
             continue
         where = []
-        outer = ()
+        around = 0
         for level, prefix, code, offset, start, end, ranges in _enclosing(site):
-            loop = (outer, prefix, code, start)
+            key = (around, prefix, code, start)
+            loop = loop_ids.get(key)
+            if loop is None:
+                loop = loop_ids[key] = len(loop_ids)
             previous = last.get(loop)
             if previous is None:
                 count[loop] = 0
@@ -141,7 +150,10 @@ def iterations(sites, calls=None):
                 count[loop] += 1
             last[loop] = (offset, call, site)
             where.append((loop, count[loop]))
-            outer = outer + ((loop, count[loop]),)
+            link = (around, loop, count[loop])
+            around = around_ids.get(link)
+            if around is None:
+                around = around_ids[link] = len(around_ids) + 1
         out.append(tuple(where))
     return out
 
