@@ -942,7 +942,7 @@ def test_a_learned_prelu_slope_takes_eagers_gradient_in_every_mode(vector):
 
 class TakesOwnRows(gdb.DynBatchBlock):
     """Takes rows of its own values by indices it computes, of dtype ``dtype``
-    (``nan``: a NaN index, which MXNet clips to the first row)."""
+    (``nan``, ``inf``, ``1e20``: indices MXNet takes the first row for)."""
 
     def __init__(self, dtype, row, **kwargs):
         super().__init__(**kwargs)
@@ -951,19 +951,21 @@ class TakesOwnRows(gdb.DynBatchBlock):
             self.dense = gluon.nn.Dense(3, in_units=2)
 
     def hybrid_forward(self, F, x):
-        index = F.ones((2,)) * (float("nan") if self.row == "nan" else self.row)
+        index = F.ones((2,)) * float(self.row)
         return F.take(self.dense(x), F.cast(index, self.dtype))
 
 
 @pytest.mark.parametrize("options", [{}, {"compiled": True}])
 @pytest.mark.parametrize("dtype, rows, row", [("uint8", 100, 1), ("int8", 100, 1),
                                               ("float16", 101, 1), ("uint8", 300, 200),
-                                              ("float32", 7, "nan")])
+                                              ("float32", 7, "nan"), ("float32", 7, "inf"),
+                                              ("float32", 7, "1e20")])
 def test_rows_a_sample_takes_of_its_own_values_by_any_index_dtype_are_its_own(
         dtype, rows, row, options):
     """The batch's indices were moved in the indices' own dtype: past 255 rows
     (uint8), 127 (int8) or 2048 (float16) they wrapped or rounded into another
-    sample's rows, and a NaN index took the first sample's first row."""
+    sample's rows; a NaN index took the first sample's first row, an infinite
+    one the last row where MXNet takes the first."""
     model = TakesOwnRows(dtype, row)
     model.initialize(mx.init.Uniform(0.5))
     count = 24 if dtype == "float16" else 4

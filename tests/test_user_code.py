@@ -1,6 +1,7 @@
 """Code written the way users write it: containers, aliases, in-place updates, kept values."""
 import collections
 import gc
+import re
 
 import mxnet as mx
 import numpy as np
@@ -359,10 +360,41 @@ def test_a_sample_writing_the_array_it_was_given_writes_the_callers_array(how, o
             np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
 
 
-def test_a_write_into_a_given_array_with_a_gradient_is_refused_and_the_next_scope_works():
+@pytest.mark.parametrize("how", ["setitem", "iadd", "iadd pending", "out", "copyto"])
+@pytest.mark.parametrize("training", [False, True])
+def test_samples_given_one_array_that_each_write_it_equal_eager_or_are_refused(how, training):
+    """Each of three samples given the same array doubles it: eager's sample k
+    reads it doubled k + 1 times.  The writes took turns in another order (a
+    later sample's write reached an earlier sample's read, the last write was
+    lost); where other samples that hold the array have not finished, the
+    write is refused, naming the sample."""
+    model = ScalesItsInput(how)
+    model.initialize(mx.init.Uniform(0.5))
+    start = np.random.RandomState(0).uniform(-1, 1, (2, 3))
+    x = nd.array(start)
+    with autograd.record(training):
+        want = [model(x).asnumpy() for _ in range(3)]
+    want_x = x.asnumpy()
+    x = nd.array(start)
+    try:
+        with autograd.record(training):
+            with gdb.batching():
+                outs = [model(x) for _ in range(3)]
+        got = [out.asnumpy() for out in outs]
+    except gdb.BatchingError as err:
+        assert re.search(r"sample \d, in .*other samples that have not finished", str(err))
+        return
+    for out, expected in zip(got, want):
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x.asnumpy(), want_x, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["setitem", "out", "copyto"])
+def test_a_write_into_a_given_array_with_a_gradient_is_refused_and_the_next_scope_works(how):
     """Written as the caller's array, the later calls read a copy of it and its
-    gradient came back zeros for every sample but the first."""
-    model = ScalesItsInput("setitem")
+    gradient came back zeros for every sample but the first; written through
+    ``out=`` or ``copyto``, the caller's array kept its old values."""
+    model = ScalesItsInput(how)
     model.initialize(mx.init.Uniform(0.5))
     xs = [nd.array(np.random.RandomState(k).uniform(-1, 1, (2, 3))) for k in range(3)]
     for x in xs:

@@ -165,15 +165,28 @@ def written_array(rec, lazy):
     """The array from outside the scope that ``lazy`` stands for (a sample's input,
     ``Recorder.new_leaf``), where a sample's writes into ``lazy`` go, or None: a
     constant the scope shares between calls (``F.zeros``), a value of the graph,
-    one copied to another device, an array with a gradient attached."""
+    one copied to another device.  Raises BatchingError for an array with a
+    gradient attached, or one other samples that have not finished were given."""
     given = getattr(lazy, "_given", None)
-    if type(given) is not nd.NDArray or id(given) in rec.constant_ids \
-            or given.grad is not None:  # (later calls read ``lazy``: no gradient would reach it)
+    if type(given) is not nd.NDArray or id(given) in rec.constant_ids:
         return None
     node = lazy._node
-    if node is None or getattr(node, "kind", None) == LEAF and node.value is given:
-        return given
-    return None
+    if node is not None and (getattr(node, "kind", None) != LEAF or node.value is not given):
+        return None
+    where = describe_call(rec.sample, rec.path)
+    if given.grad is not None:
+        raise BatchingError(
+            "%s: an in-place write into an array the sample was given that has a gradient "
+            "attached (x.attach_grad()): the sample's later calls would read a copy, which "
+            "takes no gradient; write into a copy (x = x.copy()) or write the array outside "
+            "the scope" % where)
+    if rec.given_to_others(given):
+        raise BatchingError(
+            "%s: an in-place write into an array other samples that have not finished were "
+            "given too (or one sharing its memory): eager code ran each sample to its end "
+            "before the next one started; give each sample an array of its own "
+            "(x.copy()), or write the array outside the scope" % where)
+    return given
 
 
 def _write_given(rec, lazy, given, write):
@@ -225,13 +238,6 @@ def _setitem(self, key, value):
     if given is not None:
         _write_given(rec, self, given, lambda array: nd.NDArray.__setitem__(array, key, value))
         return None
-    given = getattr(self, "_given", None)
-    if type(given) is nd.NDArray and given.grad is not None:
-        raise BatchingError(
-            "%s: item assignment (x[...] = v) into an array the sample was given that has "
-            "a gradient attached (x.attach_grad()): the sample's later calls would read a "
-            "copy, which takes no gradient; assign into a copy (x = x.copy()) or write the "
-            "array outside the scope" % describe_call(rec.sample, rec.path))
     raise BatchingError(
         "%s: item assignment (x[...] = v) on a value recorded in a batching scope; "
         "build the value without assigning into it (F.one_hot, F.where, F.concat, or "

@@ -375,6 +375,12 @@ class Recorder(RecorderCore):
             writers[id(array)] = (array, me)
         return earlier
 
+    def given_to_others(self, array):
+        """Whether samples other than the running one, started and not finished,
+        were given ``array`` (or an array sharing its memory)."""
+        me = self.tasks.current
+        return me is not None and self.tasks.given_to_others(array, me, _callers(me))
+
     def _other_samples(self):
         """Whether samples other than the running one have started and not
         finished (not those that wait for it to finish: its callers'

@@ -279,6 +279,16 @@ class Tasks:
         return any(ids.get(id(a)) is a for a in arrays) \
             or any(aliases.in_index(a, self._given[2]) for a in arrays)
 
+    def given_to_others(self, array, me, callers):
+        """Whether a started task other than ``me`` and its ``callers`` (ids), not
+        finished, was given ``array`` or an array sharing memory with it."""
+        given = []
+        for task in self.started:
+            if task is not me and not task.done and id(task) not in callers:
+                _arrays_in(task.args, 4, given)
+        return any(a is array for a in given) or bool(given) and aliases.in_index(
+            array, aliases.memory_index(given))
+
     def drain(self, until=None):
         """Rounds until every task has finished (or ``until`` has): each runs what
         is pending, then resumes the waiting tasks in the order they stopped."""

@@ -98,8 +98,9 @@ class OwnTableTakeRule(Rule):
         if np.dtype(_in_dtype(node, 1)) != wide:
             idx = F.Cast(idx, dtype=wide.name)
         if wide.kind == "f":
-            # MXNet's take clips a NaN index to the first row of the sample's table.
-            idx = F.where(idx == idx, idx, F.zeros_like(idx))
+            # MXNet's take converts an index to int64 before it clips: NaN, inf
+            # and any index past int64's range take the first row of the table.
+            idx = F.where(idx < 2.0 ** 63, idx, F.zeros_like(idx))
         inside = F.broadcast_minimum(F.broadcast_maximum(idx, F.zeros_like(lasts)), lasts)
         # The moved indices carry the history of the samples' own (a counter
         # ``i = i + 1``); MXNet's take then runs its backward for them even
