@@ -113,12 +113,12 @@ def _in_place(name):
 
     def in_place(self, other):
         rec = current()
-        if rec is None or self._node is None and written_array(rec, self) is None:
+        given = written_array(rec, self) if rec is not None else None
+        if rec is None or self._node is None and given is None:
             out = eager(self, other)
             if rec is not None:
                 aliases.follow(rec, self)
             return out
-        given = written_array(rec, self)
         if given is not None:
             _write_given(rec, self, given, lambda array: eager(array, other))
             return self
@@ -229,12 +229,12 @@ def _setitem(self, key, value):
     other samples' values or be lost; the error says what to write instead.
     """
     rec = current()
-    if rec is None or self._node is None and written_array(rec, self) is None:
+    given = written_array(rec, self) if rec is not None else None
+    if rec is None or self._node is None and given is None:
         nd.NDArray.__setitem__(self, key, value)
         if rec is not None:
             aliases.follow(rec, self)
         return None
-    given = written_array(rec, self)
     if given is not None:
         _write_given(rec, self, given, lambda array: nd.NDArray.__setitem__(array, key, value))
         return None
