@@ -389,6 +389,45 @@ def test_samples_given_one_array_that_each_write_it_equal_eager_or_are_refused(h
     np.testing.assert_allclose(x.asnumpy(), want_x, rtol=1e-5, atol=1e-6)
 
 
+class WritesItsInputTwice(gdb.DynBatchBlock):
+    """Doubles its input in place, reads it, then updates it again (``how``)."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+
+    def hybrid_forward(self, F, x):
+        x[:] = x * 2
+        h = F.tanh(x)
+        if self.how == "+=":
+            x += 1
+        elif self.how == "*=":
+            x *= 3
+        elif self.how == "out":
+            F.broadcast_add(x, F.ones_like(x), out=x)
+        else:
+            x[:] = x + 1
+        return h
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"strategy": "reference"}])
+@pytest.mark.parametrize("how", ["+=", "*=", "out", "setitem"])
+def test_a_call_reading_a_given_array_between_two_writes_reads_the_first(how, options):
+    """The first write ran what was pending (a flush): the sample's stand-in
+    for its input stayed a leaf of the graph before, which the second write
+    did not see read, so the call between the writes read the second."""
+    model = WritesItsInputTwice(how)
+    start = np.array([[0.1, -0.2, 0.3]], dtype=np.float32)
+    x = nd.array(start)
+    want, want_x = model(x).asnumpy(), x.asnumpy()
+    xs = [nd.array(start) for _ in range(3)]
+    with gdb.batching(**options):
+        outs = [model(x) for x in xs]
+    for out, x in zip(outs, xs):
+        np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
+        np.testing.assert_allclose(x.asnumpy(), want_x, rtol=1e-6)
+
+
 @pytest.mark.parametrize("how", ["setitem", "out", "copyto"])
 def test_a_write_into_a_given_array_with_a_gradient_is_refused_and_the_next_scope_works(how):
     """Written as the caller's array, the later calls read a copy of it and its

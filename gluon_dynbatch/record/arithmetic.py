@@ -186,6 +186,11 @@ def written_array(rec, lazy):
             "given too (or one sharing its memory): eager code ran each sample to its end "
             "before the next one started; give each sample an array of its own "
             "(x.copy()), or write the array outside the scope" % where)
+    if node is not None and node.graph is not rec.graph:
+        # A leaf of a graph a flush ran, which calls of this graph may read:
+        # known as this graph's, so that they run before the write
+        # (``Recorder.before_write``).
+        rec.graph.leaf_by_id.setdefault(id(given), (node, lazy, given))
     return given
 
 
@@ -195,6 +200,7 @@ def _write_given(rec, lazy, given, write):
     (a copy out of the graph)."""
     write(given)
     if lazy._node is None:
+        rec.before_write((lazy,))       # calls that read the copy run first
         copy_into(given, lazy)
     aliases.follow(rec, lazy)
 

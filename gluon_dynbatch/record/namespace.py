@@ -305,9 +305,11 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
     if given is not None:
         # The array a sample was given, written through ``out=`` (``copyto``):
         # the caller's array, as eagerly, then the sample's own copy of it.
+        rec.before_write(tuple(array for _, array in given[1]))
         result = _INVOKE(handle, ndargs, keys, vals, given[0], is_np_op, output_is_list)
         for lazy, array in given[1]:
             if lazy._node is None:
+                rec.before_write((lazy,))   # calls that read the copy run first
                 arithmetic.copy_into(array, lazy)
         return result
     result = _INVOKE(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
