@@ -6,16 +6,24 @@ inference, cached per (operator, constant arguments, input shapes, input
 dtypes); row slices and row concatenations, whose constants change with
 every call, are inferred here directly.
 """
+import ctypes
 import inspect
 import re
 import threading
 import warnings
 
 import mxnet as mx
-from mxnet.base import MXNetError
+from mxnet.base import _LIB, MXNetError, OpHandle, c_str, check_call
 import numpy as np
 
 from .graph import OP, Slot
+
+
+def op_handle(name):
+    """The ``OpHandle`` value of MXNet operator ``name``."""
+    found = OpHandle()
+    check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(found)))
+    return found.value
 
 
 class OpDef:

@@ -5,13 +5,12 @@ Each operation uses the same MXNet operator that ``NDArray`` itself would
 ``_mul_scalar(x, -1)``), so batched and eager runs compute the same thing.
 Outside a scope LazyArray behaves exactly as NDArray.
 """
-import ctypes
 import operator
 
 import numpy as np
 import mxnet as mx
 from mxnet import autograd, nd
-from mxnet.base import _LIB, MXNetError, OpHandle, c_str, check_call
+from mxnet.base import MXNetError
 from mxnet.ndarray import register as _register
 from mxnet.ndarray.ndarray import indexing_key_expand_implicit_axes
 
@@ -26,7 +25,7 @@ from .lazy import LazyArray
 from .tasks import NUMBERS
 from ..ir.graph import LEAF
 from ..ir.known import exact_scalar
-from ..ir.ops import opdef
+from ..ir.ops import op_handle, opdef
 
 # name: (array op, scalar op with array on the left, scalar op with array on the right, python op)
 _BINARY = {
@@ -206,23 +205,14 @@ def _write_given(rec, lazy, given, write):
 
 
 _RAW_INVOKE = _register._imperative_invoke      # (before ``namespace.install``)
-_COPYTO = None      # the handle of MXNet's ``_copyto`` (``_copy_handle``)
+_COPYTO = op_handle("_copyto")
 
 
 def copy_into(source, target):
     """``source``'s values written into ``target`` by MXNet itself: not recorded,
     not a write the scope checks (``target`` is a sample's own copy of
     ``source``)."""
-    _RAW_INVOKE(_copy_handle(), [source], [], [], target, False, False)
-
-
-def _copy_handle():
-    global _COPYTO          # pylint: disable=global-statement
-    if _COPYTO is None:
-        found = OpHandle()
-        check_call(_LIB.NNGetOpHandle(c_str("_copyto"), ctypes.byref(found)))
-        _COPYTO = found.value
-    return _COPYTO
+    _RAW_INVOKE(_COPYTO, [source], [], [], target, False, False)
 
 
 def _setitem(self, key, value):

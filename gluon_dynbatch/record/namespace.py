@@ -28,7 +28,7 @@ from . import passes
 from ._core import Operator
 from .lazy import LazyArray, constants_if_freed
 from ..ir import known
-from ..ir.ops import opdef
+from ..ir.ops import op_handle, opdef
 from ..ir.rules import RULES
 
 # Creation operators whose result depends only on their arguments.
@@ -264,14 +264,7 @@ def _resolve_direct(name):
     return None
 
 
-def _op_handle(name):
-    """The ``OpHandle`` value of MXNet operator ``name``."""
-    found = OpHandle()
-    check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(found)))
-    return found.value
-
-
-_RESET_ARRAYS = _op_handle("reset_arrays")
+_RESET_ARRAYS = op_handle("reset_arrays")
 """The operator writing its inputs in place, without ``out`` (``zero_grad``)."""
 
 
