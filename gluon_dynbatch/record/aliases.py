@@ -130,8 +130,13 @@ def _overlap(span, other_span, array, other):
 
 def _span(array):
     """``(first byte, end byte)`` of a computed dense NDArray's memory, or None
-    (not an NDArray, sparse, pending, or without memory yet).  MXNet's
-    ``MXNDArrayGetData`` gives the address without waiting for the engine."""
+    (not an NDArray, sparse, pending, or without memory yet).
+
+    The array's pending writes finish first: MXNet allocates an operator's
+    output when the operator runs, on the engine's thread, and
+    ``MXNDArrayGetData`` allocates an array not allocated yet, on this one;
+    both at once leave the operator writing memory the array no longer holds.
+    """
     if type(array) is LazyArray:
         handle = array._h
     elif type(array) is nd.NDArray:
@@ -140,6 +145,7 @@ def _span(array):
         return None
     if handle is None:
         return None
+    check_call(_LIB.MXNDArrayWaitToRead(handle))
     address = ctypes.c_void_p()
     check_call(_LIB.MXNDArrayGetData(handle, ctypes.byref(address)))
     if not address.value:
