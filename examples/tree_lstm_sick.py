@@ -1313,7 +1313,7 @@ def evaluate_main(args, argv):
         log_metrics(split, metrics)
         out = Path(f"{stem}.{split}.predictions.txt")
         checkpoint.atomic_write(out, lambda path, m=metrics: np.savetxt(
-            path, m["predictions"], fmt="%.8f"))
+            path, m["predictions"], fmt="%.17g"))
         result[split] = {k: metrics[k] for k in ("pearson", "spearman",
                                                  "mse")}
         result[f"{split}_predictions"] = str(out)
