@@ -158,6 +158,56 @@ def test_graph_attention_with_a_mask_of_each_graph_is_exact(given):
     assert _steps(model, graphs, table, "_pair_weighted") == [longer]
 
 
+class TwoOperators(gdb.DynBatchBlock):
+    """Pairwise scores of a graph's nodes made by two elementwise operators, as
+    graph attention adds a bias and multiplies by a mask: an outer sum and an
+    outer product of the same scores, a known bias added and a known mask
+    multiplied (``how`` names one of them alone)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.src = nn.Dense(1, flatten=False)
+            self.dst = nn.Dense(1, flatten=False)
+
+    def hybrid_forward(self, F, words, table, how="all"):
+        h = F.concat(*[table[w:w + 1] for w in words], dim=0)
+        s, d = self.src(h), self.dst(h)             # (n, 1) scores of each node
+        n = len(words)
+        bias = F.array(np.arange(n * n, dtype=np.float32).reshape(n, n) / (n * n))
+        mask = F.array(np.triu(np.ones((n, n), dtype=np.float32)))
+        pairs = {"outer +": lambda: s + F.transpose(d), "outer *": lambda: s * F.transpose(d),
+                 "known +": lambda: s + F.transpose(d) + bias,
+                 "known *": lambda: (s + F.transpose(d)) * mask}
+        if how != "all":
+            return F.sum(pairs[how](), axis=1, keepdims=True)
+        scores = (pairs["outer +"]() + bias) * mask + F.tanh(pairs["outer *"]())
+        return F.sum(scores, axis=1, keepdims=True)
+
+
+def test_pairwise_calls_of_two_operators_in_a_sample_are_exact_in_every_mode():
+    """Compiled steps of every pairwise operator had one key: an outer product
+    ran the CachedOp compiled for the outer sum before it (a mask multiplied
+    as the bias was added), outputs and gradients wrong."""
+    model, sentences, table = make_model(TwoOperators), _sentences(3), _table()
+    check_all_strategies(model, sentences, [table])
+
+
+@pytest.mark.parametrize("compiled", ["step", "plan"])
+@pytest.mark.parametrize("first, second", [("outer +", "outer *"), ("known +", "known *")])
+def test_a_scope_of_another_pairwise_operator_compiles_its_own(first, second, compiled):
+    """A scope whose samples take the outer product after one that took the
+    outer sum, in the same shapes: the second reused the first's steps (and
+    the plan made of them) and computed sums."""
+    model, sentences, table = make_model(TwoOperators), _sentences(4), _table()
+    for how in (first, second):
+        want = [model(words, table, how).asnumpy() for words in sentences]
+        with gdb.batching(compiled=compiled):
+            outs = [model(words, table, how) for words in sentences]
+        for out, expected in zip(outs, want):
+            np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 class Heads(gdb.DynBatchBlock):
     """Scores of each word's head: a log-softmax along the rows, the gold head
     of each word picked (``F.pick`` by a literal), and the reverse along axis 0."""

@@ -183,6 +183,11 @@ class PairwiseRule(Rule):
             return None
         return Signature((key,), self, (KNOWN, ROW) if op.reversed else (ROW, KNOWN))
 
+    def step_key(self, node):
+        # Every outer (or known) op has one name whatever its operator: a
+        # compiled step of ``broadcast_add`` is not one of ``broadcast_mul``.
+        return (node.op.operator, node.op.reversed)
+
     @staticmethod
     def segment_arrays(nodes, dtype):
         op = nodes[0].op
