@@ -2734,3 +2734,120 @@ def test_samples_numbers_of_their_own_with_other_trailing_shapes_batch_apart():
             np.testing.assert_allclose(out.asnumpy(), given.asnumpy() * weight, rtol=1e-6)
             np.testing.assert_allclose(x.grad.asnumpy(), 2 * weight * weight * given.asnumpy(),
                                        rtol=1e-5)
+
+
+class TableRowsRNN(gdb.DynBatchBlock):
+    """An Elman RNN over word ids reading each word's row of a table the model
+    holds as a plain NDArray (``self.table[w]``, not an argument), or of the
+    table it is given (``given``): ``how`` is the indexing written."""
+
+    def __init__(self, table, how, **kwargs):
+        super().__init__(**kwargs)
+        self.table, self.how = table, how
+        with self.name_scope():
+            self.wx = gluon.nn.Dense(4, in_units=3)
+            self.wh = gluon.nn.Dense(4, in_units=4, use_bias=False)
+
+    def row(self, table, w):
+        if self.how == "slice":
+            return table[w:w + 1]
+        if self.how == "negative":
+            return table[w - table.shape[0]].reshape((1, -1))
+        if self.how == "paused":            # a constant view, made outside autograd
+            with autograd.pause():
+                return table[w].reshape((1, -1))
+        return table[w].reshape((1, -1))
+
+    def hybrid_forward(self, F, words, *given):
+        table = given[0] if given else self.table
+        h = F.zeros((1, 4))
+        for w in words:
+            h = F.tanh(self.wx(self.row(table, w)) + self.wh(h))
+        return h
+
+
+def _table_rows_runs(how, options, given=False, grad=False):
+    mx.random.seed(3)
+    table = nd.array(np.random.RandomState(3).uniform(-1, 1, (7, 3)))
+    if grad:
+        table.attach_grad()
+    model = TableRowsRNN(table, how)
+    model.initialize(mx.init.Uniform(0.5))
+    sentences = [[1, 4, 2], [6], [0, 3, 3, 5, 1], [2, 2]]
+    runs = []
+    for batched in (False, True, True):
+        scope = None
+        with autograd.record():
+            if not batched:
+                outs = [model(s, *([table] if given else [])) for s in sentences]
+            elif options == "map":
+                outs = gdb.map(lambda s: model(s, *([table] if given else [])), sentences)
+            else:
+                with gdb.batching(**options) as scope:
+                    outs = [model(s, *([table] if given else [])) for s in sentences]
+            loss = nd.add_n(*[(o * o).sum() for o in outs])
+        loss.backward()
+        runs.append(([o.asnumpy() for o in outs], model.wx.weight.grad().asnumpy().copy(),
+                     table.grad.asnumpy().copy() if grad else None, scope))
+    return runs
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}, "map"])
+@pytest.mark.parametrize("how", ["slice", "int", "negative", "paused"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_rows_of_a_table_the_model_holds_equal_eager(how, options, grad):
+    """``self.table[w]`` inside a sample is NDArray's own view of a row: rows of
+    the table's value in the graph, a gradient into the table where eager's
+    view takes one (made under ``autograd.record()``), none where it does not."""
+    runs = _table_rows_runs(how, options, grad=grad)
+    want = runs[0]
+    for outs, weight_grad, table_grad, _ in runs[1:]:
+        for got, expected in zip(outs, want[0]):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(weight_grad, want[1], rtol=1e-5, atol=1e-6)
+        if grad:
+            np.testing.assert_allclose(table_grad, want[2], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["slice", "int"])
+def test_rows_of_a_table_the_model_holds_batch_as_rows_of_the_table_given(how):
+    """Each view NDArray makes of a row was a leaf of its own, analysed apart and
+    gathered from as many arrays: the graph is now the one the model given the
+    table as an argument records."""
+    held = _table_rows_runs(how, {})[2][3].stats
+    given = _table_rows_runs(how, {}, given=True)[2][3].stats
+    assert held.nodes == given.nodes, (held, given)
+    assert held.steps <= given.steps, (held, given)
+
+
+class WritesItsTableRow(gdb.DynBatchBlock):
+    """Reads a row of the table it holds, writes the row, reads it again."""
+
+    def __init__(self, table, **kwargs):
+        super().__init__(**kwargs)
+        self.table = table
+
+    def hybrid_forward(self, F, k):
+        row = self.table[k]
+        before = F.tanh(row)
+        row[:] = row * 2 + 1               # the table's memory, as eagerly
+        return before + F.sigmoid(self.table[k:k + 1])
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, "map"])
+def test_a_row_of_a_held_table_written_between_reads_reads_as_eager(options):
+    results = []
+    for batched in (False, True):
+        table = nd.array(np.arange(12, dtype=np.float32).reshape(4, 3) / 10)
+        model = WritesItsTableRow(table)
+        samples = [1, 3, 1]
+        if not batched:
+            outs = [model(k) for k in samples]
+        elif options == "map":
+            outs = gdb.map(model, samples)
+        else:
+            with gdb.batching(**options):
+                outs = [model(k) for k in samples]
+        results.append(([o.asnumpy() for o in outs], table.asnumpy()))
+    for got, want in zip(results[1][0] + [results[1][1]], results[0][0] + [results[0][1]]):
+        np.testing.assert_allclose(got, want, rtol=1e-6)

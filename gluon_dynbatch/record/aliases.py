@@ -13,10 +13,12 @@ import ctypes
 import weakref
 
 import numpy as np
-from mxnet import nd
+from mxnet import autograd, nd
 from mxnet.base import _LIB, check_call
 
 from ..ir.graph import LEAF
+from ..ir.known import constant_array
+from . import context
 from .lazy import LazyArray
 
 _SHARES = {}        # (shape, key) -> whether eager's x[key] shares x's memory
@@ -211,3 +213,76 @@ def _hashable(key):
         else:
             return None
     return (isinstance(key, tuple),) + tuple(out)
+
+
+# -- rows of an array from outside the scope ---------------------------------------------
+# ``self.table[word]`` (an NDArray held by the model, a global) is NDArray's own
+# view, a new array each time: as a leaf of its own every row would be analysed
+# apart and gathered from as many arrays.  The views NDArray makes of such an
+# array inside a scope are noted with their rows; a frame that reads one reads
+# those rows of the array's leaf (``Recorder.new_leaf``), as it reads rows of
+# an array it was given.
+
+_AT = nd.NDArray._at                # pylint: disable=protected-access
+_SLICE = nd.NDArray._slice          # pylint: disable=protected-access
+_RESHAPE = nd.NDArray.reshape
+
+
+def _noted_at(self, idx):
+    """``NDArray._at`` (``x[i]``), noted inside a scope (``outside_rows``)."""
+    view = _AT(self, idx)
+    if context.TLS.recorder is not None and type(self) is nd.NDArray:
+        begin = idx + self.shape[0] if idx < 0 else idx
+        _note_rows(view, self, begin, begin + 1)
+    return view
+
+
+def _noted_slice(self, start, stop):
+    """``NDArray._slice`` (``x[i:j]``), noted inside a scope (``outside_rows``)."""
+    view = _SLICE(self, start, stop)
+    if context.TLS.recorder is not None and type(self) is nd.NDArray:
+        begin, end, _ = slice(start, stop).indices(self.shape[0])
+        if end - begin == view.shape[0]:
+            _note_rows(view, self, begin, end)
+    return view
+
+
+def _noted_reshape(self, *shape, **kwargs):
+    """``NDArray.reshape`` of a noted view (``table[word].reshape((1, -1))``):
+    the same rows, noted (``outside_rows``)."""
+    view = _RESHAPE(self, *shape, **kwargs)
+    rec = context.TLS.recorder
+    if rec is not None and type(self) is nd.NDArray and type(view) is nd.NDArray:
+        noted = rec.graph.outside_rows
+        found = noted.get(id(self))
+        if found is not None and found[0] is self:
+            noted[id(view)] = (view,) + found[1:]
+    return view
+
+
+def _note_rows(view, base, begin, end):
+    """Note ``view``, rows ``begin:end`` of ``base``, in the recorder's graph.
+
+    Only where the rows are what autograd makes of them eagerly: a view made
+    while recording is recorded by MXNet (a gradient reaches ``base``), one
+    made outside ``autograd.record()`` is a constant unless ``base`` is one.
+    """
+    if autograd.is_recording() or constant_array(base):
+        context.TLS.recorder.graph.outside_rows[id(view)] = (view, base, begin, end)
+
+
+def outside_rows(rec, array):
+    """``(base, begin, end)`` if plain NDArray ``array`` is a view of rows of
+    another one made in ``rec``'s graph (``_noted_at``, ``_noted_slice``),
+    else None."""
+    found = rec.graph.outside_rows.get(id(array))
+    if found is None or found[0] is not array:
+        return None
+    return found[1:]
+
+
+def install():
+    """Note the row views NDArray makes of plain arrays inside a scope."""
+    nd.NDArray._at = _noted_at          # pylint: disable=protected-access
+    nd.NDArray._slice = _noted_slice    # pylint: disable=protected-access
+    nd.NDArray.reshape = _noted_reshape

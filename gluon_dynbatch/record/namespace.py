@@ -404,9 +404,11 @@ def install():
     """Record ``mx.nd`` operators called on pending values (``_recording_invoke``);
     run what reads an array before it is written in place; take LazyArrays as
     values assigned to arrays' items; let ``nn.HybridLambda`` name its
-    operator in the recording ``F``."""
+    operator in the recording ``F``; note views of rows of plain arrays
+    (``aliases.install``)."""
     _register._imperative_invoke = _recording_invoke
     _ctypes_ndarray.CachedOp.__call__ = _cached_op_call
     mx.nd.NDArray._sync_copyfrom = _recording_copyfrom  # pylint: disable=protected-access
     mx.nd.NDArray._prepare_value_nd = _prepare_value_nd  # pylint: disable=protected-access
     gluon.nn.HybridLambda.hybrid_forward = _lambda_hybrid_forward
+    aliases.install()

@@ -12,6 +12,9 @@ batching scope of the process installs, once:
   values are recorded (``namespace``);
 * ``NDArray._prepare_value_nd``: a LazyArray assigned to an array's items
   (``buf[i] = out``) is an array (``namespace``);
+* ``NDArray._at``, ``_slice`` and ``reshape``: NDArray's views of rows of a
+  plain array (``self.table[word]``) are noted, and read in the graph as those
+  rows of the array (``aliases``);
 * ``nn.HybridLambda.hybrid_forward``: an operator given by name
   (``HybridLambda("tanh")``) is looked up in the recording ``F`` (``namespace``);
 * ``autograd.set_recording``/``set_training`` and the backward functions

@@ -48,6 +48,7 @@ _RUNS_ITS_CODE = "runs its code"    # in the token of a block whose calls are no
 DEFAULT_MAX_PENDING = 500000    # pending nodes after which a scope flushes by itself
 MAX_ROW_CONCAT = 4096           # longer row concatenations take the generic path
 _SLICE_AXIS = opdef("slice_axis")
+_RESHAPE = opdef("reshape")
 _ONE_SLOT = (slot(0),)
 _core.bind_nodes(Node, NO_KWARGS, opdef("concat"), calls.INFOS, slot, slots_of,
                  MAX_ROW_CONCAT)
@@ -220,6 +221,12 @@ class Recorder(RecorderCore):
         found = self.param_table().get(id(array))
         if found is not None and found[0] is array:     # ``p.data()`` read in the model
             return self.param(found[1])                 # ``p`` itself, shared by every call
+        if graph.outside_rows and self.depth > 0:
+            found = aliases.outside_rows(self, array)
+            if found is not None:
+                lazy = self._rows_leaf_of(array, *found)
+                if lazy is not None:
+                    return lazy
         described = self._described_leaf(array)
         node = graph.add(Node(graph, LEAF))
         node.value = array
@@ -252,6 +259,26 @@ class Recorder(RecorderCore):
         # sample's writes go (``arithmetic.written_array``).
         lazy._given = array
         graph.leaf_by_id[id(array)] = (node, lazy, array)
+        return lazy
+
+    def _rows_leaf_of(self, view, base, begin, end):
+        """What stands for ``view``, NDArray's view of rows ``begin:end`` of a
+        plain array ``base`` (``self.table[word]`` inside a sample,
+        ``aliases.outside_rows``): those rows of ``base``'s value in the graph,
+        reshaped as ``view`` is (``x[i]`` drops the axis); None where the view
+        is a leaf of its own."""
+        graph = self.graph
+        if len(graph.nodes) + 3 >= self.max_pending \
+                or self._mode_seen != context.MODE_CHANGES[0]:
+            return None                 # (the nodes below must not start a new graph)
+        source = self.leaf(base)
+        if source._node is None or getattr(source._node, "graph", None) is not graph:
+            return None
+        lazy = self._rows_of(source, begin, end)
+        if lazy.shape != view.shape:
+            lazy = self.add_node(_RESHAPE, [(lazy._node, 0)], _ONE_SLOT, {"shape": view.shape})
+            lazy._node.outs = None      # held by ``leaf_by_id``, not by a user
+        graph.leaf_by_id[id(view)] = (lazy._node, lazy, view)
         return lazy
 
     def _described_leaf(self, array):
