@@ -1307,3 +1307,57 @@ def test_an_output_written_with_out_then_used_again_in_the_scope_equals_eager(se
         return [o.asnumpy() for o in firsts + seconds]
     for got, want in zip(run(True), run(False)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class DeferredRNN(gdb.DynBatchBlock):
+    """Dense layers without ``in_units``: their weights get their shapes, and
+    their gradient arrays, at the first call."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.step = gluon.nn.Dense(4)
+            self.out = gluon.nn.Dense(1)
+
+    def hybrid_forward(self, F, x):
+        h = F.zeros((1, 4))
+        for t in range(x.shape[0]):
+            h = F.tanh(self.step(x[t:t + 1] + h))
+        return self.out(h)
+
+
+def _per_sample_passes(options, grad_req):
+    """Each sample's own ``backward()`` (``grad_req`` "add": the sum; "write":
+    each sample's gradient copied), the model's first calls inside the scope."""
+    mx.random.seed(0)
+    model = DeferredRNN()
+    model.initialize(mx.init.Xavier())
+    model.collect_params().setattr("grad_req", grad_req)
+    xs = [nd.array(np.random.RandomState(k).randn(n, 4)) for k, n in enumerate((1, 3, 2))]
+
+    def sample(x):
+        with autograd.record():
+            loss = model(x).sum()
+        loss.backward()
+        return model.out.weight.grad().copy(), model.step.weight.grad().copy()
+
+    if options is None:
+        grads = [sample(x) for x in xs]
+    else:
+        with gdb.batching(**options):
+            grads = gdb.map(sample, xs)
+    return [g.asnumpy() for pair in grads for g in pair] + \
+        [p.grad().asnumpy() for p in model.collect_params().values()]
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}])
+@pytest.mark.parametrize("grad_req", ["add", "write"])
+def test_samples_own_passes_after_deferred_initialisation_in_the_scope_equal_eager(
+        options, grad_req):
+    """Gluon marked the layers' new gradient arrays as variables while the
+    first sample ran: taken for arrays that sample made its own, the later
+    samples' passes put them back as they were, so only the first sample's
+    gradient was left (or every sample's copy was the first's)."""
+    got, want = _per_sample_passes(options, grad_req), _per_sample_passes(None, grad_req)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

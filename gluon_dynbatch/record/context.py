@@ -29,6 +29,7 @@ class _Local(threading.local):
     # loss computed from its values holds batched steps, lazy or not.
     batched_history = False
     retained = False    # and a pass since kept the graph
+    initialising = False    # Gluon gives a parameter its gradient arrays (``_init_grad``)
 
     def __init__(self):
         super().__init__()
@@ -412,9 +413,24 @@ def _mark_variables(variables, gradients, grad_reqs="write"):
         return
     for array in arrays:
         rec.graph.leaf_by_id.pop(id(array), None)
-    if rec.tasks is not None and rec.tasks.current is not None:
+    if rec.tasks is not None and rec.tasks.current is not None and not TLS.initialising:
         rec.tasks.variables.extend((rec.tasks.current, grad) for grad in grads)
         rec.tasks.variable_ids.update(id(array) for array in arrays)
+
+
+_INIT_GRAD = gluon.Parameter._init_grad     # pylint: disable=protected-access
+
+
+def _init_grad(self):
+    """``Parameter._init_grad``: the gradient arrays Gluon marks for a parameter
+    (its deferred initialisation finishing inside a sample) are the
+    parameter's, not arrays the sample made variables of its own, whose
+    gradients other samples' passes leave as they found them (``_mark_variables``)."""
+    before, TLS.initialising = TLS.initialising, True
+    try:
+        return _INIT_GRAD(self)
+    finally:
+        TLS.initialising = before
 
 
 GRAD_OF = NDArray.grad.fget
@@ -494,6 +510,7 @@ def install():
     _redirect(autograd.grad, _to_grad,
               _counting_backward(_GRAD, position=3, to_variables=True))
     _redirect(autograd.mark_variables, _to_mark_variables, _mark_variables)
+    gluon.Parameter._init_grad = _init_grad     # pylint: disable=protected-access
     _redirect(autograd.set_recording, _to_set_recording, _counting_set_recording)
     _redirect(autograd.set_training, _to_set_training, _counting_set_training)
 
