@@ -1275,3 +1275,29 @@ def test_an_exception_whose_message_fails_is_the_users_and_the_scope_is_discarde
     with gdb.batching():
         out = model(x, False)
     np.testing.assert_allclose(out.asnumpy(), model(x, False).asnumpy(), rtol=1e-6)
+
+
+class HalvesPrecision(gdb.DynBatchBlock):
+    """Casts its rows to bfloat16 (as MXNet's mixed precision on the CPU does
+    before a layer) and back."""
+
+    def hybrid_forward(self, F, sample, x):
+        start, rows = sample
+        low = F.amp_cast(x[start:start + rows], dtype=BFLOAT16)
+        return F.amp_cast(low, dtype="float32") * 2
+
+
+BFLOAT16 = np.dtype([("bfloat16", np.uint16)])      # how MXNet's Python names it
+
+
+@pytest.mark.parametrize("options", [{}, {"strategy": "reference"}])
+def test_bfloat16_values_are_refused_by_name_and_the_next_scope_works(options):
+    """Their numpy dtype (a structured one) was taken as ``void``: the next call
+    failed with "'NoneType' object is not iterable"."""
+    x = table(3)
+    eager = [HalvesPrecision()(s, x) for s in SAMPLES]      # eager takes them
+    assert eager[0].shape == (2, IN_UNITS)
+    with pytest.raises(gdb.BatchingError, match=r"sample 0.*amp_cast.*bfloat16"):
+        with gdb.batching(**options):
+            [HalvesPrecision()(s, x) for s in SAMPLES]
+    assert_next_batch_ok(make_probe())

@@ -312,6 +312,11 @@ def _infer_symbolic(op, node, in_shapes, in_dtypes):
     all_names = sym.list_arguments() + sym.list_auxiliary_states()
     all_shapes = dict(zip(all_names, list(arg_shapes) + list(aux_shapes)))
     _, out_types, _ = sym.infer_type(**dict(zip(names, in_dtypes)))
+    if any(np.dtype(t).kind == "V" for t in out_types or ()):
+        # (MXNet's Python names bfloat16 by a structured numpy dtype)
+        raise TypeError("it gives bfloat16 values (MXNet's mixed precision on the CPU, "
+                        "amp.init(target_dtype='bfloat16')), which a batching scope does "
+                        "not take: run bfloat16 models eagerly, or in float32 or float16")
     out_dtypes = tuple(np.dtype(t).type for t in out_types)
     inferred_inputs = tuple(tuple(all_shapes.get(n, ())) for n in names)
     return tuple(tuple(s) for s in out_shapes), out_dtypes, inferred_inputs
