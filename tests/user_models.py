@@ -267,6 +267,25 @@ class MemoryHops(gdb.DynBatchBlock):
         return F.softmax_cross_entropy(self.answer(u), F.array([answer]))
 
 
+class HeldVectors(gdb.DynBatchBlock):
+    """Pretrained word vectors the model holds as a plain NDArray (frozen, not a
+    Parameter, not an argument), read a row per token (``self.vectors[w]``)
+    into a GRU cell; the class scores of the last state."""
+
+    def __init__(self, vectors, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        self.vectors, self.hidden = vectors, hidden
+        with self.name_scope():
+            self.cell = rnn.GRUCell(hidden)
+            self.out = nn.Dense(CLASSES)
+
+    def hybrid_forward(self, F, words):
+        state = [F.zeros((1, self.hidden))]
+        for w in words:
+            _, state = self.cell(self.vectors[w].reshape((1, -1)), state)
+        return F.log_softmax(self.out(state[0]))
+
+
 class HybridizedScorer(gluon.HybridBlock):
     """An ordinary child block; the model calls ``hybridize()`` on it."""
 
@@ -606,6 +625,11 @@ def case_memory_hops(seed=0, n=6, hidden=HIDDEN):
                 notes="a memory network: sentences summed from word rows, three hops")
 
 
+def case_held_vectors(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(HeldVectors(_table(seed), hidden), seed), _sentences(seed, n), [],
+                notes="rows of word vectors the model holds as a plain NDArray")
+
+
 def case_mixed_children(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(MixedChildren(hidden), seed), _trees(seed, n), [_table(seed)])
 
@@ -912,6 +936,7 @@ CASES = {
     "mid_sample_reads": case_mid_sample_reads,
     "routed_tokens": case_routed_tokens,
     "memory_hops": case_memory_hops,
+    "held_vectors": case_held_vectors,
     "mixed_children": case_mixed_children,
     "dropout_p0": case_dropout_p0,
     "opbyop_child_sum": case_opbyop_child_sum,
