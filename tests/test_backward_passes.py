@@ -1361,3 +1361,66 @@ def test_samples_own_passes_after_deferred_initialisation_in_the_scope_equal_eag
     got, want = _per_sample_passes(options, grad_req), _per_sample_passes(None, grad_req)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+class HingeAfterSearch(gdb.DynBatchBlock):
+    """A structured hinge loss: the best labelling found under ``autograd.pause()``
+    (a read), then the scores of it and of the gold one, recorded."""
+
+    def __init__(self, read_first=False, **kwargs):
+        super().__init__(**kwargs)
+        self.read_first = read_first
+        with self.name_scope():
+            self.out = gluon.nn.Dense(3, in_units=4, flatten=False)
+
+    def hybrid_forward(self, F, feats, gold):
+        if self.read_first:
+            float(F.sum(F.array(gold)).asscalar())          # a read before anything
+        with autograd.pause():
+            augmented = self.out(feats) + 1.0 - F.one_hot(F.array(gold), 3)
+            pred = [int(p) for p in F.argmax(augmented, axis=1).asnumpy()]
+        scores = self.out(feats)
+        return F.relu(F.sum(F.pick(scores, F.array(pred), axis=1))
+                      - F.sum(F.pick(scores, F.array(gold), axis=1)) + 1.0)
+
+
+def _hinge_input_grads(options, read_first):
+    """The gradients of an encoder run before the scope and of inputs given one."""
+    mx.random.seed(0)
+    encoder = gluon.nn.Dense(4, in_units=5, flatten=False)
+    encoder.initialize()
+    model = HingeAfterSearch(read_first)
+    model.initialize()
+    raw = [nd.array(np.random.RandomState(k).randn(n, 5)) for k, n in enumerate((3, 2, 4))]
+    golds = [[0, 1, 2], [2, 2], [1, 0, 0, 2]]
+    results = []
+    for _ in range(2):                              # the second scope replays the first
+        for x in raw:
+            x.attach_grad()
+        with autograd.record():
+            feats = [encoder(x) for x in raw]
+            if options is None:
+                outs = [model(f, g) for f, g in zip(feats, golds)]
+            elif options == "map":
+                outs = gdb.map(lambda pair: model(*pair), list(zip(feats, golds)))
+            else:
+                with gdb.batching(**options):
+                    outs = [model(f, g) for f, g in zip(feats, golds)]
+            loss = nd.add_n(*outs)
+        loss.backward()
+        results.append([encoder.weight.grad().asnumpy().copy()] +
+                       [x.grad.asnumpy().copy() for x in raw])
+    return results
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}, "map"])
+@pytest.mark.parametrize("read_first", [False, True])
+def test_inputs_first_used_under_pause_after_a_flush_keep_their_gradient(options, read_first):
+    """A sample's input, wrapped before a flush (a read, a change of modes), was
+    copied when first used after it, in the modes of then: under
+    ``autograd.pause()`` a copy without the input's gradient, which the
+    sample's recorded calls then read (no gradient reached the input)."""
+    got, want = _hinge_input_grads(options, read_first), _hinge_input_grads(None, read_first)
+    for scope_got, scope_want in zip(got, want):
+        for g, w in zip(scope_got, scope_want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

@@ -599,6 +599,14 @@ class Recorder(RecorderCore):
                 # A parameter passed to a call before a flush (autograd's modes
                 # changed inside it): the same parameter in this graph.
                 return self.value_of(self.param(node.param))
+            if node is not None and node.kind == LEAF and node.value is not None:
+                # A sample's input wrapped before a flush (a read, a change of
+                # modes): the array it stands for, a leaf of this graph too.
+                # (Run, it would be a copy made in the modes of now: under
+                # ``autograd.pause()``, one without the array's gradient.)
+                lazy = self.leaf(node.value)
+                if getattr(lazy._node, "graph", None) is self.graph:
+                    return lazy._node, lazy._idx
             if node is not None:          # pending in an older graph: run it
                 x.handle  # pylint: disable=pointless-statement
         lazy = self.leaf(x)
