@@ -120,6 +120,7 @@ class BatchingScope:
         self.stats = BatchStats()
         self.recorder = None
         self._outer = None
+        self._thread = None         # the thread that entered it
         self._mark = None
         self._executor = None       # compiled=True: this scope's (``run.choice``)
         self._reads = self._reads_counted = 0     # values read (``read``)
@@ -151,6 +152,7 @@ class BatchingScope:
         if self.max_pending_nodes is not None:
             self.recorder.max_pending = self.max_pending_nodes
         self.recorder.replay = self.replay
+        self._thread = threading.get_ident()
         self._opened_by = _OPEN_SCOPES.enter()
         context.set_current(self.recorder)
         self._mark = time.perf_counter()
@@ -249,6 +251,13 @@ class BatchingScope:
         self._reads += 1
         tasks = self.recorder.tasks
         if tasks.current is not None:
+            if threading.get_ident() != self._thread:
+                # A sample of this scope runs on its stack in the scope's
+                # thread: this thread cannot wait in its place.
+                raise BatchingError(
+                    "a value of a batching scope open in another thread is read while that "
+                    "thread records a sample: read it after the scope has ended, or in the "
+                    "scope's thread (or hand it over computed: .asnumpy() there)")
             tasks.wait()            # the sample waits; the others record (``tasks.py``)
             return
         self._own_reads += 1

@@ -1301,3 +1301,53 @@ def test_bfloat16_values_are_refused_by_name_and_the_next_scope_works(options):
         with gdb.batching(**options):
             [HalvesPrecision()(s, x) for s in SAMPLES]
     assert_next_batch_ok(make_probe())
+
+
+class WaitsForAReader(gdb.DynBatchBlock):
+    """Dense + tanh; the sample numbered ``hold`` lets another thread read an
+    earlier sample's pending value while its own code runs."""
+
+    def __init__(self, hold, started, tried, **kwargs):
+        super().__init__(**kwargs)
+        self.hold, self.started, self.tried = hold, started, tried
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=IN_UNITS)
+
+    def hybrid_forward(self, F, k, x):
+        if k == self.hold:
+            self.started.set()
+            self.tried.wait(10)
+        return F.tanh(self.dense(x[k:k + 2]))
+
+
+def test_a_value_read_from_another_thread_while_a_sample_records_is_refused():
+    """The reader switched to the recording sample's stack from its own thread:
+    a greenlet error there, and the recording thread's scope failed at its end
+    (its results lost)."""
+    import threading
+    started, tried = threading.Event(), threading.Event()
+    mx.random.seed(0)
+    model = WaitsForAReader(2, started, tried)
+    model.initialize(mx.init.Uniform(0.5))
+    x = table(5)
+    want = [model(k, x).asnumpy() for k in range(4)]
+    started.clear()
+    outs, errors = [], []
+
+    def produce():
+        with gdb.batching():
+            outs.extend(model(k, x) for k in range(4))
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    assert started.wait(10)
+    try:
+        outs[0].asnumpy()
+    except gdb.BatchingError as err:
+        errors.append(str(err))
+    tried.set()
+    producer.join(20)
+    assert errors and "another thread" in errors[0]
+    for out, expected in zip(outs, want):
+        np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-6)
+    assert_next_batch_ok(make_probe())
