@@ -377,6 +377,10 @@ def _one_step(part, size):
     return part
 
 
+_INDEX_TYPES = frozenset([int, np.int64, np.int32, np.int16, np.int8, np.uint8, np.uint16,
+                          np.uint32, np.uint64])
+
+
 def _getitem(self, key):
     rec = current()
     if rec is None:
@@ -398,6 +402,15 @@ def _getitem_value(self, key):
                 if found is not None:
                     return found
             return rec.row_slice(self, key.start, key.stop)
+    if type(key) in _INDEX_TYPES and self._base is None:
+        # x[i], a word's vector of a table (DyNet's ``E[w]``): its row, reshaped
+        # to the row's own shape (what the general path below makes of it).
+        shape = self.shape
+        if shape:
+            row = int(key) + shape[0] if key < 0 else int(key)
+            if 0 <= row < shape[0]:
+                out = self if shape[0] == 1 else _weight_rows(rec, self, row, row + 1)
+                return rec.F.reshape(out, shape=shape[1:] or (1,))
     parts = key if isinstance(key, tuple) else (key,)
     shape = self.shape
     parts = tuple(_one_step(p, shape[axis]) if axis < len(shape) else p
