@@ -296,9 +296,10 @@ class PartsRecipe:
     def apply(self, frame, alive):
         by_position = {lazy._idx: lazy for lazy in alive}
         vals = frame.vals
+        new_lazy = frame.new_lazy       # (a pooled provisional LazyArray, made in C)
         for recipe, wanted in self.parts:
             # Values later parts read go to ``frame.vals``, as arrays read from outside.
-            lazies = [by_position[pos] if pos in by_position else LazyArray(frame, pos)
+            lazies = [by_position[pos] if pos in by_position else new_lazy(pos)
                       for pos in wanted]
             apply_recipe(frame, lazies, recipe)
             for pos, lazy in zip(wanted, lazies):
