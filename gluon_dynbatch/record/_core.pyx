@@ -470,7 +470,9 @@ cdef class RecorderCore:
             if _get(found[1], OFF_NODE) is not None:
                 return found[1]
             return self._relazy(found)
-        if type(array) is LAZY:
+        if type(array) is LAZY and _get(array, OFF_H) is None:
+            # (A value cut out of its rows has memory of its own, which views
+            # eager MXNet made of it may have written: its rows are stale.)
             rows = _get(array, OFF_ROWS)
             if rows is not None:
                 lazy = self.rows_leaf(array, rows)
