@@ -2749,7 +2749,7 @@ class TableRowsRNN(gdb.DynBatchBlock):
             self.wx = gluon.nn.Dense(4, in_units=3)
             self.wh = gluon.nn.Dense(4, in_units=4, use_bias=False)
 
-    def row(self, table, w):
+    def row(self, F, table, w):
         if self.how == "slice":
             return table[w:w + 1]
         if self.how == "negative":
@@ -2757,13 +2757,20 @@ class TableRowsRNN(gdb.DynBatchBlock):
         if self.how == "paused":            # a constant view, made outside autograd
             with autograd.pause():
                 return table[w].reshape((1, -1))
+        if self.how == "reshaped paused":   # recorded, then reshaped outside autograd
+            row = table[w]
+            with autograd.pause():
+                return row.reshape((1, -1))
+        if self.how == "prefix":            # rows before w and w's: none for w = 0
+            before = table[:w]              # (w, 3): empty for w = 0
+            return table[w:w + 1] + F.sum(before, axis=0, keepdims=True) / max(w, 1)
         return table[w].reshape((1, -1))
 
     def hybrid_forward(self, F, words, *given):
         table = given[0] if given else self.table
         h = F.zeros((1, 4))
         for w in words:
-            h = F.tanh(self.wx(self.row(table, w)) + self.wh(h))
+            h = F.tanh(self.wx(self.row(F, table, w)) + self.wh(h))
         return h
 
 
@@ -2794,12 +2801,15 @@ def _table_rows_runs(how, options, given=False, grad=False):
 
 
 @pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}, "map"])
-@pytest.mark.parametrize("how", ["slice", "int", "negative", "paused"])
+@pytest.mark.parametrize("how", ["slice", "int", "negative", "paused", "reshaped paused",
+                                 "prefix"])
 @pytest.mark.parametrize("grad", [False, True])
 def test_rows_of_a_table_the_model_holds_equal_eager(how, options, grad):
     """``self.table[w]`` inside a sample is NDArray's own view of a row: rows of
     the table's value in the graph, a gradient into the table where eager's
     view takes one (made under ``autograd.record()``), none where it does not."""
+    if how == "prefix" and grad:
+        pytest.skip("eager MXNet's gradient through an empty view of an array fails")
     runs = _table_rows_runs(how, options, grad=grad)
     want = runs[0]
     for outs, weight_grad, table_grad, _ in runs[1:]:
@@ -2925,3 +2935,49 @@ def test_a_computed_value_written_through_its_detached_view_is_read_as_written(o
     handed: later calls gathered those, not its own memory the write changed."""
     for got, want in zip(_written_through_detach(options), _written_through_detach(None)):
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+class CachesTableRows(gdb.DynBatchBlock):
+    """Keeps the view of each word's row of the table it holds in a dict on the
+    model, and reuses it in later samples and scopes."""
+
+    def __init__(self, table, **kwargs):
+        super().__init__(**kwargs)
+        self.table, self.cache = table, {}
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, words):
+        h = F.zeros((1, 3))
+        for w in words:
+            if w not in self.cache:
+                self.cache[w] = self.table[w:w + 1]
+            h = F.tanh(self.dense(self.cache[w]) + h)
+        return h
+
+
+def _cached_rows_grads(batched):
+    mx.random.seed(0)
+    table = nd.array(np.arange(12).reshape(4, 3) / 10.)
+    table.attach_grad()
+    model = CachesTableRows(table)
+    model.initialize(mx.init.Uniform(0.5))
+    grads = []
+    for _ in range(2):
+        with autograd.record():
+            with gdb.batching() if batched else contextlib.nullcontext():
+                outs = []
+                for words in ([1], [2, 1]):
+                    outs.append(model(words))
+                    outs[-1].asnumpy()          # a read between samples: a flush
+            loss = nd.add_n(*[o.sum() for o in outs])
+        loss.backward()
+        grads.append(table.grad.asnumpy().copy())
+    return grads
+
+
+def test_a_view_of_a_held_tables_row_reused_after_a_flush_and_a_scope_takes_its_gradient():
+    """The view was rows of the table before the flush and a leaf of its own
+    after it: the next scope's pass gave the table no gradient through it."""
+    for got, want in zip(_cached_rows_grads(True), _cached_rows_grads(False)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

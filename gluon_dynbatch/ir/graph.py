@@ -178,8 +178,6 @@ class Graph:
         self.mode = None           # autograd's (recording, training) of its calls
         self.links = []            # additions that may form chains (``sums.py``)
         self.spans = {}            # id(array) -> (it, its memory): ``aliases.shares_with_pending``
-        # id(view) -> (it, base, begin, end): rows of plain arrays (``aliases.outside_rows``)
-        self.outside_rows = {}
 
     def add(self, node):
         self.nodes.append(node)
@@ -212,7 +210,6 @@ class Graph:
         self.derived_nodes = {}
         self.links = []
         self.spans = {}
-        self.outside_rows = {}
         self.flush_fn = self.read_fn = _released
 
     def live_and_needed(self):

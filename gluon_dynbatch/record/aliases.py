@@ -266,19 +266,24 @@ _SLICE = nd.NDArray._slice          # pylint: disable=protected-access
 _RESHAPE = nd.NDArray.reshape
 
 
+#: Views noted at most per scope; past it the notes start again (views not
+#: noted are leaves of their own: slower, as exact).
+MAX_NOTED_ROWS = 20000
+
+
 def _noted_at(self, idx):
-    """``NDArray._at`` (``x[i]``), noted inside a scope (``outside_rows``)."""
+    """``NDArray._at`` (``x[i]``), noted inside a sample (``outside_rows``)."""
     view = _AT(self, idx)
-    if context.TLS.recorder is not None and type(self) is nd.NDArray:
+    if type(self) is nd.NDArray and context.TLS.recorder is not None:
         begin = idx + self.shape[0] if idx < 0 else idx
         _note_rows(view, self, begin, begin + 1)
     return view
 
 
 def _noted_slice(self, start, stop):
-    """``NDArray._slice`` (``x[i:j]``), noted inside a scope (``outside_rows``)."""
+    """``NDArray._slice`` (``x[i:j]``), noted inside a sample (``outside_rows``)."""
     view = _SLICE(self, start, stop)
-    if context.TLS.recorder is not None and type(self) is nd.NDArray:
+    if type(self) is nd.NDArray and context.TLS.recorder is not None:
         begin, end, _ = slice(start, stop).indices(self.shape[0])
         if end - begin == view.shape[0]:
             _note_rows(view, self, begin, end)
@@ -291,29 +296,35 @@ def _noted_reshape(self, *shape, **kwargs):
     view = _RESHAPE(self, *shape, **kwargs)
     rec = context.TLS.recorder
     if rec is not None and type(self) is nd.NDArray and type(view) is nd.NDArray:
-        noted = rec.graph.outside_rows
-        found = noted.get(id(self))
+        found = getattr(rec, "outside_rows", {}).get(id(self))
         if found is not None and found[0] is self:
-            noted[id(view)] = (view,) + found[1:]
+            _note_rows(view, found[1], found[2], found[3])
     return view
 
 
 def _note_rows(view, base, begin, end):
-    """Note ``view``, rows ``begin:end`` of ``base``, in the recorder's graph.
+    """Note ``view``, rows ``begin:end`` of ``base``, for the recorder.
 
-    Only where the rows are what autograd makes of them eagerly: a view made
-    while recording is recorded by MXNet (a gradient reaches ``base``), one
-    made outside ``autograd.record()`` is a constant unless ``base`` is one.
+    Only inside a sample's call (where ``Recorder.new_leaf`` reads them) and
+    where the rows are what autograd makes of them eagerly: a view made while
+    recording is recorded by MXNet (a gradient reaches ``base``), one made
+    outside ``autograd.record()`` is a constant unless ``base`` is one.
     """
+    rec = context.TLS.recorder
+    noted = getattr(rec, "outside_rows", None)
+    if noted is None or rec.depth <= 0 or not 0 <= begin < end <= base.shape[0]:
+        return
     if autograd.is_recording() or constant_array(base):
-        context.TLS.recorder.graph.outside_rows[id(view)] = (view, base, begin, end)
+        if len(noted) >= MAX_NOTED_ROWS:
+            noted.clear()
+        noted[id(view)] = (view, base, begin, end)
 
 
 def outside_rows(rec, array):
     """``(base, begin, end)`` if plain NDArray ``array`` is a view of rows of
-    another one made in ``rec``'s graph (``_noted_at``, ``_noted_slice``),
-    else None."""
-    found = rec.graph.outside_rows.get(id(array))
+    another one made in one of ``rec``'s samples (``_noted_at``,
+    ``_noted_slice``), else None."""
+    found = rec.outside_rows.get(id(array))
     if found is None or found[0] is not array:
         return None
     return found[1:]

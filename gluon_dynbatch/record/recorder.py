@@ -110,6 +110,9 @@ class Recorder(RecorderCore):
         # id(array) -> (array, task) of the sample that last wrote an array from
         # outside the scope (``_written_by_earlier``).
         self._outside_writers = {}
+        # id(view) -> (it, base, begin, end): views of rows of plain arrays made
+        # in samples (``aliases.outside_rows``)
+        self.outside_rows = {}
 
     @property
     def constant_ids(self):
@@ -176,6 +179,7 @@ class Recorder(RecorderCore):
         self.lazy_pool = []
         self._described = ({}, {})
         self._outside_writers = {}
+        self.outside_rows = {}
         self.closed = True
         if self.F is not None:
             forget(self.F)
@@ -221,7 +225,7 @@ class Recorder(RecorderCore):
         found = self.param_table().get(id(array))
         if found is not None and found[0] is array:     # ``p.data()`` read in the model
             return self.param(found[1])                 # ``p`` itself, shared by every call
-        if graph.outside_rows and self.depth > 0:
+        if self.outside_rows and self.depth > 0:
             found = aliases.outside_rows(self, array)
             if found is not None:
                 lazy = self._rows_leaf_of(array, *found)
