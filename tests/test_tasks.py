@@ -2260,3 +2260,123 @@ def test_flushes_of_a_full_graph_while_samples_wait_at_reads_hand_out_every_valu
         loss.backward()
         for out, expected in zip(outs, want):
             np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+class TagsByARead(gdb.DynBatchBlock):
+    """A tagger whose tag is read (the sample waits), returned in a list and alone."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(2, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        tag = int(F.argmax(self.dense(x), axis=1).asscalar())
+        return [tag], tag
+
+
+class ScoresTags(gdb.DynBatchBlock):
+    """A second stage given the tagger's list and number."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(3, in_units=3)
+
+    def hybrid_forward(self, F, x, tags, tag):
+        return self.dense(x) + F.full((1, 3), tag) + len(tags)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}])
+def test_a_waiting_samples_list_and_number_given_to_a_second_block_equal_eager(options):
+    """A flush copying a constant asked whether waiting samples held the arrays
+    it wrote: looking through their arguments read the stand-in list another
+    waiting call returned, which ran that sample inside the flush ("internal
+    error: value not produced by its flush")."""
+    mx.random.seed(0)
+    tagger, scorer = TagsByARead(), ScoresTags()
+    tagger.initialize()
+    scorer.initialize()
+    xs = [nd.array(np.random.RandomState(k).uniform(-1, 1, (1, 3))) for k in range(3)]
+
+    def pipeline(x):
+        tags, tag = tagger(x)
+        return scorer(x, tags, tag)
+
+    with autograd.record():
+        want = [pipeline(x).asnumpy() for x in xs]
+        with gdb.batching(**options):
+            outs = [pipeline(x) for x in xs]
+    for out, expected in zip(outs, want):
+        np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+class Example:
+    """A sample's record, as data pipelines make them."""
+
+    def __init__(self, x):
+        self.x = x
+
+
+class ReadsThenUsesItsExample(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, example):
+        k = int(F.argmax(self.dense(example.x), axis=1).asscalar())    # the sample waits
+        return self.dense(example.x) * (k + 1)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"strategy": "reference"}])
+def test_a_buffer_refilled_between_samples_inside_an_object_they_were_given_is_read_as_eager(
+        options):
+    """Waiting samples given the buffer inside a plain object were not known to
+    hold it: the next refill went ahead, and they resumed with its values."""
+    mx.random.seed(0)
+    model = ReadsThenUsesItsExample()
+    model.initialize(mx.init.Uniform(0.9))
+    data = [np.random.RandomState(k).uniform(-1, 1, (1, 4)) for k in range(3)]
+    buf = nd.zeros((1, 4))
+
+    def loop():
+        outs = []
+        for values in data:
+            buf[:] = values                 # one input buffer, refilled per sample
+            outs.append(model(Example(buf)))
+        return [o.asnumpy() for o in outs]
+
+    want = loop()
+    with gdb.batching(**options):
+        got = loop()
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+class RaisesAfterRecording(gdb.DynBatchBlock):
+    def __init__(self, kept, **kwargs):
+        super().__init__(**kwargs)
+        self.kept = kept
+        with self.name_scope():
+            self.dense = nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, x, bad):
+        value = self.dense(x) * 2
+        self.kept.append(value)
+        if bad:
+            raise KeyError("bad sample")
+        return value
+
+
+def test_a_value_a_failed_sample_recorded_read_after_the_scope_raises_a_batching_error():
+    """It raised ``TypeError: 'NoneType' object is not callable``."""
+    kept = []
+    model = RaisesAfterRecording(kept)
+    model.initialize()
+    xs = [nd.ones((1, 4)) * k for k in range(3)]
+    with pytest.raises(KeyError):
+        with gdb.batching():
+            [model(x, k == 1) for k, x in enumerate(xs)]
+    with pytest.raises(gdb.BatchingError, match="batching scope"):
+        kept[1].asnumpy()

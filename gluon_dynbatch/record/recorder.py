@@ -47,6 +47,14 @@ _RUNS_ITS_CODE = "runs its code"    # in the token of a block whose calls are no
 
 DEFAULT_MAX_PENDING = 500000    # pending nodes after which a scope flushes by itself
 MAX_ROW_CONCAT = 4096           # longer row concatenations take the generic path
+def _never_computed():
+    """The error of a value read after its scope ended without computing it."""
+    return BatchingError(
+        "this value was recorded in a batching scope that has ended without computing "
+        "it: its sample raised (its calls were dropped with it), or the scope failed; "
+        "record it again in a new scope")
+
+
 _SLICE_AXIS = opdef("slice_axis")
 _RESHAPE = opdef("reshape")
 _ONE_SLOT = (slot(0),)
@@ -197,10 +205,14 @@ class Recorder(RecorderCore):
 
     def flush(self):
         """Run everything pending now."""
+        if self._flush is None:
+            raise _never_computed()
         self._flush()
 
     def read(self):
         """Run everything pending now: a value is read (``scope.read``)."""
+        if self._read is None:
+            raise _never_computed()
         self._read()
 
     # -- values -----------------------------------------------------------------------

@@ -28,6 +28,7 @@ import math
 import operator
 import sys
 import threading
+import types
 import weakref
 
 import greenlet
@@ -518,12 +519,35 @@ def placeholders(tasks, task, form, path=()):
 
 def _arrays_in(obj, depth, found):
     """Append to ``found`` the NDArrays ``obj`` is or holds within ``depth``
-    levels of lists, tuples and dicts."""
+    levels of lists, tuples, dicts and the attributes of plain objects (an
+    example object holding a sample's arrays).  A waiting sample's stand-in
+    list gives what it holds now: looking does not run its sample."""
     if isinstance(obj, NDArray):
         found.append(obj)
-    elif depth and isinstance(obj, (list, tuple, dict)):
+    elif not depth:
+        return
+    elif isinstance(obj, _WaitingList):
+        for item in list.__iter__(obj):
+            _arrays_in(item, depth - 1, found)
+    elif isinstance(obj, (list, tuple, dict)):
         for item in obj.values() if isinstance(obj, dict) else obj:
             _arrays_in(item, depth - 1, found)
+    elif not str(type(obj).__module__).startswith(_LIBRARIES) \
+            and not isinstance(obj, _NOT_SEARCHED):
+        try:        # (not through ``__getattr__``: a proxy's would run something)
+            attributes = object.__getattribute__(obj, "__dict__")
+        except AttributeError:
+            return
+        if type(attributes) is dict:
+            for item in list(attributes.values()):
+                _arrays_in(item, depth - 1, found)
+
+
+# Objects whose attributes are not a sample's data: this library's own (a
+# recorder, a waiting sample's stand-ins), MXNet's and Python's, blocks (their
+# parameters are known as weights), classes, modules, functions.
+_LIBRARIES = ("gluon_dynbatch", "mxnet", "numpy", "builtins", "greenlet", "gluonnlp")
+_NOT_SEARCHED = (gluon.Block, type, types.ModuleType, types.FunctionType, types.MethodType)
 
 
 def settings_of(args, owner=None):
