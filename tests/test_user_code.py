@@ -2907,7 +2907,7 @@ def test_a_write_through_a_view_of_a_given_array_writes_the_array_as_eager(how, 
 
 def _written_through_detach(options):
     mx.random.seed(0)
-    model = DenseTanhOf3()
+    model = DenseTanh()
     model.initialize(mx.init.Uniform(0.5))
     xs = [nd.array(np.random.RandomState(k).randn(1, 3)) for k in range(3)]
     scope = gdb.batching(**options) if options is not None else contextlib.nullcontext()
@@ -2917,16 +2917,6 @@ def _written_through_detach(options):
         outs[0].detach()[:] = 0             # eager's detach shares the value's memory
         doubled = [(o * 2).asnumpy() for o in outs]
     return doubled + [o.asnumpy() for o in outs]
-
-
-class DenseTanhOf3(gdb.DynBatchBlock):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=3)
-
-    def hybrid_forward(self, F, x):
-        return F.tanh(self.dense(x))
 
 
 @pytest.mark.parametrize("options", [{}, {"compiled": True}, {"compiled": "plan"}])
