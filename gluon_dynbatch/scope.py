@@ -11,6 +11,7 @@ import time
 import mxnet as mx
 
 from .errors import BatchingError
+from .logs import warn_once
 from .plan import budget, scalars, sums
 from .plan.planners import PLANNERS, make_plan
 from .record import context, dispatch, handlers, literals, patches, trie
@@ -359,6 +360,14 @@ class BatchingScope:
                 # Compiling a plan of so many steps takes seconds, more than
                 # its whole run imperatively: its calls run now (not measured).
                 mode, choice = False, None
+        if mode == "plan" and len(plan.steps) > MAX_WHOLE_PLAN_STEPS:
+            # Compiling and differentiating one graph of so many steps (a long
+            # chain or sentence) costs many times their run: steps compiled apart.
+            warn_once("long whole plan", "a plan of %d steps (more than %d: a long chain or "
+                      "sequence) runs as compiled steps, not as one compiled graph, under "
+                      "compiled='plan': compiled as one it took many times as long as its run",
+                      len(plan.steps), MAX_WHOLE_PLAN_STEPS)
+            mode = "step"
         if mode == "step":
             run_steps(plan, live, ctx, self._cache(), stats)
         elif mode:                                  # True or "plan": whole plans
@@ -578,7 +587,8 @@ def batching(strategy=None, compiled=None, max_pending_nodes=None, keep_plan=Fal
         defaults to the strategy of the first DynBatchBlock called ("depth").
     compiled : bool, "plan" or "step", optional
         ``"plan"``: run each flush as one compiled MXNet graph (CachedOp),
-        cached by plan shape.  ``"step"``: compile and cache each step
+        cached by plan shape (a plan of more than ``MAX_WHOLE_PLAN_STEPS``
+        steps as compiled steps).  ``"step"``: compile and cache each step
         separately (shapes of steps repeat across batches even when whole plans
         do not).  ``False``: batched imperative calls.  ``True``: whichever of
         the three has cost the model least per planned node, compiles
