@@ -2864,47 +2864,6 @@ def test_a_row_of_a_held_table_written_between_reads_reads_as_eager(options):
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-class WritesARowOfItsInput(gdb.DynBatchBlock):
-    """Writes a row of the table it is given through a view of it (``how``), or
-    through a copy of the view (``copy``), then reads the table's row."""
-
-    def __init__(self, how, **kwargs):
-        super().__init__(**kwargs)
-        self.how = how
-
-    def hybrid_forward(self, F, k, table):
-        row = table[k] if self.how != "slice" else table[k:k + 1]
-        if self.how == "copy":
-            row = row.copy()
-        if self.how == "out":
-            F.broadcast_add(row, F.ones_like(row), out=row)
-        else:
-            row += 1.0
-        return F.tanh(row) + F.sum(table[k:k + 1])
-
-
-@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}, "map"])
-@pytest.mark.parametrize("how", ["int", "slice", "out", "copy"])
-def test_a_write_through_a_view_of_a_given_array_writes_the_array_as_eager(how, options):
-    """``row = x[i]; row += 1`` writes the caller's array in eager code; the
-    view was a value of its own here: the write was lost, and the sample's
-    later reads of the array read its old values."""
-    results = []
-    for batched in (False, True):
-        table = nd.array(np.arange(12, dtype=np.float32).reshape(4, 3) / 10)
-        model = WritesARowOfItsInput(how)
-        if not batched:
-            outs = [model(k, table) for k in (1, 2)]
-        elif options == "map":
-            outs = gdb.map(lambda k, m=model, t=table: m(k, t), [1, 2])
-        else:
-            with gdb.batching(**options):
-                outs = [model(k, table) for k in (1, 2)]
-        results.append([o.asnumpy() for o in outs] + [table.asnumpy()])
-    for got, want in zip(results[1], results[0]):
-        np.testing.assert_allclose(got, want, rtol=1e-6)
-
-
 def _written_through_detach(options):
     mx.random.seed(0)
     model = DenseTanh()

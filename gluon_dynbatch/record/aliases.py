@@ -16,7 +16,7 @@ import numpy as np
 from mxnet import autograd, nd
 from mxnet.base import _LIB, check_call
 
-from ..ir.graph import LEAF, VIEW
+from ..ir.graph import LEAF
 from ..ir.known import constant_array
 from . import context
 from .lazy import LazyArray
@@ -25,25 +25,11 @@ _SHARES = {}        # (shape, key) -> whether eager's x[key] shares x's memory
 GETITEM = [None]    # x[key] inside a scope, keeping no view (``arithmetic``)
 
 
-class _OfInput(list):
-    """The (empty) ``_views`` of a view of a sample's input: the input is
-    ``base``, the view taken as ``how`` (``input_view``); a view is never
-    reused for another value."""
-
-    __slots__ = ("base", "how")
-
-
 def note(base, view, how):
     """Keep ``view`` of LazyArray ``base``, taken as ``how`` says: ``("index",
     key)``, ``("reshape", kwargs)`` or ``("detach", None)``.  Returns ``view``."""
-    if view is base:
-        return view
-    if getattr(base._node, "kind", None) == LEAF:
-        # A view of an input: a write through it writes the input (``input_view``).
-        if type(view) is LazyArray and getattr(view, "_views", None) is None:
-            marker = view._views = _OfInput()
-            marker.base, marker.how = base, how
-        return view
+    if view is base or getattr(base._node, "kind", None) == LEAF:
+        return view         # (an input: its update in place is refused)
     views = getattr(base, "_views", None)
     if views is None:
         views = base._views = []
@@ -81,30 +67,6 @@ def follow(rec, base, done=None):
             continue
         note(base, rec.rebind(view, _pending_view(rec, base, how)), how)
         follow(rec, view, done)
-
-
-def input_view(rec, view):
-    """``(input, how)`` if LazyArray ``view`` is a view of a sample's input (an
-    array from outside the scope), taken as ``how`` (see ``note``), else None:
-    eager's write through the view (``row = x[i]; row += 1``) writes the input."""
-    marker = getattr(view, "_views", None)
-    if type(marker) is _OfInput:
-        base, how = marker.base, marker.how
-    else:           # rows of an input, a view node of the graph (``x[a:b]``)
-        node = getattr(view, "_node", None)
-        source = node.inputs[0][0] if getattr(node, "kind", None) == VIEW else None
-        if getattr(source, "kind", None) != LEAF or source.param is not None \
-                or source in source.graph.literal_leaves or node.op.name != "slice_axis" \
-                or node.kwargs.get("axis", 0) != 0:
-            return None
-        found = rec.graph.leaf_by_id.get(id(source.value))
-        if found is None or found[0] is not source:
-            return None
-        base, how = found[1], ("index", slice(node.kwargs["begin"], node.kwargs["end"]))
-    given = getattr(base, "_given", None)
-    if type(given) is not nd.NDArray or id(given) in rec.constant_ids:
-        return None
-    return base, how
 
 
 def shares_with_pending(rec, array, with_frame=True):

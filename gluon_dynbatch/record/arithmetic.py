@@ -128,28 +128,12 @@ def _in_place(name):
                 "autograd.record(); as in eager MXNet, assigning to arrays that are "
                 "already in a computational graph is not supported inside "
                 "autograd.record()" % (describe_call(rec.sample, rec.path), _SYMBOL[name]))
-        view_of = aliases.input_view(rec, self)
         result = fn(self, other)
         rec.rebind(self, result)
         aliases.follow(rec, self)
-        if view_of is not None:
-            write_through(rec, view_of, self)
         return self
     in_place.__name__ = "__i%s__" % _IN_PLACE[name]
     return in_place
-
-
-def write_through(rec, view_of, value):
-    """Write ``value``, the new value of a view of a sample's input (``view_of``:
-    ``aliases.input_view``), into the input where the view lies, as eager's
-    write through the view does (``row = x[i]; row += 1``)."""
-    base, (kind, arg) = view_of
-    if kind == "index":
-        _setitem(base, arg, value)
-    elif kind == "reshape":
-        _setitem(base, slice(None), rec.F.reshape(value, shape=base.shape))
-    else:                                       # ``detach``
-        _setitem(base, slice(None), value)
 
 
 _IN_PLACE = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "truediv",

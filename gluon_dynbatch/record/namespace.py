@@ -278,7 +278,6 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
         outs = out if isinstance(out, (list, tuple)) else (out,)
         if rec is not None:
             rec.before_write(outs)
-            views_of = [(a, aliases.input_view(rec, a)) for a in outs if type(a) is LazyArray]
         for array in outs:
             if type(array) is LazyArray and array._rows is not None:
                 array.handle  # pylint: disable=pointless-statement  (cut out first)
@@ -316,9 +315,6 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
                 array._rows = None  # pylint: disable=protected-access
                 if rec is not None:
                     aliases.follow(rec, array)     # its views share its memory
-        for array, view_of in views_of if rec is not None else ():
-            if view_of is not None:     # a view of a sample's input: written through
-                arithmetic.write_through(rec, view_of, array)
     return result
 
 
