@@ -274,7 +274,7 @@ class Tasks:
         if self._given[0] != key:
             given = []
             for task in waiting:
-                _arrays_in(task.args, 4, given)
+                _arrays_in(task.args, 4, given, objects=True)
             self._given = (key, {id(a): a for a in given}, aliases.memory_index(given))
         ids = self._given[1]
         return any(ids.get(id(a)) is a for a in arrays) \
@@ -517,22 +517,26 @@ def placeholders(tasks, task, form, path=()):
     return found
 
 
-def _arrays_in(obj, depth, found):
+def _arrays_in(obj, depth, found, objects=False, inside=False):
     """Append to ``found`` the NDArrays ``obj`` is or holds within ``depth``
-    levels of lists, tuples, dicts and the attributes of plain objects (an
-    example object holding a sample's arrays).  A waiting sample's stand-in
-    list gives what it holds now: looking does not run its sample."""
+    levels of lists, tuples and dicts, and with ``objects`` of the attributes
+    of plain objects too (an example object holding a sample's arrays; lists
+    of more than ``_MOST_ITEMS`` there, ``inside`` one, are not searched).  A
+    waiting sample's stand-in list gives what it holds now: looking does not
+    run its sample."""
     if isinstance(obj, NDArray):
         found.append(obj)
     elif not depth:
         return
     elif isinstance(obj, _WaitingList):
         for item in list.__iter__(obj):
-            _arrays_in(item, depth - 1, found)
+            _arrays_in(item, depth - 1, found, objects, inside)
     elif isinstance(obj, (list, tuple, dict)):
+        if inside and len(obj) > _MOST_ITEMS:
+            return          # (a vocabulary an example refers to, not a sample's arrays)
         for item in obj.values() if isinstance(obj, dict) else obj:
-            _arrays_in(item, depth - 1, found)
-    elif not str(type(obj).__module__).startswith(_LIBRARIES) \
+            _arrays_in(item, depth - 1, found, objects, inside)
+    elif objects and not str(type(obj).__module__).startswith(_LIBRARIES) \
             and not isinstance(obj, _NOT_SEARCHED):
         try:        # (not through ``__getattr__``: a proxy's would run something)
             attributes = object.__getattribute__(obj, "__dict__")
@@ -540,7 +544,7 @@ def _arrays_in(obj, depth, found):
             return
         if type(attributes) is dict:
             for item in list(attributes.values()):
-                _arrays_in(item, depth - 1, found)
+                _arrays_in(item, depth - 1, found, objects, True)
 
 
 # Objects whose attributes are not a sample's data: this library's own (a
@@ -548,6 +552,7 @@ def _arrays_in(obj, depth, found):
 # parameters are known as weights), classes, modules, functions.
 _LIBRARIES = ("gluon_dynbatch", "mxnet", "numpy", "builtins", "greenlet", "gluonnlp")
 _NOT_SEARCHED = (gluon.Block, type, types.ModuleType, types.FunctionType, types.MethodType)
+_MOST_ITEMS = 1000      # items of a list or dict searched for a waiting sample's arrays
 
 
 def settings_of(args, owner=None):
