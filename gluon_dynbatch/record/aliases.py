@@ -258,9 +258,9 @@ def _noted_reshape(self, *shape, **kwargs):
     view = _RESHAPE(self, *shape, **kwargs)
     rec = context.TLS.recorder
     if rec is not None and type(self) is nd.NDArray and type(view) is nd.NDArray:
-        found = getattr(rec, "outside_rows", {}).get(id(self))
-        if found is not None and found[0] is self:
-            _note_rows(view, found[1], found[2], found[3])
+        found = outside_rows(rec, self)
+        if found is not None:
+            _note_rows(view, *found)
     return view
 
 
@@ -273,9 +273,9 @@ def _note_rows(view, base, begin, end):
     outside ``autograd.record()`` is a constant unless ``base`` is one.
     """
     rec = context.TLS.recorder
-    noted = getattr(rec, "outside_rows", None)
-    if noted is None or rec.depth <= 0 or not 0 <= begin < end <= base.shape[0]:
+    if rec.depth <= 0 or not 0 <= begin < end <= base.shape[0]:
         return
+    noted = rec.outside_rows
     if autograd.is_recording() or constant_array(base):
         if len(noted) >= MAX_NOTED_ROWS:
             noted.clear()

@@ -47,14 +47,6 @@ _RUNS_ITS_CODE = "runs its code"    # in the token of a block whose calls are no
 
 DEFAULT_MAX_PENDING = 500000    # pending nodes after which a scope flushes by itself
 MAX_ROW_CONCAT = 4096           # longer row concatenations take the generic path
-def _never_computed():
-    """The error of a value read after its scope ended without computing it."""
-    return BatchingError(
-        "this value was recorded in a batching scope that has ended without computing "
-        "it: its sample raised (its calls were dropped with it), or the scope failed; "
-        "record it again in a new scope")
-
-
 _SLICE_AXIS = opdef("slice_axis")
 _RESHAPE = opdef("reshape")
 _ONE_SLOT = (slot(0),)
@@ -64,6 +56,14 @@ _scan.bind(Node, LazyArray)
 _ROW_SLICES = {}    # (begin, end, trailing shape, dtype) -> (CallInfo, kwargs) of a row-slice view
 _ROW_WIDTHS = {}    # (end - begin, trailing shape, dtype) -> a CallInfo of such a view
 MAX_ROW_WIDTHS = 100000
+
+
+def _never_computed():
+    """The error of a value read after its scope ended without computing it."""
+    return BatchingError(
+        "this value was recorded in a batching scope that has ended without computing "
+        "it: its sample raised (its calls were dropped with it), or the scope failed; "
+        "record it again in a new scope")
 
 
 class Recorder(RecorderCore):
