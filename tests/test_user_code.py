@@ -361,6 +361,55 @@ def test_a_sample_writing_the_array_it_was_given_writes_the_callers_array(how, o
             np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
 
 
+class WritesIntoZeros(gdb.DynBatchBlock):
+    """``y = F.zeros(x.shape)`` filled by ``out=`` or ``copyto``, as a buffer."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, flatten=False)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        y = F.zeros(x.shape)
+        if self.how == "out":
+            F.relu(h, out=y)
+        else:
+            h.copyto(y)
+        return y + h
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"strategy": "reference"}, "map"])
+@pytest.mark.parametrize("how", ["out", "copyto"])
+def test_samples_writing_into_arrays_of_zeros_they_made_equal_eager(how, options):
+    """Every call of ``F.zeros`` of one shape returned one LazyArray: a later
+    sample's ``out=`` (or ``copyto``) write reached an earlier sample's array,
+    whose output was the later sample's (once the block's templates were
+    learned; under ``gdb.map`` at once)."""
+    model = WritesIntoZeros(how)
+    model.initialize(mx.init.Uniform(0.5))
+    base = [np.random.RandomState(k).uniform(-1, 1, (1 + k % 2, 3)) for k in range(4)]
+    runs = []
+    for batched in (False, True, True):     # the second scope replays the first's
+        xs = [nd.array(b) for b in base]
+        with autograd.record():
+            if not batched:
+                outs = [model(x) for x in xs]
+            elif options == "map":
+                outs = gdb.map(model, xs)
+            else:
+                with gdb.batching(**options):
+                    outs = [model(x) for x in xs]
+            total = nd.add_n(*[out.sum() for out in outs])
+        total.backward()
+        runs.append(([out.asnumpy() for out in outs], model.dense.weight.grad().asnumpy().copy()))
+    for outs, grad in runs[1:]:
+        for got, want in zip(outs, runs[0][0]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(grad, runs[0][1], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("how", ["setitem", "iadd", "iadd pending", "out", "copyto"])
 @pytest.mark.parametrize("training", [False, True])
 def test_samples_given_one_array_that_each_write_it_equal_eager_or_are_refused(how, training):

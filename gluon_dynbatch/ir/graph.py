@@ -165,6 +165,7 @@ class Graph:
         self.externals = {}        # id(recipe) -> (recipe, its parameters here, signature)
         self.constants = {}        # (F path, args) -> leaf of a deterministic F.zeros ...
         self.shared_items = {}     # id(array) -> frame key item of a parameter or constant
+        self.held = []             # values keyed by id above that only the graph holds
         self.literals = {}         # (dtype, row shape) -> (leaf, numpy parts): literals.py
         # Keyed by the leaves themselves: a flush's passes renumber nodes (``sums.py``).
         self.literal_leaves = set()    # those leaves
@@ -199,6 +200,7 @@ class Graph:
         self.externals = {}
         self.constants = {}
         self.shared_items = {}
+        self.held = []
         self.literals = {}
         self.literal_leaves = set()
         self.literal_parts = {}

@@ -165,9 +165,13 @@ def _python_function(rec, fn, path):
                 return rec.make_constant(fn, path, args, kwargs)
             if found is None:
                 found = rec.make_constant(fn, path, args, kwargs)
-                if type(found) is LazyArray:
-                    known[key] = found
-            return found
+                if type(found) is LazyArray and found._node is not None:
+                    known[key] = found._node
+                return found
+            # Each call a LazyArray of its own (``Recorder._constant_leaf``).
+            own = LazyArray(found, 0)
+            rec.graph.held.append(own)
+            return own
         return create
 
     def fallback(*args, **kwargs):

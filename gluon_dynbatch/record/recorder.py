@@ -937,8 +937,19 @@ class Recorder(RecorderCore):
                 for array in (out if isinstance(out, (list, tuple)) else [out]):
                     store.constant_ids[id(array)] = array
         if isinstance(out, (list, tuple)):
-            return [self.leaf(o) for o in out]
-        return self.leaf(out)
+            return [self._constant_leaf(o) for o in out]
+        return self._constant_leaf(out)
+
+    def _constant_leaf(self, array):
+        """A LazyArray of its own for each call of a creation function: eager
+        makes a new array at each call, so one sample's in-place write (``out=``,
+        ``copyto``) must not reach another's (the leaf's LazyArray is shared)."""
+        shared = self.leaf(array)
+        if shared._node is None:
+            return shared
+        own = LazyArray(shared._node, shared._idx)
+        self.graph.held.append(own)     # (frames key it by ``id``: ``Frame.ref``)
+        return own
 
     def add_node(self, op, inputs, targs, tkw):
         """Create, analyse and sign one op node; return its LazyArray output(s)."""
