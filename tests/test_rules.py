@@ -185,6 +185,38 @@ def test_rule_matches_per_node(name):
             assert_same(run_model(model, samples, [table], strategy, compiled), expected)
 
 
+def test_batch_norm_of_running_statistics_computed_in_the_sample_equals_eager():
+    """Running statistics a sample computes (``F.ones(...) * 2``) carry autograd
+    history in a batched step, where MXNet's backward asked for their gradient,
+    which BatchNorm does not have ("Operator _NoGradient is not implemented")."""
+    model = OneOp(lambda F, x: F.BatchNorm(
+        F.tanh(x), F.ones((4,)) * 1.5, F.zeros((4,)) + 0.1, F.zeros((4,)) + 0.2,
+        F.ones((4,)) * 2, use_global_stats=True, fix_gamma=False) * x)
+    rng = np.random.RandomState(0)
+    table = nd.array(rng.uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 3), (2, 1), (5, 3), (1, 2)]
+    expected = reference_run(model, samples, [table])
+    for strategy in ("depth", "agenda"):
+        for compiled in (False, True, "step"):
+            assert_same(run_model(model, samples, [table], strategy, compiled), expected)
+
+
+def test_reshape_like_of_ranges_of_axes_equals_eager():
+    """``reshape_like`` with ``lhs_begin`` ... ``rhs_end`` takes part of ``like``'s
+    shape: its rows were concatenated like the output's, and a step of samples
+    whose rows happened to match ``like``'s failed in MXNet."""
+    model = OneOp(lambda F, x: F.reshape_like(
+        F.tanh(x), F.zeros((2, 2)), lhs_begin=1, lhs_end=2, rhs_begin=0,
+        rhs_end=2) * 2)
+    rng = np.random.RandomState(0)
+    table = nd.array(rng.uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 2), (2, 2), (5, 4), (1, 2), (6, 4)]
+    expected = reference_run(model, samples, [table])
+    for strategy in ("depth", "agenda"):
+        for compiled in (False, True, "step"):
+            assert_same(run_model(model, samples, [table], strategy, compiled), expected)
+
+
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_ragged_max_and_min_over_rows_batch_in_one_step_and_keep_infinities_apart(op):
     model = OneOp(lambda F, x: getattr(F, op)(x, axis=0, keepdims=True) * 2)

@@ -153,7 +153,9 @@ SAME_SHAPE_ADDS = frozenset(["elemwise_add", "_plus", "_Plus", "_grad_add"])
 NO_INPUT_GRADIENT = {"Embedding": (0,), "take": (1,), "batch_take": (1,), "pick": (1,),
                      "gather_nd": (1,), "scatter_nd": (1,), "where": (0,),
                      "SequenceMask": (1,), "SequenceLast": (1,), "SequenceReverse": (1,),
-                     "_contrib_boolean_mask": (1,), "boolean_mask": (1,)}
+                     "_contrib_boolean_mask": (1,), "boolean_mask": (1,),
+                     # running mean and variance: states MXNet writes, never differentiated
+                     "BatchNorm": (3, 4)}
 
 
 def _without_gradient(F, inputs, slots):

@@ -88,6 +88,17 @@ def all_row_roles(node):
     return (ROW,) * len(node.inputs)
 
 
+def reshape_like_roles(node):
+    """``reshape_like(x, like)``: both concatenated when the whole shape is taken
+    (``x`` and ``like`` have the output's rows); not batched when ranges of axes
+    (``lhs_begin`` ... ``rhs_end``) take part of ``like``'s shape, whose row count
+    a concatenation would change."""
+    if any(node.kwargs.get(name) is not None
+           for name in ("lhs_begin", "lhs_end", "rhs_begin", "rhs_end")):
+        return None
+    return all_row_roles(node)
+
+
 def _axis(node, name, default):
     """Normalised non-negative axis attribute of input 0 (None if absent/None)."""
     axis = node.kwargs.get(name, default)
@@ -410,7 +421,7 @@ register_rule("BilinearResize2D", RowRule(
 register_rule("BatchNorm", RowRule(batchnorm_roles))
 register_rule("batch_dot", RowRule(all_row_roles))
 # Gluon's losses (L2, L1, Huber, sigmoid cross-entropy) reshape the label like the prediction.
-register_rule("reshape_like", RowRule(all_row_roles))
+register_rule("reshape_like", RowRule(reshape_like_roles))
 register_rule("broadcast_like", RowRule(broadcast_like_roles, broadcasts=True))
 register_rule("Dropout", RowRule(dropout_roles))
 register_rule(["softmin", "argsort"], RowRule(axis_roles("axis", -1)))
