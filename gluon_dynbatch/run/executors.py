@@ -265,17 +265,6 @@ def _zero_of(part):
     return mx.nd.sum(mx.nd.multiply(mx.nd.where(finite, part, finite), 0)).astype("float32")
 
 
-def tied_to(array, parts):
-    """``array`` (floating) with autograd history through ``parts``, by a zero:
-    ``array + sum(0 * part)`` over the floating ones, non-finite elements masked
-    (``_zero_of``); ``array`` itself when none is floating."""
-    zeros = [_zero_of(part) for part in parts if np.issubdtype(part.dtype, np.floating)]
-    if not zeros or not np.issubdtype(array.dtype, np.floating):
-        return array
-    zero = zeros[0] if len(zeros) == 1 else mx.nd.add_n(*zeros)
-    return mx.nd.broadcast_add(array, zero.astype(array.dtype))
-
-
 @contextlib.contextmanager
 def _naming_step(node0, count):
     """Name the step's calls (the first one's sample and block) in an MXNet error

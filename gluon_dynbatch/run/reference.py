@@ -8,7 +8,6 @@ import mxnet as mx
 
 from ..ir.graph import LEAF
 from ..ir.rules import NON_DIFFERENTIABLE, call_as_recorded
-from .executors import tied_to
 from .lowering import leaf_value, reused_constants
 
 _DETACHING = ("BlockGrad", "stop_gradient")
@@ -32,10 +31,6 @@ def run_reference(nodes, live, ctx):
             # history (MXNet's backward through ``BlockGrad`` can crash).
             with mx.autograd.pause(train_mode=mx.autograd.is_training()):
                 outs = call_as_recorded(mx.nd, node, inputs)
-            if node.op.name in _DETACHING and mx.autograd.is_recording():
-                # Eager's ``BlockGrad`` output has history (a zero gradient): a
-                # loss of it alone differentiates, as eager's does.
-                outs = [tied_to(array, inputs) for array in outs]
         else:
             outs = call_as_recorded(mx.nd, node, inputs)
         for j, array in enumerate(outs):
