@@ -94,6 +94,15 @@ CASES = {
     "broadcast_like_column": lambda F, x: F.broadcast_like(x[:, 0:1] * 3, x) * x,
     "broadcast_like_one_row": lambda F, x: F.broadcast_like(x[0:1], F.tanh(x)) + x,
     "one_hot": lambda F, x: F.one_hot(F.array([x.shape[0] % 3]), 3) * x[0:1, 0:3],
+    # Arrays given by name, in another order than the operator's.
+    "keyword_arrays_sub": lambda F, x: F.broadcast_sub(
+        rhs=F.tanh(x), lhs=F.max(x, axis=1, keepdims=True)),
+    "keyword_arrays_where": lambda F, x: F.where(y=x * 3, x=F.sin(x), condition=x > 0.2),
+    "keyword_arrays_pick": lambda F, x: F.pick(index=F.ones((x.shape[0],)), data=x * 2,
+                                               axis=1),
+    "keyword_arrays_dot": lambda F, x: F.dot(rhs=F.ones((4, 2)), lhs=F.tanh(x)),
+    "keyword_arrays_dense": lambda F, x: F.FullyConnected(
+        num_hidden=3, bias=F.ones((3,)), weight=F.ones((3, 4)) * 0.5, data=x),
 }
 
 # Attributes given by position, as users write them: rules read them as keywords.

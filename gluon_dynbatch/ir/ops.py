@@ -29,7 +29,8 @@ def op_handle(name):
 class OpDef:
     """An MXNet operator reachable as ``mx.nd.<path>`` and ``mx.sym.<path>``."""
 
-    __slots__ = ("name", "path", "nd_fn", "sym_fn", "arrays", "params", "typed")
+    __slots__ = ("name", "path", "nd_fn", "sym_fn", "arrays", "params", "typed",
+                 "array_names")
 
     def __init__(self, path):
         self.path = path
@@ -41,6 +42,8 @@ class OpDef:
         self.sym_fn = _resolve(mx.sym, path)
         self.arrays, self.params = _parameters(self.nd_fn)
         self.typed = _attribute_parsers(self.nd_fn)
+        # Names of the array parameters (``lhs``, ``rhs``); None when there is none.
+        self.array_names = frozenset(self.params[:self.arrays]) if self.arrays else None
 
     def parsed(self, kwargs):
         """``kwargs`` with attributes written as strings (``transpose_b="False"``,
@@ -56,6 +59,22 @@ class OpDef:
             if parse is not None and type(value) is str:
                 out[name] = parse(value)
         return out
+
+    def positional(self, args, kwargs):
+        """``(args, kwargs)`` with arrays given by name (``F.dot(rhs=b, lhs=a)``,
+        ``F.where(y=b, x=a, condition=c)``) moved to their places by position, in
+        the operator's order, as far as arrays given reach without a gap (an
+        optional array left out, such as ``bias``): rules and batched calls read
+        a call's arrays by position."""
+        moved = []
+        for name in self.params[len(args):self.arrays]:
+            if not isinstance(kwargs.get(name), mx.nd.NDArray):
+                break
+            moved.append(name)
+        if not moved:
+            return args, kwargs
+        kwargs = dict(kwargs)
+        return tuple(args) + tuple(kwargs.pop(name) for name in moved), kwargs
 
     def named(self, args, kwargs):
         """``(args, kwargs)`` with the non-array arguments given by position

@@ -28,6 +28,7 @@ import threading
 
 import numpy as np
 
+from ..ir.graph import Slot
 from ..ir.known import exact_scalar
 from ..ir.rules import BROW, ROW, SHARED, ZERO_GRADIENT_INPUTS, Rule, call_as_recorded, \
     intern, zero_gradient
@@ -571,12 +572,13 @@ def _intern(program, exports, roles, name):
     # batches only with sentences of its length.
     # A block entry's calls lay their rows out by its output's rows (``_block_call``):
     # its key holds them.
-    key = (tuple((op.path, kind, sources, blocks, low)
+    # Where each input goes in the call (``F.dot(h, w)``, ``F.dot(rhs=w, lhs=h)``) too.
+    key = (tuple((op.path, kind, sources, blocks, low, _slot_layout(args, kwargs))
                  + (("rows", tuple(s[1:] for s in info.out_shapes), info.out_dtypes)
                     + ((info.sig,) if kind == _RESHAPE else ())
                     if scalar or kind == _RESHAPE else (info.attrs, info.sig))
                  + ((info.out_shapes[0][0],) if blocks else ())
-                 for op, _a, _k, info, kind, sources, _b, blocks, scalar, low in program),
+                 for op, args, kwargs, info, kind, sources, _b, blocks, scalar, low in program),
            exports, roles)
     with _PROGRAMS_LOCK:
         found = _PROGRAMS.get(key)
@@ -587,6 +589,14 @@ def _intern(program, exports, roles, name):
             found = _PROGRAMS[key] = Program(next(_UIDS), "call:" + name, entries,
                                             exports, len(roles))
     return found
+
+
+def _slot_layout(args, kwargs):
+    """Which argument of a call each of its inputs is: ``(place, input)`` per
+    positional slot and ``(name, input)`` per keyword slot."""
+    return (tuple([(k, a.k) for k, a in enumerate(args) if type(a) is Slot]),
+            tuple(sorted((name, v.k) for name, v in kwargs.items() if type(v) is Slot))
+            if kwargs else ())
 
 
 def shared_signature(info, external):
