@@ -210,6 +210,21 @@ def test_batch_norm_of_running_statistics_computed_in_the_sample_equals_eager():
             assert_same(run_model(model, samples, [table], strategy, compiled), expected)
 
 
+@pytest.mark.parametrize("axis", [-3, -2, "-3"])
+def test_stack_along_an_axis_counted_from_the_end_equals_eager(axis):
+    """``stack(..., axis=-3)`` of (2, 4) values is along axis 0: samples of two
+    rows (as many as the stacked values) were batched by rows, each output
+    holding every sample's rows."""
+    model = OneOp(lambda F, x: F.stack(x, F.tanh(x), axis=axis) * 2)
+    rng = np.random.RandomState(0)
+    table = nd.array(rng.uniform(-1, 1, size=(12, 4)))
+    samples = [(0, 2), (2, 2), (5, 2), (1, 3)]
+    expected = reference_run(model, samples, [table])
+    for strategy in ("depth", "agenda"):
+        for compiled in (False, True, "step"):
+            assert_same(run_model(model, samples, [table], strategy, compiled), expected)
+
+
 def test_reshape_like_of_ranges_of_axes_equals_eager():
     """``reshape_like`` with ``lhs_begin`` ... ``rhs_end`` takes part of ``like``'s
     shape: its rows were concatenated like the output's, and a step of samples

@@ -99,6 +99,15 @@ def reshape_like_roles(node):
     return all_row_roles(node)
 
 
+def stack_roles(node):
+    """``stack`` along an axis other than the rows (``axis=-(ndim + 1)`` is axis 0):
+    every input concatenated."""
+    axis = int(node.kwargs.get("axis", 0))
+    if axis < 0:
+        axis += len(_in_shape(node, 0)) + 1
+    return all_row_roles(node) if axis != 0 else None
+
+
 def _axis(node, name, default):
     """Normalised non-negative axis attribute of input 0 (None if absent/None)."""
     axis = node.kwargs.get(name, default)
@@ -435,8 +444,7 @@ register_rule("tile", RowRule(tile_roles))
 register_rule("SoftmaxActivation", RowRule(lambda n: (ROW,) if len(_in_shape(n, 0)) >= 2
                                            else None))
 register_rule(["Concat", "concat"], RowFallback(ViewRule(_concat_view), RowRule(concat_roles)))
-register_rule(["stack"], RowRule(lambda n: all_row_roles(n) if n.kwargs.get("axis", 0) != 0
-                                 else None))
+register_rule(["stack"], RowRule(stack_roles))
 register_rule(["slice", "crop"], RowRule(slice_roles))
 register_rule(["slice_axis"], RowFallback(ViewRule(_rows_view), RowRule(axis_roles("axis", 0))))
 register_rule(["broadcast_to", "broadcast_axis"],
