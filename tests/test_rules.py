@@ -94,6 +94,16 @@ CASES = {
     "broadcast_like_column": lambda F, x: F.broadcast_like(x[:, 0:1] * 3, x) * x,
     "broadcast_like_one_row": lambda F, x: F.broadcast_like(x[0:1], F.tanh(x)) + x,
     "one_hot": lambda F, x: F.one_hot(F.array([x.shape[0] % 3]), 3) * x[0:1, 0:3],
+    # Only the mean and deviation of a normalisation: MXNet's graphs compute them
+    # only with the normalised output (kept: ``rules.keeps_outputs``).
+    "layer_norm_mean_and_std": lambda F, x: list(F.LayerNorm(
+        x * 2, F.ones((4,)), F.zeros((4,)), output_mean_var=True)[1:]),
+    "group_norm_mean_and_std": lambda F, x: list(F.GroupNorm(
+        F.reshape(x, (-1, 4, 1)), F.ones((2,)), F.zeros((2,)), num_groups=2,
+        output_mean_var=True)[1:]),
+    "layer_norm_axis0_mean": lambda F, x: F.LayerNorm(
+        F.tanh(x), F.ones((x.shape[0],)), F.zeros((x.shape[0],)), axis=0,
+        output_mean_var=True)[1] * 2,
     # Arrays given by name, in another order than the operator's.
     "keyword_arrays_sub": lambda F, x: F.broadcast_sub(
         rhs=F.tanh(x), lhs=F.max(x, axis=1, keepdims=True)),

@@ -265,6 +265,16 @@ _ravel_multi_index unravel_index _unravel_index index_array _contrib_index_array
 arange_like _contrib_arange_like shape_array size_array""".split()) | NON_DIFFERENTIABLE
 
 
+def keeps_outputs(op_name, kwargs):
+    """Whether a graph (a CachedOp) must hold every output of the call, used or
+    not: MXNet 1.9.1 computes wrong values for the variance of ``moments`` when
+    its mean is left out of the graph, and none at all (the memory as it was)
+    for the mean and deviation of ``LayerNorm`` and ``GroupNorm``
+    (``output_mean_var``) when their normalised output is."""
+    return op_name == "moments" or op_name in ("LayerNorm", "GroupNorm") \
+        and bool(kwargs.get("output_mean_var"))
+
+
 def zero_gradient(op_name, args, kwargs):
     """Whether a call's outputs have zero gradient everywhere: an operator of
     ``NO_GRADIENT``, or ``topk`` returning indices or a mask (its default is

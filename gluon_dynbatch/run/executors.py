@@ -26,7 +26,8 @@ from ..errors import BatchingError, describe_call
 from ..logs import warn_once
 from ..ir.ops import first_line
 from ..ir.known import constant_array
-from ..ir.rules import KNOWN, ZERO_GRADIENT_INPUTS, call_as_recorded, zero_gradient
+from ..ir.rules import KNOWN, ZERO_GRADIENT_INPUTS, call_as_recorded, keeps_outputs, \
+    zero_gradient
 
 _NO_CHANGE = contextlib.nullcontext()
 
@@ -36,12 +37,6 @@ _NO_CHANGE = contextlib.nullcontext()
 # without it is exact.  Exactness comes first, so no CachedOp here uses it
 # (tests/test_fuzz.py::test_regression_static_alloc_gradient keeps that case).
 STATIC_ALLOC = os.environ.get("GDB_STATIC_ALLOC", "0") == "1"
-
-
-# Operators every output of which a whole plan keeps: MXNet 1.9.1's CachedOp
-# gives wrong values (NaN) for the variance of ``moments`` when its mean goes
-# unused in the graph, as in a hybridized Gluon block.
-KEEP_OUTPUTS = frozenset(["moments"])
 
 
 def cached_op(symbol, flags=()):
@@ -78,7 +73,9 @@ def plan_symbol(walk):
             results = node0.op.batched(mx.sym, inputs, variant)
         else:
             results = node0.rule.batched_call(mx.sym, node0, inputs)
-        if kind != "program" and node0.op.name in KEEP_OUTPUTS:
+        if kind == "program":
+            kept.extend(results[len(outs):])    # (``Program.batched``'s kept outputs)
+        elif keeps_outputs(node0.op.name, node0.kwargs):
             kept.extend(results)
         for sid, sym in zip(outs, results):
             syms[sid] = sym

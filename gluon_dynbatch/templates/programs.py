@@ -31,7 +31,7 @@ import numpy as np
 from ..ir.graph import Slot
 from ..ir.known import exact_scalar
 from ..ir.rules import BROW, ROW, SHARED, ZERO_GRADIENT_INPUTS, Rule, call_as_recorded, \
-    intern, zero_gradient
+    intern, keeps_outputs, zero_gradient
 
 # "own": the rule's batched call, right on one call's rows as on many (``Rule.program_form``).
 _SEGMENT, _RESHAPE, _ROWS, _OWN = "segment", "reshape", "rows", "own"
@@ -153,7 +153,11 @@ class Program:
                 results.append(_block_call(F, entry, ins))
                 continue
             results.append(entry.rule.batched_call(F, entry, ins))
-        return [results[j][idx] for j, idx in self.exports]
+        # After the exports: every output of calls a graph must hold whole
+        # (``rules.keeps_outputs``); callers read the exports only.
+        return [results[j][idx] for j, idx in self.exports] + [
+            out for entry, outs in zip(self.entries, results)
+            if keeps_outputs(entry.op.name, entry.kwargs) for out in outs]
 
 
 def _detached_inputs(entries, exports):
