@@ -40,7 +40,7 @@ STATEFUL_WARNING = (
     "the running statistics differ from one-sample-at-a-time execution's (the moving "
     "average takes the samples in another order; not by rounding alone where samples' "
     "shapes differ). "
-    "strategy='unbatched' keeps eager's order, unless samples wait (at a read, or at "
+    "strategy='reference' keeps eager's order, unless samples wait (at a read, or at "
     "a change of autograd's modes such as train_mode() inside the call): samples that "
     "wait take turns, in another order than eager's.")
 # Additions: chains of them become segment sums (``sums.py``).
