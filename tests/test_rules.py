@@ -235,6 +235,47 @@ def test_stack_along_an_axis_counted_from_the_end_equals_eager(axis):
             assert_same(run_model(model, samples, [table], strategy, compiled), expected)
 
 
+class Gemm2Accumulates(gdb.DynBatchBlock):
+    """``F.linalg.gemm2`` of each sample's rows against a matrix whose gradient
+    accumulates (``grad_req="add"``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.pre = gluon.nn.Dense(4, flatten=False, in_units=4)
+            self.w = self.params.get("w", shape=(6, 4), grad_req="add")
+
+    def hybrid_forward(self, F, x, w):
+        return F.linalg.gemm2(self.pre(x), w, transpose_b=True)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": True}, "map"])
+def test_gemm2_against_a_matrix_whose_gradient_accumulates_equals_eager(options):
+    """MXNet's ``gemm2`` backward adds garbage to a gradient it adds to when one
+    call writes it: the batched call of every sample did (up to 4e7 off)."""
+    mx.random.seed(0)
+    model = Gemm2Accumulates()
+    model.initialize(mx.init.Uniform(0.5))
+    rs = np.random.RandomState(0)
+    xs = [nd.array(rs.uniform(-1, 1, (n, 4))) for n in (3, 1, 5, 2, 4)]
+    grads = []
+    for batched in (False, True):
+        model.w.zero_grad()
+        for _ in range(2):                      # two passes accumulate
+            with autograd.record():
+                if not batched:
+                    outs = [model(x) for x in xs]
+                elif options == "map":
+                    outs = gdb.map(model, xs)
+                else:
+                    with gdb.batching(**options):
+                        outs = [model(x) for x in xs]
+                loss = nd.add_n(*[(o * o).sum() for o in outs])
+            loss.backward()
+        grads.append(model.w.grad().asnumpy().copy())
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-5, atol=1e-5)
+
+
 def test_reshape_like_of_ranges_of_axes_equals_eager():
     """``reshape_like`` with ``lhs_begin`` ... ``rhs_end`` takes part of ``like``'s
     shape: its rows were concatenated like the output's, and a step of samples

@@ -155,7 +155,17 @@ def _gemm2_roles(node):
     return (ROW, SHARED)
 
 
-register_rule("gemm2", RowRule(_gemm2_roles))
+class Gemm2Rule(RowRule):
+    """``gemm2`` of rows against a shared matrix, which reaches it through a copy:
+    MXNet 1.9.1's ``gemm2`` backward writes garbage into a gradient it adds to
+    (a parameter's with ``grad_req="add"``) when it is the only call writing it,
+    as one batched call is (eager's calls' gradients are summed first)."""
+
+    def batched_call(self, F, node, inputs):
+        return call_as_recorded(F, node, [inputs[0], F.identity(inputs[1])] + list(inputs[2:]))
+
+
+register_rule("gemm2", Gemm2Rule(_gemm2_roles))
 register_rule("FullyConnected", RowFallback(RowRule(first_row_roles), VectorProductRule()))
 _DOT = RowFallback(VectorProductRule(), RowFallback(
     KnownMatrixDotRule(), RowFallback(EachDotRule(), RowRule(dot_roles))))
