@@ -336,6 +336,41 @@ def test_finished_tasks_keep_nothing_of_their_samples_alive():
     assert live_tasks() == 0
 
 
+class CatchesEverything(gdb.DynBatchBlock):
+    """A decoder whose code catches every exception around its reads."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(4, in_units=4, activation="tanh")
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        for _ in range(4):
+            h = self.dense(h)
+            try:
+                int(F.argmax(h, axis=1).asscalar())
+            except:  # noqa: E722  pylint: disable=bare-except
+                continue
+        return h
+
+
+def test_samples_that_catch_every_exception_leave_no_task_when_their_scope_fails():
+    """The scope's own code raises while samples wait: each waiting sample is
+    unwound by a ``GreenletExit`` it caught (a bare ``except:``), went on to its
+    next read, and stayed suspended there, one task per sample and scope."""
+    model = CatchesEverything()
+    model.initialize()
+    xs = [nd.array(np.random.RandomState(k).uniform(-1, 1, (1, 4))) for k in range(3)]
+    for _ in range(3):
+        with pytest.raises(KeyError):
+            with gdb.batching():
+                outs = [model(x) for x in xs]
+                raise KeyError("the scope's own code fails")
+        gc.collect()        # (``outs`` is kept: its waiting results held the tasks)
+        assert live_tasks() == 0, outs
+
+
 def test_soak_script_counts_the_tasks_scopes_leave_behind(monkeypatch, tmp_path):
     """scripts/soak.py --model reads passes when stopped scopes unwind their
     waiting samples, and fails when they do not."""

@@ -95,6 +95,7 @@ class _Idle(threading.local):
 
 _IDLE = _Idle()
 _MAX_IDLE = 8
+_MAX_THROWS = 16        # ``Tasks.close``'s throws into a sample that catches them
 
 
 _ALL_IDLE = weakref.WeakSet()    # idle workers of every thread (``live_tasks``)
@@ -372,9 +373,16 @@ class Tasks:
         for task in waiting:
             outer = self._state()
             try:
-                task.glet.throw()
-            except greenlet.GreenletExit:
-                pass
+                # A sample whose code catches every exception (a bare ``except:``
+                # around a read) goes on to its next read or its end: thrown into
+                # again until its worker ends.
+                for _ in range(_MAX_THROWS):
+                    try:
+                        task.glet.throw()
+                    except greenlet.GreenletExit:
+                        pass
+                    if task.glet.dead:
+                        break
             finally:
                 self._restore(outer)
             task.done, task.args = True, ()
