@@ -276,6 +276,42 @@ def test_gemm2_against_a_matrix_whose_gradient_accumulates_equals_eager(options)
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-5, atol=1e-5)
 
 
+class SparseGradLookup(gdb.DynBatchBlock):
+    """``F.Embedding(..., sparse_grad=True)`` of a Parameter whose gradient is
+    stored dense (declared without ``grad_stype``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.table = self.params.get("table", shape=(7, 4))
+
+    def hybrid_forward(self, F, ids, table):
+        return F.tanh(F.Embedding(ids, table, input_dim=7, output_dim=4, sparse_grad=True))
+
+
+@pytest.mark.parametrize("options", [{}, {"granularity": "op"}, {"compiled": "step"},
+                                     {"compiled": True}])
+def test_a_sparse_gradient_lookup_of_a_dense_gradient_table_equals_eager(options):
+    """Eager MXNet gives such a lookup a dense gradient; in a graph its backward
+    refused it ("Cannot use sparse_grad = 1, while stype of gradients w.r.t
+    embedding weight is default")."""
+    model = SparseGradLookup()
+    model.initialize()
+    samples = [nd.array(v) for v in ([1, 2, 3], [4], [0, 6], [2, 5])]
+    grads = []
+    for batched in (False, True, True):
+        with autograd.record():
+            if batched:
+                with gdb.batching(**options):
+                    outs = [model(s) for s in samples]
+            else:
+                outs = [model(s) for s in samples]
+            loss = nd.add_n(*[(o * o).sum() for o in outs])
+        loss.backward()
+        grads.append(model.table.grad().asnumpy().copy())
+    for grad in grads[1:]:
+        np.testing.assert_allclose(grad, grads[0], rtol=1e-5, atol=1e-6)
+
+
 def test_reshape_like_of_ranges_of_axes_equals_eager():
     """``reshape_like`` with ``lhs_begin`` ... ``rhs_end`` takes part of ``like``'s
     shape: its rows were concatenated like the output's, and a step of samples

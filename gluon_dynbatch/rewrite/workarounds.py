@@ -6,6 +6,11 @@ bounds it is also given (a prelu ignores them), is recorded as
 1.9.1 loses part of ``gamma``'s gradient when a prelu runs inside a CachedOp
 (two of them in one graph, or one beside another input), and programs and
 compiled plans are CachedOps.
+
+``F.Embedding(..., sparse_grad=True)`` of a weight whose gradient is stored
+dense (a Parameter without ``grad_stype="row_sparse"``) is recorded with
+``sparse_grad=False``: eager MXNet falls back to a dense gradient, a graph
+refuses the call in its backward pass; the gradient's values are the same.
 """
 from mxnet.ndarray import NDArray
 
@@ -44,3 +49,18 @@ def _prelu(ns, data, gamma):
 
 
 passes.register("LeakyReLU", prelu)
+
+
+def dense_embedding_gradient(rec, op, args, kwargs):
+    """``F.Embedding(data, weight, ..., sparse_grad=True)`` where ``weight`` is no
+    Parameter with a row-sparse gradient."""
+    if not kwargs.get("sparse_grad") or len(args) < 2:
+        return None
+    node, _ = rec.value_of(args[1])
+    param = getattr(node, "param", None)
+    if param is not None and getattr(param, "_grad_stype", "default") == "row_sparse":
+        return None
+    return rec.call_op(op, args, dict(kwargs, sparse_grad=False))
+
+
+passes.register("Embedding", dense_embedding_gradient)
