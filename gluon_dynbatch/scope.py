@@ -8,6 +8,11 @@ import sys
 import threading
 import time
 
+try:
+    import resource
+except ImportError:             # (Windows)
+    resource = None
+
 import mxnet as mx
 
 from .errors import BatchingError
@@ -25,6 +30,23 @@ from .templates.recipes import recipe_for
 
 log = logging.getLogger(__name__)
 
+#: Growth of the process's resident size after which a flush runs the cyclic
+#: garbage collector that open scopes pause (``_OpenScopes``).
+COLLECT_AFTER_KB = 1 << 20
+
+
+def _resident_kb():
+    """The process's resident size in kB, where the platform tells it (Linux's
+    ``/proc``), else its peak (``resource``), else 0."""
+    try:
+        with open("/proc/self/statm", "rb") as stats:
+            return int(stats.read().split()[1]) * _PAGE_KB
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss if resource else 0
+
+
+_PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024 if hasattr(os, "sysconf") else 4
+
 
 class _OpenScopes:
     """What holds while any scope is open, process-wide (scopes are counted
@@ -32,7 +54,11 @@ class _OpenScopes:
     recorded (``dispatch.attach_call``).
 
     Recording allocates many small linked objects; full collections triggered
-    by them cost several times the recording itself.
+    by them cost several times the recording itself.  Garbage with reference
+    cycles that samples make (a search's tree nodes linked to their parents)
+    then stays until the last scope ends: once the process has grown by
+    ``COLLECT_AFTER_KB`` since the pause began or its last collection, a flush
+    collects it (``collect_if_grown``).
     """
 
     def __init__(self):
@@ -40,6 +66,7 @@ class _OpenScopes:
         self._open = {}             # thread id -> scopes it has open
         self._attached = False
         self._was_enabled = False
+        self._size_kb = 0           # the process's size at the pause or the last collection
 
     def enter(self):
         """Count a scope the calling thread opens; returns the thread's id, for ``leave``."""
@@ -47,6 +74,7 @@ class _OpenScopes:
             if not self._attached:
                 self._was_enabled = gc.isenabled()
                 gc.disable()
+                self._size_kb = _resident_kb()
                 dispatch.attach_call()
                 self._attached = True
             ident = threading.get_ident()
@@ -63,6 +91,16 @@ class _OpenScopes:
             else:
                 self._open.pop(ident, None)     # (gone in a forked child)
                 self._release_when_none_open()
+
+    def collect_if_grown(self):
+        """Run the cyclic collector if the process grew by ``COLLECT_AFTER_KB``
+        since the pause began or the last such collection."""
+        size = _resident_kb()
+        if size - self._size_kb > COLLECT_AFTER_KB:
+            found = gc.collect()
+            self._size_kb = _resident_kb()
+            log.debug("the process grew to %d kB while scopes were open: %d objects "
+                      "collected, %d kB now", size, found, self._size_kb)
 
     def _release_when_none_open(self):
         if not self._open and self._attached:
@@ -323,6 +361,7 @@ class BatchingScope:
         finally:
             graph.release()
             self.stats.add(stats)
+            _OPEN_SCOPES.collect_if_grown()
             self._mark = time.perf_counter()
         log.debug("flush: %s", stats)
 

@@ -25,6 +25,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn, rnn
 
 import gluon_dynbatch as gdb
+import gluon_dynbatch.scope as gdb_scope
 from gluon_dynbatch.record.tasks import PendingValue, live_tasks
 from dynbatch_testing import output_of_script
 
@@ -334,6 +335,32 @@ def test_finished_tasks_keep_nothing_of_their_samples_alive():
         gc.collect()
         assert all(ref() is None for ref in refs + results), mode
     assert live_tasks() == 0
+
+
+class _Cyclic:
+    """An object in a reference cycle (a search tree's node and its parent)."""
+
+    def __init__(self):
+        self.me = self
+
+
+def test_cyclic_garbage_samples_make_is_collected_once_the_process_grows(monkeypatch):
+    """Open scopes pause the cyclic collector: a search whose nodes link to their
+    parents kept every tree it dropped until the scope ended (gigabytes where
+    eager stays flat); past ``COLLECT_AFTER_KB`` of growth a flush collects."""
+    monkeypatch.setattr(gdb_scope, "COLLECT_AFTER_KB", -1, raising=False)   # every flush
+    model = _model()
+
+    def search(start):
+        dropped = []
+        for _ in range(3):
+            dropped.append(weakref.ref(_Cyclic()))      # garbage at once
+            model(start)[1].asnumpy()                   # a read: the samples wait
+        return sum(ref() is not None for ref in dropped)
+
+    with gdb.batching():
+        alive = gdb.map(search, STARTS[:4])
+    assert alive == [0, 0, 0, 0]
 
 
 class CatchesEverything(gdb.DynBatchBlock):
