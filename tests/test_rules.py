@@ -312,6 +312,41 @@ def test_a_sparse_gradient_lookup_of_a_dense_gradient_table_equals_eager(options
         np.testing.assert_allclose(grad, grads[0], rtol=1e-5, atol=1e-6)
 
 
+class ArgmaxOfScaled(gdb.DynBatchBlock):
+    """``argmax`` over a sample's rows of its input scaled by a parameter."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.w = self.params.get("w", shape=(4,), init=mx.init.One())
+
+    def hybrid_forward(self, F, x, w):
+        return F.argmax(F.broadcast_mul(x, w), axis=0)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": True},
+                                     {"compiled": "plan"}])
+def test_argmax_of_an_infinite_value_gives_the_weights_eagers_zero_gradient(options):
+    """Compiled steps and plans differentiated the product under the argmax (its
+    gradient zero): zero times the infinite input made the weight's gradient NaN."""
+    model = ArgmaxOfScaled()
+    model.initialize()
+    xs = [nd.array(np.arange(8).reshape(2, 4)), nd.array(np.arange(12).reshape(3, 4)),
+          nd.array([[1., np.inf, 2, 3], [0, 1, 2, 3]])]
+    grads = []
+    for batched in (False, True, True):
+        with autograd.record():
+            if batched:
+                with gdb.batching(**options):
+                    outs = [model(x) for x in xs]
+            else:
+                outs = [model(x) for x in xs]
+            loss = nd.add_n(*[(o * o).sum() for o in outs])
+        loss.backward()
+        grads.append(model.w.grad().asnumpy().copy())
+    for grad in grads[1:]:
+        np.testing.assert_array_equal(grad, grads[0])
+
+
 def test_reshape_like_of_ranges_of_axes_equals_eager():
     """``reshape_like`` with ``lhs_begin`` ... ``rhs_end`` takes part of ``like``'s
     shape: its rows were concatenated like the output's, and a step of samples

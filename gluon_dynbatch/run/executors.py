@@ -67,6 +67,8 @@ def plan_symbol(walk):
     kept = []
     for kind, node0, ins, outs, _, variant in walk.steps:
         inputs = [gather(d) for d in ins]
+        if kind == "program":
+            inputs = _detached_program_inputs(node0, inputs)
         if kind == "alone":
             results = call_as_recorded(mx.sym, node0, inputs)
         elif kind == "program":
@@ -508,7 +510,20 @@ def _step_symbol(node0, descs, variant=None):
         sources = [var() for _ in range(desc[1])]
         table = sources[0] if len(sources) == 1 else mx.sym.concat(*sources, dim=0)
         inputs.append(mx.sym.take(table, var(), axis=0))
+    if node0.rule.batching == "program":
+        inputs = _detached_program_inputs(node0, inputs)
     return mx.sym.Group(_batched_outputs(mx.sym, node0, inputs, variant))
+
+
+def _detached_program_inputs(node0, inputs):
+    """A program's symbol ``inputs`` with those no gradient flows back to
+    (``Program.detached``: read only by zero-gradient calls, ``argmax``) behind
+    ``BlockGrad``, as the imperative executor gathers them outside autograd: a
+    zero gradient times an infinite input would be NaN in the others'."""
+    detached = node0.op.detached
+    if not detached:
+        return inputs
+    return [mx.sym.BlockGrad(x) if k in detached else x for k, x in enumerate(inputs)]
 
 
 def _batched_outputs(F, node0, inputs, variant):
