@@ -195,13 +195,39 @@ CASES.update({
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_rule_matches_per_node(name):
     model = OneOp(CASES[name])
-    rng = np.random.RandomState(0)
-    table = nd.array(rng.uniform(-1, 1, size=(12, 4)))
-    samples = [(0, 3), (2, 1), (5, 3), (1, 2)]
+    _matches_reference(model, [(0, 3), (2, 1), (5, 3), (1, 2)])
+
+
+def _matches_reference(model, samples):
+    """``model`` (a ``OneOp``) on rows of a random table: every strategy and
+    compiled mode against the reference executor, outputs and gradients."""
+    table = nd.array(np.random.RandomState(0).uniform(-1, 1, size=(12, 4)))
     expected = reference_run(model, samples, [table])
     for strategy in ("depth", "agenda"):
         for compiled in (False, True, "step"):
             assert_same(run_model(model, samples, [table], strategy, compiled), expected)
+
+
+def _gradients(model, samples, options, param, runs, passes=1):
+    """``param``'s gradient after ``passes`` backward passes of the summed squares
+    of ``model``'s outputs, per run: eager (False) or batched with ``options``
+    (``"map"``: ``gdb.map``); the gradient is zeroed before each run."""
+    grads = []
+    for batched in runs:
+        param.zero_grad()
+        for _ in range(passes):
+            with autograd.record():
+                if not batched:
+                    outs = [model(s) for s in samples]
+                elif options == "map":
+                    outs = gdb.map(model, samples)
+                else:
+                    with gdb.batching(**options):
+                        outs = [model(s) for s in samples]
+                loss = nd.add_n(*[(o * o).sum() for o in outs])
+            loss.backward()
+        grads.append(param.grad().asnumpy().copy())
+    return grads
 
 
 def test_batch_norm_of_running_statistics_computed_in_the_sample_equals_eager():
@@ -211,13 +237,7 @@ def test_batch_norm_of_running_statistics_computed_in_the_sample_equals_eager():
     model = OneOp(lambda F, x: F.BatchNorm(
         F.tanh(x), F.ones((4,)) * 1.5, F.zeros((4,)) + 0.1, F.zeros((4,)) + 0.2,
         F.ones((4,)) * 2, use_global_stats=True, fix_gamma=False) * x)
-    rng = np.random.RandomState(0)
-    table = nd.array(rng.uniform(-1, 1, size=(12, 4)))
-    samples = [(0, 3), (2, 1), (5, 3), (1, 2)]
-    expected = reference_run(model, samples, [table])
-    for strategy in ("depth", "agenda"):
-        for compiled in (False, True, "step"):
-            assert_same(run_model(model, samples, [table], strategy, compiled), expected)
+    _matches_reference(model, [(0, 3), (2, 1), (5, 3), (1, 2)])
 
 
 @pytest.mark.parametrize("axis", [-3, -2, "-3"])
@@ -226,13 +246,7 @@ def test_stack_along_an_axis_counted_from_the_end_equals_eager(axis):
     rows (as many as the stacked values) were batched by rows, each output
     holding every sample's rows."""
     model = OneOp(lambda F, x: F.stack(x, F.tanh(x), axis=axis) * 2)
-    rng = np.random.RandomState(0)
-    table = nd.array(rng.uniform(-1, 1, size=(12, 4)))
-    samples = [(0, 2), (2, 2), (5, 2), (1, 3)]
-    expected = reference_run(model, samples, [table])
-    for strategy in ("depth", "agenda"):
-        for compiled in (False, True, "step"):
-            assert_same(run_model(model, samples, [table], strategy, compiled), expected)
+    _matches_reference(model, [(0, 2), (2, 2), (5, 2), (1, 3)])
 
 
 class Gemm2Accumulates(gdb.DynBatchBlock):
@@ -258,22 +272,8 @@ def test_gemm2_against_a_matrix_whose_gradient_accumulates_equals_eager(options)
     model.initialize(mx.init.Uniform(0.5))
     rs = np.random.RandomState(0)
     xs = [nd.array(rs.uniform(-1, 1, (n, 4))) for n in (3, 1, 5, 2, 4)]
-    grads = []
-    for batched in (False, True):
-        model.w.zero_grad()
-        for _ in range(2):                      # two passes accumulate
-            with autograd.record():
-                if not batched:
-                    outs = [model(x) for x in xs]
-                elif options == "map":
-                    outs = gdb.map(model, xs)
-                else:
-                    with gdb.batching(**options):
-                        outs = [model(x) for x in xs]
-                loss = nd.add_n(*[(o * o).sum() for o in outs])
-            loss.backward()
-        grads.append(model.w.grad().asnumpy().copy())
-    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-5, atol=1e-5)
+    eager, batched = _gradients(model, xs, options, model.w, (False, True), passes=2)
+    np.testing.assert_allclose(batched, eager, rtol=1e-5, atol=1e-5)
 
 
 class SparseGradLookup(gdb.DynBatchBlock):
@@ -297,19 +297,9 @@ def test_a_sparse_gradient_lookup_of_a_dense_gradient_table_equals_eager(options
     model = SparseGradLookup()
     model.initialize()
     samples = [nd.array(v) for v in ([1, 2, 3], [4], [0, 6], [2, 5])]
-    grads = []
-    for batched in (False, True, True):
-        with autograd.record():
-            if batched:
-                with gdb.batching(**options):
-                    outs = [model(s) for s in samples]
-            else:
-                outs = [model(s) for s in samples]
-            loss = nd.add_n(*[(o * o).sum() for o in outs])
-        loss.backward()
-        grads.append(model.table.grad().asnumpy().copy())
-    for grad in grads[1:]:
-        np.testing.assert_allclose(grad, grads[0], rtol=1e-5, atol=1e-6)
+    eager, *batched = _gradients(model, samples, options, model.table, (False, True, True))
+    for grad in batched:
+        np.testing.assert_allclose(grad, eager, rtol=1e-5, atol=1e-6)
 
 
 class ArgmaxOfScaled(gdb.DynBatchBlock):
@@ -332,19 +322,9 @@ def test_argmax_of_an_infinite_value_gives_the_weights_eagers_zero_gradient(opti
     model.initialize()
     xs = [nd.array(np.arange(8).reshape(2, 4)), nd.array(np.arange(12).reshape(3, 4)),
           nd.array([[1., np.inf, 2, 3], [0, 1, 2, 3]])]
-    grads = []
-    for batched in (False, True, True):
-        with autograd.record():
-            if batched:
-                with gdb.batching(**options):
-                    outs = [model(x) for x in xs]
-            else:
-                outs = [model(x) for x in xs]
-            loss = nd.add_n(*[(o * o).sum() for o in outs])
-        loss.backward()
-        grads.append(model.w.grad().asnumpy().copy())
-    for grad in grads[1:]:
-        np.testing.assert_array_equal(grad, grads[0])
+    eager, *batched = _gradients(model, xs, options, model.w, (False, True, True))
+    for grad in batched:
+        np.testing.assert_array_equal(grad, eager)
 
 
 def test_reshape_like_of_ranges_of_axes_equals_eager():
@@ -354,13 +334,7 @@ def test_reshape_like_of_ranges_of_axes_equals_eager():
     model = OneOp(lambda F, x: F.reshape_like(
         F.tanh(x), F.zeros((2, 2)), lhs_begin=1, lhs_end=2, rhs_begin=0,
         rhs_end=2) * 2)
-    rng = np.random.RandomState(0)
-    table = nd.array(rng.uniform(-1, 1, size=(12, 4)))
-    samples = [(0, 2), (2, 2), (5, 4), (1, 2), (6, 4)]
-    expected = reference_run(model, samples, [table])
-    for strategy in ("depth", "agenda"):
-        for compiled in (False, True, "step"):
-            assert_same(run_model(model, samples, [table], strategy, compiled), expected)
+    _matches_reference(model, [(0, 2), (2, 2), (5, 4), (1, 2), (6, 4)])
 
 
 @pytest.mark.parametrize("op", ["max", "min"])
