@@ -328,6 +328,7 @@ class BatchingScope:
         rec = self.recorder
         graph = rec.graph
         start = time.perf_counter()
+        rec.flushing = True     # (attributes the flush sets on blocks wait for no sample)
         # Sample numbers run on through the scope (errors name them), so a
         # flush counts the samples started since the previous one.
         stats = BatchStats(flushes=1, samples=rec.num_samples - rec.samples_flushed,
@@ -359,6 +360,7 @@ class BatchingScope:
                 raise
             raise BatchingError("running the batched plan failed: %s" % err) from err
         finally:
+            rec.flushing = False
             graph.release()
             self.stats.add(stats)
             _OPEN_SCOPES.collect_if_grown()

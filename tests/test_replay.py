@@ -1,5 +1,6 @@
 """Replay of traced child-block calls: same results as tracing every call."""
 import collections
+import contextlib
 import enum
 import functools
 import math
@@ -504,6 +505,91 @@ def test_a_child_setting_changed_between_its_calls_in_one_scope_equals_eager(com
     for _ in range(2):
         expected = run_model(model, samples, [emb], "eager")
         assert_same(run_model(model, samples, [emb], "depth", compiled=compiled), expected)
+
+
+class ActivatedCell(gluon.HybridBlock):
+    """A Dense layer, then an activation block (``act``) and an optional
+    ``(scale, shift)`` (``weights``, None by default) its caller may replace."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+            self.act = gluon.nn.Activation("tanh")
+        self.weights = None
+
+    def hybrid_forward(self, F, x):
+        h = self.act(self.dense(x))
+        if self.weights is not None:
+            h = h * self.weights[0] + self.weights[1]
+        return h
+
+
+_ACTIVATIONS = tuple(gluon.nn.Activation(a) for a in ("tanh", "relu", "sigmoid"))
+
+
+class PicksPerSample(gdb.DynBatchBlock):
+    """Gives its cell the activation block or the weights of each sample."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = ActivatedCell()
+
+    def hybrid_forward(self, F, sample, emb):
+        word, act, weights = sample
+        self.cell.act = _ACTIVATIONS[act]
+        self.cell.weights = weights
+        return self.cell(emb[word:word + 1])
+
+
+@pytest.mark.parametrize("compiled", [False, "step"])
+def test_a_child_block_or_list_given_to_a_child_per_sample_equals_eager(compiled):
+    """A child block put in another's place (``cell.act = relu``), or a list given
+    to an attribute that was None, inside a scope: calls of the same shapes
+    replayed what the cell recorded with the first block, or without the list."""
+    model = make_model(PicksPerSample)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    samples = [(1, 0, None), (2, 1, None), (3, 2, [10.0, 1.0]), (4, 0, [-10.0, 5.0]),
+               (5, 1, None)]
+    for _ in range(2):
+        expected = run_model(model, samples, [emb], "eager")
+        assert_same(run_model(model, samples, [emb], "depth", compiled=compiled), expected)
+
+
+class ScaledAfterARead(gdb.DynBatchBlock):
+    """Reads a value (a data-dependent check), then scales by ``self.scale``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+        self.scale = 1.0
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        if float(h.sum().asscalar()) > 100:
+            return h
+        return h * self.scale
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"strategy": "reference"}])
+def test_a_setting_the_scopes_code_changes_while_samples_wait_is_seen_as_eager_sees_it(
+        options):
+    """``model.scale = 10`` between two loops: the first loop's samples, waiting at
+    their reads, resumed after it and scaled by 10, where eager's had finished."""
+    model = make_model(ScaledAfterARead)
+    xs = [nd.ones((1, 3)) * k for k in (1, 2, 3)]
+    runs = []
+    for batched in (False, True):
+        model.scale = 1.0
+        with gdb.batching(**options) if batched else contextlib.nullcontext():
+            first = [model(x) for x in xs]
+            model.scale = 10.0
+            second = [model(x) for x in xs]
+        runs.append([o.asnumpy() for o in first + second])
+    for got, want in zip(runs[1], runs[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 class KeepsItsLastState(gdb.DynBatchBlock):

@@ -361,16 +361,28 @@ _MISSING = object()
 
 
 def _watching_setattr(self, name, value):
-    """``Block.__setattr__``: a block's setting (``trie.settings``) changed inside a
-    scope (``self.cell.mode = k`` per sample) makes the scope's block tokens anew,
-    so that no call replays what the block recorded with its old settings."""
+    """``Block.__setattr__`` inside a scope.
+
+    A block's setting (``trie.settings``) changed (``self.cell.mode = k`` per
+    sample), a child block put in another's place (``model.cell.act = relu``), or
+    an attribute that was None given a value makes the scope's block tokens
+    anew, so that no call replays what the block recorded before.  Set by the
+    scope's own code while samples wait at reads, it waits for them to finish
+    first, as eager code finished them before."""
     rec = context.TLS.recorder
-    if rec is not None and trie.is_setting(name, value):
+    if rec is not None:
         old = self.__dict__.get(name, _MISSING)
-        # Compared only with an old setting: ``!=`` of an array (a state a
-        # block keeps between calls, reset to None) is elementwise, or raises.
-        if old is not value and not (trie.is_setting(name, old) and old == value):
-            rec.forget_tokens()
+        if old is not value:
+            tasks = rec.tasks
+            if tasks.current is None and tasks.waiting and not tasks.restoring \
+                    and not rec.flushing:
+                tasks.drain()
+            # Compared only with an old setting: ``!=`` of an array (a state a
+            # block keeps between calls, reset to None) is elementwise, or raises.
+            if trie.is_setting(name, value) and not (trie.is_setting(name, old) and old == value) \
+                    or old is None and trie.is_setting(name, old) \
+                    or isinstance(value, gluon.Block) or isinstance(old, gluon.Block):
+                rec.forget_tokens()
     _ORIGINAL_SETATTR(self, name, value)
 
 

@@ -102,6 +102,7 @@ class Recorder(RecorderCore):
         self.tainted = False        # a pass read known values (``Frame.written``)
         self.lazy_pool = []         # dead provisional LazyArrays, reused by frames
         self.eager = False          # reads flush every sample: run the rest eagerly
+        self.flushing = False       # a flush runs (``scope.flush``)
         self.black_box = None       # (opaque block, caller's frame) of the call running
         self.mode = None            # autograd's (recording, training) of new calls
         self._mode_seen = None      # MODE_CHANGES[0] when self.mode was read
@@ -1101,10 +1102,11 @@ class Recorder(RecorderCore):
         return self.replay and id(block) not in self._unreplayable
 
     def forget_tokens(self):
-        """Make the blocks' tokens anew (a block's setting changed)."""
+        """Make the blocks' tokens anew (a block's setting or child changed)."""
         self._tokens.clear()
         self._guarded.clear()
         self._unreplayable.clear()
+        self._versions.clear()
 
     def block_identity(self, block):
         """What names ``block`` in the tries: ``id(block)``, or the key of blocks

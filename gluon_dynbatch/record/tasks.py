@@ -174,6 +174,7 @@ class Tasks:
         self.gradients_read = collections.deque(maxlen=256)
         self.cells = {}             # id -> (cell, its state's names): ``keep_cells``
         self._searched = set()      # ids of blocks whose children ``keep_cells`` searched
+        self.restoring = False      # giving cells a task's state back (``_restore``)
 
     # -- running ------------------------------------------------------------------
     def start(self, fn, args):
@@ -439,9 +440,13 @@ class Tasks:
         if sys.gettrace() is not state[6]:
             sys.settrace(state[6])
         sys.stdout, sys.stderr = state[7], state[8]
-        for cell, values in state[10]:
-            for name, value in zip(self.cells[id(cell)][1], values):
-                setattr(cell, name, value)
+        self.restoring = True           # (no wait for the samples: ``dispatch._watching_setattr``)
+        try:
+            for cell, values in state[10]:
+                for name, value in zip(self.cells[id(cell)][1], values):
+                    setattr(cell, name, value)
+        finally:
+            self.restoring = False
         # The modes the task's calls were recorded under (None: it recorded
         # nothing yet) are its own: where another task left other ones, or
         # pending calls of other modes, its next call reads autograd's modes
