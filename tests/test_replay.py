@@ -7,6 +7,7 @@ import math
 import random
 import sys
 import types
+import warnings
 
 import mxnet as mx
 import numpy as np
@@ -935,6 +936,60 @@ def test_a_child_reading_settings_held_elsewhere_equals_eager(how):
         if how == "length":
             model.child.items.clear()
         assert_same(run_model(model, words, [emb], "depth", "plan"), expected)
+
+
+class Temperature(gluon.HybridBlock):
+    """Holds a setting that other blocks read."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.tau = 1.0
+
+    def hybrid_forward(self, F, x):
+        return x / self.tau
+
+
+class ScaledByAPeer(gluon.HybridBlock):
+    """Reads the setting of a block it keeps in a list or dict (not its child)."""
+
+    def __init__(self, temperature, how, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+        self.how = how
+        with warnings.catch_warnings():     # (Gluon's: blocks kept so are not children)
+            warnings.simplefilter("ignore")
+            self.peers = [temperature] if how == "list" else {"t": temperature}
+
+    def hybrid_forward(self, F, x):
+        peer = self.peers[0] if self.how == "list" else self.peers["t"]
+        return self.dense(x) * peer.tau
+
+
+class SetsAPeersSetting(gdb.DynBatchBlock):
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.temperature = Temperature()
+            self.cell = ScaledByAPeer(self.temperature, how)
+
+    def hybrid_forward(self, F, sample, emb):
+        word, tau = sample
+        self.temperature.tau = tau
+        return self.cell(emb[word:word + 1])
+
+
+@pytest.mark.parametrize("how", ["list", "dict"])
+def test_a_child_reading_a_setting_of_a_block_it_keeps_in_a_list_equals_eager(how):
+    """The settings of a block kept in a list or dict are no part of the reader's
+    token (``trie.settings`` walks registered children): the template learned
+    with the first sample's ``tau`` was replayed for the others."""
+    model = make_model(SetsAPeersSetting, how=how)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    samples = [(1, 1.0), (2, 2.0), (3, 3.0), (4, 2.0)]
+    for _ in range(2):
+        expected = run_model(model, samples, [emb], "eager")
+        assert_same(run_model(model, samples, [emb], "depth"), expected)
 
 
 def test_code_the_analysis_cannot_read_runs_at_every_call(monkeypatch):

@@ -42,7 +42,7 @@ import numpy as np
 from mxnet import gluon
 from mxnet.ndarray import NDArray
 
-from .trie import exact, is_setting
+from .trie import exact, is_setting, settings_form
 
 log = logging.getLogger("gluon_dynbatch.record")
 
@@ -202,8 +202,8 @@ def _attribute_guards(block, name, value, stack):
     if type(value) in (list, tuple, dict):
         items = list(value.values()) if type(value) is dict else list(value)
         if items and all(isinstance(item, gluon.Block) for item in items):
-            stack.extend(items)             # blocks kept in a list (not registered)
-            return ()
+            stack.extend(items)             # blocks kept in a list (not registered):
+            return tuple((_Settings(item), "") for item in items)   # their settings too
     if _frozen(value) is UNFROZEN:
         return None
     if name in vars(block) and is_setting(name, value):
@@ -639,6 +639,16 @@ class _Space:
     def get(self, name):
         value = self.owner.get(name) if self.mapping else getattr(self.owner, name, None)
         return _frozen(value)
+
+
+class _Settings(_Space):
+    """The settings of a block kept where ``trie.settings`` does not look (in a
+    list attribute, not a registered child): not in the reader's token."""
+
+    __slots__ = ()
+
+    def get(self, name):
+        return settings_form(self.owner)
 
 
 class _Cell(_Space):

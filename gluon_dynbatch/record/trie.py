@@ -228,6 +228,18 @@ _RUNNING_ATTRS = frozenset(["_counter", "_init_counter", "skip_states"])
 MAX_SETTINGS = 16
 
 
+def settings_form(block):
+    """``(name, value)`` of every plain attribute of ``block`` and its children."""
+    found, stack = [], [block]
+    while stack:
+        current = stack.pop()
+        for name, value in vars(current).items():
+            if is_setting(name, value):
+                found.append((name, exact(value)))
+        stack.extend(current._children.values())  # pylint: disable=protected-access
+    return tuple(found)
+
+
 def settings(block):
     """The plain attributes (numbers, strings, tuples of them) of ``block`` and
     its children: what a replayed template assumes unchanged.
@@ -241,14 +253,7 @@ def settings(block):
     the calls) gets None: its calls run its code every time, as calls of a block
     the replay cannot hold for do (``Recorder.block_token``), with a warning.
     """
-    found, stack = [], [block]
-    while stack:
-        current = stack.pop()
-        for name, value in vars(current).items():
-            if is_setting(name, value):
-                found.append((name, exact(value)))
-        stack.extend(current._children.values())  # pylint: disable=protected-access
-    form = tuple(found)
+    form = settings_form(block)
     seen = store().settings.setdefault(id(block), set())
     if form not in seen:
         if len(seen) >= MAX_SETTINGS:
