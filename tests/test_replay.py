@@ -992,6 +992,42 @@ def test_a_child_reading_a_setting_of_a_block_it_keeps_in_a_list_equals_eager(ho
         assert_same(run_model(model, samples, [emb], "depth"), expected)
 
 
+class TilesBySlots(gluon.HybridBlock):
+    """Repeats its output once per row of an array attribute (``slots``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=3)
+        self.slots = nd.zeros((1, 2))
+
+    def hybrid_forward(self, F, x):
+        return F.tile(F.tanh(self.dense(x)), reps=(self.slots.shape[0], 1))
+
+
+class GivesSlots(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.cell = TilesBySlots()
+
+    def hybrid_forward(self, F, sample, emb):
+        word, count = sample
+        self.cell.slots = nd.zeros((count, 2))
+        return self.cell(emb[word:word + 1])
+
+
+def test_a_child_reading_the_shape_of_an_array_attribute_equals_eager():
+    """Array attributes were no part of a child's token: given arrays of other
+    row counts per sample, its calls replayed the first one's shape."""
+    model = make_model(GivesSlots)
+    emb = nd.random.uniform(-1, 1, shape=(10, 3))
+    samples = [(1, 1), (2, 2), (3, 3), (4, 2)]
+    for _ in range(2):
+        expected = run_model(model, samples, [emb], "eager")
+        assert_same(run_model(model, samples, [emb], "depth"), expected)
+
+
 def test_code_the_analysis_cannot_read_runs_at_every_call(monkeypatch):
     """An error inside the analysis never reaches recording: the child's code
     then runs at every call, as eager."""

@@ -190,8 +190,10 @@ def _instance_guards(block, facts, stack):
 
 def _attribute_guards(block, name, value, stack):
     """What reading ``block.name`` (``value``) takes: None if the code must run."""
-    if value is None or isinstance(value, (gluon.Parameter, gluon.ParameterDict, NDArray)):
+    if value is None or isinstance(value, (gluon.Parameter, gluon.ParameterDict)):
         return ()
+    if isinstance(value, NDArray):          # read by operators, or its shape in Python
+        return ((_ArrayShape(block), name),)
     if value is _MISSING:                   # (set later, or on another path)
         return ((_Space(block), name),)
     if isinstance(value, gluon.Block):
@@ -638,6 +640,19 @@ class _Space:
 
     def get(self, name):
         value = self.owner.get(name) if self.mapping else getattr(self.owner, name, None)
+        return _frozen(value)
+
+
+class _ArrayShape(_Space):
+    """The shape and dtype of an array attribute (``F.tile(h, reps=(self.slots.shape[0],
+    1))``): its values are read by the operators given it."""
+
+    __slots__ = ()
+
+    def get(self, name):
+        value = getattr(self.owner, name, None)
+        if isinstance(value, NDArray):
+            return ("array", value.shape, value.dtype)
         return _frozen(value)
 
 
