@@ -111,6 +111,7 @@ CASES = {
     "keyword_arrays_pick": lambda F, x: F.pick(index=F.ones((x.shape[0],)), data=x * 2,
                                                axis=1),
     "keyword_arrays_dot": lambda F, x: F.dot(rhs=F.ones((4, 2)), lhs=F.tanh(x)),
+    "keyword_arrays_dot_of_rows": lambda F, x: F.dot(rhs=F.tanh(x), lhs=x, transpose_b=True),
     "keyword_arrays_dense": lambda F, x: F.FullyConnected(
         num_hidden=3, bias=F.ones((3,)), weight=F.ones((3, 4)) * 0.5, data=x),
 }

@@ -102,6 +102,16 @@ class OpDef:
         return "OpDef(%s)" % ".".join(self.path)
 
 
+def positional(op, args, kwargs):
+    """``op.positional(args, kwargs)`` for an operator that names its array
+    parameters and is given one by keyword; ``(args, kwargs)`` otherwise (a
+    pass's own operators)."""
+    names = getattr(op, "array_names", None)
+    if names is None or names.isdisjoint(kwargs):
+        return args, kwargs
+    return op.positional(args, kwargs)
+
+
 def _parameters(fn):
     """(number of array parameters, names of positional parameters) of a generated
     ``mx.nd`` operator function; (None, ()) when it takes arrays variadically or

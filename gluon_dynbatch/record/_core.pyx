@@ -1227,7 +1227,6 @@ cdef class Operator:
     cdef int form                    # views along axis 0: 1 slice_axis, 2 concat
     cdef Py_ssize_t arrays           # array arguments before attributes (-1: any)
     cdef object typed                # attributes whose strings MXNet parses (``OpDef.typed``)
-    cdef object array_names          # names of its array parameters (``OpDef.array_names``)
 
     def __init__(self, RecorderCore rec, op, name, bint plain):
         self.rec = rec
@@ -1239,7 +1238,6 @@ cdef class Operator:
             else 0
         self.arrays = -1 if op.arrays is None else op.arrays
         self.typed = op.typed
-        self.array_names = op.array_names
 
     def __call__(self, *args, **kwargs):
         cdef RecorderCore rec = self.rec
@@ -1248,9 +1246,6 @@ cdef class Operator:
         cdef PyObject* base
         if rec.closed:          # kept by a closure or generator past its scope's end
             return rec.call_after_close(self.op, self.__name__, args, kwargs)
-        if kwargs and self.array_names is not None \
-                and not (<frozenset>self.array_names).isdisjoint(kwargs):
-            args, kwargs = self.op.positional(args, kwargs)     # ``F.dot(rhs=b, lhs=a)``
         if kwargs and self.typed is not None:   # ``transpose_b="False"``: rules read values
             kwargs = typed_attributes(self.op, kwargs)
         if kwargs and kwargs.get("out") is not None:

@@ -38,7 +38,7 @@ from . import weights as weight_calls
 from .alone import run_alone
 from ..ir.calls import ShapeFromData
 from ..ir.graph import LEAF
-from ..ir.ops import opdef
+from ..ir.ops import opdef, positional
 from .lazy import LazyArray
 from .literals import key_item
 from ._core import FrameCore, apply_recipe
@@ -182,6 +182,8 @@ class Frame(FrameCore):
         return key_item(self.rec, a, shape, dtype)    # marks values rules may read
 
     def _op(self, op, args, kwargs):
+        if kwargs:
+            args, kwargs = positional(op, args, kwargs)     # ``F.dot(rhs=b, lhs=a)``
         if self._on_weights(op, args, kwargs):
             # Weights only: one node per graph, outside templates (weight_calls.py).
             return self.rec.graph_op(op, args, kwargs)

@@ -40,7 +40,7 @@ from ..ir.graph import (LEAF, NO_KWARGS, OP, VIEW, Graph, Node, analysed_node, s
 from .lazy import LazyArray
 from .namespace import DETERMINISTIC, RecordingNamespace, forget
 from .tasks import Pending, Tasks
-from ..ir.ops import opdef
+from ..ir.ops import opdef, positional
 
 _IDENTITY = opdef("identity")
 _RUNS_ITS_CODE = "runs its code"    # in the token of a block whose calls are not replayed
@@ -720,6 +720,8 @@ class Recorder(RecorderCore):
         """
         if op.arrays is not None and len(args) > op.arrays:   # F.swapaxes(x, 0, 1)
             args, kwargs = op.named(args, kwargs)
+        if kwargs:
+            args, kwargs = positional(op, args, kwargs)     # ``F.dot(rhs=b, lhs=a)``
         if kwargs:                              # transpose_b="False": rules read values
             kwargs = typed_attributes(op, kwargs)
         for a in args:
