@@ -1351,3 +1351,42 @@ def test_a_value_read_from_another_thread_while_a_sample_records_is_refused():
     for out, expected in zip(outs, want):
         np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-6)
     assert_next_batch_ok(make_probe())
+
+
+class WritesIntoAView(gdb.DynBatchBlock):
+    """``F.tanh(h, out=base[0:1])``: a write into a view of an array it made."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        base = F.zeros((2, 4))
+        view = base[0:1]
+        F.tanh(self.dense(x).sum(axis=0, keepdims=True), out=view)
+        return view * 1
+
+
+def test_out_into_a_view_the_scope_records_is_refused_by_name_and_the_next_scope_works():
+    """Under ``autograd.record()`` the view is a row of the scope's graph, computed
+    with history: MXNet's own "Assigning to NDArrays that are already in a
+    computational graph" came out, naming neither the sample nor the call."""
+    model = WritesIntoAView()
+    model.initialize()
+    xs = [nd.random.uniform(shape=(n, 4)) for n in (1, 3, 2)]
+    with pytest.raises(gdb.BatchingError, match=r"sample \d+, in .*out= writes into"):
+        with autograd.record():
+            with gdb.batching():
+                outs = [model(x) for x in xs]
+    with autograd.record():
+        with gdb.batching():
+            outs = [_tanh_of_sum(model, x) for x in xs]
+    for out, x in zip(outs, xs):
+        np.testing.assert_allclose(out.asnumpy(), np.tanh(model.dense(x).sum(
+            axis=0, keepdims=True).asnumpy()), rtol=1e-5, atol=1e-6)
+
+
+def _tanh_of_sum(model, x):
+    """The same computation written without ``out=``."""
+    return nd.tanh(model.dense(x).sum(axis=0, keepdims=True))

@@ -16,7 +16,7 @@ import inspect
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
-from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
+from mxnet.base import _LIB, MXNetError, OpHandle, c_str, check_call, py_str
 from mxnet._ctypes import ndarray as _ctypes_ndarray
 from mxnet.ndarray import register as _register
 
@@ -27,6 +27,7 @@ from . import literals
 from . import passes
 from ._core import Operator
 from .lazy import LazyArray, constants_if_freed
+from ..errors import BatchingError, describe_call
 from ..ir import known
 from ..ir.ops import op_handle, opdef
 from ..ir.rules import RULES
@@ -309,7 +310,17 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
                 rec.before_write((lazy,))   # calls that read the copy run first
                 arithmetic.copy_into(array, lazy)
         return result
-    result = _INVOKE(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
+    try:
+        result = _INVOKE(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
+    except MXNetError as err:
+        if out is None or rec is None or _IN_GRAPH not in str(err):
+            raise
+        raise BatchingError(
+            "%s: out= writes into an array autograd records a computation of (a value the "
+            "scope computed, or a view of an array made in the sample, which a batching "
+            "scope computes as a row of its graph); write into an array of the sample's own "
+            "(F.zeros(...) itself, not a view of it), or compute the value without out="
+            % describe_call(rec.sample, rec.path)) from err
     if out is not None:
         # An output still pending above was computed by the flush its handle
         # ran, and handed out as rows of that flush's arrays: it holds the
@@ -321,6 +332,9 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
                     aliases.follow(rec, array)     # its views share its memory
     return result
 
+
+
+_IN_GRAPH = "Assigning to NDArrays that are already in a computational graph"
 
 
 def _given_outputs(rec, out):
