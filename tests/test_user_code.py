@@ -322,6 +322,24 @@ class ScalesItsInput(gdb.DynBatchBlock):
         return F.sum(self.dense(x) + before, axis=1)
 
 
+def _summed_and_differentiated(model, xs, options, training=True):
+    """``model``'s outputs on ``xs``, eagerly (``options`` False), in a scope with
+    ``options`` or through ``gdb.map`` (``"map"``); their sum differentiated when
+    ``training``."""
+    with autograd.record(training):
+        if options is False:
+            outs = [model(x) for x in xs]
+        elif options == "map":
+            outs = gdb.map(model, xs)
+        else:
+            with gdb.batching(**options):
+                outs = [model(x) for x in xs]
+        total = nd.add_n(*[out.sum() for out in outs])
+    if training:
+        total.backward()
+    return outs
+
+
 @pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}, "map"])
 @pytest.mark.parametrize("how", ["setitem", "iadd", "iadd pending", "out", "copyto",
                                  "read first"])
@@ -339,17 +357,7 @@ def test_a_sample_writing_the_array_it_was_given_writes_the_callers_array(how, o
     runs = []
     for batched in (False, True, True):     # the second scope replays the first's
         xs = [nd.array(b) for b in base]
-        with autograd.record(training):
-            if not batched:
-                outs = [model(x) for x in xs]
-            elif options == "map":
-                outs = gdb.map(model, xs)
-            else:
-                with gdb.batching(**options):
-                    outs = [model(x) for x in xs]
-            total = nd.add_n(*[out.sum() for out in outs])
-        if training:
-            total.backward()
+        outs = _summed_and_differentiated(model, xs, batched and options, training)
         runs.append(([out.asnumpy() for out in outs], [x.asnumpy() for x in xs],
                      model.dense.weight.grad().asnumpy().copy() if training else None))
     want_outs, want_xs, want_grad = runs[0]
@@ -393,16 +401,7 @@ def test_samples_writing_into_arrays_of_zeros_they_made_equal_eager(how, options
     runs = []
     for batched in (False, True, True):     # the second scope replays the first's
         xs = [nd.array(b) for b in base]
-        with autograd.record():
-            if not batched:
-                outs = [model(x) for x in xs]
-            elif options == "map":
-                outs = gdb.map(model, xs)
-            else:
-                with gdb.batching(**options):
-                    outs = [model(x) for x in xs]
-            total = nd.add_n(*[out.sum() for out in outs])
-        total.backward()
+        outs = _summed_and_differentiated(model, xs, batched and options)
         runs.append(([out.asnumpy() for out in outs], model.dense.weight.grad().asnumpy().copy()))
     for outs, grad in runs[1:]:
         for got, want in zip(outs, runs[0][0]):
