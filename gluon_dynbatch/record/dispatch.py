@@ -37,6 +37,7 @@ from .tasks import settings_of
 from .recursion import (raise_limit, recursion_note, restore_limit, stop_watching,
                         watch_closures)
 from ..errors import BatchingError, describe_call
+from ..logs import warn_once
 
 log = logging.getLogger("gluon_dynbatch.record")
 
@@ -376,6 +377,11 @@ def _watching_setattr(self, name, value):
             tasks = rec.tasks
             if tasks.current is None and tasks.waiting and not tasks.restoring \
                     and not rec.flushing:
+                warn_once("block set while waiting", "%s.%s is set by the scope's code while "
+                          "samples wait at a read; they finish first, with its old value, as "
+                          "in eager code (give per-sample values as arguments, or set it "
+                          "before the loop, to batch those samples with the next ones)"
+                          % (type(self).__name__, name))
                 tasks.drain()
             # Compared only with an old setting: ``!=`` of an array (a state a
             # block keeps between calls, reset to None) is elementwise, or raises.
