@@ -2694,6 +2694,34 @@ def test_calls_giving_sparse_storage_run_by_themselves_as_eager(how, options):
                                         options)
 
 
+class TanhOfAScore(gdb.DynBatchBlock):
+    """``tanh`` of a (1, 1) score: the call shape of ``SparseOutputs("dot")``'s
+    ``tanh``, on a dense value."""
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(F.sum(x, axis=1, keepdims=True))
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}])
+def test_a_sparse_call_of_a_shape_a_dense_call_had_before_runs_as_eager(options):
+    """The memo of call analyses is keyed by shapes and dtypes: ``tanh`` of a CSR
+    (1, 1), analysed before as a dense call (another block, any earlier scope),
+    was batched as dense ("copying size mismatch" reading an empty row's
+    result); whichever came first decided for the other."""
+    dense = TanhOfAScore()
+    with gdb.batching(**options):
+        [dense(nd.ones((1, 3)) * k) for k in range(3)]
+    mx.random.seed(0)
+    model = SparseOutputs("dot")
+    model.initialize(mx.init.Uniform(0.5))
+    samples = _sparse_samples(0)
+    want = [model(*sample).asnumpy() for sample in samples]
+    with gdb.batching(**options):
+        outs = [model(*sample) for sample in samples]
+    for out, expected in zip(outs, want):
+        np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 class DocumentScores(gdb.DynBatchBlock):
     """``tanh`` of a weight times a document's CSR rows transposed: CSR results
     (of no entries for an empty document), summed into a dense score."""

@@ -968,15 +968,14 @@ class Recorder(RecorderCore):
         if info is None and key is not None and calls.source_dependent(op):
             facts = calls.source_facts(inputs)
             info = calls.INFOS.get((key, facts))
-        if info is not None and graph.sparse_leaves \
-                and any(src in graph.sparse_leaves for src, _ in inputs):
-            info = None         # (the memo does not know storage: ``calls.sparse_output``)
-        if info is None:
+        sparse = self._reads_sparse(inputs)     # (the memo does not know storage)
+        if info is None or sparse:
             node = Node(graph, OP, op, inputs, targs, tkw)
             node.sample = self.sample
             node.path = self.path
             info = calls.analyse(node, in_shapes, in_dtypes)
-            calls.remember(key, info, facts)
+            if not sparse:
+                calls.remember(key, info, facts)
             node.out_shapes, node.out_dtypes = info.out_shapes, info.out_dtypes
             node.attrs, node.rule, node.meta, node.info = info.attrs, info.rule, info.meta, info
         else:
@@ -1157,6 +1156,13 @@ class Recorder(RecorderCore):
         finally:
             self.path = outer_path
 
+    def _reads_sparse(self, inputs):
+        """Whether any of ``inputs`` (``(node, idx)`` pairs) is a leaf of a sparse
+        array: the memo of call analyses, keyed by shapes and dtypes, does not
+        know storage (a dense call of the same shape may be in it)."""
+        leaves = self.graph.sparse_leaves
+        return bool(leaves) and any(src in leaves for src, _ in inputs)
+
     def analyse_stub(self, op, args, kwargs, sources):
         """The CallInfo of ``op(*args, **kwargs)`` on stand-in inputs ``sources``.
 
@@ -1167,12 +1173,14 @@ class Recorder(RecorderCore):
         in_shapes = tuple([src.out_shapes[i] for src, i in sources])
         in_dtypes = tuple([src.out_dtypes[i] for src, i in sources])
         key, info = _memo(op, args, kwargs, in_shapes, in_dtypes)   # as ``add_node``
-        if info is not None:
+        sparse = self._reads_sparse(sources)
+        if info is not None and not sparse:
             return info
         node = Node(self.graph, OP, op, list(sources), args, kwargs)
         node.sample, node.path = self.sample, self.path
         info = calls.analyse(node, in_shapes, in_dtypes)
-        calls.remember(key, info)
+        if not sparse:
+            calls.remember(key, info)
         return info
 
 
