@@ -197,10 +197,12 @@ def _flatten(obj):
 
 
 def outputs_of(model, samples, batching=None):
-    """``model(s)`` of every sample: eagerly (``batching`` None), else in a
-    scope of those options."""
+    """``model(s)`` of every sample: eagerly (``batching`` None), through
+    ``gdb.map`` (``"map"``), else in a scope of those options."""
     if batching is None:
         return [model(s) for s in samples]
+    if batching == "map":
+        return gdb.map(model, samples)
     with gdb.batching(**batching):
         return [model(s) for s in samples]
 

@@ -11,7 +11,7 @@ from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import (assert_batched_equals_eager, assert_same, check_all_strategies,
-                              make_model, reference_run, rng, run_model)
+                              make_model, outputs_of, reference_run, rng, run_model)
 
 
 class OneOp(gdb.DynBatchBlock):
@@ -212,19 +212,13 @@ def _matches_reference(model, samples):
 def _gradients(model, samples, options, param, runs, passes=1):
     """``param``'s gradient after ``passes`` backward passes of the summed squares
     of ``model``'s outputs, per run: eager (False) or batched with ``options``
-    (``"map"``: ``gdb.map``); the gradient is zeroed before each run."""
+    (``outputs_of``); the gradient is zeroed before each run."""
     grads = []
     for batched in runs:
         param.zero_grad()
         for _ in range(passes):
             with autograd.record():
-                if not batched:
-                    outs = [model(s) for s in samples]
-                elif options == "map":
-                    outs = gdb.map(model, samples)
-                else:
-                    with gdb.batching(**options):
-                        outs = [model(s) for s in samples]
+                outs = outputs_of(model, samples, options if batched else None)
                 loss = nd.add_n(*[(o * o).sum() for o in outs])
             loss.backward()
         grads.append(param.grad().asnumpy().copy())

@@ -13,7 +13,7 @@ from mxnet.base import MXNetError
 import gluon_dynbatch as gdb
 from gluon_dynbatch.scope import READS_BEFORE_EAGER
 from dynbatch_testing import (DenseTanh, Tree, assert_batched_equals_eager, assert_same,
-                              check_all_strategies, run_model)
+                              check_all_strategies, outputs_of, run_model)
 
 
 def _inputs(n, seed=0):
@@ -323,17 +323,10 @@ class ScalesItsInput(gdb.DynBatchBlock):
 
 
 def _summed_and_differentiated(model, xs, options, training=True):
-    """``model``'s outputs on ``xs``, eagerly (``options`` False), in a scope with
-    ``options`` or through ``gdb.map`` (``"map"``); their sum differentiated when
-    ``training``."""
+    """``model``'s outputs on ``xs`` (``outputs_of`` with ``options``), their sum
+    differentiated when ``training``."""
     with autograd.record(training):
-        if options is False:
-            outs = [model(x) for x in xs]
-        elif options == "map":
-            outs = gdb.map(model, xs)
-        else:
-            with gdb.batching(**options):
-                outs = [model(x) for x in xs]
+        outs = outputs_of(model, xs, options)
         total = nd.add_n(*[out.sum() for out in outs])
     if training:
         total.backward()
@@ -357,7 +350,8 @@ def test_a_sample_writing_the_array_it_was_given_writes_the_callers_array(how, o
     runs = []
     for batched in (False, True, True):     # the second scope replays the first's
         xs = [nd.array(b) for b in base]
-        outs = _summed_and_differentiated(model, xs, batched and options, training)
+        outs = _summed_and_differentiated(model, xs, options if batched else None,
+                                          training)
         runs.append(([out.asnumpy() for out in outs], [x.asnumpy() for x in xs],
                      model.dense.weight.grad().asnumpy().copy() if training else None))
     want_outs, want_xs, want_grad = runs[0]
@@ -401,7 +395,7 @@ def test_samples_writing_into_arrays_of_zeros_they_made_equal_eager(how, options
     runs = []
     for batched in (False, True, True):     # the second scope replays the first's
         xs = [nd.array(b) for b in base]
-        outs = _summed_and_differentiated(model, xs, batched and options)
+        outs = _summed_and_differentiated(model, xs, options if batched else None)
         runs.append(([out.asnumpy() for out in outs], model.dense.weight.grad().asnumpy().copy()))
     for outs, grad in runs[1:]:
         for got, want in zip(outs, runs[0][0]):
@@ -2927,14 +2921,7 @@ def test_a_row_of_a_held_table_written_between_reads_reads_as_eager(options):
     for batched in (False, True):
         table = nd.array(np.arange(12, dtype=np.float32).reshape(4, 3) / 10)
         model = WritesItsTableRow(table)
-        samples = [1, 3, 1]
-        if not batched:
-            outs = [model(k) for k in samples]
-        elif options == "map":
-            outs = gdb.map(model, samples)
-        else:
-            with gdb.batching(**options):
-                outs = [model(k) for k in samples]
+        outs = outputs_of(model, [1, 3, 1], options if batched else None)
         results.append(([o.asnumpy() for o in outs], table.asnumpy()))
     for got, want in zip(results[1][0] + [results[1][1]], results[0][0] + [results[0][1]]):
         np.testing.assert_allclose(got, want, rtol=1e-6)
