@@ -1,10 +1,10 @@
 """Operators: MXNet's callables by name, and the shapes and dtypes of their outputs.
 
 An :class:`OpDef` names an operator reachable as ``mx.nd.<path>`` and
-``mx.sym.<path>``.  Output shapes and dtypes come from MXNet's symbolic
-inference, cached per (operator, constant arguments, input shapes, input
-dtypes); row slices and row concatenations, whose constants change with
-every call, are inferred here directly.
+``mx.sym.<path>``.  Output shapes and dtypes are inferred once per (operator,
+constant arguments, input shapes, input dtypes): row slices and row
+concatenations, whose constants change with every call, here; the common
+operators of ``shapes.py`` there; anything else by MXNet's symbolic inference.
 """
 import ctypes
 import inspect
@@ -16,6 +16,7 @@ import mxnet as mx
 from mxnet.base import _LIB, MXNetError, OpHandle, c_str, check_call
 import numpy as np
 
+from . import shapes
 from .graph import OP, Slot
 
 
@@ -258,9 +259,9 @@ class _InferCache:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        result = _infer_rows_view(op, node, in_shapes, in_dtypes)
-        if result is None:
-            result = _infer_symbolic(op, node, in_shapes, in_dtypes)
+        result = _infer_rows_view(op, node, in_shapes, in_dtypes) \
+            or shapes.infer(op.name, node, in_shapes, in_dtypes) \
+            or _infer_symbolic(op, node, in_shapes, in_dtypes)
         if op.name == "where":
             _check_where(in_shapes)
         if all(all(s > 0 for s in shape) for shape in in_shapes):
