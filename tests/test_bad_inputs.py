@@ -20,7 +20,8 @@ import pytest
 from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import BATCHED, DenseTanh, assert_same, output_of_script, run_model
+from dynbatch_testing import (BATCHED, DenseTanh, assert_same, output_of_script, outputs_of,
+                              run_model)
 
 COMPILED = (False, True, "step")
 IN_UNITS = 3
@@ -709,6 +710,36 @@ def test_a_whole_batch_on_another_context_is_correct_there(compiled):
         np.testing.assert_allclose(y.asnumpy(), want_y.asnumpy(), rtol=1e-6)
         np.testing.assert_allclose(total.asnumpy(), want_total.asnumpy(), rtol=1e-6)
     assert_next_batch_ok(model, compiled=compiled)
+
+
+class OnesThroughDense(gdb.DynBatchBlock):
+    """``Dense(F.ones((n, 4)))``: an array the sample makes on the current context."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, n):
+        return self.dense(F.ones((n, 4)))
+
+
+@pytest.mark.parametrize("batching", [None, "map", {}, {"compiled": True}, {"compiled": "step"},
+                                      {"strategy": "reference"}], ids=str)
+def test_a_scope_inside_a_context_block_restores_the_default_context(batching):
+    """Samples making arrays inside ``with mx.cpu(1):`` (a shape never made
+    before) left ``cpu(1)`` the default context after the block: the library
+    entered the user's own Context object, overwriting the one it restores."""
+    model = OnesThroughDense()
+    model.initialize(ctx=mx.cpu(1))
+    sizes = [len(str(batching)) + 40 + k for k in range(3)]     # new shapes per case
+    with mx.cpu(1):
+        outs = outputs_of(model, sizes, batching)
+    assert mx.current_context() == mx.cpu(0)
+    with mx.cpu(1):
+        want = [model(n).asnumpy() for n in sizes]
+    for got, expected in zip(outs, want):
+        np.testing.assert_allclose(got.asnumpy(), expected, rtol=1e-6)
 
 
 class SharedMemoryIds(gdb.DynBatchBlock):

@@ -933,7 +933,10 @@ class Recorder(RecorderCore):
             except TypeError:           # an unhashable argument: no memo
                 key = None
         if out is None:
-            with ctx:
+            # A copy of the context: entering the user's own object (the one
+            # their ``with mx.cpu(1):`` entered) would overwrite the context it
+            # restores on exit.
+            with mx.Context(ctx):
                 out = fn(*args, **kwargs)
             if key is not None and len(store.constants) < 1024:
                 store.constants[key] = out
