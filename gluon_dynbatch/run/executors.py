@@ -45,13 +45,17 @@ def cached_op(symbol, flags=()):
 
 
 def plan_symbol(walk):
-    """The symbol of a walked plan (``lowering.Lowering``; on a cache miss)."""
+    """The symbol of a walked plan (``lowering.Lowering``; on a cache miss), and
+    the names of its inputs a gradient flows back to from a delivered output
+    (``_CUTS``: not through ``detach()``)."""
     syms = {}
+    reach = {}          # sid or var name -> the input names it has a gradient path to
 
     def source(sid):
         found = syms.get(sid)
         if found is None:
             found = syms[sid] = mx.sym.var("s%d" % sid)
+            reach[sid] = frozenset(("s%d" % sid,))
         return found
 
     def gather(desc):
@@ -64,9 +68,17 @@ def plan_symbol(walk):
             *[source(s) for s in sids], dim=0)
         return mx.sym.take(table, mx.sym.var(name), axis=0)
 
+    def reached(desc):
+        if desc[0] == "direct_var":
+            return frozenset((desc[1],))
+        return frozenset().union(*[reach[sid] for sid in (
+            (desc[1],) if desc[0] == "direct" else desc[1])])
+
     kept = []
     for kind, node0, ins, outs, _, variant in walk.steps:
         inputs = [gather(d) for d in ins]
+        cut = _cut_inputs(kind, node0, len(ins))
+        paths = frozenset().union(*[reached(d) for k, d in enumerate(ins) if k not in cut])
         if kind == "program":
             inputs = _detached_program_inputs(node0, inputs)
         if kind == "alone":
@@ -81,8 +93,24 @@ def plan_symbol(walk):
             kept.extend(results)
         for sid, sym in zip(outs, results):
             syms[sid] = sym
+            reach[sid] = paths
+    delivered = [gather(desc) for desc, _ in walk.outputs]
+    paths = frozenset().union(*[reached(desc) for desc, _ in walk.outputs])
     # Outputs after those delivered are not delivered (``Lowering.deliver``).
-    return mx.sym.Group([gather(desc) for desc, _ in walk.outputs] + kept)
+    return mx.sym.Group(delivered + kept), paths
+
+
+#: Operators through which no gradient flows back (``x.detach()``): eager's
+#: backward does not reach what they read, so neither writes a gradient there.
+_CUTS = frozenset(("BlockGrad", "stop_gradient"))
+
+
+def _cut_inputs(kind, node0, count):
+    """The inputs of a step no gradient reaches through it: all of a
+    ``detach()``, a program's read only by its zero-gradient calls."""
+    if kind == "program":
+        return node0.op.detached or ()
+    return range(count) if node0.op.name in _CUTS else ()
 
 
 # Operators MXNet runs and then refuses for their values (a matrix that is not
@@ -349,6 +377,7 @@ class CompiledPlan:
                  ("param_indices", [i for i, n in enumerate(self.names) if n in param_names])]
         self.op = cached_op(symbol, flags)
         self.calls = 0
+        self.detached = ()      # positions of inputs given without history
 
     def __call__(self, inputs):
         with self._lock:
@@ -386,7 +415,12 @@ def run_compiled(plan, live, ctx, cache, stats):
     start = time.perf_counter()
     if entry is None:
         try:
-            entry = CompiledPlan(plan_symbol(compiler), compiler.param_names)
+            symbol, reached = plan_symbol(compiler)
+            entry = CompiledPlan(symbol, compiler.param_names)
+            # Inputs no delivered output has a gradient path to go in detached:
+            # the graph's backward would write them a zero gradient, marked
+            # fresh (a Trainer then updates a frozen encoder's weights).
+            entry.detached = [k for k, name in enumerate(entry.names) if name not in reached]
         except MXNetError as err:
             entry = RefusedPlan(first_line(err))
         stats.evictions += cache.put(key, entry)
@@ -399,7 +433,10 @@ def run_compiled(plan, live, ctx, cache, stats):
                   "run as batched imperative calls", entry.why)
         run_interpreted(plan, live, ctx)
         return
-    results = entry(compiler.inputs(entry.names))
+    inputs = compiler.inputs(entry.names)
+    for k in entry.detached:
+        inputs[k] = inputs[k].detach()
+    results = entry(inputs)
     if stats.cache_misses and entry.calls == 1:
         stats.compile_ms += 1000.0 * (time.perf_counter() - start)
     check_refused_values(plan)
