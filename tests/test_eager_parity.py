@@ -21,7 +21,7 @@ import gluon_dynbatch as gdb
 import idiom_models as im
 from gluon_dynbatch.ir.rules import rule_for
 from dynbatch_testing import (DenseTanh, Tree, assert_same, check_all_strategies, make_model,
-                              run_model)
+                              outputs_of, run_model)
 
 H = 4
 
@@ -554,6 +554,38 @@ def test_exporting_a_dynbatch_block_says_why_not_and_its_children_export(tmp_pat
         parent.inner.export(str(tmp_path / "inner"))
     parent.export(str(tmp_path / "parent"))
     assert (tmp_path / "parent-symbol.json").exists()
+
+
+class _EncodedSum(gdb.DynBatchBlock):
+    """``sum(enc(x))`` over a sample's rows, ``enc`` a Dense the user hybridizes."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.enc = gluon.nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        return F.sum(self.enc(x), axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("batching", [{}, {"compiled": True}, {"strategy": "reference"}, "map"],
+                         ids=str)
+def test_a_hybridized_child_run_only_in_scopes_exports(tmp_path, batching):
+    """The advice of ``DynBatchBlock.export`` (export the hybridized children)
+    failed where the child only ever ran in scopes: Gluon builds the graph
+    ``export`` writes at a first eager call.  The exported graph computes the
+    child's values."""
+    model = make_model(_EncodedSum)
+    model.enc.hybridize()
+    xs = [nd.array(np.arange(4 * n).reshape(n, 4) / 10.0) for n in (1, 2, 3)]
+    with autograd.record():
+        outs = outputs_of(model, xs, batching)
+        loss = nd.add_n(*[o.sum() for o in outs])
+    loss.backward()
+    model.enc.export(str(tmp_path / "enc"))
+    loaded = gluon.SymbolBlock.imports(str(tmp_path / "enc-symbol.json"), ["data"],
+                                       str(tmp_path / "enc-0000.params"))
+    np.testing.assert_allclose(loaded(xs[2]).asnumpy(), model.enc(xs[2]).asnumpy(), rtol=1e-6)
 
 
 # --------------------------------------------------------------------------

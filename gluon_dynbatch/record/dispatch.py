@@ -26,6 +26,7 @@ import sys
 
 import mxnet as mx
 from mxnet import gluon
+from mxnet.ndarray import NDArray
 
 from . import _core
 from . import context
@@ -392,10 +393,51 @@ def _watching_setattr(self, name, value):
     _ORIGINAL_SETATTR(self, name, value)
 
 
+def note_inputs(block, args):
+    """Note the shapes and dtypes of a hybridized child's inputs, the first time
+    it is recorded (``Recorder.trace``) without a graph of its own: Gluon builds
+    that graph at its first eager call, and ``export`` needs it."""
+    if getattr(block, "_active", False) and not block._cached_graph \
+            and getattr(block, "_gdb_inputs", None) is None:
+        # (not ``Block.__setattr__``: no setting a template depends on)
+        object.__setattr__(block, "_gdb_inputs", _input_specs(args))
+
+
+def _input_specs(value):
+    if isinstance(value, NDArray):
+        return ("array", tuple(value.shape), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_input_specs(v) for v in value)
+    return value
+
+
+def _placeholders(spec):
+    if type(spec) is tuple and len(spec) == 3 and spec[0] == "array":
+        return mx.nd.zeros(spec[1], dtype=spec[2])
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(_placeholders(v) for v in spec)
+    return spec
+
+
+_ORIGINAL_EXPORT = gluon.HybridBlock.export
+
+
+def _export(self, path, epoch=0, remove_amp_cast=True):
+    """``HybridBlock.export`` of a hybridized child recorded only in scopes:
+    its graph is built first from the inputs noted (``note_inputs``), as
+    Gluon builds it at a first eager call."""
+    spec = getattr(self, "_gdb_inputs", None)
+    if not self._cached_graph and spec is not None:
+        self._build_cache(*_placeholders(spec))     # its graph and CachedOp, not run
+    return _ORIGINAL_EXPORT(self, path, epoch, remove_amp_cast)
+
+
 def install():
-    """Replace ``Block.__setattr__``, and Gluon's RNN begin states and layer
-    calls (``Block.__call__`` while a scope is open: ``attach_call``)."""
+    """Replace ``Block.__setattr__``, ``HybridBlock.export``, and Gluon's RNN
+    begin states and layer calls (``Block.__call__`` while a scope is open:
+    ``attach_call``)."""
     gluon.Block.__setattr__ = _watching_setattr
+    gluon.HybridBlock.export = _export
     gluon.rnn.RecurrentCell.begin_state = _begin_state
     gluon.rnn.rnn_layer._RNNLayer.begin_state = _layer_begin_state
     gluon.rnn.rnn_layer._RNNLayer.hybrid_forward = _layer_hybrid_forward

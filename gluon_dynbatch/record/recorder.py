@@ -25,6 +25,7 @@ from mxnet.ndarray.sparse import BaseSparseNDArray
 from ..ir import _scan, calls
 from . import aliases
 from . import context
+from . import dispatch
 from . import passes
 from . import purity
 from . import trie
@@ -1151,6 +1152,7 @@ class Recorder(RecorderCore):
             for hook in block._forward_pre_hooks.values():
                 hook(block, args)
             _infer_own_shapes(block, args)
+            dispatch.note_inputs(block, args)
             params = {name: self.param(p) for name, p in block._reg_params.items()}
             out = block.hybrid_forward(self.F, *args, **params)
             for hook in block._forward_hooks.values():
