@@ -1003,6 +1003,44 @@ def test_weights_a_sample_writes_while_others_wait_raise_a_clear_error():
         np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
 
 
+class RunningMean(gdb.DynBatchBlock):
+    """A running mean of the sample's rows kept in a parameter, written with
+    ``set_data`` under ``autograd.pause()`` (a statistic of the user's own)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=4)
+            self.mean = self.params.get("mean", shape=(1, 3), init=mx.init.Zero(),
+                                        grad_req="null", differentiable=False)
+
+    def hybrid_forward(self, F, x, mean):
+        h = self.dense(x)
+        with autograd.pause():
+            self.mean.set_data(0.9 * mean + 0.1 * F.mean(h, axis=0, keepdims=True))
+        return h - mean
+
+
+def test_a_running_statistic_samples_write_is_refused_in_a_plain_loop_by_what_happened():
+    """The samples' mode change under ``pause()`` makes each wait, so the next
+    one starts and reads the statistic before the write: refused, and the
+    message says so (it spoke of ``gdb.map`` alone); the next scope works."""
+    model = RunningMean()
+    model.initialize()
+    xs = [nd.ones((n, 4)) * n for n in (1, 2, 3)]
+    with pytest.raises(gdb.BatchingError, match="change of autograd's mode.*run such a model "
+                                               "eagerly"):
+        with autograd.record():
+            with gdb.batching():
+                [model(x) for x in xs]      # pylint: disable=expression-not-assigned
+    plain = DenseSum()
+    plain.initialize()
+    with gdb.batching():
+        outs = [plain(x[:, :3]) for x in xs]
+    for out, x in zip(outs, xs):
+        np.testing.assert_allclose(out.asnumpy(), plain(x[:, :3]).asnumpy(), rtol=1e-6)
+
+
 class MarkedVariable(gdb.DynBatchBlock):
     """A gradient into a buffer of the sample's own (``autograd.mark_variables``)
     of a value it computed, or one through a pass whose head gradient it

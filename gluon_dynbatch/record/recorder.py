@@ -347,10 +347,12 @@ class Recorder(RecorderCore):
         if now and self._other_samples():
             raise BatchingError(
                 "%s: weights are written in place inside a sample (p.set_data, p.data()[:] "
-                "= ..., trainer.step) while other samples (gdb.map) have recorded calls and "
-                "wait; eager code runs each sample's write before the next sample starts and "
-                "after the one before it ends. Write weights in the scope's own code, between "
-                "the samples' calls (a plain loop), or outside the scope"
+                "= ..., trainer.step) while other samples have started and not finished "
+                "(waiting at a read or at a change of autograd's mode, or in gdb.map): they "
+                "may have read the weights already, where eager code runs each sample's write "
+                "before the next sample starts and after the one before it ends. Write "
+                "weights outside the samples' calls (in the scope's own code between them, "
+                "or after the scope), or run such a model eagerly"
                 % describe_call(self.sample, self.path))
         if not now and tasks.current is not None and self._outside_among(arrays) \
                 and not self._other_samples():
