@@ -15,6 +15,7 @@ from mxnet.base import MXNetError
 
 from gluon_dynbatch.ir import ops, shapes
 from gluon_dynbatch.ir.graph import slots_of
+from gluon_dynbatch.rewrite import matrix_ops
 
 UNARY = sorted(shapes._UNARY)                       # pylint: disable=protected-access
 SAME = sorted(shapes._SAME_SHAPE)                   # pylint: disable=protected-access
@@ -140,7 +141,7 @@ def test_shapes_inferred_without_mxnet_equal_mxnets(seed):
     for name, kwargs, in_shapes in _calls(seed, 700):
         node = types.SimpleNamespace(args=slots_of(len(in_shapes)), kwargs=kwargs)
         dtypes = (np.float32,) * len(in_shapes)
-        ours = shapes.infer(name, node, tuple(in_shapes), dtypes)
+        ours = shapes.infer(_opdef(name), node, tuple(in_shapes), dtypes)
         if ours is None:
             continue
         answered += 1
@@ -152,8 +153,59 @@ def test_shapes_inferred_without_mxnet_equal_mxnets(seed):
 
 def test_shapes_leave_integer_and_mixed_dtypes_to_mxnet():
     node = types.SimpleNamespace(args=slots_of(2), kwargs={})
-    assert shapes.infer("broadcast_add", node, ((2, 3), (2, 3)), (np.int32, np.int32)) is None
-    assert shapes.infer("broadcast_add", node, ((2, 3), (2, 3)),
-                        (np.float32, np.float16)) is None
-    found = shapes.infer("broadcast_add", node, ((2, 3), (1, 3)), (np.float16, np.float16))
+    add = ops.opdef("broadcast_add")
+    assert shapes.infer(add, node, ((2, 3), (2, 3)), (np.int32, np.int32)) is None
+    assert shapes.infer(add, node, ((2, 3), (2, 3)), (np.float32, np.float16)) is None
+    found = shapes.infer(add, node, ((2, 3), (1, 3)), (np.float16, np.float16))
     assert found == (((2, 3),), (np.float16,), ((2, 3), (1, 3)))
+
+
+def _matrix_call(r):
+    """An operator of ``rewrite.matrix_ops`` on a sample's (m, n) matrix as its
+    column of entries, of shapes that fit it or not."""
+    m, n, width = r.randint(1, 4), r.randint(1, 4), r.choice((1, 3))
+    column = (m * n, 1) if r.random() < 0.85 else (m * n + 1, 1)
+    which = r.randrange(3)
+    if which == 0:
+        kind, axis = r.choice(matrix_ops.KINDS), r.choice((0, 1))
+        shape = column if r.random() < 0.7 else (m * n, width)
+        return matrix_ops.GroupOp(kind, n, axis), [shape]
+    if which == 1:
+        kind = r.choice(matrix_ops.PRODUCTS)
+        if kind == "scores":
+            return matrix_ops.PairOp(kind, n), [(m, width), (n, r.choice((width, width + 1)))]
+        rows = n if kind == "weighted" else m
+        return matrix_ops.PairOp(kind, n), [column, (r.choice((rows, rows + 1)), width)]
+    kind = r.choice(("outer", "outer_r", "known", "known_r"))
+    operator = r.choice(("broadcast_add", "broadcast_mul", "broadcast_sub"))
+    if kind.startswith("outer"):
+        shapes_ = [(m, 1), (n, 1)]
+    else:
+        shapes_ = [column, (m, r.choice((n, n + 1)))]
+    if kind.endswith("_r"):
+        shapes_.reverse()
+    return matrix_ops.PairwiseOp(kind, operator, n), shapes_
+
+
+def test_shapes_of_the_packages_matrix_operators_equal_mxnets():
+    r = random.Random(11)
+    answered = 0
+    for _ in range(600):
+        op, in_shapes = _matrix_call(r)
+        node = types.SimpleNamespace(args=slots_of(len(in_shapes)), kwargs={"group": op.group})
+        dtypes = (np.float32,) * len(in_shapes)
+        ours = shapes.infer(op, node, tuple(in_shapes), dtypes)
+        if ours is None:
+            continue
+        answered += 1
+        theirs = _infer_own(op, node, tuple(in_shapes), dtypes)
+        assert theirs is not None, ("MXNet refuses", op, in_shapes, ours)
+        assert ours == theirs, (op, in_shapes)
+    assert answered > 300
+
+
+def _infer_own(op, node, in_shapes, in_dtypes):
+    try:
+        return ops._infer_symbolic(op, node, in_shapes, in_dtypes)  # pylint: disable=protected-access
+    except (MXNetError, ValueError, TypeError):
+        return None

@@ -260,7 +260,7 @@ class _InferCache:
         if hit is not None:
             return hit
         result = _infer_rows_view(op, node, in_shapes, in_dtypes) \
-            or shapes.infer(op.name, node, in_shapes, in_dtypes) \
+            or shapes.infer(op, node, in_shapes, in_dtypes) \
             or _infer_symbolic(op, node, in_shapes, in_dtypes)
         if op.name == "where":
             _check_where(in_shapes)

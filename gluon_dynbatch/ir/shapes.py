@@ -11,7 +11,9 @@ attributes.
 floating dtype, attributes of the plain types MXNet documents, the shapes
 compatible.  Anything else (a shape MXNet would refuse included) returns None,
 and MXNet's own inference decides, with its own error.
-``tests/test_shapes.py`` checks every answer against MXNet's.
+Operators of the package's own (``rewrite.matrix_ops``) give their shapes by
+an ``out_shape`` method.  ``tests/test_shapes.py`` checks every answer against
+MXNet's.
 """
 import math
 
@@ -44,10 +46,12 @@ _BROADCAST = frozenset(("broadcast_add", "broadcast_sub", "broadcast_mul", "broa
 _REDUCE = frozenset(("sum", "mean", "max", "min", "prod", "nansum", "nanprod"))
 
 
-def infer(name, node, in_shapes, in_dtypes):
+def infer(op, node, in_shapes, in_dtypes):
     """``(out_shapes, out_dtypes, inferred input shapes)`` of ``node``'s call of
-    operator ``name`` on inputs of ``in_shapes`` and ``in_dtypes``; None where
-    MXNet should decide."""
+    ``op`` (an ``ops.OpDef``, or an operator of the package's own with an
+    ``out_shape`` method: ``rewrite.matrix_ops``) on inputs of ``in_shapes``
+    and ``in_dtypes``; None where MXNet should decide."""
+    name = op.name
     args, kwargs = node.args, node.kwargs
     if len(args) == 2 and not kwargs and name.endswith("_scalar") \
             and type(args[1]) in (int, float):
@@ -59,6 +63,10 @@ def infer(name, node, in_shapes, in_dtypes):
     dtype = in_dtypes[0]
     if dtype not in _FLOATS or any(d is not dtype for d in in_dtypes):
         return None
+    own = getattr(op, "out_shape", None)
+    if own is not None:
+        out = own([tuple(s) for s in in_shapes])
+        return None if out is None else ((out,), (dtype,), tuple(in_shapes))
     fn = _RULES.get(name)
     if fn is None:
         fn = _unary if name in _UNARY else _same_shape if name in _SAME_SHAPE else \
@@ -119,15 +127,21 @@ def _same_shape(name, kwargs, shapes):
 def _broadcast(name, kwargs, shapes):
     if kwargs or len(shapes) != 2:
         return None
-    lhs, rhs = shapes
+    out = broadcast_shape(*shapes)
+    return None if out is None else (out, shapes)
+
+
+def broadcast_shape(lhs, rhs):
+    """The shape MXNet's ``broadcast_*`` operators give ``lhs`` and ``rhs``
+    (the shorter padded with ones in front); None if they do not broadcast."""
     ndim = max(len(lhs), len(rhs))
-    lhs, rhs = (1,) * (ndim - len(lhs)) + lhs, (1,) * (ndim - len(rhs)) + rhs
+    lhs, rhs = (1,) * (ndim - len(lhs)) + tuple(lhs), (1,) * (ndim - len(rhs)) + tuple(rhs)
     out = []
     for a, b in zip(lhs, rhs):
         if a != b and a != 1 and b != 1:
             return None
         out.append(max(a, b))
-    return tuple(out), shapes
+    return tuple(out)
 
 
 def _reduce(name, kwargs, shapes):

@@ -21,8 +21,12 @@ different calls.
 """
 import threading
 
+import math
+
 import mxnet as mx
 import numpy as np
+
+from ..ir.shapes import broadcast_shape
 
 KINDS = ("softmax", "log_softmax", "sum", "mean", "max")
 _NORMALISING = ("softmax", "log_softmax")
@@ -63,6 +67,23 @@ class GroupOp:
 
     def run(self, F, inputs, _info):
         return [self.compute(F, inputs[0])]
+
+    def out_shape(self, in_shapes):
+        """The output shape of a call on inputs of ``in_shapes`` (as ``compute``
+        gives it; ``ir.shapes``), or None where MXNet's inference should say."""
+        if len(in_shapes) != 1:
+            return None
+        x, group = in_shapes[0], self.group
+        size = math.prod(x)
+        if size % group:
+            return None
+        if self.axis == 0:
+            return (size, 1) if self.kind in _NORMALISING else (group, 1)
+        if self.kind in _NORMALISING:
+            return (size, 1)
+        if x[0] % group:
+            return None
+        return (x[0] // group,) + tuple(x[1:])
 
     def groups(self, rows):
         """The row positions of each group of an input of ``rows`` rows, (G, g)."""
@@ -125,6 +146,20 @@ class PairOp(GroupOp):
     def run(self, F, inputs, _info):
         return [self.compute(F, inputs[0], inputs[1])]
 
+    def out_shape(self, in_shapes):
+        if len(in_shapes) != 2 or len(in_shapes[0]) != 2 or len(in_shapes[1]) != 2:
+            return None
+        a, b = in_shapes
+        if self.kind == "scores":
+            return (a[0] * b[0], 1) if a[1] == b[1] else None
+        size = math.prod(a)
+        if size % self.group:
+            return None
+        rows, cols = size // self.group, self.group
+        if self.kind == "weighted_t":
+            rows, cols = cols, rows
+        return (rows, b[1]) if b[0] == cols else None
+
 
 def record_product(rec, kind, a, b, group):
     """Record the :class:`PairOp` ``kind`` of pending ``a`` and ``b``."""
@@ -167,6 +202,21 @@ class PairwiseOp(GroupOp):
 
     def run(self, F, inputs, _info):
         return [self.compute(F, inputs[0], inputs[1])]
+
+    def out_shape(self, in_shapes):
+        if len(in_shapes) != 2 or not self.operator.startswith("broadcast_"):
+            return None
+        a, b = in_shapes
+        if self.name == "_pair_outer":
+            if len(a) != 2 or len(b) != 2:
+                return None
+            a, b = ((a[1], a[0]), b) if self.reversed else (a, (b[1], b[0]))
+        elif self.reversed:
+            a = (math.prod(a), 1)
+        else:
+            b = (math.prod(b), 1)
+        out = broadcast_shape(a, b)
+        return None if out is None else (math.prod(out), 1)
 
 
 def record_pairwise(rec, kind, operator, a, b, group):
