@@ -189,35 +189,22 @@ def _fully_connected(name, kwargs, shapes):
 
 
 def _dot(name, kwargs, shapes):
+    """``dot`` of two matrices, ``batch_dot`` of two stacks of them (other ranks:
+    MXNet's rules), either transposed."""
     if not set(kwargs) <= {"transpose_a", "transpose_b"} or len(shapes) != 2:
         return None
     ta, tb = kwargs.get("transpose_a", False), kwargs.get("transpose_b", False)
     if type(ta) is not bool or type(tb) is not bool:
         return None
     lhs, rhs = shapes
-    if len(lhs) != 2 or len(rhs) != 2:
-        return None         # 1-d and n-d products: MXNet's rules
-    rows, inner = (lhs[1], lhs[0]) if ta else lhs
-    inner2, cols = (rhs[1], rhs[0]) if tb else rhs
+    ndim = 2 if name == "dot" else 3
+    if len(lhs) != ndim or len(rhs) != ndim or lhs[:-2] != rhs[:-2]:
+        return None
+    rows, inner = (lhs[-1], lhs[-2]) if ta else lhs[-2:]
+    inner2, cols = (rhs[-1], rhs[-2]) if tb else rhs[-2:]
     if inner != inner2:
         return None
-    return (rows, cols), shapes
-
-
-def _batch_dot(name, kwargs, shapes):
-    if not set(kwargs) <= {"transpose_a", "transpose_b"} or len(shapes) != 2:
-        return None
-    ta, tb = kwargs.get("transpose_a", False), kwargs.get("transpose_b", False)
-    if type(ta) is not bool or type(tb) is not bool:
-        return None
-    lhs, rhs = shapes
-    if len(lhs) != 3 or len(rhs) != 3 or lhs[0] != rhs[0]:
-        return None
-    rows, inner = (lhs[2], lhs[1]) if ta else lhs[1:]
-    inner2, cols = (rhs[2], rhs[1]) if tb else rhs[1:]
-    if inner != inner2:
-        return None
-    return (lhs[0], rows, cols), shapes
+    return lhs[:-2] + (rows, cols), shapes
 
 
 def _reshape(name, kwargs, shapes):
@@ -263,6 +250,6 @@ def _expand_dims(name, kwargs, shapes):
     return shape[:axis] + (1,) + shape[axis:], shapes
 
 
-_RULES = {"FullyConnected": _fully_connected, "dot": _dot, "batch_dot": _batch_dot,
+_RULES = {"FullyConnected": _fully_connected, "dot": _dot, "batch_dot": _dot,
           "reshape": _reshape, "Reshape": _reshape, "transpose": _transpose,
           "expand_dims": _expand_dims}
