@@ -107,10 +107,9 @@ _CUTS = frozenset(("BlockGrad", "stop_gradient"))
 
 def _cut_inputs(kind, node0, count):
     """The inputs of a step no gradient reaches through it: all of a
-    ``detach()``, a program's read only by its zero-gradient calls."""
-    if kind == "program":
-        return node0.op.detached or ()
-    return range(count) if node0.op.name in _CUTS else ()
+    ``detach()``.  (A program's inputs only its zero-gradient calls read,
+    ``argmax``, are reached, as eager's backward reaches them with zeros.)"""
+    return range(count) if kind != "program" and node0.op.name in _CUTS else ()
 
 
 # Operators MXNet runs and then refuses for their values (a matrix that is not
