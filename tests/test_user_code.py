@@ -2993,3 +2993,43 @@ def test_a_view_of_a_held_tables_row_reused_after_a_flush_and_a_scope_takes_its_
     after it: the next scope's pass gave the table no gradient through it."""
     for got, want in zip(_cached_rows_grads(True), _cached_rows_grads(False)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class FluentShapes(gdb.DynBatchBlock):
+    """Fluent methods whose NDArray code does more than call the operator:
+    ``broadcast_to``/``broadcast_like`` adding leading axes (the shape padded
+    with ones first), ``expand_dims``/``squeeze``/``flatten`` with ``inplace=True``."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        if self.form == "broadcast":
+            v = h.sum(axis=0)
+            return v.broadcast_to(h.shape) * h + v.broadcast_like(h)
+        if self.form == "expand_inplace":
+            return h.expand_dims(0, inplace=True).squeeze(axis=0, inplace=True) * 2
+        return h.expand_dims(1, inplace=True).flatten(inplace=True) + h
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}, "map"],
+                         ids=str)
+@pytest.mark.parametrize("form", ["broadcast", "expand_inplace", "flatten_inplace"])
+def test_fluent_methods_padding_shapes_or_viewing_in_place_equal_eager(form, options):
+    """``v.broadcast_to(h.shape)`` of a (4,) value raised MXNet's error in a
+    scope (the operator takes equal ranks), and ``inplace=True`` reached the
+    operator as an argument it does not know."""
+    model = FluentShapes(form)
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.array(np.linspace(-1, 1, 4 * n).reshape(n, 4)) for n in (1, 3, 2)]
+    want = _summed_and_differentiated(model, xs, None)
+    want_grads = [p.grad().asnumpy().copy() for p in model.collect_params().values()]
+    got = _summed_and_differentiated(model, xs, options)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6)
+    for p, expected in zip(model.collect_params().values(), want_grads):
+        np.testing.assert_allclose(p.grad().asnumpy(), expected, rtol=1e-5, atol=1e-6)

@@ -260,7 +260,7 @@ def _fluent(name, op_name=None):
 
 _FLUENT = """sum mean max min prod nansum nanprod norm argmax argmin transpose tanh sigmoid
 relu exp expm1 log log1p log2 log10 sqrt rsqrt square abs sign clip softmax log_softmax
-softmin slice_axis slice take pick one_hot broadcast_to broadcast_like zeros_like
+softmin slice_axis slice take pick one_hot zeros_like
 ones_like tile repeat flip topk sort argsort swapaxes sin cos tan floor ceil round rint
 fix trunc reciprocal reshape_like diag
 arcsin arccos arctan sinh cosh degrees radians""".split()
@@ -276,8 +276,10 @@ def _through_f(name):
 
     def method(self, *args, **kwargs):
         rec = current()
-        if rec is None:
+        if rec is None or kwargs.get("inplace"):
+            # ``inplace=True``: NDArray's own code, a view by ``self.reshape``
             return base(self, *args, **kwargs)
+        kwargs.pop("inplace", None)
         return getattr(rec.F, name)(self, *args, **kwargs)
     method.__name__ = name
     return method
