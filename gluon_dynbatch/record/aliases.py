@@ -200,13 +200,13 @@ def shares_memory(shape, key):
 
 def _hashable(key):
     """``key`` with its slices as tuples, or None if it holds anything but
-    integers, slices and None."""
+    integers, slices, None and Ellipsis."""
     parts = key if isinstance(key, tuple) else (key,)
     out = []
     for part in parts:
         if isinstance(part, slice):
             out.append(("slice", part.start, part.stop, part.step))
-        elif part is None:
+        elif part is None or part is Ellipsis:
             out.append(part)
         elif isinstance(part, (int, np.integer)):
             out.append(int(part))

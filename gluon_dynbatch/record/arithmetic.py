@@ -367,6 +367,28 @@ _INDEX_TYPES = frozenset([int, np.int64, np.int32, np.int16, np.int8, np.uint8, 
                           np.uint32, np.uint64])
 
 
+def _with_new_axes(x, parts):
+    """``x[parts]`` for parts of slices, ``None`` (new axes) and one ``Ellipsis``:
+    the slices' value reshaped with the new axes, as eager's view of ``x``
+    (NDArray's own indexing computed such a value, a copy); None for other keys."""
+    if not any(p is None or p is Ellipsis for p in parts) \
+            or not all(p is None or p is Ellipsis or type(p) is slice for p in parts) \
+            or sum(p is Ellipsis for p in parts) > 1:
+        return None
+    shape = x.shape
+    slices = sum(type(p) is slice for p in parts)
+    if slices > len(shape):
+        return None
+    expanded = []
+    for part in parts:
+        expanded.extend([slice(None)] * (len(shape) - slices) if part is Ellipsis else [part])
+    inner = tuple(p for p in expanded if p is not None)
+    out = _getitem_value(x, inner) if inner else x
+    dims = iter(out.shape)
+    new_shape = [1 if p is None else next(dims) for p in expanded] + list(dims)
+    return current().F.reshape(out, shape=tuple(new_shape))
+
+
 def _getitem(self, key):
     rec = current()
     if rec is None:
@@ -377,6 +399,10 @@ def _getitem(self, key):
 def _getitem_value(self, key):
     """``self[key]`` inside a scope (``_getitem``, which keeps it as a view)."""
     rec = current()
+    if type(key) is tuple or key is None or key is Ellipsis:
+        found = _with_new_axes(self, key if type(key) is tuple else (key,))
+        if found is not None:
+            return found
     if type(key) is slice and key.step is None and type(key.start) is int \
             and type(key.stop) is int:
         # x[i:j], rows of a table: the common case, straight to the recorder.
