@@ -1421,3 +1421,43 @@ def test_out_into_a_view_the_scope_records_is_refused_by_name_and_the_next_scope
 def _tanh_of_sum(model, x):
     """The same computation written without ``out=``."""
     return nd.tanh(model.dense(x).sum(axis=0, keepdims=True))
+
+
+class TakesOrFactors(gdb.DynBatchBlock):
+    """``take(..., mode="raise")`` of a row past the end for a sample of 3 rows, or
+    the Cholesky factor of a matrix that is not positive definite for it."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        if self.form == "take":
+            return F.take(h, F.array([8 if x.shape[0] == 3 else 0]), mode="raise")
+        gram = F.dot(h, h, transpose_a=True) + F.array(np.eye(4)) * 0.1
+        if x.shape[0] == 3:
+            gram = gram * -1
+        return F.linalg.potrf(gram)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": True}, "map"],
+                         ids=str)
+@pytest.mark.parametrize("form", ["take", "potrf"])
+def test_values_mxnet_refuses_in_one_sample_name_that_sample(form, options):
+    """MXNet refuses one sample's values while the step runs all samples'
+    calls: the error named every sample of the step; it names the one at
+    fault (the step's calls are run again one by one to find it)."""
+    model = TakesOrFactors(form)
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.array(np.linspace(-1, 1, 4 * n).reshape(n, 4)) for n in (2, 3, 4, 5)]
+    with pytest.raises(gdb.BatchingError, match=r"sample 1, in .*(take|potrf).*refused its "
+                                               r"values"):
+        outs = outputs_of(model, xs, options)
+        for out in outs:
+            out.asnumpy()
+    good = [x for k, x in enumerate(xs) if k != 1]
+    for out, x in zip(outputs_of(model, good, options), good):
+        np.testing.assert_allclose(out.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-6)

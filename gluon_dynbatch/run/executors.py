@@ -21,7 +21,8 @@ import numpy as np
 from mxnet import autograd
 from mxnet.base import MXNetError
 
-from .lowering import Lowering, dtype_name
+from .lowering import Lowering, dtype_name, leaf_value, reused_constants
+from ..ir.graph import LEAF
 from ..errors import BatchingError, describe_call
 from ..logs import warn_once
 from ..ir.ops import first_line
@@ -155,6 +156,14 @@ def check_refused_values(plan, only_read=False):
     try:
         mx.nd.waitall()
     except MXNetError as err:
+        culprit = _refused_call(steps)
+        if culprit is not None:
+            raise BatchingError(
+                "%s: MXNet refused its values (%s); no value of the samples batched with "
+                "it is given out, where eager code raises when this sample's values are "
+                "read: check its inputs, or run such samples with strategy='reference'" % (
+                    describe_call(culprit.sample, culprit.path, _call_name(culprit)),
+                    first_line(err))) from None
         samples = sorted({n.sample for step in plan.steps for n in step.nodes
                           if _may_refuse(n) and n.sample is not None})
         where = describe_call(nodes[0].sample, nodes[0].path, nodes[0].op.name)
@@ -164,6 +173,42 @@ def check_refused_values(plan, only_read=False):
             "values of the sample at fault are read: check its inputs, or run such "
             "samples with strategy='reference'" % (
                 where.split(", in ", 1)[-1], samples, first_line(err))) from None
+
+
+def _call_name(node):
+    return getattr(node.op, "name", "") or ""
+
+
+def _refused_call(steps):
+    """The first call of ``steps`` whose values MXNet refuses when it runs by
+    itself, as eager code ran it (outside autograd: only the values matter),
+    or None: the sample at fault, for the error."""
+    values = {}
+    constants = reused_constants()
+
+    def value(src, idx):
+        key = (src, idx)
+        if key not in values:
+            if src.kind == LEAF:
+                values[key] = leaf_value(src, constants) if src.value is not None \
+                    else src.param.data()
+            else:
+                inputs = [value(s, i) for s, i in src.inputs]
+                for j, array in enumerate(call_as_recorded(mx.nd, src, inputs)):
+                    values[(src, j)] = array
+        return values[key]
+
+    with autograd.pause():
+        for step in steps:
+            for node in step.nodes:
+                try:
+                    value(node, 0)
+                    mx.nd.waitall()
+                except MXNetError:
+                    return node
+                except Exception:       # pylint: disable=broad-except
+                    return None         # (a value this search cannot rebuild)
+    return None
 
 
 def run_interpreted(plan, live, ctx, rows_out=False):
