@@ -176,6 +176,11 @@ def check_refused_values(plan, only_read=False):
 
 
 def _call_name(node):
+    """The operator of ``node`` that may refuse its values (of a program, the
+    first of its calls that may)."""
+    for entry in getattr(node.op, "entries", None) or ():
+        if _refuses(entry.op.name, entry.kwargs):
+            return entry.op.name
     return getattr(node.op, "name", "") or ""
 
 
