@@ -295,3 +295,32 @@ def test_scores_scaled_by_each_samples_own_number_are_one_step():
               if "_div_scalar" in [e.op.name for e in getattr(step.nodes[0].op, "entries", ())]
               or step.nodes[0].op.name == "_div_scalar"]
     assert sorted(scaled) == sorted([sum(1 for n in LENGTHS if n > 1), LENGTHS.count(1)])
+
+
+class OuterSumAndProduct(gdb.DynBatchBlock):
+    """``qa * kb.T - (qa + kb.T)``: two outer combinations of a sample's own
+    vectors (pair form), of the same shapes, in one sample."""
+
+    def hybrid_forward(self, F, qa, kb):
+        product = F.broadcast_mul(qa, F.transpose(kb))
+        total = F.broadcast_add(qa, F.transpose(kb))
+        return product - total
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_outer_sums_and_products_keep_their_own_compiled_steps(dtype):
+    """In float16 such calls run one by one, and ``compiled="step"`` keyed
+    their compiled steps by ``_pair_outer`` alone: the sum reused the product's
+    step (errors of order 1)."""
+    model = OuterSumAndProduct()
+    model.initialize()
+    rs = np.random.RandomState(0)
+    samples = [(nd.array(rs.randn(m, 1), dtype=dtype), nd.array(rs.randn(n, 1), dtype=dtype))
+               for m, n in ((3, 2), (5, 4), (6, 6), (2, 9))]
+    want = [model(*s).asnumpy().astype("float64") for s in samples]
+    for _ in range(2):
+        with gdb.batching(compiled="step"):
+            outs = [model(*s) for s in samples]
+        for out, expected in zip(outs, want):
+            np.testing.assert_allclose(out.asnumpy().astype("float64"), expected,
+                                       rtol=2e-3, atol=2e-3)

@@ -21,7 +21,7 @@ import numpy as np
 from mxnet import autograd
 from mxnet.base import MXNetError
 
-from .lowering import Lowering, dtype_name, leaf_value, reused_constants
+from .lowering import Lowering, dtype_name, leaf_value, reused_constants, step_name
 from ..ir.graph import LEAF
 from ..errors import BatchingError, describe_call
 from ..logs import warn_once
@@ -532,7 +532,7 @@ def run_steps(plan, live, ctx, cache, stats):
 def _run_step(node0, shape, variant, arrays, ctx, cache, stats):
     """Run one step's cached CachedOp (compiled on a miss) on ``arrays``."""
     attrs = node0.attrs if node0.rule.keyed_attrs else None
-    key = ("step", node0.rule.batching, node0.op.name, attrs, node0.meta,
+    key = ("step", node0.rule.batching, step_name(node0.op), attrs, node0.meta,
            type(node0.rule).__name__, shape, variant,
            tuple(src.out_shapes[i][1:] for src, i in node0.inputs),
            tuple(dtype_name(src.out_dtypes[i]) for src, i in node0.inputs),

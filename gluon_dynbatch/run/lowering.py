@@ -176,6 +176,13 @@ def dtype_name(dtype):
     return found
 
 
+def step_name(op):
+    """``op``'s name in the keys of compiled steps and plans: its ``step_name``
+    where its name alone does not tell it from others (the operators of
+    ``rewrite.matrix_ops``: ``_pair_outer`` of an addition or a product)."""
+    return getattr(op, "step_name", None) or op.name
+
+
 def reused_constants():
     """The constants this thread reuses across scopes (``F.zeros``, see
     ``Recorder.make_constant``) that a flush must copy (``leaf_value``): all of
@@ -533,10 +540,10 @@ class Lowering(SegmentWalker):
     def _step_key(self, kind, node0, ins, variant):
         """Append the step's part of the whole-plan key; return its outputs' family."""
         if kind == "alone":
-            key = (kind, node0.op.name, node0.attrs, ins)
+            key = (kind, step_name(node0.op), node0.attrs, ins)
         else:
             attrs = node0.attrs if node0.rule.keyed_attrs else None
-            key = (kind, node0.op.name, attrs, tuple(node0.meta), type(node0.rule).__name__,
+            key = (kind, step_name(node0.op), attrs, tuple(node0.meta), type(node0.rule).__name__,
                    ins, variant)
         tails = (tuple(src.out_shapes[i][1:] if role != KNOWN else None
                        for (src, i), role in zip(node0.inputs, node0.meta or _NO_ROLES)),
@@ -549,7 +556,7 @@ class Lowering(SegmentWalker):
             # read both depends on its trees, so their outputs form one family
             # per position, trailing shape and dtype.
             return (kind, tails[1:])
-        return (kind, node0.op.name, node0.attrs if node0.rule.keyed_attrs else None,
+        return (kind, step_name(node0.op), node0.attrs if node0.rule.keyed_attrs else None,
                 node0.meta, tails)
 
     def _walk_outputs(self, live):
