@@ -50,8 +50,9 @@ class GroupOp:
         self.kind, self.group, self.axis = kind, group, axis
         self.name = "_group_" + kind
         # What tells this operator from others of its name in the keys of
-        # compiled steps and plans (``run``): every argument it was made with.
-        self.step_name = (type(self).__name__, kind, group, axis)
+        # compiled steps and plans (``run``): the arguments it was made with
+        # but the group's size (plans serve matrices of every size).
+        self.step_name = (type(self).__name__, kind, axis)
         self.nd_fn = lambda x, **_constants: self.compute(mx.nd, x)
         self.sym_fn = lambda x, **_constants: self.compute(mx.sym, x)
 
@@ -137,7 +138,7 @@ class PairOp(GroupOp):
     def __init__(self, kind, group):
         super().__init__(kind, group, 1)
         self.name = "_pair_" + kind
-        self.step_name = (type(self).__name__, kind, group)
+        self.step_name = (type(self).__name__, kind)
         self.nd_fn = lambda a, b, **_constants: self.compute(mx.nd, a, b)
         self.sym_fn = lambda a, b, **_constants: self.compute(mx.sym, a, b)
 
@@ -188,7 +189,7 @@ class PairwiseOp(GroupOp):
         super().__init__(kind, group, 1)
         self.operator = operator
         self.name = "_pair_" + kind.split("_")[0]
-        self.step_name = (type(self).__name__, kind, operator, group)
+        self.step_name = (type(self).__name__, kind, operator)
         self.reversed = kind.endswith("_r")
         self.nd_fn = lambda a, b, **_constants: self.compute(mx.nd, a, b)
         self.sym_fn = lambda a, b, **_constants: self.compute(mx.sym, a, b)
