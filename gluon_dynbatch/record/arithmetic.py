@@ -23,8 +23,8 @@ from .context import current
 from ..errors import BatchingError, describe_call
 from .lazy import LazyArray
 from .tasks import NUMBERS
-from ..ir.graph import LEAF, VIEW
-from ..ir.known import constant_array, exact_scalar
+from ..ir.graph import LEAF
+from ..ir.known import exact_scalar
 from ..ir.ops import op_handle, opdef
 
 # name: (array op, scalar op with array on the left, scalar op with array on the right, python op)
@@ -123,109 +123,20 @@ def _in_place(name):
             return self
         if autograd.is_recording() and getattr(self._node, "kind", None) != LEAF:
             # (a constant, ``F.zeros``, is in no graph: ``rebind`` says what to write)
-            _check_recorded_write(rec, self, _SYMBOL[name])
+            symbol = _SYMBOL[name]
+            raise MXNetError(
+                "%s: in-place update (%s=) under autograd.record() of a value the batching "
+                "scope recorded: eager MXNet refuses it for a value in autograd's graph "
+                "(computed from anything with a gradient, or from an array an earlier "
+                "recorded call read), and a scope, which cannot tell all of those, refuses "
+                "it always; write x = x %s y instead" % (
+                    describe_call(rec.sample, rec.path), symbol, symbol))
         result = fn(self, other)
         rec.rebind(self, result)
         aliases.follow(rec, self)
         return self
     in_place.__name__ = "__i%s__" % _IN_PLACE[name]
     return in_place
-
-
-def _check_recorded_write(rec, lazy, symbol):
-    """Refuse ``lazy op= y`` under ``autograd.record()`` where eager MXNet does
-    (a value in autograd's graph), and where eager writes through a view into
-    another value (``x.detach()``, ``x.reshape``, a slice), which a scope does
-    not; a value computed from arrays without gradients is written."""
-    where = describe_call(rec.sample, rec.path)
-    if isinstance(lazy._node, _core.FrameCore):
-        # Its calls into the graph, to tell what the value was computed from.
-        lazy._node.cut("an in-place update of its value")
-    node, idx = lazy._node, lazy._idx
-    if in_autograd_graph(node, idx):
-        raise MXNetError(
-            "%s: in-place update (%s=) of a value recorded under autograd.record(); as in "
-            "eager MXNet, assigning to arrays that are already in a computational graph is "
-            "not supported inside autograd.record()" % (where, symbol))
-    if _may_be_a_view(node, idx):
-        raise BatchingError(
-            "%s: in-place update (%s=) under autograd.record() of a value that may be a view "
-            "of another (x.detach(), a reshape, a slice): eager MXNet writes it through "
-            "into that value, a batching scope does not; write x = x %s y instead"
-            % (where, symbol, symbol))
-
-
-# Operators whose eager form (a method of NDArray) may return a view sharing memory.
-_VIEWING = frozenset(("reshape", "Reshape", "BlockGrad", "stop_gradient", "slice_axis",
-                      "slice", "_slice", "expand_dims", "squeeze", "flatten", "Flatten",
-                      "reshape_like", "_copyto"))
-
-
-def _may_be_a_view(node, idx):
-    if getattr(node, "kind", None) == VIEW:
-        # (rows of a pooled literal, ``F.array``, are the literal's own array)
-        return node.inputs[0][0] not in node.graph.literal_leaves
-    op = getattr(node, "op", None)
-    if hasattr(op, "entries"):          # a program: the call giving the output
-        op = op.entries[op.exports[idx][0]].op
-    return getattr(op, "name", None) in _VIEWING
-
-
-def in_autograd_graph(node, idx=0, seen=None):
-    """Whether eager MXNet would have recorded output ``idx`` of graph node
-    ``node`` in autograd's graph: computed while recording from a parameter
-    with a gradient, an array with one or with a history, or such a value,
-    not through ``detach()`` (nor ``BlockGrad``: no gradient flows back through
-    either).  Values of a frame still recording are taken to be (its calls are
-    not nodes yet)."""
-    seen = {} if seen is None else seen
-    key = (id(node), idx)
-    found = seen.get(key)
-    if found is not None:
-        return found
-    seen[key] = False           # (a graph has no cycles; this guards the walk)
-    kind = getattr(node, "kind", None)
-    inputs = getattr(node, "inputs", None)
-    if kind == LEAF:
-        if node.param is not None:
-            found = getattr(node.param, "grad_req", "write") != "null"
-        else:
-            found = node.value is not None and not constant_array(node.value)
-    elif getattr(node, "graph", None) is None or inputs is None:
-        found = True
-    elif node.graph.mode is not None and not node.graph.mode[0]:
-        found = False           # recorded outside autograd.record()
-    elif getattr(node.op, "name", None) in _DETACHING:
-        found = False
-    else:
-        reads = _program_reads(node.op, idx) if hasattr(node.op, "entries") \
-            else range(len(inputs))
-        found = any(in_autograd_graph(inputs[k][0], inputs[k][1], seen) for k in reads)
-    seen[key] = found
-    return found
-
-
-_DETACHING = ("BlockGrad", "stop_gradient")
-
-
-def _program_reads(program, idx):
-    """The input positions output ``idx`` of a program depends on, not through
-    ``BlockGrad``."""
-    stack, seen, positions = [program.exports[idx][0]], set(), set()
-    while stack:
-        k = stack.pop()
-        if k in seen:
-            continue
-        seen.add(k)
-        entry = program.entries[k]
-        if entry.op.name in _DETACHING:
-            continue
-        for source in entry.sources:
-            if source[0] == "in":
-                positions.add(source[1])
-            else:
-                stack.append(source[1])
-    return sorted(positions)
 
 
 _IN_PLACE = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "truediv",
