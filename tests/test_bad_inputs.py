@@ -1461,3 +1461,44 @@ def test_values_mxnet_refuses_in_one_sample_name_that_sample(form, options):
     good = [x for k, x in enumerate(xs) if k != 1]
     for out, x in zip(outputs_of(model, good, options), good):
         np.testing.assert_allclose(out.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+class ScoresOrRowSoftmax(gdb.DynBatchBlock):
+    """Attention over a sample's own rows (its (m, n) matrices in pair form), or a
+    softmax along an axis a sample's value does not have (``axis=2`` of a matrix)."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+
+    def hybrid_forward(self, F, sample):
+        q, k = sample
+        if self.form == "softmax":
+            return F.softmax(q, axis=2 if q.shape[0] == 3 else 1)
+        weights = F.softmax(F.dot(q, k, transpose_b=True), axis=1)
+        return F.dot(weights, k)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"compiled": "step"}, "map"],
+                         ids=str)
+@pytest.mark.parametrize("form", ["float16_attention", "softmax"])
+def test_calls_mxnets_kernels_refuse_are_refused_by_name_when_recorded(form, options):
+    """A float16 product of a sample's own matrices (recorded in pair form) and a
+    softmax along a missing axis passed MXNet's inference and failed in its
+    kernel inside a batched step: MXNet's raw error at the first read, naming
+    no sample, and values never written for the others."""
+    model = ScoresOrRowSoftmax("softmax" if form == "softmax" else "attention")
+    model.initialize()
+    dtype = "float16" if form == "float16_attention" else "float32"
+    rs = np.random.RandomState(0)
+    samples = [(nd.array(rs.randn(m, 4), dtype=dtype), nd.array(rs.randn(n, 4), dtype=dtype))
+               for m, n in ((2, 3), (3, 2), (4, 5))]
+    sample = 1 if form == "softmax" else 0
+    with pytest.raises(gdb.BatchingError, match=r"sample %d, in .*(softmax|dot)" % sample):
+        outs = outputs_of(model, samples, options)
+        for out in outs:
+            out.asnumpy()
+    good = [s for s in samples if s[0].shape[0] != 3] if form == "softmax" else \
+        [(q.astype("float32"), k.astype("float32")) for q, k in samples]
+    for out, s in zip(outputs_of(model, good, options), good):
+        np.testing.assert_allclose(out.asnumpy(), model(s).asnumpy(), rtol=1e-5, atol=1e-6)

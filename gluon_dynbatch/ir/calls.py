@@ -170,9 +170,11 @@ def analyse(node, in_shapes, in_dtypes):
 
 
 _NO_CPU_FLOAT16 = frozenset(("dot", "batch_dot", "FullyConnected", "Convolution",
-                             "Deconvolution", "sort", "argsort", "khatri_rao"))
+                             "Deconvolution", "sort", "argsort", "khatri_rao",
+                             "_pair_scores", "_pair_weighted", "_pair_weighted_t"))
 """Operators whose CPU kernels refuse float16 values (and ``linalg``'s): MXNet's
-inference takes the call, its kernel raises when it runs."""
+inference takes the call, its kernel raises when it runs.  (``_pair_*``: the
+products of a sample's own matrices, ``rewrite.matrix_ops``, are ``dot``s.)"""
 
 
 def _check_kernel_dtypes(node, in_dtypes, where):
@@ -195,7 +197,7 @@ def _check_kernel_dtypes(node, in_dtypes, where):
         raise InvalidCallError(
             "%s: MXNet's CPU kernel of %s takes float32 and float64 values, not float16 "
             "(eager MXNet raises when the value is read); cast the inputs with "
-            ".astype('float32')" % (where, op.name))
+            ".astype('float32')" % (where, "dot" if op.name.startswith("_pair_") else op.name))
 
 
 _LENGTHS = frozenset(("softmax", "log_softmax"))

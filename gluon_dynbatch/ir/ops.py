@@ -264,6 +264,8 @@ class _InferCache:
             or _infer_symbolic(op, node, in_shapes, in_dtypes)
         if op.name == "where":
             _check_where(in_shapes)
+        elif op.name in _ALONG_AN_AXIS:
+            _check_axis(op.name, node.kwargs, in_shapes)
         if all(all(s > 0 for s in shape) for shape in in_shapes):
             with self._lock:
                 self._cache[key] = result
@@ -312,6 +314,22 @@ def _check_where(in_shapes):
         raise MXNetError("where needs a condition of the shape of x and y, or of one "
                          "dimension as long as their first; got condition %s, x %s, y %s"
                          % (cond, x, y))
+
+
+_ALONG_AN_AXIS = frozenset(("softmax", "log_softmax", "softmin"))
+
+
+def _check_axis(name, kwargs, in_shapes):
+    """Refuse a softmax along an axis its input does not have: MXNet's inference
+    accepts it and its kernel refuses, after a batched step ran every sample's
+    call (the others would then read values never written)."""
+    axis = kwargs.get("axis", -1)
+    if not in_shapes or not in_shapes[0] or type(axis) is not int:
+        return
+    ndim = len(in_shapes[0])
+    if not -ndim <= axis < ndim:
+        raise MXNetError("%s along axis %d of a value of %d axes, shape %s"
+                         % (name, axis, ndim, tuple(in_shapes[0])))
 
 
 class UnknownShape(ValueError):
