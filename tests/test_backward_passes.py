@@ -1490,6 +1490,45 @@ def _frozen_encoder_run(options):
     return [p.data().asnumpy() for p in params]
 
 
+class DetachedInside(gdb.DynBatchBlock):
+    """``head(encoder(x).detach())`` inside one block: the detach is a call of
+    the block's program."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.encoder = gluon.nn.Dense(4, in_units=3)
+            self.head = gluon.nn.Dense(1, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        return self.head(F.tanh(self.encoder(x)).detach())
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "plan"}, {"strategy": "reference"}],
+                         ids=str)
+def test_a_detach_inside_a_blocks_program_leaves_the_encoder_as_eager_does(options):
+    """A whole compiled plan reached every input of a block's program, the
+    encoder's weights behind its ``detach()`` too (a zero gradient, fresh)."""
+    runs = []
+    for batched in (False, True):
+        mx.random.seed(3)
+        model = DetachedInside()
+        model.initialize(mx.init.Uniform(0.5))
+        trainer = gluon.Trainer(model.collect_params(), "sgd",
+                                {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.1})
+        rs = np.random.RandomState(1)
+        for _ in range(2):
+            xs = [nd.array(rs.uniform(-1, 1, (k, 3))) for k in (1, 2, 3)]
+            with autograd.record():
+                outs = outputs_of(model, xs, options if batched else None)
+                loss = nd.add_n(*[(o ** 2).sum() for o in outs])
+            loss.backward()
+            trainer.step(len(xs), ignore_stale_grad=True)
+        runs.append([p.data().asnumpy() for p in model.collect_params().values()])
+    for got, want in zip(runs[1], runs[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("options", [{}, {"compiled": "plan"}, {"compiled": "step"},
                                      {"strategy": "reference"}], ids=str)
 def test_a_frozen_encoders_detached_outputs_leave_its_weights_as_eager_does(options):

@@ -78,8 +78,13 @@ def plan_symbol(walk):
     kept = []
     for kind, node0, ins, outs, _, variant in walk.steps:
         inputs = [gather(d) for d in ins]
-        cut = _cut_inputs(kind, node0, len(ins))
-        paths = frozenset().union(*[reached(d) for k, d in enumerate(ins) if k not in cut])
+        if kind == "program":       # per output: the inputs it reads not through detach()
+            paths = [frozenset().union(*[reached(ins[k]) for k in reads])
+                     for reads in _program_reads(node0.op, len(outs))]
+        else:
+            cut = range(len(ins)) if node0.op.name in _CUTS else ()
+            paths = [frozenset().union(*[reached(d) for k, d in enumerate(ins)
+                                         if k not in cut])] * len(outs)
         if kind == "program":
             inputs = _detached_program_inputs(node0, inputs)
         if kind == "alone":
@@ -92,9 +97,9 @@ def plan_symbol(walk):
             kept.extend(results[len(outs):])    # (``Program.batched``'s kept outputs)
         elif keeps_outputs(node0.op.name, node0.kwargs):
             kept.extend(results)
-        for sid, sym in zip(outs, results):
+        for sid, sym, path in zip(outs, results, paths):
             syms[sid] = sym
-            reach[sid] = paths
+            reach[sid] = path
     delivered = [gather(desc) for desc, _ in walk.outputs]
     paths = frozenset().union(*[reached(desc) for desc, _ in walk.outputs])
     # Outputs after those delivered are not delivered (``Lowering.deliver``).
@@ -106,11 +111,28 @@ def plan_symbol(walk):
 _CUTS = frozenset(("BlockGrad", "stop_gradient"))
 
 
-def _cut_inputs(kind, node0, count):
-    """The inputs of a step no gradient reaches through it: all of a
-    ``detach()``.  (A program's inputs only its zero-gradient calls read,
-    ``argmax``, are reached, as eager's backward reaches them with zeros.)"""
-    return range(count) if kind != "program" and node0.op.name in _CUTS else ()
+def _program_reads(program, count):
+    """Per output of ``program`` (its first ``count`` exports), the positions of
+    the inputs it reads other than through ``detach()``: zero-gradient calls
+    (``argmax``) are read through, as eager's backward reaches their inputs."""
+    found = []
+    for j, _ in program.exports[:count]:
+        stack, seen, positions = [j], set(), set()
+        while stack:
+            k = stack.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            entry = program.entries[k]
+            if entry.op.name in _CUTS:
+                continue
+            for source in entry.sources:
+                if source[0] == "in":
+                    positions.add(source[1])
+                else:
+                    stack.append(source[1])
+        found.append(sorted(positions))
+    return found
 
 
 # Operators MXNet runs and then refuses for their values (a matrix that is not
