@@ -146,6 +146,17 @@ class BinaryTreeLSTM(gdb.DynBatchBlock):
         return o * F.tanh(c), c
 
 
+class DenseForms(gdb.DynBatchBlock):
+    """A (4, 4) Dense and a ``form``: the base of test models written several
+    ways (subclasses give ``hybrid_forward``)."""
+
+    def __init__(self, form, **kwargs):
+        super().__init__(**kwargs)
+        self.form = form
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+
 class DenseTanh(gdb.DynBatchBlock):
     """``tanh(Dense(x))`` of a (n, 3) value: the smallest block with a parameter."""
 

@@ -20,8 +20,8 @@ import pytest
 from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import (BATCHED, DenseTanh, assert_same, output_of_script, outputs_of,
-                              run_model)
+from dynbatch_testing import (BATCHED, DenseForms, DenseTanh, assert_same, output_of_script,
+                              outputs_of, run_model)
 
 COMPILED = (False, True, "step")
 IN_UNITS = 3
@@ -1441,15 +1441,9 @@ def _tanh_of_sum(model, x):
     return nd.tanh(model.dense(x).sum(axis=0, keepdims=True))
 
 
-class TakesOrFactors(gdb.DynBatchBlock):
+class TakesOrFactors(DenseForms):
     """``take(..., mode="raise")`` of a row past the end for a sample of 3 rows, or
     the Cholesky factor of a matrix that is not positive definite for it."""
-
-    def __init__(self, form, **kwargs):
-        super().__init__(**kwargs)
-        self.form = form
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=4)
 
     def hybrid_forward(self, F, x):
         h = F.tanh(self.dense(x))

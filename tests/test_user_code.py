@@ -12,8 +12,8 @@ from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
 from gluon_dynbatch.scope import READS_BEFORE_EAGER
-from dynbatch_testing import (DenseTanh, Tree, assert_batched_equals_eager, assert_same,
-                              check_all_strategies, outputs_of, run_model)
+from dynbatch_testing import (DenseForms, DenseTanh, Tree, assert_batched_equals_eager,
+                              assert_same, check_all_strategies, outputs_of, run_model)
 
 
 def _inputs(n, seed=0):
@@ -2996,16 +2996,10 @@ def test_a_view_of_a_held_tables_row_reused_after_a_flush_and_a_scope_takes_its_
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-class FluentShapes(gdb.DynBatchBlock):
+class FluentShapes(DenseForms):
     """Fluent methods whose NDArray code does more than call the operator:
     ``broadcast_to``/``broadcast_like`` adding leading axes (the shape padded
     with ones first), ``expand_dims``/``squeeze``/``flatten`` with ``inplace=True``."""
-
-    def __init__(self, form, **kwargs):
-        super().__init__(**kwargs)
-        self.form = form
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=4)
 
     def hybrid_forward(self, F, x):
         h = F.tanh(self.dense(x))
