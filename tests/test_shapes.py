@@ -205,7 +205,8 @@ def test_shapes_of_the_packages_matrix_operators_equal_mxnets():
 
 
 def _infer_own(op, node, in_shapes, in_dtypes):
+    infer = ops._infer_symbolic          # pylint: disable=protected-access
     try:
-        return ops._infer_symbolic(op, node, in_shapes, in_dtypes)  # pylint: disable=protected-access
+        return infer(op, node, in_shapes, in_dtypes)
     except (MXNetError, ValueError, TypeError):
         return None
