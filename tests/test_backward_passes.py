@@ -1504,11 +1504,12 @@ class DetachedInside(gdb.DynBatchBlock):
         return self.head(F.tanh(self.encoder(x)).detach())
 
 
-@pytest.mark.parametrize("options", [{}, {"compiled": "plan"}, {"strategy": "reference"}],
-                         ids=str)
+@pytest.mark.parametrize("options", [{}, {"compiled": "plan"}, {"compiled": "step"},
+                                     {"strategy": "reference"}], ids=str)
 def test_a_detach_inside_a_blocks_program_leaves_the_encoder_as_eager_does(options):
-    """A whole compiled plan reached every input of a block's program, the
-    encoder's weights behind its ``detach()`` too (a zero gradient, fresh)."""
+    """A whole compiled plan, and a step's compiled program, reached every input
+    of a block's program, the encoder's weights behind its ``detach()`` too (a
+    zero gradient, fresh)."""
     runs = []
     for batched in (False, True):
         mx.random.seed(3)

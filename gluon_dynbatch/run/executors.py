@@ -135,6 +135,16 @@ def _program_reads(program, count):
     return found
 
 
+def _unread_program_inputs(node0, count, outputs):
+    """The inputs of a program step no output reads other than through
+    ``detach()`` (``_program_reads``): a step's CachedOp would write them a zero
+    gradient, marked fresh, where eager's backward does not reach them."""
+    read = set()
+    for reads in _program_reads(node0.op, outputs):
+        read.update(reads)
+    return frozenset(range(count)) - read
+
+
 # Operators MXNet runs and then refuses for their values (a matrix that is not
 # positive definite, a singular one): the error surfaces when an array that
 # depends on the output is read, once; a batched step reading several samples'
@@ -532,8 +542,11 @@ def run_steps(plan, live, ctx, cache, stats):
         zero = zero_gradient(node0.op.name, node0.args, node0.kwargs)
         if zero:
             detached.append((ins, range(len(ins))))
+        unread = _unread_program_inputs(node0, len(ins), len(outs)) if kind == "program" \
+            else ()
         arrays, shape = [], []
-        for desc in ins:
+        for k, desc in enumerate(ins):
+            start = len(arrays)
             if desc[0] == "take":
                 arrays.extend(_gather(("direct", sid), values, feeds) for sid in desc[1])
                 arrays.append(feeds[desc[2]])
@@ -541,6 +554,8 @@ def run_steps(plan, live, ctx, cache, stats):
             else:
                 arrays.append(_gather(desc, values, feeds))
                 shape.append(("d",))
+            if k in unread:         # read only through detach(): no gradient goes back
+                arrays[start:] = [array.detach() for array in arrays[start:]]
         with autograd.pause() if zero else _NO_CHANGE, _naming_step(node0, count):
             results = _run_step(node0, tuple(shape), variant, arrays, walker.ctx, cache, stats)
         for sid, array in zip(outs, results):
