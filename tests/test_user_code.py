@@ -3030,23 +3030,17 @@ def test_fluent_methods_padding_shapes_or_viewing_in_place_equal_eager(form, opt
         np.testing.assert_allclose(p.grad().asnumpy(), expected, rtol=1e-5, atol=1e-6)
 
 
-class NewAxes(gdb.DynBatchBlock):
-    """Indexing with ``None`` (new axes) and ``Ellipsis``; with ``bump``, the
+class NewAxes(DenseForms):
+    """Indexing with ``None`` (new axes) and ``Ellipsis``; in form ``"bump"``, the
     value is updated in place after the views are taken (outside ``record()``)."""
 
     KEYS = [None, Ellipsis, (None, slice(None)), (slice(None), None), (Ellipsis, None),
             (None, Ellipsis, slice(1, 3)), (slice(0, 1), None, slice(None))]
 
-    def __init__(self, bump=False, **kwargs):
-        super().__init__(**kwargs)
-        self.bump = bump
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=4)
-
     def hybrid_forward(self, F, x):
         h = F.tanh(self.dense(x))
         views = [h[key] for key in self.KEYS]
-        if self.bump:
+        if self.form == "bump":
             h += 1
         return [v * 1 for v in views]
 
@@ -3057,7 +3051,7 @@ def test_new_axes_and_ellipsis_index_as_eager_and_follow_an_update_in_place(opti
     """``h[None]`` and ``h[...]`` are eager views of ``h``: they were computed as
     copies in a scope (an update of ``h`` after them did not reach them)."""
     xs = [nd.array(np.linspace(-1, 1, 4 * n).reshape(n, 4)) for n in (2, 3, 1)]
-    model = NewAxes()
+    model = NewAxes("plain")
     model.initialize(mx.init.Uniform(0.5))
     want = _summed_nested(model, xs, None)
     want_grads = [p.grad().asnumpy().copy() for p in model.collect_params().values()]
@@ -3067,7 +3061,7 @@ def test_new_axes_and_ellipsis_index_as_eager_and_follow_an_update_in_place(opti
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for p, expected in zip(model.collect_params().values(), want_grads):
         np.testing.assert_allclose(p.grad().asnumpy(), expected, rtol=1e-5, atol=1e-6)
-    bumped = NewAxes(bump=True)
+    bumped = NewAxes("bump")
     bumped.initialize(mx.init.Uniform(0.5))
     want = [v.asnumpy() for vs in outputs_of(bumped, xs) for v in vs]
     got = [v.asnumpy() for vs in outputs_of(bumped, xs, options) for v in vs]
