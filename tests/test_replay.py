@@ -445,6 +445,49 @@ def test_a_child_whose_attributes_change_at_every_scope_is_told_once_and_stays_e
     assert len(trie.store().settings[id(model.cell)]) == trie.MAX_SETTINGS + 1
 
 
+class TanhOfDense(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
+class SequenceOfDynBatchBlocks(gdb.DynBatchBlock):
+    """Calls a container child holding a DynBatchBlock (used alone elsewhere)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.seq = gluon.nn.HybridSequential()
+            self.seq.add(TanhOfDense())
+
+    def hybrid_forward(self, F, k, x):
+        return self.seq(x[k:k + 1]) * 2
+
+
+def test_a_blocks_own_timings_are_not_settings_its_container_is_keyed_by(caplog):
+    """Each scope of a DynBatchBlock notes how long its flush ran, on the block:
+    a container holding it must not take that for a setting that changed (its
+    calls would be learned anew per scope, then run its code every time)."""
+    from gluon_dynbatch.record import trie
+    model = make_model(SequenceOfDynBatchBlocks)
+    inner = model.seq[0]
+    x = nd.random.uniform(-1, 1, shape=(6, 3))
+    with caplog.at_level("WARNING", logger="gluon_dynbatch"):
+        for _ in range(trie.MAX_SETTINGS + 4):
+            rows = [nd.random.uniform(-1, 1, shape=(1, 3)) for _ in range(3)]
+            expected = run_model(inner, rows, [], "eager")
+            assert_same(run_model(inner, rows, [], "depth"), expected)
+            expected = run_model(model, [3, 4, 5], [x], "eager")
+            assert_same(run_model(model, [3, 4, 5], [x], "depth"), expected)
+    assert inner.recent_execute_s is not None
+    assert not [r for r in caplog.records if "took more than" in r.getMessage()]
+    assert len(trie.store().settings.get(id(model.seq), ())) <= 1
+
+
 class ScaledPerCall(gdb.DynBatchBlock):
     """Sets its child's attribute before each call: more values than the cap in one scope."""
 

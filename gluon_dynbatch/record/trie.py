@@ -221,9 +221,11 @@ def _value_form(value, depth):
     raise _Unlike
 
 
-# Attributes Gluon changes as a block runs, which change nothing it computes
-# (recurrent cells count their calls to name their states).
-_RUNNING_ATTRS = frozenset(["_counter", "_init_counter", "skip_states"])
+#: Attributes that change between calls without changing what a block computes:
+#: rnn cells' counters, and a DynBatchBlock's own running state (``block.py``: the
+#: recent execution time a flush writes, whether its samples read values).
+_RUNNING_ATTRS = frozenset(["_counter", "_init_counter", "skip_states", "recent_execute_s",
+                            "reads_inside"])
 #: Settings of one block a thread tells apart (``settings``).
 MAX_SETTINGS = 16
 
