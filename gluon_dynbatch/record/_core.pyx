@@ -495,6 +495,10 @@ cdef class RecorderCore:
             return None
         base = self.leaf(group.array)
         src = _get(base, OFF_NODE)
+        if group.mode[0] and src not in graph.known_leaves:
+            # Computed while autograd recorded, and not freed since (the epoch):
+            # not a constant, known without asking MXNet for its history.
+            graph.known_leaves[src] = False
         shape = (<object>_peek(src, N_SHAPES))[0]
         dtype = (<object>_peek(src, N_DTYPES))[0]
         begin, end = group.bounds[rows[1]]
