@@ -2442,3 +2442,56 @@ def test_a_value_a_failed_sample_recorded_read_after_the_scope_raises_a_batching
             [model(x, k == 1) for k, x in enumerate(xs)]
     with pytest.raises(gdb.BatchingError, match="batching scope"):
         kept[1].asnumpy()
+
+
+class ReadsInsideAWith(gdb.DynBatchBlock):
+    """Reads a value inside a ``with`` block that sets per-thread state: MXNet's
+    default context, numpy's error handling or the warning filters."""
+
+    def __init__(self, kind, **kwargs):
+        super().__init__(**kwargs)
+        self.kind = kind
+        with self.name_scope():
+            self.dense = nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        p = F.relu(self.dense(x))          # some entries are exactly 0
+        if self.kind == "context":
+            with mx.cpu(1):
+                values = p.asnumpy()
+        elif self.kind == "errstate":
+            with np.errstate(divide="ignore"):
+                values = np.log(p.asnumpy())       # log(0) without raising
+        else:
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                values = p.asnumpy()
+        k = int(np.argmax(values))
+        return F.pick(p, F.array([k]), axis=1) + F.ones((1,))
+
+
+@pytest.mark.parametrize("how", ["loop", "map"])
+@pytest.mark.parametrize("kind", ["context", "errstate", "warnings"])
+def test_state_a_with_block_sets_is_each_samples_own_while_it_waits_at_a_read(kind, how):
+    """Each ``with`` saves the value it found and puts it back on exit: samples
+    resumed in the others' state would unwind them out of order, leaving a block's
+    value set for the others (``np.errstate``: a raise where eager ignores) and
+    after the scope (the default context: the next eager call on ``cpu(1)``)."""
+    import warnings
+    mx.random.seed(0)
+    model = ReadsInsideAWith(kind)
+    model.initialize(mx.init.Uniform(1.0))
+    xs = [nd.array(np.random.RandomState(k).randn(1, 4)) for k in range(4)]
+    old_err, filters = np.seterr(all="raise"), warnings.filters
+    try:
+        eager = [model(x).asnumpy() for x in xs]
+        with gdb.batching():
+            outs = gdb.map(model, xs) if how == "map" else [model(x) for x in xs]
+        for got, want in zip(outs, eager):
+            np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-6)
+        assert mx.context.current_context() == mx.cpu(0)
+        assert np.geterr()["divide"] == "raise"
+        assert warnings.filters is filters
+    finally:
+        np.seterr(**old_err)

@@ -29,11 +29,13 @@ import operator
 import sys
 import threading
 import types
+import warnings
 import weakref
 
 import greenlet
 import numpy as np
 from mxnet import autograd, gluon, nd
+from mxnet.context import Context
 from mxnet.base import integer_types, numeric_types
 from mxnet.ndarray import NDArray
 from mxnet.ndarray.sparse import BaseSparseNDArray
@@ -417,7 +419,8 @@ class Tasks:
         cells = tuple((cell, tuple([getattr(cell, name) for name in names]))
                       for cell, names in self.cells.values()) if self.cells else ()
         return (rec.frame, rec.depth, rec.path, rec.sample, recording, training,
-                sys.gettrace(), sys.stdout, sys.stderr, rec.mode, cells)
+                sys.gettrace(), sys.stdout, sys.stderr, rec.mode, cells,
+                _scoped_state())
 
     def _autograd_modes(self):
         """Autograd's (recording, training), read from MXNet only when a mode may
@@ -440,6 +443,7 @@ class Tasks:
         if sys.gettrace() is not state[6]:
             sys.settrace(state[6])
         sys.stdout, sys.stderr = state[7], state[8]
+        _restore_scoped(state[11])
         self.restoring = True           # (no wait for the samples: ``dispatch._watching_setattr``)
         try:
             for cell, values in state[10]:
@@ -456,6 +460,37 @@ class Tasks:
         if mode is not None and (rec.mode != mode or pending is not None and pending != mode):
             rec.mode = mode
             rec._mode_seen = None       # pylint: disable=protected-access
+
+
+_DEFAULT_CONTEXT = Context._default_ctx     # (MXNet's, per thread: ``with mx.cpu(1):``)
+
+
+def _scoped_state():
+    """What ``with`` blocks a sample may wait inside set per thread, the sample's
+    own: MXNet's default context (``with ctx:``), numpy's error handling
+    (``np.errstate``), the warning filters (``warnings.catch_warnings``).  Each
+    block saves the value it found and puts it back on exit, so a sample
+    resumed in another's would leave that one set, after the scope too."""
+    # (A copy: ``np.seterr`` changes the list ``np.geterrobj`` returns in place.)
+    return (getattr(_DEFAULT_CONTEXT, "value", None), tuple(np.geterrobj()), warnings.filters,
+            warnings.showwarning)
+
+
+def _restore_scoped(state):
+    """Put back what ``_scoped_state`` gave, where it differs (cheap checks)."""
+    ctx, errobj, filters, show = state
+    if getattr(_DEFAULT_CONTEXT, "value", None) is not ctx:
+        if ctx is None:
+            del _DEFAULT_CONTEXT.value
+        else:
+            _DEFAULT_CONTEXT.value = ctx
+    if tuple(np.geterrobj()) != errobj:
+        np.seterrobj(list(errobj))
+    if warnings.filters is not filters:
+        warnings.filters = filters
+        warnings._filters_mutated()     # pylint: disable=protected-access
+    if warnings.showwarning is not show:
+        warnings.showwarning = show
 
 
 def form_of(result):
