@@ -2,6 +2,7 @@
 import gc
 import itertools
 import logging
+import math
 import numbers
 import os
 import sys
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 #: Growth of the process's resident size after which a flush runs the cyclic
 #: garbage collector that open scopes pause (``_OpenScopes``).
 COLLECT_AFTER_KB = 1 << 20
+#: Seconds between two reads of the process's size by ``collect_if_grown``.
+CHECK_SIZE_EVERY_S = 0.05
 
 
 def _resident_kb():
@@ -67,6 +70,7 @@ class _OpenScopes:
         self._attached = False
         self._was_enabled = False
         self._size_kb = 0           # the process's size at the pause or the last collection
+        self._checked = -math.inf   # when ``collect_if_grown`` last read the size
 
     def enter(self):
         """Count a scope the calling thread opens; returns the thread's id, for ``leave``."""
@@ -94,7 +98,12 @@ class _OpenScopes:
 
     def collect_if_grown(self):
         """Run the cyclic collector if the process grew by ``COLLECT_AFTER_KB``
-        since the pause began or the last such collection."""
+        since the pause began or the last such collection (asked at most every
+        ``CHECK_SIZE_EVERY_S``: a scope whose samples read flushes per read)."""
+        now = time.perf_counter()
+        if now - self._checked < CHECK_SIZE_EVERY_S:
+            return
+        self._checked = now
         size = _resident_kb()
         if size - self._size_kb > COLLECT_AFTER_KB:
             found = gc.collect()

@@ -349,6 +349,7 @@ def test_cyclic_garbage_samples_make_is_collected_once_the_process_grows(monkeyp
     parents kept every tree it dropped until the scope ended (gigabytes where
     eager stays flat); past ``COLLECT_AFTER_KB`` of growth a flush collects."""
     monkeypatch.setattr(gdb_scope, "COLLECT_AFTER_KB", -1, raising=False)   # every flush
+    monkeypatch.setattr(gdb_scope, "CHECK_SIZE_EVERY_S", 0.0, raising=False)
     model = _model()
 
     def search(start):
