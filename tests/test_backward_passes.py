@@ -13,6 +13,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import autograd, gluon, nd
+from mxnet.gluon import nn, rnn
 from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
@@ -147,6 +148,38 @@ def test_a_state_kept_past_its_backward_pass_is_a_constant_in_eager_code(batchin
     expected = _state_carried_into_eager_code(None, hybridized)
     np.testing.assert_allclose(_state_carried_into_eager_code(batching, hybridized), expected,
                                rtol=1e-5, atol=1e-7)
+
+
+class PooledLSTMLayer(gdb.DynBatchBlock):
+    """A fused LSTM layer over a sentence, max-pooled: its packed weights are
+    recorded once per graph and shared by the samples."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.emb = nn.Embedding(20, 6)
+            self.lstm = rnn.LSTM(4, layout="NTC")
+            self.out = nn.Dense(2)
+
+    def hybrid_forward(self, F, tokens):
+        return self.out(F.max(self.lstm(self.emb(tokens).expand_dims(0)), axis=1))
+
+
+@pytest.mark.parametrize("batching", [{}, {"strategy": "reference"}])
+def test_a_pass_per_sample_through_shared_packed_weights_says_how_to_differentiate(batching):
+    mx.random.seed(0)
+    model = PooledLSTMLayer()
+    model.initialize()
+    model.collect_params().setattr("grad_req", "add")
+    xs = [nd.array([1, 2, 3]), nd.array([4, 5]), nd.array([6, 7, 8, 9])]
+    with autograd.record():
+        with gdb.batching(**batching):
+            outs = [model(x) for x in xs]
+        losses = [o.sum() for o in outs]
+    losses[0].backward()
+    with pytest.raises(MXNetError, match="share its batched graph"):
+        for loss in losses[1:]:
+            loss.backward()
 
 
 def test_a_backward_pass_per_sample_of_one_scope_says_how_to_differentiate():
@@ -1227,6 +1260,7 @@ import sys
 import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon, nd
+from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 
 class Layer(gdb.DynBatchBlock):
@@ -1277,6 +1311,7 @@ import sys
 import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon, nd
+from mxnet.gluon import nn, rnn
 import gluon_dynbatch as gdb
 
 class Walk(gdb.DynBatchBlock):
