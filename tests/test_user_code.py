@@ -1966,6 +1966,42 @@ def test_numbers_of_each_sample_learn_one_path_and_equal_eager(strategy, compile
     assert states[1] == states[2]
 
 
+class SignedPath(gdb.DynBatchBlock):
+    """A hierarchical softmax's path: a score per node of a sample's path, its
+    sign the code bit there (``score * (2 * bit - 1)``), summed."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.f = gluon.nn.Dense(4, in_units=4, activation="tanh")
+
+    def hybrid_forward(self, F, sample):
+        h, bits = sample
+        total = 0
+        for bit in bits:
+            h = self.f(h)
+            total = total + F.log(F.sigmoid(F.sum(h, axis=1) * (2 * bit - 1)))
+        return total
+
+
+def test_two_numbers_at_a_place_in_every_combination_stop_learning_paths():
+    """Two numbers at one place of a loop (a code bit's sign) make a path per
+    combination: nearly every sample of every batch learned templates anew.
+    Past ``VARYING_PATHS`` paths learned there they come as literal arrays."""
+    from gluon_dynbatch.record import trie
+    model = SignedPath()
+    model.initialize(mx.init.Uniform(0.5))
+    rs = np.random.RandomState(0)
+    states = []
+    for _ in range(5):
+        samples = [(nd.array(rs.uniform(-1, 1, (1, 4))), tuple(rs.randint(0, 2, 8).tolist()))
+                   for _ in range(8)]
+        eager = run_model(model, samples, [], "eager")
+        assert_same(run_model(model, samples, [], "depth"), eager)
+        states.append(_template_states(trie))
+    assert states[-2] == states[-1]
+
+
 def _states_over_batches(model, strategy, compiled, batches, steps):
     """Template states after each of ``batches`` batches of samples ``(x, dts)``
     with ``steps`` numbers each, every batch equal to eager."""

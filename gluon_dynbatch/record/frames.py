@@ -49,8 +49,12 @@ NOT_RECORDED = object()    # ``Frame.block_call``: the call is left to the calle
 #: Numbers one operator has met at one place of the user's code before its
 #: later numbers there come as literal arrays (``Frame._varying_number``).
 VARYING_NUMBERS = 3
-_NUMBERS_SEEN = {}          # (op, place in the code) -> numbers met there
-_FLOATS_SEEN = {}           # (block token, place, structure) -> float arguments met there
+#: Paths learned at one place of the code where numbers differ (two signs, in a
+#: loop: ``h * sign``), after which its numbers come as literal arrays too: each
+#: path through the loop is a combination of numbers, a new one nearly per sample.
+VARYING_PATHS = 8
+_NUMBERS_SEEN = {}          # (op, place in the code) -> [numbers met there, paths learned]
+_FLOATS_SEEN = {}           # (block token, place, structure) -> [float arguments, paths]
 # Scalar operators, the broadcast taking their number as an array, and whether
 # the number comes first (``1.0 - x``, ``1.0 / x``).
 _NUMBER_AS_ARRAY = {"_plus_scalar": ("broadcast_add", False),
@@ -62,14 +66,20 @@ _NUMBER_AS_ARRAY = {"_plus_scalar": ("broadcast_add", False),
 MAX_WRITTEN = 64           # calls as written learned per trie state
 
 
-def _varied(table, place, value):
+def _varied(table, place, value, paths=None):
     """Whether ``VARYING_NUMBERS`` values were met at ``place`` (of ``table``)
-    before; else ``value`` is noted there."""
-    seen = table.setdefault(place, set())
-    if len(seen) < VARYING_NUMBERS:
-        seen.add(value)
-        return False
-    return True
+    before, or ``paths`` paths (if given) were learned there with values that
+    differ; else ``value`` and the path learning it are noted there."""
+    seen = table.get(place)
+    if seen is None:
+        seen = table[place] = [set(), 0]
+    values = seen[0]
+    if len(values) >= VARYING_NUMBERS or paths is not None and len(values) > 1 \
+            and seen[1] >= paths:
+        return True
+    values.add(value)
+    seen[1] += 1
+    return False
 
 
 def _holds_float(args):
@@ -274,7 +284,7 @@ class Frame(FrameCore):
         x, number = args[0], refs[1][1]
         if not x.shape or np.dtype(x.dtype).kind != "f":
             return None
-        if not _varied(_NUMBERS_SEEN, (op, self._place()), number):
+        if not _varied(_NUMBERS_SEEN, (op, self._place()), number, VARYING_PATHS):
             return None
         # One row per row of ``x`` (rows batch with rows; a one-row number
         # broadcast over another number of rows would need its own role).
