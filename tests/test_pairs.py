@@ -324,3 +324,40 @@ def test_outer_sums_and_products_keep_their_own_compiled_steps(dtype):
         for out, expected in zip(outs, want):
             np.testing.assert_allclose(out.asnumpy().astype("float64"), expected,
                                        rtol=2e-3, atol=2e-3)
+
+
+class BiaffineWithBiases(gdb.DynBatchBlock):
+    """A biaffine scorer's (n, n) arc scores plus a bias per head (a (1, n) row,
+    as ``dot(u, h^T)`` gives it, or written with ``+``) and one per dependent (an
+    (n, 1) column), each of the four operators, the vector first or second."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = nn.Dense(3, flatten=False)
+            self.u = self.params.get("u", shape=(1, 3))
+
+    def hybrid_forward(self, F, words, table, u):
+        h = self.proj(F.concat(*[table[w:w + 1] for w in words], dim=0))
+        scores = F.dot(h, h, transpose_b=True)
+        head = F.dot(u, h, transpose_b=True)                 # (1, n)
+        dependent = F.sigmoid(F.sum(h, axis=1, keepdims=True)) + 0.5    # (n, 1)
+        scores = F.broadcast_add(scores, head) + F.transpose(F.tanh(head).T)
+        scores = F.broadcast_mul(dependent, scores) - F.broadcast_div(head, dependent * 2)
+        scores = F.broadcast_sub(scores, dependent) / (head * head + 1.0)
+        arcs = F.log_softmax(scores, axis=1)
+        return F.sum(arcs).reshape((1, 1)) * F.mean(F.broadcast_div(scores, head + 3.0))
+
+
+def test_a_matrix_plus_a_row_or_a_column_of_the_samples_own_is_exact_and_one_step():
+    """Recorded as written, a row or column broadcast over a sample's own matrix
+    batched only samples of one length (a biaffine parser's arc scores with a
+    bias per head): now one step for every length."""
+    model, sentences, table = make_model(BiaffineWithBiases), _sentences(5), _table()
+    check_all_strategies(model, sentences, [table])
+    longer = sum(1 for n in LENGTHS if n > 1)
+    rows = _steps(model, sentences, table, "_pair_row")
+    cols = _steps(model, sentences, table, "_pair_col")
+    assert rows and cols and all(size == longer for size in rows + cols)
+    for name in ("broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div"):
+        assert len(_steps(model, sentences, table, name)) <= 1, name     # not one per length

@@ -180,7 +180,10 @@ class PairwiseOp(GroupOp):
     * ``outer``: of an (m, 1) value and the (1, n) row of an (n, 1) column,
       passed as that column (``outer_r``: the row first);
     * ``known``: of a matrix's column and a known (m, n) matrix (``known_r``:
-      the known one first), read when the batch is planned.
+      the known one first), read when the batch is planned;
+    * ``row``: of a matrix's column and a (1, n) row broadcast down its rows,
+      passed as an (n, 1) column (a biaffine scorer's bias per head);
+      ``col``: and an (m, 1) column broadcast along them (``_r``: the vector first).
     """
 
     arrays = 2
@@ -195,6 +198,8 @@ class PairwiseOp(GroupOp):
         self.sym_fn = lambda a, b, **_constants: self.compute(mx.sym, a, b)
 
     def compute(self, F, a, b):  # pylint: disable=arguments-differ
+        if self.name in LINES:
+            return self._line(F, a, b)
         if self.name == "_pair_outer":
             if self.reversed:
                 a = F.transpose(a)
@@ -206,6 +211,16 @@ class PairwiseOp(GroupOp):
             b = F.reshape(b, shape=(-1, 1))
         return F.reshape(getattr(F, self.operator)(a, b), shape=(-1, 1))
 
+    def _line(self, F, a, b):
+        """The matrix (its column) with a vector (a column) broadcast over it."""
+        matrix, vector = (b, a) if self.reversed else (a, b)
+        matrix = F.reshape(matrix, shape=(-1, self.group))
+        if self.name == "_pair_row":
+            vector = F.reshape(vector, shape=(1, -1))
+        fn = getattr(F, self.operator)
+        out = fn(vector, matrix) if self.reversed else fn(matrix, vector)
+        return F.reshape(out, shape=(-1, 1))
+
     def run(self, F, inputs, _info):
         return [self.compute(F, inputs[0], inputs[1])]
 
@@ -213,6 +228,13 @@ class PairwiseOp(GroupOp):
         if len(in_shapes) != 2 or not self.operator.startswith("broadcast_"):
             return None
         a, b = in_shapes
+        if self.name in LINES:
+            matrix, vector = (b, a) if self.reversed else (a, b)
+            if len(matrix) != 2 or matrix[1] != 1 or len(vector) != 2 or vector[1] != 1:
+                return None
+            length = self.group if self.name == "_pair_row" else matrix[0] // self.group
+            ok = matrix[0] % self.group == 0 and vector[0] == length
+            return matrix if ok else None
         if self.name == "_pair_outer":
             if len(a) != 2 or len(b) != 2:
                 return None
@@ -223,6 +245,10 @@ class PairwiseOp(GroupOp):
             b = (math.prod(b), 1)
         out = broadcast_shape(a, b)
         return None if out is None else (math.prod(out), 1)
+
+
+#: The kinds of :class:`PairwiseOp` broadcasting a vector over a matrix.
+LINES = ("_pair_row", "_pair_col")
 
 
 def record_pairwise(rec, kind, operator, a, b, group):

@@ -114,7 +114,8 @@ def binary(rec, op, a, b):
     (``F.transpose`` of an (n, 1) value): their outer sum, product, ...; else None."""
     ns = rec.F
     if not (isinstance(a, NDArray) and isinstance(b, NDArray)) or a.shape != b.shape:
-        return _outer(ns, rec, op, a, b)
+        found = _line(ns, rec, op, a, b)
+        return found if found is not None else _outer(ns, rec, op, a, b)
     first, second = column_of(a), column_of(b)
     if first is None and second is None:
         return None
@@ -127,6 +128,36 @@ def binary(rec, op, a, b):
     else:
         out = groups.record_pairwise(rec, "known_r", op.name, a, second, a.shape[1])
     return _shaped(rec, out, a.shape)
+
+
+def _line(ns, rec, op, a, b):
+    """A matrix in pair form and a (1, n) row or (m, 1) column of the sample's own
+    broadcast over it (either first), as a :class:`matrix_ops.PairwiseOp`; else None."""
+    if not op.name.startswith("broadcast_") \
+            or not (isinstance(a, NDArray) and isinstance(b, NDArray)):
+        return None
+    matrix, vector = (a, b) if column_of(a) is not None else (b, a)
+    column = column_of(matrix)
+    if column is None or len(vector.shape) != 2 or column_of(vector) is not None:
+        return None
+    m, n = matrix.shape
+    if vector.shape == (1, n):
+        kind, length = "row", n
+        base = base_of(vector)          # the row of an (n, 1) or (n,) value (column form)
+        if base is not None and base.shape in ((n, 1), (n,)):
+            vector = base
+        elif not _own(rec, vector):
+            return None
+        vector = ns.reshape(vector, shape=(n, 1))
+    elif vector.shape == (m, 1) and _own(rec, vector):
+        kind, length = "col", m
+    else:
+        return None
+    if length < 2:
+        return None
+    first, second = (column, vector) if matrix is a else (vector, column)
+    kind += "" if matrix is a else "_r"
+    return _shaped(rec, groups.record_pairwise(rec, kind, op.name, first, second, n), (m, n))
 
 
 def _outer(ns, rec, op, a, b):

@@ -18,7 +18,7 @@ import numpy as np
 from .segments import _SEGMENTS, _padding, _with_zero_row
 from ..ir.known import values_known, values_of
 from ..ir.rules import KNOWN, ROW, Rule, Signature, _in_dtype, _in_shape, register_rule
-from ..rewrite.matrix_ops import _NORMALISING, KINDS, PRODUCTS
+from ..rewrite.matrix_ops import _NORMALISING, KINDS, LINES, PRODUCTS
 
 _Named = namedtuple("_Named", ["op", "out_shapes", "out_dtypes"])
 _Kind = namedtuple("_Kind", ["name"])
@@ -176,7 +176,7 @@ class PairwiseRule(Rule):
                 or dtypes[0] not in (np.float32, np.float64):
             return None
         key = (op.name, op.operator, op.reversed, dtypes[0].name)
-        if op.name == "_pair_outer":
+        if op.name == "_pair_outer" or op.name in LINES:
             return Signature((key,), self, (ROW, ROW))
         place = 0 if op.reversed else 1
         if not values_known(node.inputs[place][0]):
@@ -191,6 +191,8 @@ class PairwiseRule(Rule):
     @staticmethod
     def segment_arrays(nodes, dtype):
         op = nodes[0].op
+        if op.name in LINES:
+            return [_line_rows(nodes, op)]
         if op.name == "_pair_outer":
             # Entry (j, k) of node i reads row j of its tall input, row k of its wide one.
             m = np.array([_in_shape(node, 1 if op.reversed else 0)[0] for node in nodes])
@@ -209,6 +211,11 @@ class PairwiseRule(Rule):
     def batched_call(self, F, node, inputs):
         op = node.op
         fn = getattr(F, op.operator)
+        if op.name in LINES:
+            a, b, rows = inputs
+            if op.reversed:
+                return [fn(F.take(a, rows, axis=0), b)]
+            return [fn(a, F.take(b, rows, axis=0))]
         if op.name == "_pair_outer":
             a, b, first, second = inputs
             return [fn(F.take(a, first, axis=0), F.take(b, second, axis=0))]
@@ -216,4 +223,18 @@ class PairwiseRule(Rule):
         return [fn(values, rows) if op.reversed else fn(rows, values)]
 
 
-register_rule(["_pair_outer", "_pair_known"], PairwiseRule())
+def _line_rows(nodes, op):
+    """For every entry of the nodes' matrices, in order, the row of the vectors
+    (their columns, in order) it reads: entry (j, k) of a matrix reads row k of
+    its node's vector (``_pair_row``), or row j (``_pair_col``)."""
+    matrix, vector = (1, 0) if op.reversed else (0, 1)
+    sizes = np.array([_in_shape(node, matrix)[0] for node in nodes])
+    lengths = np.array([_in_shape(node, vector)[0] for node in nodes])
+    width = np.array([node.op.group for node in nodes])
+    owner = np.repeat(np.arange(len(nodes)), sizes)
+    entry = np.arange(owner.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    at = entry % width[owner] if op.name == "_pair_row" else entry // width[owner]
+    return ((np.cumsum(lengths) - lengths)[owner] + at).astype(np.int32)
+
+
+register_rule(["_pair_outer", "_pair_known"] + list(LINES), PairwiseRule())
