@@ -10,6 +10,7 @@ fails the test instead of killing the test session.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -1514,3 +1515,77 @@ def test_calls_mxnets_kernels_refuse_are_refused_by_name_when_recorded(form, opt
         [(q.astype("float32"), k.astype("float32")) for q, k in samples]
     for out, s in zip(outputs_of(model, good, options), good):
         np.testing.assert_allclose(out.asnumpy(), model(s).asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+class _RefusesLarge(mx.operator.CustomOp):
+    """A Python operator whose ``forward`` refuses values past 50."""
+
+    def forward(self, is_train, req, in_data, out_data, aux):
+        if float(np.abs(in_data[0].asnumpy()).max()) > 50:
+            raise ValueError("values past 50")
+        self.assign(out_data[0], req[0], in_data[0] * 1)
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        self.assign(in_grad[0], req[0], out_grad[0])
+
+
+@mx.operator.register("gdb_test_refuses_large")
+class _RefusesLargeProp(mx.operator.CustomOpProp):
+    def list_arguments(self):
+        return ["data"]
+
+    def list_outputs(self):
+        return ["output"]
+
+    def infer_shape(self, in_shape):
+        return in_shape, [in_shape[0]], []
+
+    def create_operator(self, ctx, shapes, dtypes):
+        return _RefusesLarge()
+
+
+class CatchesItsRefusal(DenseForms):
+    """Reads a call MXNet may refuse for its values (``gather_nd`` past the end,
+    a custom operator's own check) and falls back where it does, as eager code
+    may; the value itself is used too."""
+
+    def hybrid_forward(self, F, sample):
+        x, index = sample
+        h = self.dense(x)
+        try:
+            if self.form == "custom":
+                found = F.Custom(x, op_type="gdb_test_refuses_large")
+            else:
+                found = F.gather_nd(x, index)
+            found.asnumpy()
+            h = h + F.sum(found)
+        except (mx.base.MXNetError, IndexError, ValueError):
+            h = h * 0
+        return F.sum(F.tanh(h), axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": True}, "map"],
+                         ids=str)
+@pytest.mark.parametrize("form", ["gather_nd", "custom"])
+def test_a_refusal_of_one_samples_values_gives_no_other_sample_unwritten_values(form, options):
+    """MXNet refuses sample 1's values inside a batched step, or before a program
+    of another sample runs (MXNet hands its pending error to the next CachedOp):
+    the other samples read memory never written, silently.  Each sample's values
+    are now eager's, or the scope raises naming sample 1."""
+    model = CatchesItsRefusal(form)
+    model.initialize(mx.init.Uniform(0.5))
+    rng = np.random.RandomState(0)
+    xs = [nd.array(rng.uniform(-1, 1, (n, 4))) for n in (2, 3, 1)]
+    indices = [nd.array([[1]]), nd.array([[7]]), nd.array([[0]])]
+    if form == "custom":
+        xs[1] = xs[1] * 1000
+    samples = list(zip(xs, indices))
+    want = [out.asnumpy() for out in outputs_of(model, samples)]
+    try:
+        outs = outputs_of(model, samples, options)
+        got = [out.asnumpy() for out in outs]
+    except gdb.BatchingError as err:
+        assert re.search(r"sample 1, in .*(gather_nd|Custom).*refused its values", str(err))
+        return
+    for value, expected in zip(got, want):
+        np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6)

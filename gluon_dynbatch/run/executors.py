@@ -146,11 +146,13 @@ def _unread_program_inputs(node0, count, outputs):
 
 
 # Operators MXNet runs and then refuses for their values (a matrix that is not
-# positive definite, a singular one): the error surfaces when an array that
-# depends on the output is read, once; a batched step reading several samples'
-# outputs would then hand the others values never written.
-REFUSES_VALUES = frozenset(prefix + name for name in ("potrf", "potri", "inverse")
-                           for prefix in ("", "linalg_", "_linalg_"))
+# positive definite, a singular one, an index out of range, a custom operator's
+# own check): the error surfaces when an array that depends on the output is
+# read, once; a batched step reading several samples' outputs would then hand
+# the others values never written.
+REFUSES_VALUES = frozenset(
+    [prefix + name for name in ("potrf", "potri", "inverse", "gelqf", "syevd")
+     for prefix in ("", "linalg_", "_linalg_")] + ["gather_nd", "Custom"])
 
 
 def _may_refuse(node):
@@ -162,11 +164,18 @@ def _may_refuse(node):
 
 def _refuses(name, kwargs):
     """Whether a call of operator ``name`` may refuse its values (``REFUSES_VALUES``,
-    or ``take`` of indices out of range with ``mode="raise"``)."""
+    or ``take`` of indices out of range with ``mode="raise"``).  ``Custom``: a
+    Python operator whose ``forward`` raises for some values."""
     return name in REFUSES_VALUES or name == "take" and (kwargs or {}).get("mode") == "raise"
 
 
-def check_refused_values(plan, only_read=False):
+# What MXNet raises for an operator's error (``mxnet.error``: an error of C++'s
+# ``IndexError: ...`` is Python's ``IndexError``, not an ``MXNetError``).
+ENGINE_ERRORS = (MXNetError, ValueError, TypeError, AttributeError, IndexError,
+                 NotImplementedError)
+
+
+def check_refused_values(plan, only_read=False, gathered=()):
     """Before a plan's values are handed out: if it ran an operator that may
     refuse its values, wait for them, and raise a ``BatchingError`` naming its
     calls if MXNet refused any (the scope's values then raise, none is read
@@ -177,17 +186,26 @@ def check_refused_values(plan, only_read=False):
     out as it is keeps MXNet's error for its own sample's read, as eagerly
     (a flush for samples waiting at reads, whose values are each handed out
     as rows of their steps' outputs; at other flushes outputs of several
-    steps are gathered into one array, which the error would reach)."""
+    steps are gathered into one array, which the error would reach), and
+    where it is not among the ``gathered`` nodes (handed out in one array with
+    other values) and no program step runs after it (MXNet hands a pending
+    error to the next CachedOp run with ``static_alloc``, whatever its inputs:
+    another sample's program would give out values never written)."""
     steps = [step for step in plan.steps if _may_refuse(step.nodes[0])]
     if steps and only_read:
         read = {src for step in plan.steps for node in step.nodes for src, _ in node.inputs}
-        steps = [step for step in steps if len(step.nodes) > 1 or step.nodes[0] in read]
+        last_program = max((k for k, step in enumerate(plan.steps)
+                            if getattr(step.nodes[0].op, "entries", None) is not None),
+                           default=-1)
+        at = {id(step): k for k, step in enumerate(plan.steps)}
+        steps = [step for step in steps if len(step.nodes) > 1 or step.nodes[0] in read
+                 or step.nodes[0] in gathered or at[id(step)] < last_program]
     nodes = [step.nodes[0] for step in steps]
     if not nodes:
         return
     try:
         mx.nd.waitall()
-    except MXNetError as err:
+    except ENGINE_ERRORS as err:
         culprit = _refused_call(steps)
         if culprit is not None:
             raise BatchingError(
@@ -241,7 +259,7 @@ def _refused_call(steps):
                 try:
                     value(node, 0)
                     mx.nd.waitall()
-                except MXNetError:
+                except ENGINE_ERRORS:
                     return node
                 except Exception:       # pylint: disable=broad-except
                     return None         # (a value this search cannot rebuild)
@@ -279,7 +297,9 @@ def run_interpreted(plan, live, ctx, rows_out=False):
         for sid, array in zip(outs, results):
             values[sid] = array
     results = [_gather(desc, values, feeds) for desc, _ in walker.outputs]
-    check_refused_values(plan, only_read=rows_out)
+    gathered = {node for desc, members in walker.outputs if desc[0] != "rows"
+                and len(members) > 1 for node, _, _ in members} if rows_out else ()
+    check_refused_values(plan, only_read=rows_out, gathered=gathered)
     walker.deliver(_with_history(results, detached, values, feeds),
                    _gather_sources(walker.outputs, values))
 
