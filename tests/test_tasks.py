@@ -2496,3 +2496,92 @@ def test_state_a_with_block_sets_is_each_samples_own_while_it_waits_at_a_read(ki
         assert warnings.filters is filters
     finally:
         np.seterr(**old_err)
+
+
+class SetsErrorHandling(gdb.DynBatchBlock):
+    """Sets numpy's error handling without a ``with`` block (sample 0), notes what
+    each sample sees, and reads a value."""
+
+    def __init__(self, seen, **kwargs):
+        super().__init__(**kwargs)
+        self.seen = seen
+        with self.name_scope():
+            self.dense = nn.Dense(2, in_units=3)
+
+    def hybrid_forward(self, F, x, k):
+        if k == 0:
+            np.seterr(divide="raise")
+        self.seen.append((k, np.geterr()["divide"]))
+        h = self.dense(x)
+        h.asnumpy()
+        return h
+
+
+@pytest.mark.parametrize("how", ["loop", "map"])
+def test_state_a_sample_sets_for_good_stays_set_as_eagerly(how):
+    """``np.seterr`` outside any block in a sample holds after the scope, as in
+    eager code (it was put back when the sample ended), and for the samples
+    that start after it has finished."""
+    seen = []
+    model = SetsErrorHandling(seen)
+    model.initialize()
+    xs = [nd.ones((1, 3)) * k for k in range(3)]
+    old = np.seterr(divide="warn")
+    try:
+        for batched in (False, True):
+            np.seterr(divide="warn")
+            del seen[:]
+            if batched:
+                with gdb.batching():
+                    if how == "map":
+                        gdb.map(lambda a: model(*a), [(x, k) for k, x in enumerate(xs)])
+                    else:
+                        [model(x, k) for k, x in enumerate(xs)]
+            else:
+                [model(x, k) for k, x in enumerate(xs)]
+            assert seen[0] == (0, "raise") and len(seen) == 3
+            assert np.geterr()["divide"] == "raise"
+    finally:
+        np.seterr(**old)
+
+
+class WarnsAndRecords(gdb.DynBatchBlock):
+    """Sample 0 records its warnings (``catch_warnings(record=True)``) around a
+    read; every sample warns."""
+
+    def __init__(self, logs, **kwargs):
+        super().__init__(**kwargs)
+        self.logs = logs
+        with self.name_scope():
+            self.dense = nn.Dense(2, in_units=3)
+
+    def hybrid_forward(self, F, x, k):
+        import warnings
+        h = self.dense(x)
+        if k == 0:
+            with warnings.catch_warnings(record=True) as log:
+                warnings.simplefilter("always")
+                h.asnumpy()
+                warnings.warn("sample 0")
+            self.logs.append([str(w.message) for w in log])
+        else:
+            warnings.warn("sample %d" % k)      # while sample 0 waits inside its block
+            h.asnumpy()
+        return h
+
+
+def test_warnings_a_sample_records_around_a_read_are_its_own():
+    """The log of ``catch_warnings(record=True)`` in a sample waiting at a read
+    collected the other samples' warnings (its handler was the process's)."""
+    import warnings
+    logs = []
+    model = WarnsAndRecords(logs)
+    model.initialize()
+    xs = [nd.ones((1, 3)) * k for k in range(3)]
+    with warnings.catch_warnings(record=True) as outside:
+        warnings.simplefilter("always")
+        with gdb.batching():
+            gdb.map(lambda a: model(*a), [(x, k) for k, x in enumerate(xs)])
+    assert logs == [["sample 0"]]
+    assert sorted(str(w.message) for w in outside
+                  if str(w.message).startswith("sample")) == ["sample 1", "sample 2"]

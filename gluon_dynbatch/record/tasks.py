@@ -134,7 +134,7 @@ class Task:
     """One sample's call running on a greenlet of its own (see the module docstring)."""
 
     __slots__ = ("glet", "job", "state", "result", "error", "done", "placeholders", "form",
-                 "reads", "handed", "args", "sample", "blocked", "parent", "order")
+                 "reads", "handed", "args", "sample", "blocked", "parent", "order", "scoped")
 
     def __init__(self, glet, job):
         self.glet = glet
@@ -152,6 +152,7 @@ class Task:
         self.blocked = None         # the task whose result it waits for (``drain``)
         self.parent = None          # the task that started it (``gdb.map`` in a sample)
         self.order = ()             # its place in eager's order of samples (``Tasks.start``)
+        self.scoped = None          # its own ``_scoped_state`` while it waits, if it changed it
 
 
 class Tasks:
@@ -223,11 +224,14 @@ class Tasks:
     def _switch(self, task):
         """Run ``task`` until it finishes or waits, in its recording state."""
         outer, outer_task = self._state(), self.current
+        entry = _scoped_state()
         self.current = task
         if task.state is not None:
             self._restore(task.state)
         else:       # its first call compares its modes with the pending calls' (``sync_mode``)
             self.rec._mode_seen = None  # pylint: disable=protected-access
+        if task.scoped is not None:
+            _restore_scoped(task.scoped)
         # A wait returns to whoever runs the task now: the scope's rounds, or
         # the task that started it (``gluon_dynbatch.map`` inside a sample).
         glet = task.glet
@@ -255,8 +259,10 @@ class Tasks:
         finally:
             if not task.done:
                 task.state = self._state()
+                _set_aside_scoped(task, entry)
             else:
                 task.args = ()          # (a kept task keeps its sample's inputs no longer)
+                task.scoped = None      # what a finished sample left stays, as eagerly
             self.current = outer_task
             self._restore(outer)
 
@@ -374,7 +380,9 @@ class Tasks:
         """Unwind every task still waiting: the scope ends early, because of ``why``."""
         waiting, self.waiting = self.waiting, []
         for task in waiting:
-            outer = self._state()
+            outer, entry = self._state(), _scoped_state()
+            if task.scoped is not None:             # its with-blocks unwind from its own
+                _restore_scoped(task.scoped)
             try:
                 # A sample whose code catches every exception (a bare ``except:``
                 # around a read) goes on to its next read or its end: thrown into
@@ -388,6 +396,7 @@ class Tasks:
                         break
             finally:
                 self._restore(outer)
+                _restore_scoped(entry)
             task.done, task.args = True, ()
             task.error = BatchingError(
                 "this sample was waiting at a read when its batching scope ended (%s); "
@@ -419,8 +428,7 @@ class Tasks:
         cells = tuple((cell, tuple([getattr(cell, name) for name in names]))
                       for cell, names in self.cells.values()) if self.cells else ()
         return (rec.frame, rec.depth, rec.path, rec.sample, recording, training,
-                sys.gettrace(), sys.stdout, sys.stderr, rec.mode, cells,
-                _scoped_state())
+                sys.gettrace(), sys.stdout, sys.stderr, rec.mode, cells)
 
     def _autograd_modes(self):
         """Autograd's (recording, training), read from MXNet only when a mode may
@@ -443,7 +451,6 @@ class Tasks:
         if sys.gettrace() is not state[6]:
             sys.settrace(state[6])
         sys.stdout, sys.stderr = state[7], state[8]
-        _restore_scoped(state[11])
         self.restoring = True           # (no wait for the samples: ``dispatch._watching_setattr``)
         try:
             for cell, values in state[10]:
@@ -466,19 +473,35 @@ _DEFAULT_CONTEXT = Context._default_ctx     # (MXNet's, per thread: ``with mx.cp
 
 
 def _scoped_state():
-    """What ``with`` blocks a sample may wait inside set per thread, the sample's
-    own: MXNet's default context (``with ctx:``), numpy's error handling
-    (``np.errstate``), the warning filters (``warnings.catch_warnings``).  Each
-    block saves the value it found and puts it back on exit, so a sample
-    resumed in another's would leave that one set, after the scope too."""
+    """What ``with`` blocks a sample may wait inside set: MXNet's default context
+    (``with ctx:``), numpy's error handling (``np.errstate``), the warning
+    filters and handlers (``warnings.catch_warnings``).  Each block saves the
+    value it found and puts it back on exit, so a sample resumed in another's
+    would leave that one set, after the scope too: what a sample changed is
+    its own while it waits (``_set_aside_scoped``)."""
     # (A copy: ``np.seterr`` changes the list ``np.geterrobj`` returns in place.)
     return (getattr(_DEFAULT_CONTEXT, "value", None), tuple(np.geterrobj()), warnings.filters,
-            warnings.showwarning)
+            warnings.showwarning, getattr(warnings, "_showwarnmsg_impl", None))
+
+
+def _set_aside_scoped(task, entry):
+    """``task`` waits: if it changed the ``_scoped_state`` it was resumed in (or
+    had its own already), keep its state for its next turn and put back
+    ``entry``, what the code that resumed it had; else leave everything as it
+    is (the warning filters are the process's: another thread may have
+    changed them meanwhile)."""
+    now = _scoped_state()
+    base = task.scoped or entry
+    if task.scoped is None and now[0] is base[0] and now[1] == base[1] \
+            and all(a is b for a, b in zip(now[2:], base[2:])):
+        return
+    task.scoped = now
+    _restore_scoped(entry)
 
 
 def _restore_scoped(state):
     """Put back what ``_scoped_state`` gave, where it differs (cheap checks)."""
-    ctx, errobj, filters, show = state
+    ctx, errobj, filters, show, show_impl = state
     if getattr(_DEFAULT_CONTEXT, "value", None) is not ctx:
         if ctx is None:
             del _DEFAULT_CONTEXT.value
@@ -491,6 +514,8 @@ def _restore_scoped(state):
         warnings._filters_mutated()     # pylint: disable=protected-access
     if warnings.showwarning is not show:
         warnings.showwarning = show
+    if show_impl is not None and getattr(warnings, "_showwarnmsg_impl", None) is not show_impl:
+        warnings._showwarnmsg_impl = show_impl  # pylint: disable=protected-access
 
 
 def form_of(result):
