@@ -3149,3 +3149,30 @@ def test_an_in_place_update_under_record_is_refused_saying_what_to_write():
     got = outputs_of(model, xs, {})
     for out, x in zip(got, xs):
         np.testing.assert_allclose(out.asnumpy(), model(x).asnumpy(), rtol=1e-6)
+
+
+class SignedHalfSteps(gdb.DynBatchBlock):
+    """Float16 steps scaled by a sign of a number near a half-precision tie."""
+
+    def hybrid_forward(self, F, sample):
+        x, bits = sample
+        for bit in bits:
+            x = x * ((1 + 2 ** -11 + 2 ** -40) if bit else -(1 + 2 ** -11 + 2 ** -40))
+        return x
+
+
+def test_a_float16_number_as_a_literal_rounds_as_mxnets_scalar_operators():
+    """Numbers at one place of a loop come as literal arrays: numpy rounded the
+    number straight to half precision, MXNet's scalar operators through float
+    (a unit in the last place apart near a tie)."""
+    model = SignedHalfSteps()
+    model.initialize()
+    rs = np.random.RandomState(0)
+    for _ in range(3):
+        samples = [(nd.ones((1, 2), dtype="float16"), tuple(rs.randint(0, 2, 6).tolist()))
+                   for _ in range(12)]
+        want = [model(s).asnumpy() for s in samples]
+        with gdb.batching():
+            outs = [model(s) for s in samples]
+        for out, expected in zip(outs, want):
+            np.testing.assert_array_equal(out.asnumpy(), expected)

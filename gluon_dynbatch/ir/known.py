@@ -54,6 +54,16 @@ def exact_scalar(value):
     return NEGATIVE_ZERO if value == 0.0 and math.copysign(1.0, value) < 0 else value
 
 
+def scalars_as(numbers, dtype):
+    """Python ``numbers`` as a numpy array of ``dtype``, rounded as MXNet's scalar
+    operators round their number (a double, to float, then to half precision
+    for float16: numpy's direct rounding to half differs by a unit in the last
+    place near a tie)."""
+    if np.dtype(dtype) == np.float16:
+        return np.asarray(numbers, dtype=np.float32).astype(np.float16)
+    return np.asarray(numbers, dtype=dtype)
+
+
 def values_known(node):
     """Whether the values of graph node ``node`` (or of anything else: no) are
     known before its graph runs and constant to autograd, so that a batching

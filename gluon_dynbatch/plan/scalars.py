@@ -16,6 +16,7 @@ recorded.
 import numpy as np
 
 from ..ir.graph import OP
+from ..ir.known import scalars_as
 from ..ir.rules import Rule
 
 # Scalar operator: (broadcasting operator, whether the number is its left operand).
@@ -45,7 +46,7 @@ class ScalarColumnRule(Rule):
         """The column of the calls' numbers, each repeated over its call's rows."""
         rows = [node.out_shapes[0][0] for node in nodes]
         tail = len(nodes[0].out_shapes[0]) - 1
-        numbers = np.array([node.kwargs["scalar"] for node in nodes], dtype=dtype)
+        numbers = scalars_as([node.kwargs["scalar"] for node in nodes], dtype)
         return [np.repeat(numbers, rows).reshape((-1,) + (1,) * tail)]
 
     def batched_call(self, F, node, inputs):

@@ -38,6 +38,7 @@ from . import weights as weight_calls
 from .alone import run_alone
 from ..ir.calls import ShapeFromData
 from ..ir.graph import LEAF
+from ..ir.known import scalars_as
 from ..ir.ops import opdef, positional
 from .lazy import LazyArray
 from .literals import key_item
@@ -292,7 +293,7 @@ class Frame(FrameCore):
         # The call's key read ``x`` for the first time, by its shape; no edge
         # keeps that key: the broadcast reads it afresh, so its key has the shape.
         self._forget_reads(args, {}, refs, kw)
-        value = literals.record(self.rec, np.full(shape, number, dtype=x.dtype))
+        value = literals.record(self.rec, np.full(shape, scalars_as(number, x.dtype)))
         name, reflected = form
         return self.op(opdef(name), (value, x) if reflected else (x, value), {})
 
