@@ -23,9 +23,28 @@ class InvalidCallError(BatchingError, MXNetError):
 def refused_call(err, message):
     """The error of a call refused by MXNet (``err``) while recording: an
     ``InvalidCallError`` when MXNet raised an ``MXNetError``, else a
-    ``BatchingError`` (MXNet's own argument checks raise ``TypeError`` or
-    ``ValueError``, which the message quotes)."""
-    return (InvalidCallError if isinstance(err, MXNetError) else BatchingError)(message)
+    ``BatchingError`` that is also of ``err``'s type (MXNet's own argument
+    checks raise ``TypeError``, ``ValueError`` or ``AssertionError``, which the
+    message quotes), so that a sample's ``except`` catches it as eagerly."""
+    if isinstance(err, MXNetError):
+        return InvalidCallError(message)
+    return _refused_as(type(err))(message)
+
+
+_REFUSED_AS = {}        # exception type -> BatchingError subclass of it too
+
+
+def _refused_as(kind):
+    """A ``BatchingError`` class that is also a ``kind`` (where Python can make
+    one: a type of another layout, such as ``OSError``, gives ``BatchingError``)."""
+    found = _REFUSED_AS.get(kind)
+    if found is None:
+        try:
+            found = type("BatchingError", (BatchingError, kind), {"__module__": __name__})
+        except TypeError:
+            found = BatchingError
+        _REFUSED_AS[kind] = found
+    return found
 
 
 SHOWN_NAMES = 6     # of a longer path of blocks, the first and last three are named

@@ -1589,3 +1589,35 @@ def test_a_refusal_of_one_samples_values_gives_no_other_sample_unwritten_values(
         return
     for value, expected in zip(got, want):
         np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6)
+
+
+class CatchesItsBadCall(DenseForms):
+    """Falls back where eager MXNet refuses the call (sample 1 only), catching the
+    type of error eager raises: ``AssertionError`` for a numpy array or None
+    among the arguments."""
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        if x.shape[0] == 3:
+            try:
+                if self.form == "dot":
+                    h = F.dot(h, np.ones((4, 4), dtype="float32"))
+                else:
+                    h = F.concat(h, None, dim=0)
+            except (mx.base.MXNetError, AssertionError):
+                h = h * 2
+        return F.sum(F.tanh(h), axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, "map"], ids=str)
+@pytest.mark.parametrize("form", ["dot", "concat"])
+def test_a_sample_catching_the_error_eager_raises_for_its_call_runs_as_eagerly(form, options):
+    """The error of a call refused when recorded was a plain ``BatchingError``
+    (one quoting MXNet's ``AssertionError``): a sample's ``except`` of eager's
+    error type no longer caught it, and the scope failed."""
+    model = CatchesItsBadCall(form)
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.array(np.linspace(-1, 1, 4 * n).reshape(n, 4)) for n in (2, 3, 1)]
+    want = [out.asnumpy() for out in outputs_of(model, xs)]
+    for out, expected in zip(outputs_of(model, xs, options), want):
+        np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)

@@ -154,7 +154,7 @@ def analyse(node, in_shapes, in_dtypes):
             and prod(in_shapes[0]) != prod(out_shapes[0]):
         # MXNet's reshape takes a prefix, or reads past the end, of an array
         # whose size the target does not match: refused as numpy does.
-        raise BatchingError("%s: reshape of %s to %s changes the number of elements" % (
+        raise InvalidCallError("%s: reshape of %s to %s changes the number of elements" % (
             describe_call(node.sample, node.path, op.name), in_shapes[0], out_shapes[0]))
     _check_kernel_dtypes(node, in_dtypes, where)
     deferred = _finish_deferred(node.inputs, inferred)
