@@ -188,6 +188,52 @@ class ChildAttention(gdb.DynBatchBlock):
         return F.tanh(x + self.mix(context))
 
 
+class HierarchicalSoftmaxCBOW(gdb.DynBatchBlock):
+    """word2vec's CBOW with a hierarchical softmax: the mean of the context's
+    embeddings scored at each node of the word's path, the node's code bit the
+    sign of its score (``score * (2 * bit - 1)``)."""
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = nn.Embedding(VOCAB, hidden)
+            self.nodes = self.params.get("nodes", shape=(VOCAB, hidden))
+
+    def hybrid_forward(self, F, sample, nodes):
+        context, path, code = sample
+        h = F.mean(self.embed(F.array(context)), axis=0, keepdims=True)
+        loss = 0
+        for node, bit in zip(path, code):
+            score = F.dot(h, nodes[node:node + 1], transpose_b=True) * (2 * bit - 1)
+            loss = loss - F.log(F.sigmoid(score) + 1e-7)
+        return loss
+
+
+class BiaffineArcs(gdb.DynBatchBlock):
+    """A biaffine dependency scorer (Dozat and Manning): a BiLSTM's states, the
+    (n, n) scores of every head for every dependent plus a bias per head, and
+    the loss of each word's gold head."""
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = nn.Embedding(VOCAB, DIM)
+            self.lstm = rnn.LSTM(hidden // 2, bidirectional=True, layout="NTC")
+            self.dep = nn.Dense(hidden, flatten=False, activation="relu")
+            self.head = nn.Dense(hidden, flatten=False, activation="relu")
+            self.U = self.params.get("U", shape=(hidden, hidden))
+            self.u = self.params.get("u", shape=(1, hidden))
+
+    def hybrid_forward(self, F, sample, U, u):
+        words, heads = sample
+        h = self.lstm(self.embed(F.array([0] + words)).expand_dims(0))[0]    # (n, hidden)
+        dep, head = self.dep(h), self.head(h)
+        scores = F.dot(F.dot(dep, U), head, transpose_b=True)
+        scores = F.broadcast_add(scores, F.dot(u, head, transpose_b=True))
+        arcs = F.log_softmax(scores[1:], axis=1)
+        return -F.mean(F.pick(arcs, F.array(heads), axis=1))
+
+
 class BranchingTreeRNN(gdb.DynBatchBlock):
     """A tree RNN that reads a value per node and branches on it.
 
@@ -605,6 +651,38 @@ def case_mid_sample_reads(seed=0, n=6, hidden=HIDDEN):
                 notes="a read per tree node: each sample waits at its reads")
 
 
+def _paths(seed, n, depth=(2, 6)):
+    """(context words, path of tree nodes, code bits) of ``n`` words."""
+    r = random.Random(seed)
+    out = []
+    for _ in range(n):
+        d = r.randint(*depth)
+        out.append(([r.randrange(VOCAB) for _ in range(r.randint(2, 5))],
+                    [r.randrange(VOCAB) for _ in range(d)], [r.randrange(2) for _ in range(d)]))
+    return out
+
+
+def case_hsoftmax_cbow(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(HierarchicalSoftmaxCBOW(hidden), seed), _paths(seed, n), [],
+                notes="a code bit's sign per node of a path: each combination a template path")
+
+
+def _parses(seed, n, max_len=9):
+    """(words, each word's head: 0 the root) of ``n`` sentences."""
+    r = random.Random(seed)
+    out = []
+    for k in range(n):
+        length = [1, max_len][k] if k < 2 else r.randint(1, max_len)
+        out.append(([r.randrange(1, VOCAB) for _ in range(length)],
+                    [r.randrange(length + 1) for _ in range(length)]))
+    return out
+
+
+def case_biaffine_arcs(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(BiaffineArcs(hidden), seed), _parses(seed, n), [],
+                notes="(n, n) arc scores and a bias per head, of every sentence length")
+
+
 def case_routed_tokens(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(RoutedTokens(hidden), seed), _sentences(seed, n), [_table(seed)],
                 notes="a read per sentence, then an expert per token")
@@ -934,6 +1012,8 @@ CASES = {
     "embedding": case_embedding,
     "child_attention": case_child_attention,
     "mid_sample_reads": case_mid_sample_reads,
+    "hsoftmax_cbow": case_hsoftmax_cbow,
+    "biaffine_arcs": case_biaffine_arcs,
     "routed_tokens": case_routed_tokens,
     "memory_hops": case_memory_hops,
     "held_vectors": case_held_vectors,
