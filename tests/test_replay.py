@@ -16,8 +16,8 @@ from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
 from gluon_dynbatch.templates.programs import Program
-from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, assert_same, make_model, random_tree,
-                              reference_run, rng, run_model)
+from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, DenseTanh, assert_same, make_model,
+                              random_tree, reference_run, rng, run_model)
 
 
 class Mixer(gluon.HybridBlock):
@@ -445,16 +445,6 @@ def test_a_child_whose_attributes_change_at_every_scope_is_told_once_and_stays_e
     assert len(trie.store().settings[id(model.cell)]) == trie.MAX_SETTINGS + 1
 
 
-class TanhOfDense(gdb.DynBatchBlock):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=3)
-
-    def hybrid_forward(self, F, x):
-        return F.tanh(self.dense(x))
-
-
 class SequenceOfDynBatchBlocks(gdb.DynBatchBlock):
     """Calls a container child holding a DynBatchBlock (used alone elsewhere)."""
 
@@ -462,7 +452,7 @@ class SequenceOfDynBatchBlocks(gdb.DynBatchBlock):
         super().__init__(**kwargs)
         with self.name_scope():
             self.seq = gluon.nn.HybridSequential()
-            self.seq.add(TanhOfDense())
+            self.seq.add(DenseTanh())
 
     def hybrid_forward(self, F, k, x):
         return self.seq(x[k:k + 1]) * 2
