@@ -2585,3 +2585,42 @@ def test_warnings_a_sample_records_around_a_read_are_its_own():
     assert logs == [["sample 0"]]
     assert sorted(str(w.message) for w in outside
                   if str(w.message).startswith("sample")) == ["sample 1", "sample 2"]
+
+
+class FailsTwice(gdb.DynBatchBlock):
+    """Sample 1 fails after a read (it waits first), sample 2 at once."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, k, x):
+        h = F.tanh(self.dense(x))
+        if k == 1:
+            value = float(F.sum(h).asscalar())
+            raise ValueError("sample 1 fails after its read (%.3f)" % value)
+        if k == 2:
+            raise KeyError("sample 2 fails at once")
+        return F.sum(h, axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}], ids=str)
+def test_the_error_of_the_first_sample_to_fail_in_eagers_order_is_raised(options):
+    """Sample 2's error, raised while sample 1 waited at its read, came out of the
+    loop, where eager code stops at sample 1's error (sample 2 never runs)."""
+    model = FailsTwice()
+    model.initialize()
+    xs = [nd.ones((n, 4)) * 0.1 for n in (2, 3, 1, 2)]
+    gc.collect()
+    before = live_tasks()
+    for batched in (False, True):
+        with pytest.raises(ValueError, match="sample 1 fails after its read"):
+            with gdb.batching(**options) if batched else contextlib.nullcontext():
+                [model(k, x) for k, x in enumerate(xs)]
+    with gdb.batching(**options):
+        outs = [model(0, x) for x in xs]
+    for out, x in zip(outs, xs):
+        np.testing.assert_allclose(out.asnumpy(), model(0, x).asnumpy(), rtol=1e-5, atol=1e-6)
+    gc.collect()
+    assert live_tasks() == before

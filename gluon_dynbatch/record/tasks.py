@@ -217,6 +217,7 @@ class Tasks:
             self.drain(task)
         self.started.remove(task)
         if task.error is not None:
+            self._earlier_errors_first(task)
             raise task.error
         _note_form(owner, settings, form_of(task.result))
         return dense_results(self.rec, task.result)
@@ -265,6 +266,22 @@ class Tasks:
                 task.scoped = None      # what a finished sample left stays, as eagerly
             self.current = outer_task
             self._restore(outer)
+
+    def _earlier_errors_first(self, task):
+        """``task`` failed: eager code ran the samples started before it to their
+        end first, so those waiting now run on, and the first of them to fail
+        raises its own error instead (in the scope's own code only)."""
+        if self.current is not None:
+            return
+        earlier = sorted((t for t in self.started if not t.done and t.order < task.order),
+                         key=lambda t: t.order)
+        if not earlier:
+            return
+        self.drain()
+        for other in earlier:
+            if other.error is not None:
+                self.started.remove(other)
+                raise other.error
 
     def wait(self):
         """The running task waits for the next round (a value it reads is pending)."""
