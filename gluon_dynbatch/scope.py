@@ -365,8 +365,8 @@ class BatchingScope:
                         context.note_batched(graph)
         except Exception as err:
             graph.error = "%s: %s" % (type(err).__name__, err)
-            if isinstance(err, BatchingError):
-                raise
+            if isinstance(err, (BatchingError, MemoryError)):
+                raise           # (out of memory: as eager, for code that retries smaller)
             raise BatchingError("running the batched plan failed: %s" % err) from err
         finally:
             rec.flushing = False

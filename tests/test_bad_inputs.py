@@ -1619,3 +1619,23 @@ def test_a_sample_catching_the_error_eager_raises_for_its_call_runs_as_eagerly(f
     want = [out.asnumpy() for out in outputs_of(model, xs)]
     for out, expected in zip(outputs_of(model, xs, options), want):
         np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_memory_running_out_in_a_flush_raises_memoryerror_and_the_next_scope_works(monkeypatch):
+    """Code that retries a smaller batch catches ``MemoryError``: a flush wrapped
+    it in a ``BatchingError``."""
+    import gluon_dynbatch.scope as scope_module
+    model = make_probe()
+    x = table()
+    samples = [(0, 2), (1, 3), (2, 2)]
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("out of memory")
+    with monkeypatch.context() as patch:
+        for name in ("run_interpreted", "run_compiled", "run_steps"):
+            patch.setattr(scope_module, name, out_of_memory)
+        with pytest.raises(MemoryError):
+            with gdb.batching():
+                outs = [model(sample, x) for sample in samples]
+    assert outs
+    assert_next_batch_ok(model)
