@@ -746,6 +746,43 @@ def test_calls_that_keep_learning_are_tried_operator_by_operator():
     assert usage.irregular == (by_op < usage_rules.LEARNING_GAIN * by_frame)
 
 
+class _BranchedPath(gdb.DynBatchBlock):
+    """A hierarchical softmax whose code bit picks a branch (``score if bit else
+    -score``): a template path per combination of bits, learned in most samples."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, bits, x):
+        h, loss = self.dense(x), 0
+        for bit in bits:
+            h = F.tanh(self.dense(h))
+            score = F.sum(h, axis=1)
+            loss = loss - F.log(F.sigmoid(score if bit else -score))
+        return loss
+
+
+def test_calls_that_learn_a_few_states_every_time_are_tried_operator_by_operator():
+    """A few new template states a call, in every batch (a path per combination
+    of branches): fewer than a graph's, but never ending; the block is tried
+    both ways and keeps the faster one (it never was: 16 states a call were
+    needed); every batch equals eager."""
+    from gluon_dynbatch.record import usage as usage_rules
+    model = _BranchedPath()
+    model.initialize()
+    x = nd.array(np.linspace(-1, 1, 4).reshape(1, 4))
+    rng = random.Random(0)
+    for _ in range(usage_rules.LEARNING_WARMUP + usage_rules.LEARNING_STRIKES
+                   + usage_rules.LEARNING_TRIAL + 2):
+        bits = [[rng.randrange(2) for _ in range(rng.randint(6, 9))] for _ in range(24)]
+        case = um.Case(model, bits, [x])
+        assert_same(um.run_case(case, {}), um.run_case(case, None))
+    usage = _usage_of(model)
+    assert usage.watch == "done" and usage.trial_ms is not None
+
+
 def test_calls_that_stop_learning_are_not_tried():
     """A tree model learns its paths in the first batches, then replays them: no trial."""
     case = um.case_recursive_net(seed=0, n=12)

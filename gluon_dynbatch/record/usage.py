@@ -34,7 +34,7 @@ FRESH_CALLS = 48
 #: and as frames) and keeps recording operator by operator if that cost at most
 #: ``LEARNING_GAIN`` of the frames' cost a call.
 LEARNING_WARMUP = 3
-LEARNING_STATES = 16.0
+LEARNING_STATES = 4.0
 LEARNING_STRIKES = 3
 LEARNING_SEVERE = 64.0
 LEARNING_TRIAL = 4
