@@ -1639,3 +1639,30 @@ def test_memory_running_out_in_a_flush_raises_memoryerror_and_the_next_scope_wor
                 outs = [model(sample, x) for sample in samples]
     assert outs
     assert_next_batch_ok(model)
+
+
+class _Abandon(BaseException):
+    """A program's own signal to stop (as ``KeyboardInterrupt`` is), raised in a sample."""
+
+
+class AbandonsOrInterrupts(DenseForms):
+    def hybrid_forward(self, F, x):
+        if x.shape[0] == 3:
+            raise _Abandon() if self.form == "own" else KeyboardInterrupt()
+        return F.tanh(self.dense(x))
+
+
+@pytest.mark.parametrize("form", ["own", "interrupt"])
+def test_a_base_exception_of_the_users_names_its_sample_and_an_interrupt_stays_bare(form):
+    """A ``BaseException`` subclass of the program's own got no note naming the
+    sample (only ``Exception``s did); ``KeyboardInterrupt`` stays as it is."""
+    model = AbandonsOrInterrupts(form)
+    model.initialize()
+    xs = [nd.ones((n, 4)) for n in (2, 3, 1)]
+    kind = _Abandon if form == "own" else KeyboardInterrupt
+    with pytest.raises(kind) as info:
+        with gdb.batching():
+            [model(x) for x in xs]
+    assert ("sample 1" in _notes(info.value)) == (form == "own")
+    for out, x in zip(outputs_of(model, xs[:1] + xs[2:], {}), xs[:1] + xs[2:]):
+        np.testing.assert_allclose(out.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-6)

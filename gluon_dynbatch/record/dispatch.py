@@ -24,6 +24,7 @@ import dis
 import logging
 import sys
 
+import greenlet
 import mxnet as mx
 from mxnet import gluon
 from mxnet.ndarray import NDArray
@@ -80,8 +81,9 @@ def _record_sample(self, rec, args):
         return _core.record_frame(self, rec, rec.wrap_arguments(args))
     except BatchingError:
         raise
-    except Exception as err:
-        if hasattr(err, "add_note"):
+    except BaseException as err:
+        # (What stops a program or a task, not an error of the sample, goes unnoted.)
+        if hasattr(err, "add_note") and not isinstance(err, _NOT_ERRORS):
             where = describe_call(rec.sample, rec.path + (self._name,))
             err.add_note(recursion_note(where) if isinstance(err, RecursionError)
                          else "gluon_dynbatch: raised while recording %s%s" % (
@@ -90,6 +92,9 @@ def _record_sample(self, rec, args):
     finally:
         restore_limit()
         rec.sample = None
+
+
+_NOT_ERRORS = (KeyboardInterrupt, SystemExit, GeneratorExit, greenlet.GreenletExit)
 
 
 def tell_irregular(block, root):
