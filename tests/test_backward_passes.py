@@ -1027,8 +1027,12 @@ def test_weights_a_sample_writes_while_others_wait_raise_a_clear_error():
     model = DenseSum()
     model.initialize(mx.init.Uniform(0.5))
     xs = [nd.ones((1, 3)) * k for k in range(3)]
-    with pytest.raises(gdb.BatchingError, match="weights are written in place inside a sample"):
+    with pytest.raises(gdb.BatchingError, match="weights are written in place inside a sample") \
+            as info:
         _updating_samples(model, xs, True, "sgd")
+    # Where: the sample's own code (its ``gdb.map`` function), not "outside any sample".
+    assert "outside any sample" not in str(info.value)
+    assert "samples[" in " ".join(getattr(info.value, "__notes__", []))
     want = [model(x).asnumpy() for x in xs]
     with gdb.batching():
         outs = [model(x) for x in xs]

@@ -325,6 +325,16 @@ class Recorder(RecorderCore):
             current[id(array)] = found
         return found
 
+    def _where(self):
+        """``describe_call`` of the call recorded now; in a sample's own code
+        between its calls of blocks (a ``gdb.map`` function), that code."""
+        task = self.tasks.current
+        if self.sample is None and task is not None:
+            if task.sample is None:
+                return "a sample's own code (a gdb.map function, between its calls of blocks)"
+            return describe_call(task.sample, self.path)
+        return describe_call(self.sample, self.path)
+
     def before_write(self, arrays, gradients=False):
         """``arrays`` are about to be written in place (``x[:] = ...``, ``x += y``,
         an optimizer's update of a parameter): if a pending call reads one, what
@@ -352,8 +362,7 @@ class Recorder(RecorderCore):
                 "may have read the weights already, where eager code runs each sample's write "
                 "before the next sample starts and after the one before it ends. Write "
                 "weights outside the samples' calls (in the scope's own code between them, "
-                "or after the scope), or run such a model eagerly"
-                % describe_call(self.sample, self.path))
+                "or after the scope), or run such a model eagerly" % self._where())
         if not now and tasks.current is not None and self._outside_among(arrays) \
                 and not self._other_samples():
             now = True
