@@ -508,9 +508,9 @@ def _set_aside_scoped(task, entry):
     is (the warning filters are the process's: another thread may have
     changed them meanwhile)."""
     now = _scoped_state()
-    base = task.scoped or entry
-    if task.scoped is None and now[0] is base[0] and now[1] == base[1] \
-            and all(a is b for a, b in zip(now[2:], base[2:])):
+    unchanged = now[0] is entry[0] and now[1] == entry[1] \
+        and all(a is b for a, b in zip(now[2:], entry[2:]))
+    if task.scoped is None and unchanged:
         return
     task.scoped = now
     _restore_scoped(entry)

@@ -19,9 +19,8 @@ operator as written on the matrix, between reshapes; their constant
 ``group=`` names the matrix's width, so calls of different shapes are
 different calls.
 """
-import threading
-
 import math
+import threading
 
 import mxnet as mx
 import numpy as np

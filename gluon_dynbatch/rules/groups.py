@@ -197,8 +197,7 @@ class PairwiseRule(Rule):
             # Entry (j, k) of node i reads row j of its tall input, row k of its wide one.
             m = np.array([_in_shape(node, 1 if op.reversed else 0)[0] for node in nodes])
             n = np.array([node.op.group for node in nodes])
-            owner = np.repeat(np.arange(len(nodes)), m * n)
-            entry = np.arange(owner.size) - np.repeat(np.cumsum(m * n) - m * n, m * n)
+            owner, entry = _entries(m * n)
             width = n[owner]
             tall = (np.cumsum(m) - m)[owner] + entry // width
             wide = (np.cumsum(n) - n)[owner] + entry % width
@@ -223,16 +222,21 @@ class PairwiseRule(Rule):
         return [fn(values, rows) if op.reversed else fn(rows, values)]
 
 
+def _entries(sizes):
+    """For every entry of matrices of ``sizes`` entries, in order: the matrix it
+    belongs to, and its place in that matrix (row by row)."""
+    owner = np.repeat(np.arange(len(sizes)), sizes)
+    return owner, np.arange(owner.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+
+
 def _line_rows(nodes, op):
     """For every entry of the nodes' matrices, in order, the row of the vectors
     (their columns, in order) it reads: entry (j, k) of a matrix reads row k of
     its node's vector (``_pair_row``), or row j (``_pair_col``)."""
     matrix, vector = (1, 0) if op.reversed else (0, 1)
-    sizes = np.array([_in_shape(node, matrix)[0] for node in nodes])
     lengths = np.array([_in_shape(node, vector)[0] for node in nodes])
     width = np.array([node.op.group for node in nodes])
-    owner = np.repeat(np.arange(len(nodes)), sizes)
-    entry = np.arange(owner.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    owner, entry = _entries(np.array([_in_shape(node, matrix)[0] for node in nodes]))
     at = entry % width[owner] if op.name == "_pair_row" else entry // width[owner]
     return ((np.cumsum(lengths) - lengths)[owner] + at).astype(np.int32)
 

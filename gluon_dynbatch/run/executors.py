@@ -155,11 +155,16 @@ REFUSES_VALUES = frozenset(
      for prefix in ("", "linalg_", "_linalg_")] + ["gather_nd", "Custom"])
 
 
-def _may_refuse(node):
-    entries = getattr(node.op, "entries", None)     # a program: the calls it runs
+def _calls_of(node):
+    """``(operator name, kwargs)`` of the calls ``node`` runs: a program's, else its own."""
+    entries = getattr(node.op, "entries", None)
     if entries is not None:
-        return any(_refuses(entry.op.name, entry.kwargs) for entry in entries)
-    return _refuses(node.op.name, node.kwargs)
+        return [(entry.op.name, entry.kwargs) for entry in entries]
+    return [(node.op.name, node.kwargs)]
+
+
+def _may_refuse(node):
+    return any(_refuses(name, kwargs) for name, kwargs in _calls_of(node))
 
 
 def _refuses(name, kwargs):
@@ -229,19 +234,14 @@ def check_refused_values(plan, only_read=False, gathered=()):
 def _custom(node):
     """Whether ``node`` runs a custom operator: its error is the engine's, not its
     output's (MXNet raises it at the next wait, whatever is read)."""
-    entries = getattr(node.op, "entries", None)
-    if entries is not None:
-        return any(entry.op.name == "Custom" for entry in entries)
-    return node.op.name == "Custom"
+    return any(name == "Custom" for name, _ in _calls_of(node))
 
 
 def _call_name(node):
     """The operator of ``node`` that may refuse its values (of a program, the
     first of its calls that may)."""
-    for entry in getattr(node.op, "entries", None) or ():
-        if _refuses(entry.op.name, entry.kwargs):
-            return entry.op.name
-    return getattr(node.op, "name", "") or ""
+    return next((name for name, kwargs in _calls_of(node) if _refuses(name, kwargs)),
+                getattr(node.op, "name", "") or "")
 
 
 def _refused_call(steps):
