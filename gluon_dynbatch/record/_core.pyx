@@ -201,12 +201,15 @@ cdef tuple DIM0_ITEMS = (("dim", 0),)
 
 
 cdef object PROGRAM_RECIPE = None    # templates.recipes.ProgramRecipe (``bind_recipes``)
+cdef object OPS_RECIPE = None        # templates.recipes.OpsRecipe
+cdef object LEAF_VALUE = None        # templates.recipes._leaf_value
 
 
-def bind_recipes(program_recipe):
-    """Learn the recipe class whose common case ``apply_recipe`` runs here."""
-    global PROGRAM_RECIPE
-    PROGRAM_RECIPE = program_recipe
+def bind_recipes(program_recipe, ops_recipe, leaf_value):
+    """Learn the recipe classes whose common cases ``apply_recipe`` runs here,
+    and how a template's parameter or constant ref becomes a graph value."""
+    global PROGRAM_RECIPE, OPS_RECIPE, LEAF_VALUE
+    PROGRAM_RECIPE, OPS_RECIPE, LEAF_VALUE = program_recipe, ops_recipe, leaf_value
 
 
 cpdef apply_recipe(FrameCore frame, list alive, object recipe):
@@ -214,19 +217,96 @@ cpdef apply_recipe(FrameCore frame, list alive, object recipe):
     whose external values this graph already holds, is applied here
     (``apply_program``) without the Python method."""
     cdef RecorderCore rec
-    cdef object graph, owner = frame.rec
+    cdef object graph, origin, owner = frame.rec
     cdef PyObject* hit
     if len(owner.graph.nodes) >= owner.max_pending:
         owner.flush()           # bounded memory, as ``Recorder.graph_op``
     if type(recipe) is PROGRAM_RECIPE:
         rec = frame.rec
         graph = rec.graph
-        hit = PyDict_GetItem(graph.externals, id(recipe))
-        if hit != NULL and graph.mode is not None and (<tuple>hit)[0] is recipe \
+        origin = recipe.origin         # (its moved copies share its external values)
+        hit = PyDict_GetItem(graph.externals, id(origin))
+        if hit != NULL and graph.mode is not None and (<tuple>hit)[0] is origin \
                 and (<tuple>hit)[2] is not None and recipe.whole:
             apply_program(frame, alive, recipe, <tuple>hit)
             return
+    elif type(recipe) is OPS_RECIPE:
+        apply_ops(frame, alive, recipe)
+        return
     recipe.apply(frame, alive)
+
+
+def apply_ops(FrameCore frame, list alive, object recipe):
+    """Record ``recipe``'s calls (a ``templates.OpsRecipe``) for ``frame`` as one
+    node each, placed as ``Recorder.place`` places them, and point ``alive``,
+    the segment's exported values, at their nodes' outputs."""
+    cdef RecorderCore rec = frame.rec
+    cdef object graph = rec.graph, node, info, array, src, where, lazy, outs
+    cdef list nodes = graph.nodes, made = [], inputs
+    cdef dict produced = recipe.produced, vals = frame.vals
+    cdef object path = frame.path
+    cdef PyObject* hit
+    if graph.mode is None:          # the autograd modes the frame's calls ran under
+        graph.mode = rec.mode
+    for step in recipe.steps:
+        inputs = []
+        for ref in step.refs:
+            if type(ref) is not INT:
+                inputs.append(LEAF_VALUE(rec, ref))
+                continue
+            hit = PyDict_GetItem(produced, ref)
+            if hit != NULL:
+                where = <object>hit
+                inputs.append((made[where[0]], where[1]))
+                continue
+            array = vals[ref]           # read from outside the segment
+            src = _get(array, OFF_NODE) if type(array) is LAZY else None
+            if src is not None and getattr(src, "graph", None) is graph:
+                inputs.append((src, _get(array, OFF_IDX)))
+            else:
+                inputs.append(rec.value_of(array))
+        info = step.info
+        node = make_node(graph, nodes, "op", step.op, inputs, step.args, step.kwargs, info,
+                         frame.sample, path + step.path)
+        if info.stateful or info.shared_pos:
+            rec.place(node, info)
+        else:
+            _place(node, graph, inputs, info)
+        nodes.append(node)
+        made.append(node)
+    rec.num_recorded += len(made)
+    rec.num_calls += len(made)
+    for lazy in alive:
+        where = produced[_get(lazy, OFF_IDX)]
+        node = made[where[0]]
+        _set(lazy, OFF_NODE, node)
+        _set(lazy, OFF_IDX, where[1])
+        outs = _get(node, N_OUTS)
+        if outs is None:
+            outs = [None] * len(<tuple>_get(node, N_SHAPES))
+            _set(node, N_OUTS, outs)
+        outs[where[1]] = WEAKREF(lazy)
+
+
+cdef void _place(object node, object graph, list inputs, object info) except *:
+    """``Recorder.place`` for a call that updates no state and has no shared
+    inputs: its kind, depth and signature."""
+    cdef object depth = 0, d
+    for value in inputs:
+        d = <object>_peek((<tuple>value)[0], N_DEPTH)
+        if d > depth:
+            depth = d
+    if info.kind == "view":
+        _set(node, N_KIND, "view")
+        _set(node, N_DEPTH, depth)
+        return
+    _set(node, N_DEPTH, depth + 1)
+    if info.link:
+        graph.links.append(node)
+    if info.sig is None:
+        _set(node, N_SIG, ("alone", graph, _get(node, N_ID)))
+    else:
+        _set(node, N_SIG, info.sig)
 
 
 def apply_program(FrameCore frame, list alive, object recipe, tuple found):
@@ -309,6 +389,7 @@ cdef class State:
 
     cdef public dict next, calls, written, cuts, recipes
     cdef public object step, usage, counter
+    cdef public object seen            # what passes noted at this state (a dict), or None
     cdef public bint single
     cdef public object shape, dtype
     cdef object _parent, _start
@@ -329,6 +410,7 @@ cdef class State:
             parent.counter if parent is not None else [0])
         self.counter[0] += 1
         self.usage = None               # a root's Usage
+        self.seen = None
 
     @property
     def parent(self):
@@ -679,7 +761,10 @@ cdef class RecorderCore:
                 return self.slow_row_slice(x, begin, end)
             x = (<tuple><object>hit)[1]
             src = _get(x, OFF_NODE)
-        if src is None or src is self.frame or getattr(src, "graph", None) is not graph:
+        if src is not None and src is self.frame:
+            found = self._frame_rows(<FrameCore>src, x, begin, end)
+            return found if found is not None else self.slow_row_slice(x, begin, end)
+        if src is None or getattr(src, "graph", None) is not graph:
             return self.slow_row_slice(x, begin, end)
         nodes = graph.nodes
         if len(nodes) >= self.max_pending:
@@ -694,6 +779,44 @@ cdef class RecorderCore:
             return self.slow_row_slice(x, begin, end)
         self.num_calls += 1
         return _held(self._row_node(graph, nodes, <tuple><object>hit, src, idx), 1)
+
+
+    cdef object _frame_rows(self, FrameCore frame, object x, Py_ssize_t begin, Py_ssize_t end):
+        """Rows ``begin:end`` of ``x``, a value of the recording ``frame``, as the
+        frame's call of ``slice_axis`` where the pass of ``passes.SLICES`` would
+        leave it one (``rewrite.positions.slice_by_position``: the position met
+        before at this template state, at a place in the code whose positions
+        are not data); else None (the Python path decides)."""
+        cdef object seen = frame.state.seen, idx, shape
+        cdef PyObject* hit
+        cdef tuple got
+        if FRAME_SLICES is None or seen is None or not 0 <= begin < end:
+            return None
+        passes_list, only, varying, op = FRAME_SLICES
+        if len(<list>passes_list) != 1 or (<list>passes_list)[0] is not only:
+            return None
+        idx = _get(x, OFF_IDX)
+        shape = frame.out_shapes[idx]
+        if end > shape[0]:
+            return None
+        hit = PyDict_GetItem(seen, (idx, 0, end - begin))
+        if hit == NULL:
+            return None
+        got = <tuple>hit
+        if got[0] != begin or got[1] in varying:
+            return None
+        return frame.op(op, (x,), {"axis": 0, "begin": begin, "end": end})
+
+
+cdef object FRAME_SLICES = None     # (passes.SLICES, its pass, varying sites, slice_axis)
+
+
+def bind_frame_slices(list passes_list, object only, set varying, object slice_op):
+    """Learn the passes on slices of frame values (``passes.SLICES``), the one
+    whose plain outcome ``RecorderCore.row_slice`` knows (``only``), the places
+    whose positions are data (``varying``) and the OpDef of ``slice_axis``."""
+    global FRAME_SLICES
+    FRAME_SLICES = (passes_list, only, varying, slice_op)
 
 
 cdef class FrameCore:

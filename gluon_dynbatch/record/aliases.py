@@ -16,7 +16,7 @@ import numpy as np
 from mxnet import autograd, nd
 from mxnet.base import _LIB, check_call
 
-from ..ir.graph import LEAF
+from ..ir.graph import LEAF, Node
 from ..ir.known import constant_array
 from . import context
 from .lazy import LazyArray
@@ -28,7 +28,8 @@ GETITEM = [None]    # x[key] inside a scope, keeping no view (``arithmetic``)
 def note(base, view, how):
     """Keep ``view`` of LazyArray ``base``, taken as ``how`` says: ``("index",
     key)``, ``("reshape", kwargs)`` or ``("detach", None)``.  Returns ``view``."""
-    if view is base or getattr(base._node, "kind", None) == LEAF:
+    node = base._node       # (a Node, a recording frame's FrameCore or None)
+    if view is base or type(node) is Node and node.kind == LEAF:
         return view         # (an input: its update in place is refused)
     views = getattr(base, "_views", None)
     if views is None:

@@ -18,17 +18,14 @@ another path takes that form at once.  Slices at positions fixed by the path
 (``x[t:t + 1]`` at token ``t`` of a loop) keep the slice: a loop over a
 sample's rows is vectorised whole (``templates.vectorize``).
 """
-import weakref
-
 import numpy as np
 
 from ..ir.ops import opdef
-from ..record import literals, passes, sites
+from ..record import _core, literals, passes, sites
 
 _TAKE, _PICK = opdef("take"), opdef("pick")
 _VARIES = "varies"
-# template state -> {(position, axis, width): (begin, (site, axis, width))}
-_SEEN = weakref.WeakKeyDictionary()
+# A template state's ``seen``: {(position, axis, width): (begin, (site, axis, width))}
 _VARYING_SITES = set()                  # (site, axis, width) whose positions are data
 MAX_SITES = 10000
 
@@ -49,9 +46,10 @@ def slice_by_position(rec, x, axis, begin, end):
     if stop <= first or axis == 1 and stop - first != 1:
         return None
     frame = rec.frame
-    seen = _SEEN.get(frame.state)
+    state = frame.state
+    seen = state.seen
     if seen is None:
-        seen = _SEEN[frame.state] = {}
+        seen = state.seen = {}
     held = x._idx if x._node is frame else frame.ref(x, read=False)
     if held is None:                    # a value of an enclosing call
         return None
@@ -73,3 +71,6 @@ def slice_by_position(rec, x, axis, begin, end):
 
 
 passes.register_slices(slice_by_position)
+# Where this pass leaves a slice as it is, ``RecorderCore.row_slice`` knows it from
+# ``state.seen`` and records it without coming here.
+_core.bind_frame_slices(passes.SLICES, slice_by_position, _VARYING_SITES, opdef("slice_axis"))

@@ -19,7 +19,7 @@ from . import programs
 from ..record import sites
 from ..record import weights as weight_calls
 from ..ir.graph import NO_KWARGS, OP, VIEW, analysed_node, slot
-from ..record._core import apply_program, apply_recipe, bind_recipes
+from ..record._core import apply_ops, apply_program, apply_recipe, bind_recipes
 from ..record.lazy import LazyArray
 from ..ir.ops import Stand, opdef
 from ..ir.rules import SHARED
@@ -378,6 +378,33 @@ def _moved_spec(spec, where):
     return (kind, tuple(_moved_spec(s, where) for s in spec[1]))
 
 
+# (signature, parameters) -> the first program recipe of that signature reading them
+_ORIGINS = weakref.WeakValueDictionary()
+
+
+def _origin(recipe):
+    """The recipe whose external values in a graph ``recipe``'s are (graph.externals).
+
+    Programs of one signature reading the same parameters have the same ones:
+    iteration t of a loop over a sample's rows is a program of its own for
+    every t and length (its slice's position is part of it), all of one
+    signature; their copies reading other positions (``moved``) keep it.
+    """
+    sig = recipe.info.sig
+    if sig is None:
+        return recipe
+    try:
+        key = (sig, tuple([(ref[0], id(ref[1])) for ref in recipe.params]))
+        found = _ORIGINS.get(key)
+    except TypeError:           # an unhashable attribute: its own
+        return recipe
+    if found is not None and len(found.params) == len(recipe.params) and all(
+            a[0] == b[0] and a[1] is b[1] for a, b in zip(found.params, recipe.params)):
+        return found
+    _ORIGINS[key] = recipe
+    return recipe
+
+
 def _rebind(lazies, places):
     """Point provisional LazyArrays at their graph values ``(node, idx)``."""
     for lazy, (node, idx) in zip(lazies, places):
@@ -457,6 +484,7 @@ class ProgramRecipe:
             if all(spec[0] == "pos" for spec in plan.inputs) else None
         self.sources = tuple(self._source(k, spec) for k, spec in enumerate(plan.inputs))
         self.whole = all(view is None for _, view in self.exports)
+        self.origin = _origin(self)
 
     def apply(self, frame, alive):
         """Record the node for ``frame``; ``alive`` get their values, in order.
@@ -468,13 +496,14 @@ class ProgramRecipe:
         graph = rec.graph
         if graph.mode is None:          # the autograd modes the frame's calls ran under
             graph.mode = rec.mode
-        found = graph.externals.get(id(self))
-        if found is None or found[0] is not self:
+        origin = self.origin
+        found = graph.externals.get(id(origin))
+        if found is None or found[0] is not origin:
             external = [_leaf_value(rec, ref) for ref in self.params]
             sig = programs.shared_signature(self.info, external)
             # Values of weights alone (weight_calls.DerivedWeight) are steps too.
             below = max([src.depth for src, _ in external], default=0)
-            found = graph.externals[id(self)] = (self, external, sig, below)
+            found = graph.externals[id(origin)] = (origin, external, sig, below)
         external, sig = found[1], found[2]
         if sig is not None and self.whole:
             apply_program(frame, alive, self, found)      # the common case, compiled
@@ -564,35 +593,8 @@ class OpsRecipe:
                 self.produced[pos] = (j, idx)
 
     def apply(self, frame, alive):
-        rec = frame.rec
-        graph = rec.graph
-        if graph.mode is None:          # the autograd modes the frame's calls ran under
-            graph.mode = rec.mode
-        vals = frame.vals
-        made = []
-        for step in self.steps:
-            inputs = []
-            for ref in step.refs:
-                if type(ref) is int:
-                    where = self.produced.get(ref)
-                    if where is not None:
-                        inputs.append((made[where[0]], where[1]))
-                    else:
-                        inputs.append(rec.value_of(vals[ref]))      # read from outside
-                else:
-                    inputs.append(_leaf_value(rec, ref))
-            node = analysed_node(graph, OP, step.op, inputs, step.args, step.kwargs, step.info,
-                              frame.sample, frame.path + step.path)
-            rec.place(node, step.info)
-            graph.nodes.append(node)
-            made.append(node)
-        rec.num_recorded += len(made)
-        rec.num_calls += len(made)
-        places = []
-        for lazy in alive:
-            j, idx = self.produced[lazy._idx]
-            places.append((made[j], idx))
-        _rebind(alive, places)
+        """Record the calls for ``frame``; ``alive`` get their values, in order."""
+        apply_ops(frame, alive, self)
 
 
-bind_recipes(ProgramRecipe)
+bind_recipes(ProgramRecipe, OpsRecipe, _leaf_value)
