@@ -303,6 +303,58 @@ def test_the_templates_of_a_thread_go_when_it_ends_though_its_model_lives():
     assert states_after(4) == first
 
 
+class _Head(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
+class _WithHead(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = gluon.nn.Dense(4, in_units=3)
+        self.head = _Head()
+
+    def hybrid_forward(self, F, x):
+        return F.sum(self.head(self.inp(x)))
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}])
+def test_a_child_replaced_before_every_scope_is_freed_with_its_weights(options):
+    """A fresh head per task or episode (``model.head = Head()`` before each
+    scope): the parent's tries, keyed by its parameters, kept every old head's
+    parameters and their arrays alive; now the tries of a few parameter sets
+    are kept per block (``trie.MAX_VERSIONS``), and outputs equal eager."""
+    import gc
+    import weakref
+    from mxnet import autograd
+    from gluon_dynbatch.record import trie
+    model = _WithHead()
+    model.initialize()
+    xs = [nd.array(np.linspace(-1, 1, 3 * k).reshape(k, 3)) for k in (1, 2, 3)]
+    old = []
+    for _ in range(trie.MAX_VERSIONS + 6):
+        model.head = _Head()
+        model.head.initialize()
+        old.append(weakref.ref(model.head.dense.weight))
+        eager = [model(x).asnumpy() for x in xs]
+        with autograd.record():
+            with gdb.batching(**options):
+                outs = [model(x) for x in xs]
+            loss = nd.add_n(*outs)
+        loss.backward()
+        for got, want in zip(outs, eager):
+            np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=1e-6)
+        del outs, loss
+    gc.collect()
+    assert sum(ref() is not None for ref in old) <= trie.MAX_VERSIONS + 1
+
+
 def test_max_cached_plans_must_be_positive():
     import pytest
     with pytest.raises(ValueError, match="max_cached_plans"):

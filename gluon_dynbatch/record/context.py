@@ -169,21 +169,22 @@ def _retaining(args, kwargs, position):
 
 
 MAX_VARIABLES = 4096
-"""Arrays with gradients noted (``note_batched``) until a pass frees the graph:
-a loop recording under autograd that never runs a pass keeps the newest only."""
+"""Parameters and arrays with gradients noted (``note_batched``) until a pass frees
+the graph: a loop recording under autograd that never runs a pass keeps the
+newest only (of each)."""
 
 
 def note_batched(graph):
     """Note that ``graph`` ran under autograd: its parameters and arrays with
     gradients are reached by batched steps a later pass runs through."""
     TLS.batched_history = True
-    TLS.batched_params.update(graph.parameters)
-    variables = TLS.batched_variables
-    variables.update(graph.variables)
-    excess = len(variables) - MAX_VARIABLES
-    if excess > 0:                  # the oldest first (insertion order)
-        for key in list(variables)[:excess]:
-            del variables[key]
+    for noted, new in ((TLS.batched_params, graph.parameters),
+                       (TLS.batched_variables, graph.variables)):
+        noted.update(new)
+        excess = len(noted) - MAX_VARIABLES
+        if excess > 0:                  # the oldest first (insertion order)
+            for key in list(noted)[:excess]:
+                del noted[key]
 
 
 def _arrays_in(values):

@@ -122,6 +122,7 @@ class Store:
         self.usages = {}          # (id(block), helper) -> Usage, shared by its roots
         self.alike = {}           # keys of blocks made alike (``likeness``), kept
         self.settings = {}        # id(block) -> the settings it was seen with (``settings``)
+        self.versions = {}        # block identity -> its parameter sets kept, latest last
         self.counter = itertools.count()
 
 
@@ -292,11 +293,15 @@ def version(block):
     return tuple((id(p), p.shape, p.dtype) for p in parameters(block))
 
 
+MAX_VERSIONS = 4    # parameter sets of one block whose tries are kept (``_keep_version``)
+
+
 def root(key, block):
     """This thread's root State of ``key`` (block, parameters, modes...)."""
     roots = store().roots
     found = roots.get(key)
     if found is None or found.counter[0] >= MAX_STATES:
+        _keep_version(store(), key[0], key[1])
         found = roots[key] = State()
         # A block's first scope often records before its parameters have
         # shapes, so its roots differ by version: how its programs batched
@@ -311,6 +316,30 @@ def root(key, block):
         # The trie holds the block's parameters: drop it with the block.
         _drop_with(block, key, "roots", key)
     return found
+
+
+def _keep_version(kept, identity, params):
+    """Note that the block named ``identity`` records with parameters
+    ``params`` (``version``); past ``MAX_VERSIONS`` sets, drop the tries and
+    tokens of its least recent one.  A child replaced by a new one before each
+    scope (a fresh head per task) would otherwise keep every old one's
+    parameters, and their arrays, alive in its parent's tries."""
+    versions = kept.versions.setdefault(identity, [])
+    if params in versions:
+        if versions[-1] != params:
+            versions.remove(params)
+            versions.append(params)
+        return
+    versions.append(params)
+    if len(versions) <= MAX_VERSIONS:
+        return
+    old = versions.pop(0)
+    for table in (kept.roots, kept.tokens):
+        for key in [key for key in table if key[0] == identity and key[1] == old]:
+            dropped = table.pop(key)
+            if table is kept.roots and dropped.usage is not None:
+                dropped.usage.counters[:] = [c for c in dropped.usage.counters
+                                             if c is not dropped.counter]
 
 
 _DROPS = {}     # id(block) -> [(store, table, entry)] to drop when the block dies
@@ -329,7 +358,8 @@ def _drop_with(block, key, table, entry):
         if drops is None:
             drops = _DROPS[id(block)] = []
             weakref.finalize(block, _drop_all, id(block))
-        drops[:] = [d for d in drops if d[0]() is not None]   # of threads that ended
+        # (not those of threads that ended, nor entries dropped already)
+        drops[:] = [d for d in drops if d[0]() is not None and d[2] in getattr(d[0](), d[1])]
         drops.append((weakref.ref(store()), table, entry))
 
 
@@ -347,6 +377,7 @@ def token(key, block):
     tokens = store().tokens
     found = tokens.get(key)
     if found is None:
+        _keep_version(store(), key[0], key[1])
         found = tokens[key] = next(store().counter)
         _drop_with(block, key, "tokens", key)
     return found
