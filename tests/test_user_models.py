@@ -783,6 +783,27 @@ def test_calls_that_learn_a_few_states_every_time_are_tried_operator_by_operator
     assert usage.watch == "done" and usage.trial_ms is not None
 
 
+def test_a_second_scope_over_the_same_samples_does_not_keep_a_block_from_its_trial():
+    """A training scope, then an evaluation scope over the same samples: the second
+    replays what the first just learned; the block is still tried operator by
+    operator (the second scope's flush broke the row of learning flushes, so
+    the trial never started)."""
+    from gluon_dynbatch.record import usage as usage_rules
+    model = _BranchedPath()
+    model.initialize()
+    x = nd.array(np.linspace(-1, 1, 4).reshape(1, 4))
+    rng = random.Random(0)
+    for _ in range(usage_rules.LEARNING_WARMUP + usage_rules.LEARNING_STRIKES
+                   + usage_rules.LEARNING_TRIAL + 2):
+        bits = [[rng.randrange(2) for _ in range(rng.randint(6, 9))] for _ in range(24)]
+        case = um.Case(model, bits, [x])
+        eager = um.run_case(case, None)
+        assert_same(um.run_case(case, {}), eager)
+        assert_same(um.run_case(case, {}), eager)
+    usage = _usage_of(model)
+    assert usage.watch == "done" and usage.trial_ms is not None
+
+
 def test_calls_that_stop_learning_are_not_tried():
     """A tree model learns its paths in the first batches, then replays them: no trial."""
     case = um.case_recursive_net(seed=0, n=12)

@@ -25,7 +25,10 @@ FRESH_CALLS = 48
 #: - after ``LEARNING_WARMUP`` flushes of the block (its first included), when
 #:   ``LEARNING_STRIKES`` flushes in a row learned ``LEARNING_STATES`` or more new
 #:   template states a call (a new use of a block, such as decoding after
-#:   training, learns in a flush or two, then replays);
+#:   training, learns in a flush or two, then replays); or when
+#:   ``LEARNING_GAPPED`` more did so, each after at most one flush that learned
+#:   nothing (a second scope over the same samples: an evaluation after
+#:   training, run on every batch);
 #: - without the warm-up, when that many flushes in a row (its first ones
 #:   too) learned ``LEARNING_SEVERE`` or more (message passing written vertex by vertex learns
 #:   a hundred and more in every flush; a seq2seq model as much in its first
@@ -36,6 +39,7 @@ FRESH_CALLS = 48
 LEARNING_WARMUP = 3
 LEARNING_STATES = 4.0
 LEARNING_STRIKES = 3
+LEARNING_GAPPED = 2
 LEARNING_SEVERE = 64.0
 LEARNING_TRIAL = 4
 LEARNING_GAIN = 0.8
@@ -114,8 +118,9 @@ class Usage:
             return False
         calls = self.frames + self.op_calls
         if watch is None:           # the block's first flush: all its calls so far
-            watch = self.watch = {"flushes": 0, "strikes": 0, "severe": 0, "trial": None,
-                                  "ms": 0.0, "seen": 0, "mark": (0, 0)}
+            watch = self.watch = {"flushes": 0, "strikes": 0, "severe": 0, "gapped": 0,
+                                  "idle": 0, "trial": None, "ms": 0.0, "seen": 0,
+                                  "mark": (0, 0)}
         if calls == watch["seen"]:          # none of its calls in this flush
             return watch["trial"] is not None
         watch["seen"] = calls
@@ -138,11 +143,17 @@ class Usage:
             self.watch = "done"
             return False
         watch["flushes"] += 1
-        watch["strikes"] = watch["strikes"] + 1 if learned >= LEARNING_STATES * new_calls \
-            else 0
+        striking = learned >= LEARNING_STATES * new_calls
+        watch["strikes"] = watch["strikes"] + 1 if striking else 0
         watch["severe"] = watch["severe"] + 1 if learned >= LEARNING_SEVERE * new_calls else 0
-        if watch["severe"] >= LEARNING_STRIKES or (watch["flushes"] > LEARNING_WARMUP
-                                    and watch["strikes"] >= LEARNING_STRIKES):
+        # A row that one flush learning nothing may interrupt (a second scope
+        # over the samples just recorded: an evaluation after training).
+        idle = watch["idle"] = watch["idle"] + 1 if not learned else 0
+        if idle != 1:
+            watch["gapped"] = watch["gapped"] + 1 if striking else 0
+        if watch["severe"] >= LEARNING_STRIKES or watch["flushes"] > LEARNING_WARMUP and (
+                watch["strikes"] >= LEARNING_STRIKES
+                or watch["gapped"] >= LEARNING_STRIKES + LEARNING_GAPPED):
             # This flush ran as frames and learned as the next ones would: it is
             # the trial's first flush as frames (one slow batch fewer).
             watch["trial"] = {"op": [], "frame": [ms_per_call]}
