@@ -428,3 +428,56 @@ def test_loops_nested_by_a_recursive_function_are_named_in_constant_size(monkeyp
         for out, expected in zip(outs, want):
             np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
         assert named and all(type(loop) is int for loop in named)
+
+
+class GoldPathScore(gdb.DynBatchBlock):
+    """A recurrence over a sentence, scores per token, then the score of the
+    sample's own gold subset of tokens (a CRF's or a segmenter's gold path):
+    the calls after the shared computation differ from sample to sample."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.step = gluon.nn.Dense(4, in_units=8)
+            self.score = gluon.nn.Dense(1, in_units=4)
+
+    def hybrid_forward(self, F, sample, table):
+        words, gold = sample
+        h = F.zeros((1, 4))
+        scores = []
+        for w in words:
+            h = F.tanh(self.step(F.concat(table[w:w + 1], h, dim=1)))
+            scores.append(self.score(h))
+        total = F.log(F.sum(F.exp(F.concat(*scores, dim=1))))
+        return total - sum(scores[t] for t in gold)
+
+
+def _gold_samples(r, n, length=8):
+    return [([r.randrange(6) for _ in range(length)],
+             sorted(r.sample(range(length), r.randint(1, 4)))) for _ in range(n)]
+
+
+def test_calls_parting_after_a_long_shared_computation_learn_a_short_segment(monkeypatch):
+    """Each sample's gold subset made a trie path, and a recipe of the whole
+    computation (hundreds of calls analysed), per sample in every batch; the
+    state where the paths part is now a cut point: later batches make recipes
+    of the short parts after it only, and every result equals eager."""
+    from gluon_dynbatch import scope as scope_module
+    from gluon_dynbatch.record import frames
+    made = []
+    real = scope_module.recipe_for
+
+    def counting(frame, positions):
+        made.append(frame.state.depth)
+        return real(frame, positions)
+    monkeypatch.setattr(scope_module, "recipe_for", counting)
+    model = make_model(GoldPathScore)
+    table = nd.array(np.random.RandomState(0).uniform(-1, 1, (6, 4)))
+    r = rng(1)
+    for _ in range(4):
+        samples = _gold_samples(r, 12)
+        del made[:]
+        assert_same(run_model(model, samples, [table], "depth"),
+                    run_model(model, samples, [table], "eager"))
+    assert max(made, default=0) < frames.CUT_DEPTH
+    check_all_strategies(model, _gold_samples(r, 6), [table])

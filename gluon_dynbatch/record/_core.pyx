@@ -390,6 +390,8 @@ cdef class State:
     cdef public dict next, calls, written, cuts, recipes
     cdef public object step, usage, counter
     cdef public object seen            # what passes noted at this state (a dict), or None
+    cdef public Py_ssize_t depth       # calls from the start of its segment to it
+    cdef public bint cutting           # frames cut here before their next call
     cdef public bint single
     cdef public object shape, dtype
     cdef object _parent, _start
@@ -411,6 +413,9 @@ cdef class State:
         self.counter[0] += 1
         self.usage = None               # a root's Usage
         self.seen = None
+        self.depth = 0 if start is None or start is self else \
+            parent.depth + (step is not None)
+        self.cutting = False
 
     @property
     def parent(self):

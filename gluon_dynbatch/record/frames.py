@@ -65,6 +65,14 @@ _NUMBER_AS_ARRAY = {"_plus_scalar": ("broadcast_add", False),
                     "_div_scalar": ("broadcast_div", False),
                     "_rdiv_scalar": ("broadcast_div", True)}
 MAX_WRITTEN = 64           # calls as written learned per trie state
+#: A frame about to learn a call at a state where ``CUT_BRANCHES`` or more
+#: calls were learned, ``CUT_DEPTH`` or more calls into its segment, makes the
+#: state a cut point (``Frame._cut_first``): a loss over a sample's own gold
+#: structure after a long computation shared by samples learned a path, and a
+#: recipe for the whole computation, per sample; its own short segment now.  (A
+#: loop's states have two: its next iteration, and what follows the loop.)
+CUT_BRANCHES = 3
+CUT_DEPTH = 32
 
 
 def _varied(table, place, value, paths=None):
@@ -261,6 +269,8 @@ class Frame(FrameCore):
             found = self._varying_number(op, args, refs, kw)
             if found is not None:
                 return found
+            if self._cut_first():
+                return self.op(op, args, kwargs)    # keyed anew in the new segment
             try:
                 nxt = self._learn(op, args, kwargs, key, refs, kw)
             except ShapeFromData:       # its output shape depends on its data
@@ -269,6 +279,25 @@ class Frame(FrameCore):
             if nxt is None:
                 return self.fallback_op(op, args, kwargs, "a call templates cannot hold")
         return self._outputs(nxt)
+
+    def _cut_first(self):
+        """Cut here, before learning a call, if this state is a cut point, or
+        is now made one (``CUT_BRANCHES``); whether it cut."""
+        state = self.state
+        if self.direct:
+            return False
+        if not state.cutting:
+            if state.depth < CUT_DEPTH \
+                    or len(state.next) + len(state.calls) + len(state.written) < CUT_BRANCHES:
+                return False
+            # Every frame reaching it cuts from now on: what it learned past
+            # this point goes (its frames miss here and come to cut).
+            state.cutting = True
+            state.next.clear()
+            state.calls.clear()
+            state.written.clear()
+        self.cut("a point where the samples' paths part")
+        return True
 
     def _varying_number(self, op, args, refs, kw):
         """``x * number`` (or ``+``, ``-``, ``/``) whose number has changed from call
@@ -439,6 +468,8 @@ class Frame(FrameCore):
             # As ``HybridBlock.forward`` refuses it (a sample's None for an array).
             raise ValueError("In HybridBlock, there must be one NDArray or one Symbol in "
                              "the input. Please check the type of the args.\n")
+        if self._cut_first():
+            return self.block_call(block, args)     # keyed anew in the new segment
         rec = self.rec
         before = self.state
         varying = self._varying_floats(args, key)
