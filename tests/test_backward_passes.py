@@ -1576,3 +1576,37 @@ def test_a_frozen_encoders_detached_outputs_leave_its_weights_as_eager_does(opti
     marked fresh, through ``detach()``: weight decay then moved it."""
     for got, want in zip(_frozen_encoder_run(options), _frozen_encoder_run(None)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+class BlockedOutput(gdb.DynBatchBlock):
+    """A sample's output behind ``F.BlockGrad``: no gradient flows back."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.w = self.params.get("w", shape=(4,))
+
+    def hybrid_forward(self, F, x, w):
+        return F.BlockGrad(F.broadcast_mul(x, F.reshape(w, (1, -1))))
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"compiled": "plan"},
+                                     {"compiled": "step"}, "map"], ids=str)
+def test_a_loss_of_blockgrad_outputs_alone_gives_zero_gradients_as_eagerly(options):
+    """Compiled plans and steps gave such outputs no history (their inputs were
+    passed without it, no gradient reaching them): ``backward()`` raised
+    MXNet's "Cannot differentiate node" where eager writes zeros."""
+    model = BlockedOutput()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.array(np.random.RandomState(k).uniform(-1, 1, (n, 4)))
+          for k, n in enumerate((2, 3, 1))]
+    for _ in range(2):
+        model.w.grad()[:] = 1.0
+        with autograd.record():
+            outs = outputs_of(model, xs, options)
+            loss = nd.add_n(*[o.sum() for o in outs])
+        loss.backward()
+        np.testing.assert_array_equal(model.w.grad().asnumpy(), np.zeros(4))
+        want = [(x * model.w.data().reshape((1, -1))).asnumpy() for x in xs]
+        for got, expected in zip(outs, want):
+            np.testing.assert_allclose(got.asnumpy(), expected, rtol=1e-6)

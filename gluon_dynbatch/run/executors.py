@@ -348,6 +348,13 @@ def _with_history(results, detached, values, feeds):
     """
     if not detached or not autograd.is_recording():
         return results
+    return _tied(results, lambda: (_gather(ins[k], values, feeds)
+                                   for ins, slots in detached for k in slots))
+
+
+def _tied(results, inputs):
+    """``results``, those without history tied by a zero to the arrays
+    ``inputs()`` gives (``_with_history``)."""
     anchor = []
     seen = {}               # id(array) -> it tied: a step's output serves many results
 
@@ -355,7 +362,7 @@ def _with_history(results, detached, values, feeds):
         found = seen.get(id(array))
         if found is not None:
             return found[1]
-        if constant_array(array) and _anchor(anchor, detached, values, feeds) is not None:
+        if constant_array(array) and _anchor(anchor, inputs) is not None:
             seen[id(array)] = (array, mx.nd.broadcast_add(array, anchor[0].astype(array.dtype)))
         else:
             seen[id(array)] = (array, array)
@@ -371,16 +378,15 @@ def _with_history(results, detached, values, feeds):
     return out
 
 
-def _anchor(anchor, detached, values, feeds):
-    """The zero tying results to the detached steps' inputs, made once into
-    ``anchor``; None when no input is floating (integer inputs, a segment's
-    positions, carry no gradient, and ``add_n`` takes one dtype)."""
+def _anchor(anchor, inputs):
+    """The zero tying results to the arrays ``inputs()`` gives (inputs run
+    without history), made once into ``anchor``; None when no input is floating
+    (integer inputs, a segment's positions, carry no gradient, and ``add_n``
+    takes one dtype)."""
     if not anchor:
         # ``mx.nd``, not ``part * 0``: an input may be a value of an earlier
         # flush (a LazyArray), whose operators this scope would record.
-        parts = [_zero_of(part)
-                 for part in (_gather(ins[k], values, feeds)
-                              for ins, slots in detached for k in slots)
+        parts = [_zero_of(part) for part in inputs()
                  if np.issubdtype(part.dtype, np.floating)]
         anchor.append(None if not parts else
                       mx.nd.add_n(*parts) if len(parts) > 1 else parts[0])
@@ -545,12 +551,17 @@ def run_compiled(plan, live, ctx, cache, stats):
         run_interpreted(plan, live, ctx)
         return
     inputs = compiler.inputs(entry.names)
+    given = [inputs[k] for k in entry.detached]
     for k in entry.detached:
         inputs[k] = inputs[k].detach()
     results = entry(inputs)
     if stats.cache_misses and entry.calls == 1:
         stats.compile_ms += 1000.0 * (time.perf_counter() - start)
     check_refused_values(plan)
+    if given and autograd.is_recording():
+        # Outputs of ``BlockGrad`` alone carry history in eager (their
+        # gradient zero): a loss of them alone has a backward pass.
+        results = _tied(results, lambda: given)
     compiler.deliver(results)
 
 
@@ -574,6 +585,8 @@ def run_steps(plan, live, ctx, cache, stats):
             detached.append((ins, range(len(ins))))
         unread = _unread_program_inputs(node0, len(ins), len(outs)) if kind == "program" \
             else ()
+        if unread:
+            detached.append((ins, unread))
         arrays, shape = [], []
         for k, desc in enumerate(ins):
             start = len(arrays)
