@@ -436,6 +436,35 @@ class GluonCellTagger(gdb.DynBatchBlock):
         return outputs[-1], state[0]
 
 
+class GoldTokens(gdb.DynBatchBlock):
+    """A recurrence written operator by operator over the rows of the sentence's
+    embedded words (``e[t:t + 1]``), a score per token, and the loss of the
+    sample's own gold tokens: log-sum-exp of every score minus the gold ones'
+    (the calls after the shared part differ from sample to sample)."""
+
+    def __init__(self, hidden=HIDDEN, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = hidden
+        with self.name_scope():
+            self.embed = nn.Embedding(VOCAB, DIM)
+            self.w = nn.Dense(hidden, in_units=DIM)
+            self.u = nn.Dense(hidden, in_units=hidden, use_bias=False)
+            self.score = nn.Dense(1, in_units=hidden)
+
+    def hybrid_forward(self, F, sample):
+        words, gold = sample
+        e = self.embed(F.array(words))
+        h = F.zeros((1, self.hidden))
+        scores = []
+        for t in range(len(words)):
+            h = F.tanh(self.w(e[t:t + 1]) + self.u(h))
+            scores.append(self.score(h))
+        every = F.concat(*scores, dim=1)
+        top = F.max(every, axis=1, keepdims=True)
+        total = top + F.log(F.sum(F.exp(F.broadcast_sub(every, top)), axis=1, keepdims=True))
+        return total - sum(scores[t] for t in gold)
+
+
 class RawLSTM(gdb.DynBatchBlock):
     """An LSTM over tokens written with F operators and its own Parameters."""
 
@@ -727,6 +756,14 @@ def case_opbyop_binary(seed=0, n=6, hidden=HIDDEN):
     r = random.Random(seed)
     trees = [random_binary_tree(r, VOCAB, r.randint(1, 9)) for _ in range(n)]
     return Case(_init(OpByOpBinaryTreeLSTM(hidden), seed), trees, [_table(seed)])
+
+
+def case_gold_tokens(seed=0, n=6, hidden=HIDDEN):
+    r = random.Random(seed + 2)
+    samples = [(words, sorted(r.sample(range(len(words)), r.randint(1, len(words)))))
+               for words in _sentences(seed, n)]
+    return Case(_init(GoldTokens(hidden), seed), samples, [],
+                notes="a loss over each sample's own gold tokens after a shared recurrence")
 
 
 def case_raw_lstm(seed=0, n=6, hidden=HIDDEN):
@@ -1022,6 +1059,7 @@ CASES = {
     "opbyop_child_sum": case_opbyop_child_sum,
     "opbyop_binary": case_opbyop_binary,
     "raw_lstm": case_raw_lstm,
+    "gold_tokens": case_gold_tokens,
     "recursive_net": case_recursive_net,
     "mean_pool_tree": case_mean_pool_tree,
     "tagger_loss": case_tagger_loss,
