@@ -337,6 +337,8 @@ def test_a_child_replaced_before_every_scope_is_freed_with_its_weights(options):
     model = _WithHead()
     model.initialize()
     xs = [nd.array(np.linspace(-1, 1, 3 * k).reshape(k, 3)) for k in (1, 2, 3)]
+    gc.collect()
+    blocks_noted = len(trie.store().versions)
     old = []
     for _ in range(trie.MAX_VERSIONS + 6):
         model.head = _Head()
@@ -353,6 +355,7 @@ def test_a_child_replaced_before_every_scope_is_freed_with_its_weights(options):
         del outs, loss
     gc.collect()
     assert sum(ref() is not None for ref in old) <= trie.MAX_VERSIONS + 1
+    assert len(trie.store().versions) - blocks_noted <= 4      # the living blocks' alone
 
 
 def test_max_cached_plans_must_be_positive():

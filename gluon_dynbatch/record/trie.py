@@ -301,7 +301,7 @@ def root(key, block):
     roots = store().roots
     found = roots.get(key)
     if found is None or found.counter[0] >= MAX_STATES:
-        _keep_version(store(), key[0], key[1])
+        _keep_version(store(), key, block)
         found = roots[key] = State()
         # A block's first scope often records before its parameters have
         # shapes, so its roots differ by version: how its programs batched
@@ -318,13 +318,17 @@ def root(key, block):
     return found
 
 
-def _keep_version(kept, identity, params):
-    """Note that the block named ``identity`` records with parameters
-    ``params`` (``version``); past ``MAX_VERSIONS`` sets, drop the tries and
-    tokens of its least recent one.  A child replaced by a new one before each
-    scope (a fresh head per task) would otherwise keep every old one's
-    parameters, and their arrays, alive in its parent's tries."""
-    versions = kept.versions.setdefault(identity, [])
+def _keep_version(kept, key, block):
+    """Note that ``block``, named ``key[0]``, records with parameters ``key[1]``
+    (``version``); past ``MAX_VERSIONS`` sets, drop the tries and tokens of its
+    least recent one.  A child replaced by a new one before each scope (a
+    fresh head per task) would otherwise keep every old one's parameters, and
+    their arrays, alive in its parent's tries."""
+    identity, params = key[0], key[1]
+    versions = kept.versions.get(identity)
+    if versions is None:
+        versions = kept.versions[identity] = []
+        _drop_with(block, key, "versions", identity)
     if params in versions:
         if versions[-1] != params:
             versions.remove(params)
@@ -335,8 +339,8 @@ def _keep_version(kept, identity, params):
         return
     old = versions.pop(0)
     for table in (kept.roots, kept.tokens):
-        for key in [key for key in table if key[0] == identity and key[1] == old]:
-            dropped = table.pop(key)
+        for stale in [k for k in table if k[0] == identity and k[1] == old]:
+            dropped = table.pop(stale)
             if table is kept.roots and dropped.usage is not None:
                 dropped.usage.counters[:] = [c for c in dropped.usage.counters
                                              if c is not dropped.counter]
@@ -359,7 +363,8 @@ def _drop_with(block, key, table, entry):
             drops = _DROPS[id(block)] = []
             weakref.finalize(block, _drop_all, id(block))
         # (not those of threads that ended, nor entries dropped already)
-        drops[:] = [d for d in drops if d[0]() is not None and d[2] in getattr(d[0](), d[1])]
+        drops[:] = [d for d, kept in ((d, d[0]()) for d in drops)
+                    if kept is not None and d[2] in getattr(kept, d[1])]
         drops.append((weakref.ref(store()), table, entry))
 
 
@@ -377,7 +382,7 @@ def token(key, block):
     tokens = store().tokens
     found = tokens.get(key)
     if found is None:
-        _keep_version(store(), key[0], key[1])
+        _keep_version(store(), key, block)
         found = tokens[key] = next(store().counter)
         _drop_with(block, key, "tokens", key)
     return found
