@@ -481,3 +481,79 @@ def test_calls_parting_after_a_long_shared_computation_learn_a_short_segment(mon
                     run_model(model, samples, [table], "eager"))
     assert max(made, default=0) < frames.CUT_DEPTH
     check_all_strategies(model, _gold_samples(r, 6), [table])
+
+
+class CutThenOwnInput(gdb.DynBatchBlock):
+    """40 calls every sample shares, then a sample's own input of its own shape."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x, y):
+        h = x
+        for _ in range(20):
+            h = F.tanh(self.dense(h))
+        return F.sum(F.tanh(y)) + F.sum(h)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"compiled": "step"}], ids=str)
+def test_a_call_reaching_a_cut_point_keys_its_outside_arrays_by_shape(options):
+    """The call met at a cut point had read the sample's own array at a position
+    before the cut, then was keyed again after it by that position alone: every
+    sample replayed the first one's shape (values silently wrong, in this scope
+    and the next)."""
+    model = make_model(CutThenOwnInput)
+    rs = np.random.RandomState(0)
+    x = nd.array(rs.uniform(-1, 1, (1, 4)))
+    ys = [nd.array(rs.uniform(-1, 1, (k, 4))) for k in (2, 3, 4, 5, 2, 3, 1)]
+    eager = [model(x, y).asnumpy() for y in ys]
+    for _ in range(2):
+        with gdb.batching(**options):
+            outs = [model(x, y) for y in ys]
+        for got, want in zip(outs, eager):
+            np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=1e-6)
+
+
+class GoldThenReads(gdb.DynBatchBlock):
+    """Paths that part at a sample's own gold steps, then reads that make samples wait."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.step = gluon.nn.Dense(4, in_units=4)
+            self.out = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x, gold):
+        h, hs = x, []
+        for _ in range(20):
+            h = F.tanh(self.step(h))
+            hs.append(h)
+        out = sum(F.sum(hs[t]) for t in gold)
+        steps = 0
+        while float(F.sum(h).asscalar()) > -2 and steps < 2:
+            h = F.tanh(self.out(h)) - 0.3
+            steps += 1
+        return out + F.sum(h)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, "map"], ids=str)
+def test_samples_waiting_past_a_state_that_becomes_a_cut_point_finish_as_eagerly(options):
+    """A sample made a state a cut point while others waited at reads on paths
+    past it: those paths were dropped, and the waiting samples' frames went
+    on from states without a segment start (IndexError, AttributeError)."""
+    model = make_model(GoldThenReads)
+    rs = np.random.RandomState(0)
+    golds = [[0], [1, 2], [3], [4, 5, 6], [7], [2, 9]]
+    xs = [nd.array(rs.uniform(-1, 1, (1, 4))) for _ in golds]
+    eager = [model(x, g).asnumpy() for x, g in zip(xs, golds)]
+    for _ in range(3):
+        if options == "map":
+            with gdb.batching():
+                outs = gdb.map(lambda pair: model(*pair), list(zip(xs, golds)))
+        else:
+            with gdb.batching(**options):
+                outs = [model(x, g) for x, g in zip(xs, golds)]
+        for got, want in zip(outs, eager):
+            np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=1e-6)

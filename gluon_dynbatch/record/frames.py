@@ -65,9 +65,10 @@ _NUMBER_AS_ARRAY = {"_plus_scalar": ("broadcast_add", False),
                     "_div_scalar": ("broadcast_div", False),
                     "_rdiv_scalar": ("broadcast_div", True)}
 MAX_WRITTEN = 64           # calls as written learned per trie state
-#: A frame about to learn a call at a state where ``CUT_BRANCHES`` or more
-#: calls were learned, ``CUT_DEPTH`` or more calls into its segment, makes the
-#: state a cut point (``Frame._cut_first``): a loss over a sample's own gold
+#: A frame about to learn an operator call at a state where ``CUT_BRANCHES`` or
+#: more calls were learned, ``CUT_DEPTH`` or more calls into its segment, makes
+#: the state a cut point (``Frame._at_cut_point``): every frame reaching it
+#: records its next call after a cut.  A loss over a sample's own gold
 #: structure after a long computation shared by samples learned a path, and a
 #: recipe for the whole computation, per sample; its own short segment now.  (A
 #: loop's states have two: its next iteration, and what follows the loop.)
@@ -269,8 +270,12 @@ class Frame(FrameCore):
             found = self._varying_number(op, args, refs, kw)
             if found is not None:
                 return found
-            if self._cut_first():
-                return self.op(op, args, kwargs)    # keyed anew in the new segment
+            if self._at_cut_point():
+                # Keyed anew in the new segment: arrays this call read first go
+                # back (their positions would name them there without shapes).
+                self._forget_reads(args, kwargs, refs, kw)
+                self.cut("a point where the samples' paths part")
+                return self.op(op, args, kwargs)
             try:
                 nxt = self._learn(op, args, kwargs, key, refs, kw)
             except ShapeFromData:       # its output shape depends on its data
@@ -280,9 +285,12 @@ class Frame(FrameCore):
                 return self.fallback_op(op, args, kwargs, "a call templates cannot hold")
         return self._outputs(nxt)
 
-    def _cut_first(self):
-        """Cut here, before learning a call, if this state is a cut point, or
-        is now made one (``CUT_BRANCHES``); whether it cut."""
+    def _at_cut_point(self):
+        """Whether the call met here is recorded after a cut: this state is a
+        cut point, or is made one now (``CUT_BRANCHES``).  Frames reaching a cut
+        point miss its calls and come here: what was learned past it before
+        is kept aside, alive (frames may wait at reads on those paths, whose
+        states are linked to the trie upwards only weakly), but not followed."""
         state = self.state
         if self.direct:
             return False
@@ -290,13 +298,11 @@ class Frame(FrameCore):
             if state.depth < CUT_DEPTH \
                     or len(state.next) + len(state.calls) + len(state.written) < CUT_BRANCHES:
                 return False
-            # Every frame reaching it cuts from now on: what it learned past
-            # this point goes (its frames miss here and come to cut).
             state.cutting = True
+            state.dropped = (dict(state.next), dict(state.calls), dict(state.written))
             state.next.clear()
             state.calls.clear()
             state.written.clear()
-        self.cut("a point where the samples' paths part")
         return True
 
     def _varying_number(self, op, args, refs, kw):
@@ -468,8 +474,6 @@ class Frame(FrameCore):
             # As ``HybridBlock.forward`` refuses it (a sample's None for an array).
             raise ValueError("In HybridBlock, there must be one NDArray or one Symbol in "
                              "the input. Please check the type of the args.\n")
-        if self._cut_first():
-            return self.block_call(block, args)     # keyed anew in the new segment
         rec = self.rec
         before = self.state
         varying = self._varying_floats(args, key)
