@@ -788,7 +788,7 @@ cdef class RecorderCore:
         return _held(self._row_node(graph, nodes, <tuple><object>hit, src, idx), 1)
 
 
-    cdef object _frame_rows(self, FrameCore frame, object x, Py_ssize_t begin, Py_ssize_t end):
+    cdef object _frame_rows(self, FrameCore frame, object x, object begin, object end):
         """Rows ``begin:end`` of ``x``, a value of the recording ``frame``, as the
         frame's call of ``slice_axis`` where the pass of ``passes.SLICES`` would
         leave it one (``rewrite.positions.slice_by_position``: the position met
