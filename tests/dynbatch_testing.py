@@ -157,6 +157,18 @@ class DenseForms(gdb.DynBatchBlock):
             self.dense = gluon.nn.Dense(4, in_units=4)
 
 
+class TanhDense(gluon.HybridBlock):
+    """``tanh(Dense(x))`` of a (n, 4) value: a plain child block with a parameter."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
 class DenseTanh(gdb.DynBatchBlock):
     """``tanh(Dense(x))`` of a (n, 3) value: the smallest block with a parameter."""
 

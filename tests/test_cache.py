@@ -8,8 +8,9 @@ import pytest
 from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, Tree, assert_same, make_model,
-                              output_of_script, random_tree, reference_run, rng, run_model)
+from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, TanhDense, Tree, assert_same,
+                              make_model, output_of_script, random_tree, reference_run, rng,
+                              run_model)
 from gluon_dynbatch.run.cache import PlanCache
 
 
@@ -303,22 +304,12 @@ def test_the_templates_of_a_thread_go_when_it_ends_though_its_model_lives():
     assert states_after(4) == first
 
 
-class _Head(gluon.HybridBlock):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=4)
-
-    def hybrid_forward(self, F, x):
-        return F.tanh(self.dense(x))
-
-
 class _WithHead(gdb.DynBatchBlock):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         with self.name_scope():
             self.inp = gluon.nn.Dense(4, in_units=3)
-        self.head = _Head()
+        self.head = TanhDense()
 
     def hybrid_forward(self, F, x):
         return F.sum(self.head(self.inp(x)))
@@ -341,7 +332,7 @@ def test_a_child_replaced_before_every_scope_is_freed_with_its_weights(options):
     blocks_noted = len(trie.store().versions)
     old = []
     for _ in range(trie.MAX_VERSIONS + 6):
-        model.head = _Head()
+        model.head = TanhDense()
         model.head.initialize()
         old.append(weakref.ref(model.head.dense.weight))
         eager = [model(x).asnumpy() for x in xs]

@@ -16,8 +16,8 @@ from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
 from gluon_dynbatch.templates.programs import Program
-from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, DenseTanh, assert_same, make_model,
-                              random_tree, reference_run, rng, run_model)
+from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, DenseTanh, TanhDense, assert_same,
+                              make_model, random_tree, reference_run, rng, run_model)
 
 
 class Mixer(gluon.HybridBlock):
@@ -215,21 +215,11 @@ def test_a_hook_added_inside_a_scope_runs_for_every_later_call():
                                    atol=1e-6)
 
 
-class _TanhDense(gluon.HybridBlock):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(4, in_units=4)
-
-    def hybrid_forward(self, F, x):
-        return F.tanh(self.dense(x))
-
-
 class _SumsACell(gdb.DynBatchBlock):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         with self.name_scope():
-            self.cell = _TanhDense()
+            self.cell = TanhDense()
 
     def hybrid_forward(self, F, x):
         return F.sum(self.cell(x), axis=0, keepdims=True)

@@ -764,30 +764,9 @@ class _BranchedPath(gdb.DynBatchBlock):
         return loss
 
 
-def test_calls_that_learn_a_few_states_every_time_are_tried_operator_by_operator():
-    """A few new template states a call, in every batch (a path per combination
-    of branches): fewer than a graph's, but never ending; the block is tried
-    both ways and keeps the faster one (it never was: 16 states a call were
-    needed); every batch equals eager."""
-    from gluon_dynbatch.record import usage as usage_rules
-    model = _BranchedPath()
-    model.initialize()
-    x = nd.array(np.linspace(-1, 1, 4).reshape(1, 4))
-    rng = random.Random(0)
-    for _ in range(usage_rules.LEARNING_WARMUP + usage_rules.LEARNING_STRIKES
-                   + usage_rules.LEARNING_TRIAL + 2):
-        bits = [[rng.randrange(2) for _ in range(rng.randint(6, 9))] for _ in range(24)]
-        case = um.Case(model, bits, [x])
-        assert_same(um.run_case(case, {}), um.run_case(case, None))
-    usage = _usage_of(model)
-    assert usage.watch == "done" and usage.trial_ms is not None
-
-
-def test_a_second_scope_over_the_same_samples_does_not_keep_a_block_from_its_trial():
-    """A training scope, then an evaluation scope over the same samples: the second
-    replays what the first just learned; the block is still tried operator by
-    operator (the second scope's flush broke the row of learning flushes, so
-    the trial never started)."""
+def _branched_path_batches(scopes):
+    """Batches of new bit paths through ``_BranchedPath``, each run in ``scopes``
+    scopes in a row (each equal to eager), enough for a trial; the block's Usage."""
     from gluon_dynbatch.record import usage as usage_rules
     model = _BranchedPath()
     model.initialize()
@@ -798,9 +777,26 @@ def test_a_second_scope_over_the_same_samples_does_not_keep_a_block_from_its_tri
         bits = [[rng.randrange(2) for _ in range(rng.randint(6, 9))] for _ in range(24)]
         case = um.Case(model, bits, [x])
         eager = um.run_case(case, None)
-        assert_same(um.run_case(case, {}), eager)
-        assert_same(um.run_case(case, {}), eager)
-    usage = _usage_of(model)
+        for _ in range(scopes):
+            assert_same(um.run_case(case, {}), eager)
+    return _usage_of(model)
+
+
+def test_calls_that_learn_a_few_states_every_time_are_tried_operator_by_operator():
+    """A few new template states a call, in every batch (a path per combination
+    of branches): fewer than a graph's, but never ending; the block is tried
+    both ways and keeps the faster one (it never was: 16 states a call were
+    needed); every batch equals eager."""
+    usage = _branched_path_batches(1)
+    assert usage.watch == "done" and usage.trial_ms is not None
+
+
+def test_a_second_scope_over_the_same_samples_does_not_keep_a_block_from_its_trial():
+    """A training scope, then an evaluation scope over the same samples: the second
+    replays what the first just learned; the block is still tried operator by
+    operator (the second scope's flush broke the row of learning flushes, so
+    the trial never started)."""
+    usage = _branched_path_batches(2)
     assert usage.watch == "done" and usage.trial_ms is not None
 
 
