@@ -162,7 +162,7 @@ class Graph:
         self.parameters = {}       # id(Parameter) -> it, of a leaf
         self.variables = {}        # id(NDArray) -> it, a leaf with a gradient attached
         self.param_dicts = {}      # id(block) -> (block, {name: LazyArray}) of its params
-        self.externals = {}        # id(program recipe) -> (it, its parameters here, signature, depth)
+        self.externals = {}        # id(program recipe) -> (it, parameters here, signature, depth)
         self.constants = {}        # (F path, args) -> leaf of a deterministic F.zeros ...
         self.shared_items = {}     # id(array) -> frame key item of a parameter or constant
         self.held = []             # values keyed by id above that only the graph holds
