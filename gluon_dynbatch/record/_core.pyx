@@ -787,7 +787,6 @@ cdef class RecorderCore:
         self.num_calls += 1
         return _held(self._row_node(graph, nodes, <tuple><object>hit, src, idx), 1)
 
-
     cdef object _frame_rows(self, FrameCore frame, object x, object begin, object end):
         """Rows ``begin:end`` of ``x``, a value of the recording ``frame``, as the
         frame's call of ``slice_axis`` where the pass of ``passes.SLICES`` would
