@@ -391,8 +391,7 @@ cdef class State:
     cdef public object step, usage, counter
     cdef public object seen            # what passes noted at this state (a dict), or None
     cdef public Py_ssize_t depth       # calls from the start of its segment to it
-    cdef public bint cutting           # a frame's next call is recorded after a cut
-    cdef public object dropped         # what was learned here before it cut (held, not used)
+    cdef public object dropped         # a cut point's calls learned before it was one, or None
     cdef public bint single
     cdef public object shape, dtype
     cdef object _parent, _start
@@ -416,7 +415,6 @@ cdef class State:
         self.seen = None
         self.depth = 0 if start is None or start is self else \
             parent.depth + (step is not None)
-        self.cutting = False
         self.dropped = None
 
     @property

@@ -294,11 +294,10 @@ class Frame(FrameCore):
         state = self.state
         if self.direct:
             return False
-        if not state.cutting:
+        if state.dropped is None:
             if state.depth < CUT_DEPTH \
                     or len(state.next) + len(state.calls) + len(state.written) < CUT_BRANCHES:
                 return False
-            state.cutting = True
             state.dropped = (dict(state.next), dict(state.calls), dict(state.written))
             state.next.clear()
             state.calls.clear()

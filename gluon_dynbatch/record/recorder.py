@@ -1012,7 +1012,9 @@ class Recorder(RecorderCore):
         Depth is 1 + the largest depth among the inputs (views pass their
         inputs' depth on; leaves have 0).  Which op nodes a node waits for is
         derived when a planner needs it (``graph.op_deps``); only extra
-        ordering constraints are stored in ``node.deps``.
+        ordering constraints are stored in ``node.deps``.  (``_core._place`` is
+        this for calls neither stateful nor with shared inputs, compiled: keep
+        the two alike.)
         """
         depth = 0
         for src, _ in node.inputs:
