@@ -1,10 +1,10 @@
 """Packaging for gluon_dynbatch: the Python package and its compiled hot paths.
 
 ``pip install .`` (or ``pip install -e .``) compiles ``gluon_dynbatch/record/_core.pyx``
-(recording), ``ir/_scan.pyx``, ``plan/_agenda.pyx`` and ``run/_walk.pyx`` (a
-flush's per-node loops) with
-Cython (installed by pip as a build requirement).  It needs a C compiler and the
-Python headers: on Debian or Ubuntu ``apt install gcc python3-dev``.
+(recording), ``ir/_scan.pyx``, ``plan/_agenda.pyx``, ``plan/_sums.pyx`` and
+``run/_walk.pyx`` (a flush's per-node loops) with Cython (installed by pip as a
+build requirement).  It needs a C compiler and the Python headers: on Debian or
+Ubuntu ``apt install gcc python3-dev``.
 """
 import sys
 
@@ -29,7 +29,8 @@ class BuildCore(build_ext):
 def extensions():
     from Cython.Build import cythonize
     return cythonize(["gluon_dynbatch/record/_core.pyx", "gluon_dynbatch/ir/_scan.pyx",
-                      "gluon_dynbatch/plan/_agenda.pyx", "gluon_dynbatch/run/_walk.pyx"],
+                      "gluon_dynbatch/plan/_agenda.pyx", "gluon_dynbatch/plan/_sums.pyx",
+                      "gluon_dynbatch/run/_walk.pyx"],
                      language_level=3, quiet=True)
 
 

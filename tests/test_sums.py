@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from mxnet import autograd, nd
 from mxnet.gluon import nn
 
@@ -242,3 +243,60 @@ def test_a_python_sum_of_losses_between_calls_no_program_holds_is_one_chain():
     starts = [step for step in scope.last_plan.steps
               if [e.op.name for e in getattr(step.nodes[0].op, "entries", ())] == ["_plus_scalar"]]
     assert not starts, "x + 0 made a program of its own: the chain is no longer summed as one"
+
+
+class AdditionProgram(gdb.DynBatchBlock):
+    """Runs a sample's program of additions over rows of a table: each
+    instruction adds two earlier values, starts from zero (Python's ``sum``),
+    calls ``add_n``, or reads a value again through another operator; some
+    intermediate values are returned (held by the caller)."""
+
+    def hybrid_forward(self, F, program, table):
+        words, instructions = program
+        values = [F.tanh(table[w:w + 1]) for w in words]
+        held = []
+        for kind, a, b in instructions:
+            x, y = values[a % len(values)], values[b % len(values)]
+            if kind == "add":
+                values.append(x + y)
+            elif kind == "sum":
+                values.append(sum([x, y, x]))
+            elif kind == "add_n":
+                values.append(F.add_n(x, y, x))
+            elif kind == "read":
+                values.append(F.sigmoid(x) * y)
+            else:
+                held.append(x + y)
+                values.append(held[-1])
+        return [values[-1]] + held
+
+
+_INSTRUCTIONS = st.lists(st.tuples(st.sampled_from(["add", "add", "sum", "add_n", "read",
+                                                    "hold"]),
+                                   st.integers(0, 30), st.integers(0, 30)),
+                         min_size=1, max_size=12)
+_PROGRAMS = st.lists(st.tuples(st.lists(st.integers(0, 9), min_size=1, max_size=4),
+                               _INSTRUCTIONS), min_size=1, max_size=5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(programs=_PROGRAMS)
+def test_random_programs_of_additions_are_exact_and_keep_the_invariants(programs):
+    seen = []
+    original = sums.rewrite
+
+    def checked(graph):
+        count = original(graph)
+        graph.lint()
+        seen.append(count)
+        return count
+
+    model = make_model(AdditionProgram)
+    want = run_model(model, programs, [_table()], "eager")
+    sums.rewrite = checked
+    try:
+        got = run_model(model, programs, [_table()], "depth", granularity="op")
+    finally:
+        sums.rewrite = original
+    assert_same(got, want)
+    assert seen

@@ -20,12 +20,12 @@ Frames do the same inside their templates (``vectorize.py``); this pass
 covers what is recorded operator by operator.  The reference executor never
 sees it: it runs the graph as recorded.
 """
-from itertools import islice
-
 from ..ir import calls
 from ..ir.calls import ADDS
-from ..ir.graph import LEAF, OP, VIEW, Node, slots_of
+from ..ir.graph import OP, VIEW, Node, slots_of
 from ..ir.ops import opdef
+from ..ir._scan import slot_offset
+from . import _sums
 
 MAX_TERMS = 4096            # longer chains are rewritten in pieces of at most this many
 _SUM_KWARGS = {"axis": 0, "keepdims": True}
@@ -36,59 +36,18 @@ def rewrite(graph):
 
     Node ids stay the creation order (each new view comes just before its
     sum), and depths are computed again.  Returns the number of chains
-    rewritten.
+    rewritten.  The visits of the nodes are compiled (``_sums``).
     """
     links = graph.links
     graph.links = []
-    if not any(_chained(node) for node in links):
+    if not _sums.chained(links, ADDS):
         return 0
-    nodes = graph.nodes
-    first = links[0].id                       # nothing earlier reads a link
-    uses = _uses(nodes, first, links)
-    absorbed, roots = _chains(links, uses)
+    absorbed, roots = _sums.chains(graph.nodes, links, ADDS, MAX_TERMS, _held)
     if not roots:
         return 0
-    kept = nodes[:first]
-    for node in nodes[first:]:
-        if node in absorbed:
-            continue
-        terms = roots.get(node)
-        if terms is not None:
-            view = _stack_view(graph, node, terms)
-            view.id = len(kept)
-            kept.append(view)
-            _become_sum(node, view)
-        node.id = len(kept)
-        kept.append(node)
-    graph.nodes = kept
-    _redepth(kept, first)
+    graph.nodes = _sums.rebuild(graph.nodes, links[0].id, absorbed, roots,
+                                lambda root, terms: _stacked(graph, root, terms))
     return len(roots)
-
-
-def _chained(node):
-    """Whether ``node`` would start or extend a chain (a cheap first look)."""
-    if node.op.name not in ADDS:
-        return True                             # add_n, or x + 0
-    for src, _ in node.inputs:
-        if src.kind == OP and src.info is not None and src.info.link:
-            return True
-    return False
-
-
-def _uses(nodes, first, links):
-    """How many times each link is read (by inputs or ordering constraints)."""
-    uses = dict.fromkeys(links, 0)
-    get = uses.get
-    for node in islice(nodes, first + 1, None):
-        for src, _ in node.inputs:
-            count = get(src)
-            if count is not None:
-                uses[src] = count + 1
-        if node.deps:
-            for dep in node.deps:
-                if dep in uses:
-                    uses[dep] += 2           # never absorbed
-    return uses
 
 
 def _held(node):
@@ -99,29 +58,11 @@ def _held(node):
     return lazy is not None and lazy._node is node
 
 
-def _chains(links, uses):
-    """(absorbed, roots): links folded into a later one, and each chain's last
-    link with its terms."""
-    found = {}                                # link -> (terms, additions, from zero)
-    absorbed = set()
-    for node in links:                        # creation order
-        terms = []
-        count, signal = 1, node.op.name not in ADDS
-        for src, idx in node.inputs:
-            inner = found.get(src)
-            if inner is not None and uses[src] == 1 and not _held(src) \
-                    and len(terms) + len(inner[0]) + len(node.inputs) <= MAX_TERMS:
-                absorbed.add(src)
-                del found[src]
-                terms.extend(inner[0])
-                count += inner[1]
-                signal = signal or inner[2]
-            else:
-                terms.append((src, idx))
-        found[node] = (terms, count, signal)
-    roots = {node: terms for node, (terms, count, signal) in found.items()
-             if count >= 2 or signal}
-    return absorbed, roots
+def _stacked(graph, root, terms):
+    """The view stacking ``terms``, ``root`` made their sum (``_become_sum``)."""
+    view = _stack_view(graph, root, terms)
+    _become_sum(root, view)
+    return view
 
 
 _INFOS = {}                 # (op name, terms, row shape, dtype) -> CallInfo
@@ -167,17 +108,4 @@ def _set_info(node, count, root):
     return info
 
 
-def _redepth(nodes, first):
-    """Depths again from node ``first`` on: 1 + the deepest op input for op nodes."""
-    for node in islice(nodes, first, None):
-        kind = node.kind
-        if kind == LEAF:
-            continue
-        depth = 0
-        for src, _ in node.inputs:
-            if src.depth > depth:
-                depth = src.depth
-        for dep in node.deps:
-            if dep.depth > depth:
-                depth = dep.depth
-        node.depth = depth + 1 if kind == OP else depth
+_sums.bind(Node, slot_offset)
