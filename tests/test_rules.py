@@ -774,6 +774,31 @@ class _SequenceOps(gdb.DynBatchBlock):
                         F.sum(kept, axis=1), dim=1), flipped
 
 
+class _ReadSequence(gdb.DynBatchBlock):
+    """A sample that reads a ``Sequence*`` operator's output taken without lengths."""
+
+    def __init__(self, op, **kwargs):
+        super().__init__(**kwargs)
+        self.op = op
+        with self.name_scope():
+            self.proj = gluon.nn.Dense(3, in_units=3, flatten=False)
+
+    def hybrid_forward(self, F, x):
+        h = self.proj(F.expand_dims(x, axis=1))                 # (T, 1, 3)
+        seen = getattr(F, self.op)(h).asnumpy()
+        return h * float(seen.sum())
+
+
+@pytest.mark.parametrize("op", ["SequenceReverse", "SequenceMask", "SequenceLast"])
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, "map"], ids=str)
+def test_a_sequence_operator_without_lengths_read_inside_a_sample(op, options):
+    model = _ReadSequence(op)
+    model.initialize(mx.init.Uniform(0.5))
+    rng = np.random.RandomState(3)
+    samples = [(nd.array(rng.uniform(-1, 1, (t, 3))),) for t in (3, 1, 2)]
+    assert_batched_equals_eager(model, samples, options)
+
+
 @pytest.mark.parametrize("granularity", ["call", "op"])
 def test_sequence_operators_over_time_first_steps_batch_by_length(granularity):
     model = _SequenceOps()

@@ -293,7 +293,7 @@ def run_interpreted(plan, live, ctx, rows_out=False):
         zero = zero_gradient(node0.op.name, node0.args, node0.kwargs)
         with autograd.pause() if zero else _NO_CHANGE, _naming_step(node0, count):
             detach = range(len(ins)) if zero else node0.op.detached if kind == "program" \
-                else ZERO_GRADIENT_INPUTS.get(node0.op.name, ())
+                else _zero_gradient_positions(kind, node0, len(ins))
             if detach:
                 detached.append((ins, detach))
             inputs = [_gather_detached(d, values, feeds) if k in detach
@@ -312,6 +312,26 @@ def run_interpreted(plan, live, ctx, rows_out=False):
     check_refused_values(plan, only_read=rows_out, gathered=gathered)
     walker.deliver(_with_history(results, detached, values, feeds),
                    _gather_sources(walker.outputs, values))
+
+
+def _zero_gradient_positions(kind, node0, count):
+    """The positions, among the ``count`` gathered inputs of a step of ``kind``
+    whose first node is ``node0``, of the inputs whose gradient is zero
+    (``ZERO_GRADIENT_INPUTS``: an index, a shape).  A batched step gathers the
+    node's inputs in order but those its rule reads itself (``KNOWN``); an
+    optional input not given (``SequenceReverse`` without lengths) is none."""
+    slots = ZERO_GRADIENT_INPUTS.get(node0.op.name, ())
+    if not slots:
+        return ()
+    roles = node0.meta if kind != "alone" and node0.meta else ()
+    found, position = [], 0
+    for k in range(len(node0.inputs)):
+        if k < len(roles) and roles[k] == KNOWN:
+            continue
+        if k in slots and position < count:
+            found.append(position)
+        position += 1
+    return tuple(found)
 
 
 def _gather_sources(outputs, values):
