@@ -3176,3 +3176,80 @@ def test_a_float16_number_as_a_literal_rounds_as_mxnets_scalar_operators():
             outs = [model(s) for s in samples]
         for out, expected in zip(outs, want):
             np.testing.assert_array_equal(out.asnumpy(), expected)
+
+
+_TABLE = nd.array(np.arange(20.0).reshape(5, 4) / 10.0)
+
+
+class PlainTableRows(gdb.DynBatchBlock):
+    """Rows of a plain array the model holds, picked by an index array made in
+    the sample (``TABLE[F.array([i])]``), or a one-hot mask written into a
+    plain buffer at a recorded index (``buf[0, F.argmax(h, axis=1)] = 1``)."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        if self.how == "getitem":
+            i = int(F.argmax(h, axis=1).asscalar())
+            row = _TABLE[F.array([i, (i + 2) % 5], dtype="int32")]
+        else:
+            buf = nd.zeros((1, 5))
+            with autograd.pause():      # (eager MXNet refuses the write while recording)
+                buf[0, F.argmax(h, axis=1)] = 1.0
+            row = nd.dot(buf, _TABLE)
+        return h * F.sum(row, axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("how", ["getitem", "setitem"])
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"strategy": "reference"},
+                                     "map"], ids=str)
+def test_a_plain_array_indexed_by_a_recorded_index(how, options):
+    model = PlainTableRows(how)
+    model.initialize(mx.init.Uniform(0.5))
+    samples = [(nd.array([[k, 1 - k, 0.5 * k, 2.0]]),) for k in range(4)]
+    assert_batched_equals_eager(model, samples, options)
+
+
+def test_a_computed_index_indexes_a_plain_array_after_its_scope():
+    with gdb.batching():
+        index = nd.array([3.0, 1.0]) * 1 + 0
+    np.testing.assert_array_equal(_TABLE[index].asnumpy(), _TABLE.asnumpy()[[3, 1]])
+    buf = nd.zeros((5,))
+    buf[index] = 2.0
+    np.testing.assert_array_equal(buf.asnumpy(), [0, 2, 0, 2, 0])
+
+
+class WritesIntoOwnBuffer(gdb.DynBatchBlock):
+    """A value without eager history (a constant, ``h.detach()``) written into a
+    plain buffer of the sample's own, in place."""
+
+    def __init__(self, how, paused, **kwargs):
+        super().__init__(**kwargs)
+        self.how, self.paused = how, paused
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        c = nd.array(np.ones((5, 4)))
+        with autograd.pause() if self.paused else contextlib.nullcontext():
+            c[1:2] = F.ones((1, 4)) * 2 if self.how == "constant" else h.detach()
+        return F.sum(c, axis=0, keepdims=True) * h
+
+
+@pytest.mark.parametrize("how", ["constant", "detach"])
+def test_a_value_written_into_a_plain_buffer_while_recording(how):
+    samples = [(nd.ones((1, 4)) * k,) for k in range(3)]
+    model = WritesIntoOwnBuffer(how, paused=False)
+    model.initialize(mx.init.Uniform(0.5))
+    with pytest.raises(gdb.BatchingError, match=r"sample \d.*autograd.pause\(\)"):
+        with autograd.record():
+            with gdb.batching():
+                [model(*s) for s in samples]
+    model.paused = True                 # as the error says
+    assert_batched_equals_eager(model, samples, {})

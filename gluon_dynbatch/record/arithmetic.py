@@ -535,4 +535,49 @@ def _indexed(rec, x, begins, ends, shape, whole_rows):
 
 
 LazyArray.__getitem__ = _core.getitem_method(_getitem, aliases.note)
+
+
+_PLAIN_GETITEM = nd.NDArray.__getitem__
+_PLAIN_SETITEM = nd.NDArray.__setitem__
+
+
+def _holds_lazy(key):
+    """Whether tuple index ``key`` holds a LazyArray."""
+    return any(type(part) is LazyArray for part in key)
+
+
+def _computed_key(key):
+    """``key`` with each LazyArray computed and given as a plain NDArray (NDArray's
+    advanced indexing takes index arrays of exactly that type)."""
+    def plain(part):
+        return nd.NDArray.detach(part) if type(part) is LazyArray else part
+    return tuple(plain(part) for part in key) if type(key) is tuple else plain(key)
+
+
+def _plain_getitem(self, key):
+    """NDArray's ``x[key]`` for arrays that are not LazyArrays: indexed by a value
+    recorded in a scope (``table[F.array([i])]``, a buffer or a table the model
+    holds), recorded as ``gather_nd`` as on a recorded value; such an index
+    outside a scope is given to MXNet as a plain NDArray."""
+    if type(key) is LazyArray or type(key) is tuple and _holds_lazy(key):
+        rec = current()
+        if rec is not None:
+            return _advanced_getitem(rec, self, key)
+        key = _computed_key(key)
+    return _PLAIN_GETITEM(self, key)
+
+
+def _plain_setitem(self, key, value):
+    """NDArray's ``x[key] = value`` for arrays that are not LazyArrays: an index
+    recorded in a scope (``mask[0, F.argmax(h, axis=1)] = 1``) is computed first
+    (inside a sample, a read: the sample waits), as eager writes the array now."""
+    if type(key) is LazyArray or type(key) is tuple and _holds_lazy(key):
+        key = _computed_key(key)
+    return _PLAIN_SETITEM(self, key, value)
+
+
+def install():
+    """Index plain arrays by recorded values (``_plain_getitem``, ``_plain_setitem``)."""
+    nd.NDArray.__getitem__ = _plain_getitem
+    nd.NDArray.__setitem__ = _plain_setitem
 aliases.GETITEM[0] = _getitem_value

@@ -313,6 +313,14 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
     try:
         result = _INVOKE(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
     except MXNetError as err:
+        if out is not None and rec is not None and _IN_PLACE in str(err):
+            raise BatchingError(
+                "%s: an in-place write (x[...] = v, out=) of a value with autograd history "
+                "while autograd records, which MXNet refuses; values a batching scope "
+                "computed have that history even where eager's have none (a constant, "
+                "v.detach()). Write under autograd.pause() (where eager's value takes no "
+                "gradient, the result is the same), or build the array without writing "
+                "into it (F.concat, F.where)" % describe_call(rec.sample, rec.path)) from err
         if out is None or rec is None or _IN_GRAPH not in str(err):
             raise
         raise BatchingError(
@@ -335,6 +343,7 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
 
 
 _IN_GRAPH = "Assigning to NDArrays that are already in a computational graph"
+_IN_PLACE = "Inplace operations (+=, -=, x[:]=, etc) are not supported when recording"
 
 
 def _given_outputs(rec, out):
@@ -430,3 +439,4 @@ def install():
     mx.nd.NDArray._prepare_value_nd = _prepare_value_nd  # pylint: disable=protected-access
     gluon.nn.HybridLambda.hybrid_forward = _lambda_hybrid_forward
     aliases.install()
+    arithmetic.install()

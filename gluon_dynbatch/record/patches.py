@@ -12,6 +12,9 @@ batching scope of the process installs, once:
   values are recorded (``namespace``);
 * ``NDArray._prepare_value_nd``: a LazyArray assigned to an array's items
   (``buf[i] = out``) is an array (``namespace``);
+* ``NDArray.__getitem__`` and ``__setitem__``: a plain array indexed by a
+  recorded value (``table[F.array([i])]``) is recorded as ``gather_nd``, or
+  written with the index computed (``arithmetic``);
 * ``NDArray._at``, ``_slice`` and ``reshape``: NDArray's views of rows of a
   plain array (``self.table[word]``) are noted, and read in the graph as those
   rows of the array (``aliases``);
