@@ -35,6 +35,9 @@ class _Local(threading.local):
         super().__init__()
         self.batched_params = {}    # id -> Parameter fed to such flushes
         self.batched_variables = {}     # id -> array with a gradient fed to them
+        # Ids of those fed to flushes since the last pass that kept the graph
+        # (a new training step's scope): ``_written_gradients`` leaves them out.
+        self.noted_since_kept = set()
 
 
 TLS = _Local()
@@ -181,6 +184,8 @@ def note_batched(graph):
     for noted, new in ((TLS.batched_params, graph.parameters),
                        (TLS.batched_variables, graph.variables)):
         noted.update(new)
+        if TLS.retained:
+            TLS.noted_since_kept.update(new)
         excess = len(noted) - MAX_VARIABLES
         if excess > 0:                  # the oldest first (insertion order)
             for key in list(noted)[:excess]:
@@ -264,8 +269,10 @@ def _counting_backward(backward, position=2, to_variables=False):
             # The graph is freed: a later error is not about its batched steps.
             TLS.second_order = TLS.batched_history = TLS.retained = False
             TLS.batched_params, TLS.batched_variables = {}, {}
+            TLS.noted_since_kept = set()
         elif kept is None and TLS.batched_history and not to_variables:
             TLS.retained = True
+            TLS.noted_since_kept = set()
         return result
     wrapper.__doc__ = backward.__doc__
     wrapper.__name__ = backward.__name__
@@ -317,10 +324,16 @@ def _written_gradients():
     outputs, in one operator; a pass from a loss reaching only some of its
     outputs writes zeros into the gradients of what only the others read,
     where eager's pass leaves them as the earlier pass wrote them.
+
+    Not those fed to flushes since that earlier pass (a new training step's
+    scope, each step's loss passed with ``retain_graph=True``): this pass runs
+    through the new steps, whose gradients it writes as eager does, zeros
+    included (a term weighted 0, a gate closed for the whole batch).
     """
-    params = [(param.name, param.list_grad()) for param in TLS.batched_params.values()
-              if param.grad_req == "write" and getattr(param, "_grad", None)]
-    return _saved(params + _variables())
+    fresh = TLS.noted_since_kept
+    params = [(param.name, param.list_grad()) for key, param in TLS.batched_params.items()
+              if key not in fresh and param.grad_req == "write" and getattr(param, "_grad", None)]
+    return _saved(params + _variables(fresh))
 
 
 def _variables(skipped=()):
@@ -514,8 +527,20 @@ def install():
               _counting_backward(_GRAD, position=3, to_variables=True))
     _redirect(autograd.mark_variables, _to_mark_variables, _mark_variables)
     gluon.Parameter._init_grad = _init_grad     # pylint: disable=protected-access
+    gluon.Trainer._update = _updating          # pylint: disable=protected-access
     _redirect(autograd.set_recording, _to_set_recording, _counting_set_recording)
     _redirect(autograd.set_training, _to_set_training, _counting_set_training)
+
+
+_TRAINER_UPDATE = gluon.Trainer._update   # pylint: disable=protected-access
+
+
+def _updating(self, *args, **kwargs):
+    """``Trainer._update`` (``step``, ``update``): the gradients earlier passes
+    wrote are used, so a later pass keeps none of them where it leaves zeros
+    (``_written_gradients``): it belongs to the next training step."""
+    TLS.retained = False
+    return _TRAINER_UPDATE(self, *args, **kwargs)
 
 
 def autograd_mode():
