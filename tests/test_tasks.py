@@ -2624,3 +2624,42 @@ def test_the_error_of_the_first_sample_to_fail_in_eagers_order_is_raised(options
         np.testing.assert_allclose(out.asnumpy(), model(0, x).asnumpy(), rtol=1e-5, atol=1e-6)
     gc.collect()
     assert live_tasks() == before
+
+
+def test_a_waiting_samples_result_used_in_another_thread_says_so():
+    import concurrent.futures
+    model = _model()
+    want = [tokens for tokens, _ in (model(s) for s in STARTS)]
+    before = _greenlets()
+    with pytest.raises(gdb.BatchingError, match="another thread"):
+        with gdb.batching():
+            results = [model(s) for s in STARTS]
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                list(pool.map(lambda result: result[1].asnumpy(), results))
+    del results
+    assert _greenlets() == before
+    with gdb.batching():
+        results = [model(s) for s in STARTS]
+    assert [list(tokens) for tokens, _ in results] == want
+
+
+def test_a_plain_cell_called_by_the_scopes_code_does_not_stop_waiting_samples(
+        caplog, monkeypatch):
+    # Gluon's cell counts its calls in an attribute; that is no setting the
+    # waiting samples must finish before.
+    from gluon_dynbatch import logs
+    monkeypatch.setattr(logs, "_WARNED", set())
+    model, cell = _model(), rnn.GRUCell(HIDDEN, input_size=HIDDEN)
+    cell.initialize()
+    flushes = []
+    for with_cell in (False, False, True):
+        with caplog.at_level("WARNING", logger="gluon_dynbatch"):
+            with gdb.batching() as scope:
+                results = []
+                for s in STARTS:
+                    results.append(model(s))
+                    if with_cell:
+                        cell(nd.ones((1, HIDDEN)), [nd.zeros((1, HIDDEN))])
+        flushes.append(scope.stats.flushes)
+    assert flushes[2] == flushes[1]
+    assert not [r for r in caplog.records if "is set by the scope's code" in r.getMessage()]

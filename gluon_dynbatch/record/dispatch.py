@@ -382,7 +382,7 @@ def _watching_setattr(self, name, value):
         if old is not value:
             tasks = rec.tasks
             if tasks.current is None and tasks.waiting and not tasks.restoring \
-                    and not rec.flushing:
+                    and not rec.flushing and not trie.is_bookkeeping(name):
                 warn_once("block set while waiting", "%s.%s is set by the scope's code while "
                           "samples wait at a read; they finish first, with its old value, as "
                           "in eager code (give per-sample values as arguments, or set it "

@@ -161,6 +161,7 @@ class Tasks:
     def __init__(self, rec, flush):
         self.rec = rec
         self._flush = flush
+        self.thread = threading.get_ident()     # the scope's: tasks switch on its stacks
         self.current = None         # the task running now; None: the scope's own code
         self.waiting = []           # tasks waiting at a read, in the order they stopped
         self._given = (None, {}, None)  # the arrays they were given (``holding``)
@@ -1157,6 +1158,13 @@ def _force(tasks, task):
     if task is None:            # a view of a filled-in value (``Pending.__init__``)
         return
     if not task.done:
+        if threading.get_ident() != tasks.thread:
+            # Greenlets switch within their thread, and the scope's thread may
+            # well be waiting for this one (a pool mapping over the results).
+            raise BatchingError(
+                "a result of a sample still waiting at a read is used in another thread "
+                "than its batching scope's: use it in the scope's thread, or after the "
+                "scope has ended")
         tasks.drain(task)
     if task.error is not None:
         raise task.error

@@ -227,6 +227,18 @@ def _value_form(value, depth):
 #: recent execution time a flush writes, whether its samples read values).
 _RUNNING_ATTRS = frozenset(["_counter", "_init_counter", "skip_states", "recent_execute_s",
                             "reads_inside"])
+#: What Gluon and this package write while a block runs, never the user's
+#: setting: written by the scope's own code (a plain rnn cell called between
+#: samples' calls), it makes no waiting sample finish first (``dispatch``).
+_BOOKKEEPING = _RUNNING_ATTRS | frozenset(["_cached_graph", "_cached_op", "_cached_op_args",
+                                           "_out_format", "_in_format"])
+
+
+def is_bookkeeping(name):
+    """Whether attribute ``name`` of a block is bookkeeping (``_BOOKKEEPING``)."""
+    return name in _BOOKKEEPING
+
+
 #: Settings of one block a thread tells apart (``settings``).
 MAX_SETTINGS = 16
 
