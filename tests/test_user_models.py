@@ -993,6 +993,46 @@ def test_slices_at_bounds_counted_from_the_end_equal_eager(form):
     assert_same(run_model(model, samples, [emb], "depth"), eager)
 
 
+def test_a_trial_that_kept_frames_is_run_again_while_calls_go_on_learning():
+    """A trial whose flushes by operator ran on a busy machine keeps frames; the
+    block's calls go on learning, so it is tried again (after a longer wait),
+    and a clear trial then switches it; a block tried as often as allowed
+    keeps what the last trial said."""
+    from gluon_dynbatch.record import usage as rules
+    usage = rules.Usage()
+    calls = states = 0
+    trials = []
+
+    def flush(ms_per_call):
+        nonlocal calls, states
+        calls += 100
+        states += 10 * 100              # learns ten template states a call
+        usage.frames += 100
+        usage.counters = [[states]]
+        return usage.note_learning(ms_per_call * 100, False)
+
+    flush(1.0)                          # the block's first flush
+    for _ in range(200):
+        if usage.watch == "done":
+            break
+        before = usage.watch.get("trials", 0)
+        by_op = usage.watch["trial"] is not None and usage.irregular
+        # Busy during the first trial's flushes by operator, not later.
+        flush((5.0 if not trials else 0.2) if by_op else 1.0)
+        if usage.watch == "done" or usage.watch.get("trials", 0) > before:
+            trials.append(usage.trial_ms)
+    assert trials and not trials[0][0] < trials[0][1]       # the first kept frames
+    assert usage.watch == "done" and usage.irregular
+    assert usage.trial_ms[0] < rules.LEARNING_GAIN * usage.trial_ms[1]
+    usage = rules.Usage()
+    usage.watch = rules._new_watch(rules.LEARNING_TRIALS - 1, 0, (0, 0))
+    usage.watch["trial"] = {"op": [], "frame": []}
+    usage.irregular = True
+    for cost in (5.0, 1.0):
+        usage._trial_flush(usage.watch, cost)   # pylint: disable=protected-access
+    assert usage.watch == "done" and not usage.irregular
+
+
 def test_a_trial_decides_once_one_way_is_clearly_cheaper():
     """Each flush of a trial is a batch run the slow way half the time: once both
     ways have run and one cost less than half of the other, the trial ends."""
@@ -1003,7 +1043,9 @@ def test_a_trial_decides_once_one_way_is_clearly_cheaper():
         usage.irregular = True              # the trial's first flush: by operator
         for cost in costs:
             usage._trial_flush(watch, cost)     # pylint: disable=protected-access
-        assert usage.watch == "done" and usage.irregular == by_op
+        # Operator by operator: decided for good; frames: tried again later.
+        assert (usage.watch == "done") == by_op and usage.irregular == by_op
+        assert usage.watch == "done" or usage.watch["trial"] is None
         assert usage.trial_ms == costs
     usage = Usage()
     watch = usage.watch = {"trial": {"op": [], "frame": []}}

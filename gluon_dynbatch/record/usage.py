@@ -10,7 +10,9 @@ A block whose calls keep taking new paths through its code batch after
 batch (each sample a graph of its own, written vertex by vertex) pays for
 learning those paths at every call, however well its programs batch.  Such
 a block is tried both ways for a few flushes (``note_learning``), and
-recorded operator by operator from then on if that was clearly faster.
+recorded operator by operator from then on if that was clearly faster.  A
+trial that kept frames is run again later if the calls go on learning (a
+trial's timings can be misled by a busy machine), a few times at most.
 """
 import logging
 
@@ -48,6 +50,12 @@ LEARNING_GAIN = 0.8
 LEARNING_CLEAR = 0.5
 #: Fewest calls of a block in a flush for the flush to count.
 LEARNING_CALLS = 8
+#: A trial that kept frames may have been misled (a machine busy with other
+#: work during its flushes by operator): a block whose calls go on learning is
+#: tried again, after ``LEARNING_RETRY`` times as many counted flushes as
+#: trials so far, up to ``LEARNING_TRIALS`` trials in all.
+LEARNING_RETRY = 8
+LEARNING_TRIALS = 3
 
 
 class Usage:
@@ -118,9 +126,7 @@ class Usage:
             return False
         calls = self.frames + self.op_calls
         if watch is None:           # the block's first flush: all its calls so far
-            watch = self.watch = {"flushes": 0, "strikes": 0, "severe": 0, "gapped": 0,
-                                  "idle": 0, "trial": None, "ms": 0.0, "seen": 0,
-                                  "mark": (0, 0)}
+            watch = self.watch = _new_watch(0, 0, (0, 0))
         if calls == watch["seen"]:          # none of its calls in this flush
             return watch["trial"] is not None
         watch["seen"] = calls
@@ -151,7 +157,8 @@ class Usage:
         idle = watch["idle"] = watch["idle"] + 1 if not learned else 0
         if idle != 1:
             watch["gapped"] = watch["gapped"] + 1 if striking else 0
-        if watch["severe"] >= LEARNING_STRIKES or watch["flushes"] > LEARNING_WARMUP and (
+        if watch["severe"] >= LEARNING_STRIKES and watch["flushes"] > 0 \
+                or watch["flushes"] > LEARNING_WARMUP and (
                 watch["strikes"] >= LEARNING_STRIKES
                 or watch["gapped"] >= LEARNING_STRIKES + LEARNING_GAPPED):
             # This flush ran as frames and learned as the next ones would: it is
@@ -181,13 +188,27 @@ class Usage:
             return True
         self.irregular = self.told = by_frame is None or (
             by_op is not None and by_op < LEARNING_GAIN * by_frame)
-        self.watch, self.trial_ms = "done", (by_op, by_frame)
+        self.trial_ms = (by_op, by_frame)
+        trials = watch.get("trials", 0) + 1
+        if self.irregular or trials >= LEARNING_TRIALS:
+            self.watch = "done"
+        else:                       # kept frames: tried again if it goes on learning
+            self.watch = _new_watch(trials, watch.get("seen", 0), watch.get("mark", (0, 0)))
         if self.irregular:
             log.info("%s: calls keep taking new paths through the code (a structure of each "
                      "sample's own); recorded operator by operator they cost %s us a call "
                      "against %s as templates: recording them operator by operator",
                      self.name, _us(by_op), _us(by_frame))
         return True
+
+
+def _new_watch(trials, seen, mark):
+    """``note_learning``'s record of a block after ``trials`` trials, its calls
+    counted up to ``seen`` and ``mark`` (calls, template states): a new trial
+    waits for ``LEARNING_RETRY`` counted flushes a trial so far first."""
+    return {"flushes": -LEARNING_RETRY * trials, "strikes": 0, "severe": 0, "gapped": 0,
+            "idle": 0, "trial": None, "ms": 0.0, "seen": seen, "mark": mark,
+            "trials": trials}
 
 
 def _us(ms):
