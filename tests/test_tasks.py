@@ -11,6 +11,7 @@ import contextlib
 import contextvars
 import copy
 import dataclasses
+import enum
 import gc
 import io
 import pickle
@@ -1344,25 +1345,32 @@ class ReadsInTwoModes(gdb.DynBatchBlock):
     def hybrid_forward(self, F, x, mode):
         h = self.dense(x)
         k = int(F.argmax(h, axis=1).asscalar())         # a read: the sample waits
-        if mode == "pick":
+        if mode in ("pick", _Mode.PICK):
             return [k], h
         return [k], float(h[0, k].asscalar()), h
 
 
-def test_results_of_a_blocks_modes_in_a_plain_loop_take_each_modes_form():
+class _Mode(enum.Enum):
+    PICK = 0
+    SCORE = 1
+
+
+@pytest.mark.parametrize("modes", [("pick", "score"), (_Mode.PICK, _Mode.SCORE)],
+                         ids=["strings", "enum"])
+def test_results_of_a_blocks_modes_in_a_plain_loop_take_each_modes_form(modes):
     """The form of a waiting call's results (what a plain loop hands out before
     the sample finishes) is learned per block and settings: a scope of one
     mode after a scope of another hands out results of its own form."""
     model = ReadsInTwoModes()
     model.initialize()
     xs = [nd.array(np.random.RandomState(i).randn(1, 4)) for i in range(4)]
-    for mode in ("pick", "score", "pick", "score"):
+    for mode in modes * 2:
         want = [model(x, mode) for x in xs]
         with gdb.batching():
             outs = [model(x, mode) for x in xs]
         for got, ref in zip(outs, want):
             assert len(got) == len(ref) and list(got[0]) == ref[0]
-            if mode == "score":
+            if mode in ("score", _Mode.SCORE):
                 assert float(got[1]) == pytest.approx(ref[1], rel=1e-5)
             np.testing.assert_allclose(got[-1].asnumpy(), ref[-1].asnumpy(), rtol=1e-5)
 

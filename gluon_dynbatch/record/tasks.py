@@ -22,6 +22,7 @@ error: the other tasks finish first.
 import collections
 import contextvars
 import dataclasses
+import enum
 import gc
 import itertools
 import math
@@ -648,14 +649,16 @@ _MOST_ITEMS = 1000      # items of a list or dict searched for a waiting sample'
 
 def settings_of(args, owner=None):
     """The number of arguments of a call and those that look like settings
-    (strings, booleans, None), by position: the forms of a block's results are
-    learned per settings, as a mode (``model(x, "beam")``, or a target left out:
+    (strings, booleans, None, members of an ``enum.Enum``), by position: the
+    forms of a block's results are learned per settings, as a mode
+    (``model(x, "beam")``, ``model(x, Mode.DECODE)``, or a target left out:
     ``model(x)`` against ``model(x, gold)``) may change what its calls return.
     Integers count too for a block ``owner`` whose results changed form under
     the same settings (``model(x, k)`` returning ``k`` arrays)."""
     counted = _INT_SETTINGS if owner is not None and owner in _BY_INTEGERS else _SETTINGS
     return (len(args),) + tuple((k, a) for k, a in enumerate(args)
-                                if a is None or type(a) in counted)
+                                if a is None or type(a) in counted
+                                or isinstance(a, enum.Enum))
 
 
 _SETTINGS = (str, bool)
@@ -829,7 +832,7 @@ def _form_error(result, sample, owner):
     """Raise: a waiting call's result is not of the form of its stand-ins."""
     raise BatchingError(
         "%s: the call returned %r where an earlier call of its block with the same "
-        "settings (its string, boolean and None arguments; in this scope or an earlier one) "
+        "settings (its string, boolean, None and enum arguments; in this scope or an earlier one) "
         "returned a result of another form, and the call was handed that form's stand-ins "
         "while its sample waited at a read (only a list can be refitted). From now on the "
         "forms of this block's results are learned per integer argument too; where they "
