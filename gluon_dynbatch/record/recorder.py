@@ -1148,7 +1148,7 @@ class Recorder(RecorderCore):
         frame = self.frame = Frame(self, self.frame_root(block), block,
                                    self.path + (block.name,))
         try:
-            out = frame.block_call(block, args)
+            out = frame.call_block(block, args)     # (compiled: ``_core.FrameCore``)
             if out is NOT_RECORDED:
                 frame.fallback("arguments templates cannot describe")
                 return self.trace(block, args)
