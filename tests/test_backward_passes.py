@@ -255,8 +255,10 @@ class TwoHeads(gdb.DynBatchBlock):
         return self.out(h), h
 
 
-def _two_passes(model, xs, batching, second):
-    """Gradients after ``l1.backward(retain_graph=True)`` then ``l2.backward()``."""
+def _two_passes(model, xs, batching, second, between=False):
+    """Gradients after ``l1.backward(retain_graph=True)`` then ``l2.backward()``;
+    ``between``: another scope of the model under ``autograd.record()`` between
+    the passes, whose outputs no loss uses (a forward pass to monitor)."""
     with autograd.record():
         with batching():
             outs = [model(x) for x in xs]
@@ -264,14 +266,19 @@ def _two_passes(model, xs, batching, second):
         l2 = nd.add_n(*[(h * h).sum() if second == "features" else (o * o).sum()
                         for o, h in outs])
     l1.backward(retain_graph=True)
+    if between:
+        with autograd.record():
+            with batching():
+                [model(x * 2) for x in xs]
     l2.backward()
     return {name: p.grad().asnumpy() for name, p in model.collect_params().items()}
 
 
+@pytest.mark.parametrize("between", [False, True], ids=["", "scope between"])
 @pytest.mark.parametrize("second", ["features", "scores"])
 @pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "agenda"}])
 def test_a_second_pass_leaves_what_it_does_not_reach_as_the_first_wrote_it(
-        second, options, caplog, monkeypatch):
+        second, options, between, caplog, monkeypatch):
     monkeypatch.setattr(logs, "_WARNED", set())     # told once a process
     # The features' pass does not reach the classifier: eager keeps its
     # gradients from the first pass; batched steps of both outputs wrote zeros.
@@ -280,9 +287,9 @@ def test_a_second_pass_leaves_what_it_does_not_reach_as_the_first_wrote_it(
     for seed in range(2):
         r = np.random.RandomState(seed)
         xs = [nd.array(r.randn(1, 5)) for _ in range(4)]
-        want = _two_passes(model, xs, contextlib.nullcontext, second)
+        want = _two_passes(model, xs, contextlib.nullcontext, second, between)
         with caplog.at_level("WARNING", logger="gluon_dynbatch"):
-            got = _two_passes(model, xs, lambda: gdb.batching(**options), second)
+            got = _two_passes(model, xs, lambda: gdb.batching(**options), second, between)
         for name, value in want.items():
             np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
     assert np.abs(want[model.out.weight.name]).sum() > 0
@@ -324,14 +331,18 @@ def _retaining_steps(batching, update):
         seen.append(model.g.weight.grad().asnumpy().copy())
         if update == "trainer":
             trainer.step(len(batch))
-        else:                           # by hand: no Trainer
+        elif update == "set_data":      # by hand: no Trainer
             for param in model.collect_params().values():
                 param.set_data(param.data() - 0.1 / len(batch) * param.grad())
+        else:
+            for param in model.collect_params().values():
+                weight = param.data()
+                weight -= 0.1 / len(batch) * param.grad()
         seen.append(model.g.weight.data().asnumpy().copy())
     return seen
 
 
-@pytest.mark.parametrize("update", ["trainer", "by hand"])
+@pytest.mark.parametrize("update", ["trainer", "set_data", "in place"])
 @pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "reference"}],
                          ids=str)
 def test_a_later_step_passing_with_retain_graph_writes_its_zero_gradients(update, options):

@@ -35,9 +35,9 @@ class _Local(threading.local):
         super().__init__()
         self.batched_params = {}    # id -> Parameter fed to such flushes
         self.batched_variables = {}     # id -> array with a gradient fed to them
-        # Ids of those fed to flushes since the last pass that kept the graph
-        # (a new training step's scope): ``_written_gradients`` leaves them out.
-        self.noted_since_kept = set()
+        # Ids of the data arrays of ``batched_params`` while a pass kept the
+        # graph (``note_written``), made when first asked.
+        self.param_data = None
 
 
 TLS = _Local()
@@ -181,11 +181,10 @@ def note_batched(graph):
     """Note that ``graph`` ran under autograd: its parameters and arrays with
     gradients are reached by batched steps a later pass runs through."""
     TLS.batched_history = True
+    TLS.param_data = None
     for noted, new in ((TLS.batched_params, graph.parameters),
                        (TLS.batched_variables, graph.variables)):
         noted.update(new)
-        if TLS.retained:
-            TLS.noted_since_kept.update(new)
         excess = len(noted) - MAX_VARIABLES
         if excess > 0:                  # the oldest first (insertion order)
             for key in list(noted)[:excess]:
@@ -269,10 +268,9 @@ def _counting_backward(backward, position=2, to_variables=False):
             # The graph is freed: a later error is not about its batched steps.
             TLS.second_order = TLS.batched_history = TLS.retained = False
             TLS.batched_params, TLS.batched_variables = {}, {}
-            TLS.noted_since_kept = set()
         elif kept is None and TLS.batched_history and not to_variables:
             TLS.retained = True
-            TLS.noted_since_kept = set()
+        TLS.param_data = None
         return result
     wrapper.__doc__ = backward.__doc__
     wrapper.__name__ = backward.__name__
@@ -324,16 +322,10 @@ def _written_gradients():
     outputs, in one operator; a pass from a loss reaching only some of its
     outputs writes zeros into the gradients of what only the others read,
     where eager's pass leaves them as the earlier pass wrote them.
-
-    Not those fed to flushes since that earlier pass (a new training step's
-    scope, each step's loss passed with ``retain_graph=True``): this pass runs
-    through the new steps, whose gradients it writes as eager does, zeros
-    included (a term weighted 0, a gate closed for the whole batch).
     """
-    fresh = TLS.noted_since_kept
-    params = [(param.name, param.list_grad()) for key, param in TLS.batched_params.items()
-              if key not in fresh and param.grad_req == "write" and getattr(param, "_grad", None)]
-    return _saved(params + _variables(fresh))
+    params = [(param.name, param.list_grad()) for param in TLS.batched_params.values()
+              if param.grad_req == "write" and getattr(param, "_grad", None)]
+    return _saved(params + _variables())
 
 
 def _variables(skipped=()):
@@ -538,9 +530,26 @@ _TRAINER_UPDATE = gluon.Trainer._update   # pylint: disable=protected-access
 def _updating(self, *args, **kwargs):
     """``Trainer._update`` (``step``, ``update``): the gradients earlier passes
     wrote are used, so a later pass keeps none of them where it leaves zeros
-    (``_written_gradients``): it belongs to the next training step."""
+    (``_written_gradients``): it belongs to the next training step (each
+    step's loss passed with ``retain_graph=True``; a term weighted 0 or a gate
+    closed for the whole batch gives zeros, as eagerly)."""
     TLS.retained = False
     return _TRAINER_UPDATE(self, *args, **kwargs)
+
+
+def note_written(arrays):
+    """``arrays`` are written in place (``out=``, ``x[...] = v``, ``x -= v``): a
+    write into a parameter's data after a pass that kept the graph is an update
+    by hand (``w[:] = w - lr * w.grad``, ``set_data``), which ends it as a
+    Trainer's update does (``_updating``)."""
+    if not TLS.retained:
+        return
+    found = TLS.param_data
+    if found is None:
+        found = TLS.param_data = {id(data) for param in TLS.batched_params.values()
+                                  for data in (getattr(param, "_data", None) or ())}
+    if any(id(array) in found for array in arrays):
+        TLS.retained = False
 
 
 def autograd_mode():

@@ -281,6 +281,7 @@ def _recording_invoke(handle, ndargs, keys, vals, out, is_np_op, output_is_list)
         rec.before_write(ndargs, gradients=True)
     if out is not None:                 # written in place: no longer rows of a flush's output
         outs = out if isinstance(out, (list, tuple)) else (out,)
+        context.note_written(outs)
         if rec is not None:
             rec.before_write(outs)
         for array in outs:
