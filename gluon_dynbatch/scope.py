@@ -169,6 +169,7 @@ class BatchingScope:
         self.recorder = None
         self._outer = None
         self._thread = None         # the thread that entered it
+        self._others_reading = threading.Lock()    # reads from other threads, one at a time
         self._mark = None
         self._executor = None       # compiled=True: this scope's (``run.choice``)
         self._reads = self._reads_counted = 0     # values read (``read``)
@@ -307,6 +308,13 @@ class BatchingScope:
                     "thread records a sample: read it after the scope has ended, or in the "
                     "scope's thread (or hand it over computed: .asnumpy() there)")
             tasks.wait()            # the sample waits; the others record (``tasks.py``)
+            return
+        if threading.get_ident() != self._thread:
+            # Values read from other threads (a pool mapping over the results):
+            # one flush at a time; a thread that waited finds its value
+            # computed by the other's flush (this one runs what is left).
+            with self._others_reading:
+                self.flush()
             return
         self._own_reads += 1
         if self._where_read is None:

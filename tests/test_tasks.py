@@ -2671,3 +2671,67 @@ def test_a_plain_cell_called_by_the_scopes_code_does_not_stop_waiting_samples(
         flushes.append(scope.stats.flushes)
     assert flushes[2] == flushes[1]
     assert not [r for r in caplog.records if "is set by the scope's code" in r.getMessage()]
+
+
+class ReadsThenPicks(gdb.DynBatchBlock):
+    """Reads a value (the sample waits), then returns the argmax of its rows."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(5, in_units=5)
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        if float(F.sum(h).asscalar()) > 1e9:
+            h = -h
+        return F.argmax(h, axis=1)
+
+
+def test_a_waiting_samples_result_indexes_a_plain_array_in_the_scopes_code():
+    rs = np.random.RandomState(1)
+    table = nd.array(rs.randn(5, 3))
+    xs = [nd.array(rs.randn(n, 5)) for n in (2, 3, 1)]
+    model = ReadsThenPicks()
+    model.initialize()
+    want = [table[model(x)].asnumpy() for x in xs]
+    with gdb.batching():
+        got = [table[model(x)] for x in xs]
+        masks = []
+        for x in xs:
+            mask = nd.zeros((5,))
+            mask[model(x)] = 1.0
+            masks.append(mask)
+    for g, w, m, x in zip(got, want, masks, xs):
+        np.testing.assert_array_equal(g.asnumpy(), w)
+        expected = np.zeros(5)
+        expected[model(x).asnumpy().astype(int)] = 1
+        np.testing.assert_array_equal(m.asnumpy(), expected)
+
+
+class SummedDense(gdb.DynBatchBlock):
+    """``tanh(dense(x))`` summed over its rows: no read."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x)).sum(axis=0, keepdims=True)
+
+
+def test_values_of_a_scope_read_by_several_threads_at_once():
+    import concurrent.futures
+    model = SummedDense()
+    model.initialize()
+    rs = np.random.RandomState(5)
+    xs = [nd.array(rs.randn(n, 4)) for n in (2, 3, 1, 4)]
+    want = [model(x).asnumpy() for x in xs]
+    for _ in range(12):
+        with gdb.batching():
+            outs = [model(x) for x in xs]
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                got = list(pool.map(lambda out: out.asnumpy(), outs))
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

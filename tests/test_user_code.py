@@ -3253,3 +3253,39 @@ def test_a_value_written_into_a_plain_buffer_while_recording(how):
                 [model(*s) for s in samples]
     model.paused = True                 # as the error says
     assert_batched_equals_eager(model, samples, {})
+
+
+class RefillsItsBuffer(gdb.DynBatchBlock):
+    """Reads the buffer it is given (a call, then ``asnumpy``), then refills it
+    from numpy values, under ``autograd.record()``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, x, buf):
+        acc = F.tanh(self.dense(x)) + buf
+        values = buf.asnumpy()
+        buf[:] = values * 2 + 1
+        return acc + buf
+
+
+def test_a_given_buffer_read_then_refilled_from_numpy_while_recording():
+    model = RefillsItsBuffer()
+    model.initialize(mx.init.Uniform(0.5))
+    xs = [nd.ones((n, 4)) * n for n in (2, 3, 1)]
+    runs = []
+    for batched in (False, True):
+        bufs = [nd.ones((1, 4)) * k for k in range(len(xs))]
+        with autograd.record():
+            with gdb.batching() if batched else contextlib.nullcontext():
+                outs = [model(x, buf) for x, buf in zip(xs, bufs)]
+            loss = nd.add_n(*[o.sum() for o in outs])
+        loss.backward()
+        runs.append(([o.asnumpy() for o in outs], [b.asnumpy() for b in bufs],
+                     model.dense.weight.grad().asnumpy().copy()))
+    (want, want_bufs, want_grad), (got, got_bufs, got_grad) = runs
+    for a, b in zip(got + got_bufs, want + want_bufs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-6)

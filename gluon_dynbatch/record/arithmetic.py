@@ -212,10 +212,12 @@ _COPYTO = op_handle("_copyto")
 
 
 def copy_into(source, target):
-    """``source``'s values written into ``target`` by MXNet itself: not recorded,
-    not a write the scope checks (``target`` is a sample's own copy of
-    ``source``)."""
-    _RAW_INVOKE(_COPYTO, [source], [], [], target, False, False)
+    """``source``'s values written into ``target`` by MXNet itself: not recorded
+    (by autograd either: the copy a flush made has autograd's history, which
+    eager's array, written without it, has not), not a write the scope checks
+    (``target`` is a sample's own copy of ``source``)."""
+    with autograd.pause():
+        _RAW_INVOKE(_COPYTO, [source], [], [], target, False, False)
 
 
 def _setitem(self, key, value):
@@ -542,15 +544,16 @@ _PLAIN_SETITEM = nd.NDArray.__setitem__
 
 
 def _holds_lazy(key):
-    """Whether tuple index ``key`` holds a LazyArray."""
-    return any(type(part) is LazyArray for part in key)
+    """Whether tuple index ``key`` holds a LazyArray (or a waiting sample's
+    result, ``tasks.Pending``)."""
+    return any(isinstance(part, LazyArray) for part in key)
 
 
 def _computed_key(key):
     """``key`` with each LazyArray computed and given as a plain NDArray (NDArray's
     advanced indexing takes index arrays of exactly that type)."""
     def plain(part):
-        return nd.NDArray.detach(part) if type(part) is LazyArray else part
+        return nd.NDArray.detach(part) if isinstance(part, LazyArray) else part
     return tuple(plain(part) for part in key) if type(key) is tuple else plain(key)
 
 
@@ -559,7 +562,7 @@ def _plain_getitem(self, key):
     recorded in a scope (``table[F.array([i])]``, a buffer or a table the model
     holds), recorded as ``gather_nd`` as on a recorded value; such an index
     outside a scope is given to MXNet as a plain NDArray."""
-    if type(key) is LazyArray or type(key) is tuple and _holds_lazy(key):
+    if isinstance(key, LazyArray) or type(key) is tuple and _holds_lazy(key):
         rec = current()
         if rec is not None:
             return _advanced_getitem(rec, self, key)
@@ -571,7 +574,7 @@ def _plain_setitem(self, key, value):
     """NDArray's ``x[key] = value`` for arrays that are not LazyArrays: an index
     recorded in a scope (``mask[0, F.argmax(h, axis=1)] = 1``) is computed first
     (inside a sample, a read: the sample waits), as eager writes the array now."""
-    if type(key) is LazyArray or type(key) is tuple and _holds_lazy(key):
+    if isinstance(key, LazyArray) or type(key) is tuple and _holds_lazy(key):
         key = _computed_key(key)
     return _PLAIN_SETITEM(self, key, value)
 
