@@ -118,7 +118,7 @@ class Usage:
         are cheaper recorded operator by operator.
 
         Flushes with few calls of the block add up until they have enough.  A
-        trial compares flushes of the mode it started in only.  Returns True
+        trial compares flushes of one mode with each other only.  Returns True
         while a trial runs or when it has just decided.
         """
         watch = self.watch
@@ -131,10 +131,11 @@ class Usage:
             return watch["trial"] is not None
         watch["seen"] = calls
         trial = watch["trial"]
-        if trial is not None and trial.setdefault("mode", mode) != mode:
-            # Another mode's flush (a model run both ways): not comparable.
-            watch["mark"], watch["ms"] = (calls, self.states()), 0.0
-            return True
+        if trial is not None:
+            # Flushes run in different modes (a model run both ways, or
+            # ``compiled=True`` choosing between its executors) are compared
+            # with those of their own mode only.
+            trial["op"], trial["frame"] = trial.setdefault("modes", {}).setdefault(mode, ([], []))
         watch["ms"] += flush_ms
         new_calls = calls - watch["mark"][0]
         if new_calls < LEARNING_CALLS:
@@ -163,7 +164,8 @@ class Usage:
                 or watch["gapped"] >= LEARNING_STRIKES + LEARNING_GAPPED):
             # This flush ran as frames and learned as the next ones would: it is
             # the trial's first flush as frames (one slow batch fewer).
-            watch["trial"] = {"op": [], "frame": [ms_per_call]}
+            ops, frames = [], [ms_per_call]
+            watch["trial"] = {"op": ops, "frame": frames, "modes": {mode: (ops, frames)}}
             self.irregular = self.told = True   # the trial's next flush: by operator
         return watch["trial"] is not None
 
@@ -171,12 +173,21 @@ class Usage:
         """Count a flush of the trial under the way it ran; run the next one the
         way fewer have run; decide once both ways have run ``LEARNING_TRIAL``
         flushes between them (or one way alone twice as many), or as soon as
-        both have run and one is clearly cheaper (``LEARNING_CLEAR``)."""
+        both have run and one is clearly cheaper (``LEARNING_CLEAR``).  Flushes
+        of the mode of this one (``note_learning``), unless no mode has run
+        both ways."""
         trial = watch["trial"]
         ops, frames = trial["op"], trial["frame"]
         # A flush meant to run as frames may have switched itself to operators
         # (its frames made programs of their own: ``note_program``).
         (ops if self.irregular else frames).append(ms_per_call)
+        if not (ops and frames):
+            # Flushes of each mode may all have run one way (the ways alternate,
+            # and so may the modes): then every mode's flushes together.
+            every = list(trial.get("modes", {}).values())
+            pooled = ([x for way, _ in every for x in way], [x for _, way in every for x in way])
+            if all(pooled) and len(pooled[0]) + len(pooled[1]) >= 2 * LEARNING_TRIAL:
+                ops, frames = pooled
         done = len(ops) + len(frames)
         by_op = sum(ops) / len(ops) if ops else None
         by_frame = sum(frames) / len(frames) if frames else None
