@@ -1195,3 +1195,93 @@ def test_calls_whose_rule_reads_their_sources_are_analysed_once_per_kind_of_sour
         for out, expected in zip(outs, want):
             np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-6)
     assert "take" not in analysed
+
+
+_COMPUTED_LABEL = r'''
+import json, sys
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, nd
+from mxnet.gluon import nn
+import gluon_dynbatch as gdb
+
+class Classifier(gdb.DynBatchBlock):
+    """Images of their own sizes; the loss's label cast from an int32 array."""
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.conv = nn.Conv2D(4, 3, padding=1, in_channels=1)
+            self.out = nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, img, label):
+        if sys.argv[1] == "pixels":     # a label per pixel, a row of scores each
+            s = F.reshape(F.transpose(self.conv(img)[:, :3], axes=(0, 2, 3, 1)), (-1, 3))
+            return F.softmax_cross_entropy(s, F.reshape(F.cast(label, "float32"), (-1,)))
+        logits = self.out(F.mean(F.relu(self.conv(img)), axis=(2, 3)))
+        return F.softmax_cross_entropy(logits, F.cast(label, "float32") + 0)
+
+def grads(options):
+    mx.random.seed(0)
+    model = Classifier()
+    model.initialize(mx.init.Uniform(0.3))
+    rs = np.random.RandomState(0)
+    imgs = [nd.array(rs.randn(1, 1, a, b)) for a, b in [(5, 7), (6, 6), (5, 7), (9, 4)]]
+    labels = [nd.array(rs.randint(3, size=(1,) + x.shape[2:] if sys.argv[1] == "pixels"
+                                  else (1,)), dtype="int32") for x in imgs]
+    with autograd.record():
+        if options == "eager":
+            outs = [model(x, y) for x, y in zip(imgs, labels)]
+        elif options == "map":
+            outs = gdb.map(lambda s: model(*s), list(zip(imgs, labels)))
+        else:
+            with gdb.batching(**options):
+                outs = [model(x, y) for x, y in zip(imgs, labels)]
+        loss = nd.add_n(*[o.sum() for o in outs])
+    loss.backward()
+    return [float(loss.asscalar())] + [float(p.grad().abs().sum().asscalar())
+                                       for p in model.collect_params().values()]
+
+print(json.dumps([grads("eager")] + [grads(o) for o in
+                                     ({}, {"compiled": "step"}, {"strategy": "agenda"}, "map")]))
+'''
+
+
+@pytest.mark.parametrize("kind", ["label", "pixels"])
+def test_a_loss_whose_label_the_sample_computes(kind):
+    # (MXNet refuses a label's gradient, or aborts, where a batched label
+    # carries autograd history: in a process of its own.)
+    import json
+    from dynbatch_testing import output_of_script
+    runs = json.loads(output_of_script(_COMPUTED_LABEL, kind).strip().splitlines()[-1])
+    for run in runs[1:]:
+        np.testing.assert_allclose(run, runs[0], rtol=1e-5, atol=1e-6)
+
+
+_ROW_FLAGS = nd.array([1, 0])
+
+
+class RowsByFlag(gdb.DynBatchBlock):
+    """``F.where`` with a condition of one flag per row that every sample shares:
+    made in the call (``F.ones((2,))``), or an array the module holds."""
+
+    def __init__(self, kind, **kwargs):
+        super().__init__(**kwargs)
+        self.kind = kind
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        t = self.dense(x)                                   # (2, 4)
+        flags = F.ones((2,)) if self.kind == "ones" else _ROW_FLAGS
+        return F.where(flags, t, t * 3)
+
+
+@pytest.mark.parametrize("kind", ["ones", "held"])
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": True},
+                                     {"granularity": "op"}, "map"], ids=str)
+def test_where_with_a_flag_per_row_shared_by_the_samples(kind, options):
+    model = RowsByFlag(kind)
+    model.initialize(mx.init.Uniform(0.5))
+    rs = np.random.RandomState(0)
+    samples = [(nd.array(rs.randn(2, 3)),) for _ in range(3)]
+    assert_batched_equals_eager(model, samples, options)

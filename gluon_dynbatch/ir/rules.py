@@ -152,6 +152,9 @@ SAME_SHAPE_ADDS = frozenset(["elemwise_add", "_plus", "_Plus", "_grad_add"])
 # writes its gradient, whose memory eager code finds zero only by chance.
 NO_INPUT_GRADIENT = {"Embedding": (0,), "take": (1,), "batch_take": (1,), "pick": (1,),
                      "gather_nd": (1,), "scatter_nd": (1,), "where": (0,),
+                     # its label: MXNet refuses its gradient ("Cannot take gradient wrt
+                     # label"), or aborts, where a computed label carries history
+                     "softmax_cross_entropy": (1,),
                      "SequenceMask": (1,), "SequenceLast": (1,), "SequenceReverse": (1,),
                      "_contrib_boolean_mask": (1,), "boolean_mask": (1,),
                      # running mean and variance: states MXNet writes, never differentiated
@@ -242,6 +245,7 @@ def rule_for(op_name):
 ZERO_GRADIENT_INPUTS = {"reshape_like": (1,), "broadcast_like": (1,), "slice_like": (1,),
                         "take": (1,), "pick": (1,), "gather_nd": (1,), "batch_take": (1,),
                         "Embedding": (0,), "one_hot": (0,), "SequenceMask": (1,),
+                        "softmax_cross_entropy": (1,),
                         "SequenceLast": (1,), "SequenceReverse": (1,)}
 
 # Operators MXNet registers no gradient for: eager code gives them inputs

@@ -73,6 +73,19 @@ def elementwise_roles(node):
     return tuple(roles)
 
 
+def where_roles(node):
+    """``where(condition, x, y)``: a 1-d condition of a higher-rank output has a
+    flag per row of the output (MXNet's reading, not a broadcast of trailing
+    axes), so it is concatenated as rows; otherwise as elementwise operators."""
+    condition = _in_shape(node, 0)
+    if len(condition) != 1 or len(node.out_shapes[0]) == 1:
+        return elementwise_roles(node)
+    roles = elementwise_roles(node)
+    if roles is None or condition[0] != node.out_shapes[0][0]:
+        return None
+    return (ROW,) + roles[1:]
+
+
 def first_row_roles(node):
     """The first input is concatenated, the others (weights) are shared."""
     if len(_in_shape(node, 0)) < 2:
@@ -407,10 +420,11 @@ broadcast_not_equal broadcast_greater broadcast_greater_equal broadcast_lesser
 broadcast_lesser_equal broadcast_logical_and broadcast_logical_or broadcast_logical_xor
 broadcast_plus broadcast_minus elemwise_add elemwise_sub elemwise_mul elemwise_div
 _plus _minus _mul _div _grad_add _Plus _Minus _Mul _Div _power _Power _maximum _minimum
-add_n ElementWiseSum where""".split()
+add_n ElementWiseSum""".split()
 # Elementwise operators of arrays; the ``broadcast_*`` ones are ``rules.broadcasts``'.
 ELEMENTWISE = [name for name in _UNARY + _NARY if not name.startswith("broadcast_")]
 register_rule(ELEMENTWISE, RowRule(elementwise_roles))
+register_rule("where", RowRule(where_roles))
 register_rule("Convolution", ConvolutionRule(first_row_roles))
 register_rule(["Deconvolution", "L2Normalization"], RowRule(first_row_roles))
 # ``x / sqrt(x.shape[-1])`` (Transformer attention scores): rows of rank 2 or more.
