@@ -149,8 +149,9 @@ def test_long_chains_are_summed_in_pieces(monkeypatch):
     assert _steps(got[2].last_plan).count("sum") >= 2
 
 
-def test_the_rewritten_graph_keeps_the_invariants(monkeypatch):
-    seen = []
+def _linted(seen):
+    """``sums.rewrite`` that checks the graph's invariants after each rewrite
+    and notes how many chains it rewrote in ``seen``."""
     original = sums.rewrite
 
     def checked(graph):
@@ -158,8 +159,12 @@ def test_the_rewritten_graph_keeps_the_invariants(monkeypatch):
         graph.lint()
         seen.append(count)
         return count
+    return checked
 
-    monkeypatch.setattr(sums, "rewrite", checked)
+
+def test_the_rewritten_graph_keeps_the_invariants(monkeypatch):
+    seen = []
+    monkeypatch.setattr(sums, "rewrite", _linted(seen))
     model = make_model(Partials)
     run_model(model, _sentences(4, 6), [_table()], "depth", granularity="op")
     assert seen and seen[0] > 0
@@ -284,16 +289,9 @@ _PROGRAMS = st.lists(st.tuples(st.lists(st.integers(0, 9), min_size=1, max_size=
 def test_random_programs_of_additions_are_exact_and_keep_the_invariants(programs):
     seen = []
     original = sums.rewrite
-
-    def checked(graph):
-        count = original(graph)
-        graph.lint()
-        seen.append(count)
-        return count
-
     model = make_model(AdditionProgram)
     want = run_model(model, programs, [_table()], "eager")
-    sums.rewrite = checked
+    sums.rewrite = _linted(seen)
     try:
         got = run_model(model, programs, [_table()], "depth", granularity="op")
     finally:
