@@ -3289,3 +3289,66 @@ def test_a_given_buffer_read_then_refilled_from_numpy_while_recording():
     for a, b in zip(got + got_bufs, want + want_bufs):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
+class GatedByItsWeight(gluon.HybridBlock):
+    """A child whose code reads the value of one of its own parameters."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.gate = self.params.get("gate", shape=(1,), init=mx.init.Constant(0.5))
+
+    def hybrid_forward(self, F, x, gate):
+        if gate.asscalar() > 0:
+            return F.tanh(x) * gate
+        return F.sigmoid(x) * gate
+
+
+class HoldsAGatedChild(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.child = GatedByItsWeight()
+
+    def hybrid_forward(self, F, x):
+        return self.child(x)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": True}, "map"],
+                         ids=str)
+def test_a_child_reading_one_of_its_own_parameters(options):
+    model = HoldsAGatedChild()
+    model.initialize()
+    samples = [(nd.ones((n, 2)) * n,) for n in (1, 2, 3)]
+    assert_batched_equals_eager(model, samples, options)
+    model.child.gate.set_data(nd.array([-0.5]))            # the other branch
+    assert_batched_equals_eager(model, samples, options)
+
+
+class BooleanMasks(gdb.DynBatchBlock):
+    """A sample's boolean mask (given, or made from the sample's numpy flags)
+    cast to float; and a boolean of its result, as floats, beside it."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(5, in_units=4)
+
+    def hybrid_forward(self, F, x, flags):
+        mask = flags if self.how == "given" else F.array(flags.asnumpy(), dtype="bool")
+        h = self.dense(x) * F.cast(mask, "float32")
+        return h, F.cast(F.cast(h > 0, "bool"), "float32")
+
+
+@pytest.mark.parametrize("how", ["given", "literal"])
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": True},
+                                     {"granularity": "op"}, "map"], ids=str)
+def test_boolean_arrays_gathered_across_samples(how, options):
+    model = BooleanMasks(how)
+    model.initialize(mx.init.Uniform(0.5))
+    rs = np.random.RandomState(0)
+    samples = [(nd.array(rs.randn(n, 4)), nd.array(rs.randint(0, 2, (n, 5)), dtype="bool"))
+               for n in (1, 3, 2)]
+    assert_batched_equals_eager(model, samples, options)

@@ -107,7 +107,7 @@ def given_array(array):
     if type(array) is not LazyArray:
         return array
     given = getattr(array, "_given", None)
-    return array if given is None or given.grad is None else given
+    return array if not isinstance(given, nd.NDArray) or given.grad is None else given
 
 
 def epoch_stamp():
@@ -231,6 +231,13 @@ class LazyArray(nd.NDArray):
         gradient (``x.attach_grad()`` before the scope), a copy of that array's
         gradient as it is now: calls reading it run later, after other
         samples' passes may have written it (an array all samples share)."""
+        given = getattr(self, "_given", None)
+        if given is not None and not isinstance(given, nd.NDArray):
+            # A parameter's value a child's code reads (``gate.asscalar()``):
+            # its gradient, as eager's ``param.data().grad``.
+            if getattr(given, "grad_req", "null") == "null":
+                return None
+            return given.grad(self.context).copy()
         given = given_array(self)
         if given is self:
             return nd.NDArray.grad.fget(self)

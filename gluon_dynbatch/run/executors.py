@@ -382,7 +382,10 @@ def _tied(results, inputs):
         found = seen.get(id(array))
         if found is not None:
             return found[1]
-        if constant_array(array) and _anchor(anchor, inputs) is not None:
+        # (Boolean results stay as they are: MXNet adds no booleans, and no
+        # gradient flows through them.)
+        if array.dtype != np.bool_ and constant_array(array) \
+                and _anchor(anchor, inputs) is not None:
             seen[id(array)] = (array, mx.nd.broadcast_add(array, anchor[0].astype(array.dtype)))
         else:
             seen[id(array)] = (array, array)
@@ -494,8 +497,16 @@ def _gather(desc, values, feeds):
         return mx.nd.slice_axis(_gather(("direct", desc[1]), values, feeds), axis=0,
                                 begin=desc[2], end=desc[3])
     sources = [_gather(("direct", sid), values, feeds) for sid in desc[1]]
-    table = sources[0] if len(sources) == 1 else mx.nd.concat(*sources, dim=0)
+    table = sources[0] if len(sources) == 1 else _concat_rows(sources)
     return mx.nd.take(table, feeds[desc[2]], axis=0)
+
+
+def _concat_rows(arrays):
+    """``arrays`` concatenated along axis 0; booleans as bytes (MXNet 1.9.1's
+    ``concat`` has no boolean kernel, ``take`` and ``cast`` have)."""
+    if arrays[0].dtype != np.bool_:
+        return mx.nd.concat(*arrays, dim=0)
+    return mx.nd.concat(*[a.astype("uint8") for a in arrays], dim=0).astype("bool")
 
 
 class CompiledPlan:
@@ -536,8 +547,12 @@ def run_compiled(plan, live, ctx, cache, stats):
     On a miss, building the symbol, creating the CachedOp and its first call
     (where MXNet builds the graph) count as compilation.  A plan whose graph
     MXNet refuses to build runs as batched imperative calls, which compute
-    the same (``RefusedPlan``, kept in the cache: not built again).
+    the same (``RefusedPlan``, kept in the cache: not built again).  A plan
+    with booleans to gather runs so too (``_booleans_in``).
     """
+    if any(_booleans_in(step.nodes[0]) for step in plan.steps):
+        run_interpreted(plan, live, ctx)
+        return
     compiler = Lowering(ctx)
     key = (str(compiler.ctx),) + compiler.walk(plan, live)
     if compiler.sparse_grads and autograd.is_recording():
@@ -629,8 +644,18 @@ def run_steps(plan, live, ctx, cache, stats):
                    _gather_sources(walker.outputs, values))
 
 
+def _booleans_in(node0):
+    """Whether a step of ``node0`` reads or makes booleans, which a graph's
+    gathers cannot concatenate (MXNet 1.9.1's ``concat`` has no boolean kernel):
+    such steps run imperatively (``_concat_rows``)."""
+    return any(src.out_dtypes[i] == np.bool_ for src, i in node0.inputs) \
+        or any(dtype == np.bool_ for dtype in node0.out_dtypes)
+
+
 def _run_step(node0, shape, variant, arrays, ctx, cache, stats):
     """Run one step's cached CachedOp (compiled on a miss) on ``arrays``."""
+    if _booleans_in(node0):
+        return _step_imperative(node0, shape, variant, arrays)
     attrs = node0.attrs if node0.rule.keyed_attrs else None
     key = ("step", node0.rule.batching, step_name(node0.op), attrs, node0.meta,
            type(node0.rule).__name__, shape, variant,
@@ -671,7 +696,7 @@ def _step_imperative(node0, descs, variant, arrays):
             inputs.append(next(arrays))
             continue
         sources = [next(arrays) for _ in range(desc[1])]
-        table = sources[0] if len(sources) == 1 else mx.nd.concat(*sources, dim=0)
+        table = sources[0] if len(sources) == 1 else _concat_rows(sources)
         inputs.append(mx.nd.take(table, next(arrays), axis=0))
     return list(_batched_outputs(mx.nd, node0, inputs, variant))
 
