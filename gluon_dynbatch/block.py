@@ -3,7 +3,7 @@ import mxnet as mx
 from mxnet import gluon
 
 from .plan import budget
-from .record import context, dispatch
+from .record import _core, context, dispatch
 from .record.recursion import helper_frames, recursive_closures, recursive_helpers
 from .run.cache import PlanCache
 from .run.choice import ExecutorChoice
@@ -75,9 +75,12 @@ class DynBatchBlock(gluon.HybridBlock):
         cls._own_forward = cls.forward is not DynBatchBlock.forward
         if "hybrid_forward" in vars(cls):
             cls._closure_codes = recursive_closures(cls.hybrid_forward)
+        cls._asks_namespace = any(dispatch.asks_namespace(f) for f in dispatch.own_functions(cls))
 
     _closure_codes = frozenset()     # recursive closures of ``hybrid_forward``
     _own_forward = False             # a subclass's ``forward`` wraps this one
+    # Its code asks ``F is mx.nd``: inside a scope it is given ``mx.nd`` itself.
+    _asks_namespace = False
 
     def forward(self, *args):
         """Eager, one-sample call (outside a batching scope); traced into a
@@ -139,3 +142,6 @@ def _context_of(args):
                 if isinstance(b, mx.nd.NDArray):
                     return b.context
     return mx.current_context()
+
+
+_core.bind_forward(DynBatchBlock.forward, mx.nd)

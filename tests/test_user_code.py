@@ -3352,3 +3352,110 @@ def test_boolean_arrays_gathered_across_samples(how, options):
     samples = [(nd.array(rs.randn(n, 4)), nd.array(rs.randint(0, 2, (n, 5)), dtype="bool"))
                for n in (1, 3, 2)]
     assert_batched_equals_eager(model, samples, options)
+
+
+def _forward_replacements():
+    """A child class and a DynBatchBlock class holding it, made anew (their
+    ``forward`` is replaced by the tests)."""
+    class Child(gluon.HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.dense = gluon.nn.Dense(2, in_units=2)
+
+        def hybrid_forward(self, F, x):
+            return F.tanh(self.dense(x))
+
+    class Holder(gdb.DynBatchBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.child = Child()
+
+        def hybrid_forward(self, F, x):
+            return self.child(x) + 1
+
+    return Child, Holder
+
+
+def _doubled(base):
+    def forward(self, x):
+        return base.forward(self, x) * 2
+    return forward
+
+
+@pytest.mark.parametrize("whose", ["child", "model"])
+@pytest.mark.parametrize("where", ["instance", "class"])
+def test_a_forward_replaced_after_a_first_scope_runs_inside_scopes(whose, where):
+    import types
+    child_class, holder_class = _forward_replacements()
+    model = holder_class()
+    model.initialize(mx.init.Uniform(0.5))
+    samples = [(nd.ones((n, 2)) * n,) for n in (1, 2, 3)]
+    assert_batched_equals_eager(model, samples)         # learns the templates first
+    block, cls = (model.child, child_class) if whose == "child" else (model, holder_class)
+    base = gluon.HybridBlock if whose == "child" else gdb.DynBatchBlock
+    if where == "instance":
+        block.forward = types.MethodType(_doubled(base), block)
+    else:
+        cls.forward = _doubled(base)
+    for options in ({}, {"compiled": "step"}, {"strategy": "reference"}):
+        assert_batched_equals_eager(model, samples, options)
+
+
+def _pooled(F, h):
+    """Mean of the rows eagerly; the first row symbolically (a helper's branch)."""
+    if F is mx.nd:
+        return F.mean(h, axis=0, keepdims=True)
+    return F.slice_axis(h, axis=0, begin=0, end=1)
+
+
+class PoolsInAHelper(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(2, in_units=2)
+
+    def _pool(self, F, h):
+        return _pooled(F, h)
+
+    def hybrid_forward(self, F, x):
+        return self._pool(F, F.tanh(self.dense(x)))
+
+
+class HoldsAPooler(gdb.DynBatchBlock):
+    def __init__(self, child, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.child = child
+            self.dense = gluon.nn.Dense(2, in_units=2)
+
+    def hybrid_forward(self, F, x):
+        return self.child(self.dense(x))
+
+
+class PoolsItself(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(2, in_units=2)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        if F is mx.nd:
+            return F.mean(h, axis=0, keepdims=True)
+        return F.slice_axis(h, axis=0, begin=0, end=1)
+
+
+@pytest.mark.parametrize("where", ["child's helper", "HybridLambda", "own code"])
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"strategy": "reference"},
+                                     "map"], ids=str)
+def test_code_asking_whether_F_is_mx_nd_takes_eagers_branch(where, options):
+    if where == "own code":
+        model = PoolsItself()
+    else:
+        model = HoldsAPooler(PoolsInAHelper() if where == "child's helper"
+                             else gluon.nn.HybridLambda(_pooled))
+    model.initialize(mx.init.Uniform(0.5))
+    samples = [(nd.array(np.arange(2 * n).reshape(n, 2) / 4.0),) for n in (1, 3, 2)]
+    assert_batched_equals_eager(model, samples, options)

@@ -1502,14 +1502,25 @@ cdef object IRREGULAR = None       # dispatch.tell_irregular
 cdef object WATCH = None           # recursion.watch_closures
 cdef object STOP = None            # recursion.stop_watching
 cdef object NOT_RECORDED = None    # frames.NOT_RECORDED
+cdef dict WRAPPERS = None          # kind -> the ``forward`` that only wraps ``hybrid_forward``
+cdef object FORWARD = None         # DynBatchBlock.forward (``bind_forward``)
+cdef object ND = None              # mx.nd
+
+
+def bind_forward(forward, nd):
+    """``DynBatchBlock.forward``: a block whose ``forward`` is another (replaced on
+    the block or its class since) runs it inside a scope, as eagerly; and
+    ``mx.nd``, the ``F`` of a block whose code asks ``F is mx.nd``."""
+    global FORWARD, ND
+    FORWARD, ND = forward, nd
 
 
 def bind_dispatch(tls, kinds, kind_of, original_call, dispatch, top_call, frame_class,
-                  irregular, watch, stop, not_recorded):
+                  irregular, watch, stop, not_recorded, wrappers):
     """What the compiled ``Block.__call__`` needs of ``dispatch.py`` and its neighbours."""
     global TLS, KINDS, KIND_OF, ORIGINAL_CALL, DISPATCH, TOP_CALL, FRAME, IRREGULAR
-    global WATCH, STOP, NOT_RECORDED
-    NOT_RECORDED = not_recorded
+    global WATCH, STOP, NOT_RECORDED, WRAPPERS
+    NOT_RECORDED, WRAPPERS = not_recorded, wrappers
     TLS, KINDS, KIND_OF, ORIGINAL_CALL = tls, kinds, kind_of, original_call
     DISPATCH, TOP_CALL, FRAME, IRREGULAR, WATCH, STOP = (dispatch, top_call, frame_class,
                                                          irregular, watch, stop)
@@ -1536,6 +1547,9 @@ def dispatching_call(self, *args):
         if (<RecorderCore>rec).depth > 0:
             return record_frame(self, <RecorderCore>rec, args)
         return TOP_CALL(self, rec, args)
+    if (kind == "traced" or kind == "cell") and (
+            "forward" in self.__dict__ or getattr(cls, "forward") is not WRAPPERS[kind]):
+        kind = "opaque"     # its ``forward`` replaced since (on the block, or its class)
     frame = (<RecorderCore>rec).frame
     if (kind == "traced" or kind == "cell") and frame is not None \
             and not self._forward_pre_hooks and not self._forward_hooks:
@@ -1567,9 +1581,12 @@ cpdef object record_frame(object block, RecorderCore rec, tuple args):
 
 
 cdef object _hybrid_forward(object block, RecorderCore rec, tuple args):
+    # Code asking ``F is mx.nd`` is given ``mx.nd``, whose operators on pending
+    # values are recorded too (through ``namespace._recording_invoke``).
+    cdef object F = ND if block._asks_namespace else rec.F
     if not block._reg_params:   # a recursive model's own block often has none
-        return block.hybrid_forward(rec.F, *args)
-    return block.hybrid_forward(rec.F, *args, **rec.params_dict(block))
+        return block.hybrid_forward(F, *args)
+    return block.hybrid_forward(F, *args, **rec.params_dict(block))
 
 
 cdef object _frame_call(object block, RecorderCore rec, tuple args):
@@ -1587,7 +1604,8 @@ cdef object _frame_call(object block, RecorderCore rec, tuple args):
             if block._closure_codes:
                 tracer = WATCH(block, block._closure_codes)
         rec.frame = frame
-        if block._own_forward:
+        if block._own_forward or "forward" in block.__dict__ \
+                or getattr(type(block), "forward") is not FORWARD:
             # Its class's ``forward`` runs, as eagerly; ``DynBatchBlock.forward``
             # called from it runs ``hybrid_forward`` here (``forwarded``).
             outer_forwarding, rec.forwarding = rec.forwarding, block

@@ -23,6 +23,7 @@ share one padded call (``rules.layers.PaddedRNNRule``).
 import dis
 import logging
 import sys
+import types
 
 import greenlet
 import mxnet as mx
@@ -195,8 +196,9 @@ def _kind(cls):
             found = _WRAPPERS.get(cls.forward, _OPAQUE)
             if cls.hybrid_forward is gluon.HybridBlock.hybrid_forward \
                     or issubclass(cls, STATEFUL_CELLS) \
-                    or _tests_identity_of_F(cls.hybrid_forward):
-                found = _OPAQUE
+                    or _tests_identity_of_F(cls.hybrid_forward) \
+                    or any(asks_namespace(f) for f in own_functions(cls)):
+                found = _OPAQUE     # (its helpers, one call deep, asked too)
         else:
             found = _PLAIN
         _KINDS[cls] = found
@@ -232,6 +234,65 @@ def _tests_identity_of_F(function):
 
 def _loads(ins, name):
     return ins.opname == "LOAD_FAST" and ins.argval == name
+
+
+def own_functions(cls):
+    """The functions of ``cls``'s own code (not Gluon's or this package's), and
+    the module functions they call by name."""
+    for klass in cls.__mro__:
+        if (klass.__module__ or "").startswith(("mxnet.", "gluon_dynbatch.")):
+            continue
+        for value in vars(klass).values():
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            code = getattr(value, "__code__", None)
+            if code is None:
+                continue
+            yield value
+            called = getattr(value, "__globals__", {})
+            for name in code.co_names:
+                function = called.get(name)
+                if isinstance(function, types.FunctionType) and not (
+                        function.__module__ or "").startswith(("mxnet.", "gluon_dynbatch.")):
+                    yield function
+
+
+_NAMESPACES = frozenset(["nd", "sym", "ndarray", "symbol"])
+_ASKS = {}          # code object -> whether it asks ``... is mx.nd`` (``asks_namespace``)
+
+
+def asks_namespace(function):
+    """Whether ``function`` compares something with MXNet's namespaces by
+    identity (``if F is mx.nd:``, ``F is nd``, ``mx.sym is F``): given the
+    recording ``F`` it would take the symbolic branch."""
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return False
+    found = _ASKS.get(code)
+    if found is None:
+        instructions = list(dis.get_instructions(code))
+        found = _ASKS[code] = any(
+            _names_namespace(instructions, k) for k, ins in enumerate(instructions)
+            if ins.opname == "IS_OP")
+    return found
+
+
+def _names_namespace(instructions, k):
+    """Whether one operand of the ``is`` at ``k`` names ``mx.nd``, ``nd`` ..."""
+    end = k
+    for _ in range(2):                  # the right operand, then the left one
+        j = end - 1
+        while j > 0 and instructions[j].opname == "LOAD_ATTR":
+            j -= 1
+        if j < 0:
+            return False
+        head, attrs = instructions[j], [ins.argval for ins in instructions[j + 1:end]]
+        if head.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and (
+                attrs and attrs[-1] in _NAMESPACES and head.argval in ("mx", "mxnet")
+                or not attrs and head.argval in _NAMESPACES):
+            return True
+        end = j
+    return False
 
 
 _ORIGINAL_CALL = gluon.Block.__call__
@@ -461,4 +522,5 @@ def detach_call():
 
 
 _core.bind_dispatch(context.TLS, _KINDS, _kind, _ORIGINAL_CALL, dispatch, record_call, Frame,
-                    tell_irregular, watch_closures, stop_watching, NOT_RECORDED)
+                    tell_irregular, watch_closures, stop_watching, NOT_RECORDED,
+                    {kind: forward for forward, kind in _WRAPPERS.items()})

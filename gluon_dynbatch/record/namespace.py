@@ -21,6 +21,7 @@ from mxnet._ctypes import ndarray as _ctypes_ndarray
 from mxnet.ndarray import register as _register
 
 from . import aliases
+from . import dispatch
 from . import context
 from . import arithmetic
 from . import literals
@@ -373,9 +374,13 @@ _BY_NAME = "HybridLambda.__init__.<locals>.<lambda>"    # the function a name ma
 def _lambda_hybrid_forward(self, F, x, *args):
     """``HybridLambda.hybrid_forward``: a function given by name is ``F.<name>``
     for any ``F`` (the recording one too)."""
-    if F is not mx.nd and F is not mx.sym \
-            and getattr(self._func, "__qualname__", None) == _BY_NAME:
-        return getattr(F, self._func_name)(x, *args)
+    if F is not mx.nd and F is not mx.sym:
+        if getattr(self._func, "__qualname__", None) == _BY_NAME:
+            return getattr(F, self._func_name)(x, *args)
+        if dispatch.asks_namespace(self._func):
+            # ``if F is mx.nd:`` in the function: ``mx.nd``'s operators on the
+            # pending values are recorded too.
+            return _LAMBDA_FORWARD(self, mx.nd, x, *args)
     return _LAMBDA_FORWARD(self, F, x, *args)
 
 
