@@ -72,13 +72,11 @@ class DynBatchBlock(gluon.HybridBlock):
         super().__init_subclass__(**kwargs)
         for name in recursive_helpers(vars(cls)):
             setattr(cls, name, helper_frames(vars(cls)[name]))
-        cls._own_forward = cls.forward is not DynBatchBlock.forward
         if "hybrid_forward" in vars(cls):
             cls._closure_codes = recursive_closures(cls.hybrid_forward)
         cls._asks_namespace = any(dispatch.asks_namespace(f) for f in dispatch.own_functions(cls))
 
     _closure_codes = frozenset()     # recursive closures of ``hybrid_forward``
-    _own_forward = False             # a subclass's ``forward`` wraps this one
     # Its code asks ``F is mx.nd``: inside a scope it is given ``mx.nd`` itself.
     _asks_namespace = False
 

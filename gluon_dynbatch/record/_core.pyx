@@ -1604,10 +1604,10 @@ cdef object _frame_call(object block, RecorderCore rec, tuple args):
             if block._closure_codes:
                 tracer = WATCH(block, block._closure_codes)
         rec.frame = frame
-        if block._own_forward or "forward" in block.__dict__ \
-                or getattr(type(block), "forward") is not FORWARD:
-            # Its class's ``forward`` runs, as eagerly; ``DynBatchBlock.forward``
-            # called from it runs ``hybrid_forward`` here (``forwarded``).
+        if "forward" in block.__dict__ or getattr(type(block), "forward") is not FORWARD:
+            # Its own ``forward`` (its class's, or one set on the block) runs, as
+            # eagerly; ``DynBatchBlock.forward`` called from it runs
+            # ``hybrid_forward`` here (``forwarded``).
             outer_forwarding, rec.forwarding = rec.forwarding, block
             try:
                 out = block.forward(*args)

@@ -219,21 +219,26 @@ def _tests_identity_of_F(function):
                 ("mxnet.", "gluon_dynbatch.")):
         return False
     name = code.co_varnames[1]
+    return any(head.opname == "LOAD_FAST" and head.argval == name and not attrs
+               for head, attrs in _identity_operands(code))
+
+
+def _identity_operands(code):
+    """``(first instruction, attribute names)`` of each operand of each ``is``
+    (or ``is not``) comparison in ``code``: ``F``, ``mx.nd``..."""
     instructions = list(dis.get_instructions(code))
     for k, ins in enumerate(instructions):
         if ins.opname != "IS_OP":
             continue
-        # The operands: ``F`` then a name or dotted name, or the reverse.
-        j = k - 1
-        while j > 0 and instructions[j].opname == "LOAD_ATTR":
-            j -= 1
-        if _loads(instructions[k - 1], name) or j > 0 and _loads(instructions[j - 1], name):
-            return True
-    return False
-
-
-def _loads(ins, name):
-    return ins.opname == "LOAD_FAST" and ins.argval == name
+        end = k
+        for _ in range(2):              # the right operand, then the left one
+            j = end - 1
+            while j > 0 and instructions[j].opname == "LOAD_ATTR":
+                j -= 1
+            if j < 0:
+                break
+            yield instructions[j], [i.argval for i in instructions[j + 1:end]]
+            end = j
 
 
 def own_functions(cls):
@@ -270,29 +275,12 @@ def asks_namespace(function):
         return False
     found = _ASKS.get(code)
     if found is None:
-        instructions = list(dis.get_instructions(code))
         found = _ASKS[code] = any(
-            _names_namespace(instructions, k) for k, ins in enumerate(instructions)
-            if ins.opname == "IS_OP")
-    return found
-
-
-def _names_namespace(instructions, k):
-    """Whether one operand of the ``is`` at ``k`` names ``mx.nd``, ``nd`` ..."""
-    end = k
-    for _ in range(2):                  # the right operand, then the left one
-        j = end - 1
-        while j > 0 and instructions[j].opname == "LOAD_ATTR":
-            j -= 1
-        if j < 0:
-            return False
-        head, attrs = instructions[j], [ins.argval for ins in instructions[j + 1:end]]
-        if head.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and (
+            head.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and (
                 attrs and attrs[-1] in _NAMESPACES and head.argval in ("mx", "mxnet")
-                or not attrs and head.argval in _NAMESPACES):
-            return True
-        end = j
-    return False
+                or not attrs and head.argval in _NAMESPACES)
+            for head, attrs in _identity_operands(code))
+    return found
 
 
 _ORIGINAL_CALL = gluon.Block.__call__
