@@ -297,6 +297,62 @@ def test_a_sparse_gradient_lookup_of_a_dense_gradient_table_equals_eager(options
         np.testing.assert_allclose(grad, eager, rtol=1e-5, atol=1e-6)
 
 
+class RewrittenChildCalls(gdb.DynBatchBlock):
+    """Child blocks and calls that a pass records in another form only for some
+    arguments: a PReLU layer, a sparse-gradient lookup of a dense-gradient
+    table (attributes given by position), a split along axis 0 given by
+    position; beside a leaky ReLU, a dense-gradient lookup and a split along
+    axis 1, which are recorded as written."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = gluon.nn.Embedding(9, 4)
+            self.prelu = gluon.nn.PReLU(mx.init.Constant(0.3))
+            self.leaky = gluon.nn.LeakyReLU(0.2)
+            self.table = self.params.get("table", shape=(9, 4))
+
+    def hybrid_forward(self, F, ids, table):
+        dense = self.embed(ids)
+        sparse = F.Embedding(ids, table, 9, 4, "float32", True)
+        h = self.prelu(dense - sparse) + self.leaky(dense * sparse)
+        rows = F.split(h, h.shape[0], 0) if h.shape[0] > 1 else [h]
+        halves = F.split(h, num_outputs=2, axis=1)
+        return F.sum(F.concat(*rows, dim=0) * halves[0].sum(), axis=1, keepdims=True) \
+            + halves[1]
+
+
+@pytest.mark.parametrize("options", [{"granularity": "op"}, {"granularity": "op", "compiled": True},
+                                     {"granularity": "op", "compiled": "step"}, {}])
+def test_calls_a_pass_rewrites_for_some_arguments_equal_eager(options):
+    """Calls of an operator with passes take the recorder's short path when the
+    pass's test says it leaves them as written; the others are rewritten (a
+    prelu inside a CachedOp loses gradient, a sparse-gradient lookup of a
+    dense-gradient table fails in a graph's backward pass)."""
+    model = RewrittenChildCalls()
+    model.initialize(mx.init.Uniform(0.5))
+    samples = [(nd.array(v),) for v in ([1, 2, 3], [4], [0, 6, 8, 7], [2, 5])]
+    for _ in range(2):
+        assert_batched_equals_eager(model, samples, options)
+
+
+def test_the_calls_a_pass_may_rewrite_include_attributes_given_by_position():
+    """``passes.applies``: a call goes the short path only where no pass of its
+    operator may rewrite it, whichever way its attributes are given."""
+    from gluon_dynbatch.record import passes
+    ids, table = nd.array([1]), nd.ones((3, 2))
+    embedding = passes.applies("Embedding")
+    assert embedding((ids, table, 3, 2, "float32", True), {})
+    assert embedding((ids, table), {"input_dim": 3, "output_dim": 2, "sparse_grad": True})
+    assert not embedding((ids, table), {"input_dim": 3, "output_dim": 2})
+    leaky = passes.applies("LeakyReLU")
+    assert leaky((ids, table, "prelu"), {}) and leaky((ids,), {"act_type": "prelu"})
+    assert not leaky((ids,), {"act_type": "leaky", "slope": 0.1})
+    split = passes.applies("split")
+    assert split((table, 3, 0), {}) and split((table,), {"num_outputs": 3, "axis": 0})
+    assert passes.applies("tanh") is True and passes.applies("dot") is False
+
+
 class ArgmaxOfScaled(gdb.DynBatchBlock):
     """``argmax`` over a sample's rows of its input scaled by a parameter."""
 

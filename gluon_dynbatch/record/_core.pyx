@@ -1355,16 +1355,19 @@ cdef class Operator:
     cdef public object op
     cdef public object __name__
     cdef bint plain                  # no pass rewrites its calls
+    cdef object rewrites             # else which calls a pass may rewrite (or None: any)
     cdef int form                    # views along axis 0: 1 slice_axis, 2 concat
     cdef Py_ssize_t arrays           # array arguments before attributes (-1: any)
     cdef object typed                # attributes whose strings MXNet parses (``OpDef.typed``)
 
-    def __init__(self, RecorderCore rec, op, name, bint plain):
+    def __init__(self, RecorderCore rec, op, name, object plain):
+        """``plain``: ``passes.applies`` of the operator (True, False or a test)."""
         self.rec = rec
         self.record = rec.record
         self.op = op
         self.__name__ = name
-        self.plain = plain
+        self.plain = plain is True
+        self.rewrites = plain if callable(plain) else None
         self.form = 1 if op.name == "slice_axis" else 2 if op.name in ("concat", "Concat") \
             else 0
         self.arrays = -1 if op.arrays is None else op.arrays
@@ -1383,7 +1386,8 @@ cdef class Operator:
             # Written into an array of the user's: what ``mx.nd`` does with ``out=``
             # (its inputs read first, ``namespace._recording_invoke``).
             return self.op.nd_fn(*args, **kwargs)
-        if frame is None and self.plain and self.form == 0:
+        if frame is None and self.form == 0 and (self.plain or self.rewrites is not None
+                                                 and not self.rewrites(args, kwargs)):
             a = rec.graph_call(self.op, args, kwargs)     # a block recorded call by call
             if a is not None:
                 return a

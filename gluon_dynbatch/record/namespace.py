@@ -103,7 +103,7 @@ def _after_close(module, path, name):
 def _operator(rec, op, name):
     """``F.<op>``: the call as written goes to the recorder (``Recorder.record``),
     or, on the compiled path, straight to the frame recording now (``_core.Operator``)."""
-    return Operator(rec, op, name, op.name not in passes.BY_NAME)
+    return Operator(rec, op, name, passes.applies(op.name))
 
 
 _IDENTITY, _CAST = opdef("identity"), opdef("cast")

@@ -36,6 +36,7 @@ from ..errors import BatchingError, describe_call
 from ..ir.calls import written_shapes
 
 BY_NAME = {}        # operator name -> tuple of passes, in the order registered
+APPLIES = {}        # operator name -> when any of its passes may apply (``applies``)
 ON_BASES = []       # passes for calls reading a reshaped value
 INDEXING = []       # passes for indexing a reshaped value
 SLICES = []         # passes for a slice of a frame's value along one axis
@@ -43,10 +44,31 @@ _CHECKED = set()    # call shapes whose passes' results have the right shapes
 MAX_CHECKED = 100000
 
 
-def register(names, fn):
-    """Run pass ``fn`` on calls of the operators ``names`` (a name or a list)."""
+def register(names, fn, when=None):
+    """Run pass ``fn`` on calls of the operators ``names`` (a name or a list).
+
+    ``when(args, kwargs)``, if given, is a cheap test that is False for the
+    calls ``fn`` leaves as written (``fn`` returns None): those take the
+    recorder's short path for calls no pass rewrites (``applies``).
+    """
     for name in [names] if isinstance(names, str) else names:
         BY_NAME[name] = BY_NAME.get(name, ()) + (fn,)
+        tests = APPLIES.get(name, ())
+        APPLIES[name] = None if tests is None or when is None else tests + (when,)
+
+
+def applies(name):
+    """For the calls of operator ``name``: True when no pass rewrites them, a
+    test of ``(args, kwargs)`` when every pass of it said which calls it may
+    rewrite (True for those), else False (any call may be rewritten)."""
+    if name not in BY_NAME:
+        return True
+    tests = APPLIES.get(name)
+    if not tests:
+        return False
+    if len(tests) == 1:
+        return tests[0]
+    return lambda args, kwargs: any(test(args, kwargs) for test in tests)
 
 
 def register_on_bases(fn):

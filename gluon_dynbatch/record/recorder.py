@@ -203,7 +203,7 @@ class Recorder(RecorderCore):
         current = context.current()
         if current is None:
             return op.nd_fn(*args, **kwargs)
-        return Operator(current, op, name, op.name not in passes.BY_NAME)(*args, **kwargs)
+        return Operator(current, op, name, passes.applies(op.name))(*args, **kwargs)
 
     def flush(self):
         """Run everything pending now."""

@@ -163,6 +163,12 @@ def _rows(ns, source, begin, end, shape):
     return rows if rows.shape == tuple(shape) else ns.reshape(rows, shape=tuple(shape))
 
 
+def _based(args, kwargs):
+    """Whether ``split_on_base`` may rewrite a call: not when its data is a
+    value without a base."""
+    return len(args) != 1 or type(args[0]) is not LazyArray or args[0]._base is not None
+
+
 def split_on_base(rec, op, args, kwargs):
     """``F.split`` of a reshaped value as rows of its base."""
     if len(args) != 1 or type(args[0]) is not LazyArray or args[0]._base is None \
@@ -273,7 +279,7 @@ def index_on_base(rec, x, begins, ends, shape, whole_rows):
 
 
 passes.register(list(RESHAPES), reshape_on_base)
-passes.register(["split", "SliceChannel"], split_on_base)
+passes.register(["split", "SliceChannel"], split_on_base, when=_based)
 passes.register("stack", stack_after_ones)
 passes.register(["concat", "Concat"], concat_numbers)
 passes.register("slice_axis", slice_on_base)

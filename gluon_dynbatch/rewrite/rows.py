@@ -115,7 +115,9 @@ def _unit_move(ns, x, perm):
     return ns.reshape(x, shape=tuple(shape[axis] for axis in perm))
 
 
-passes.register(["split", "SliceChannel"], split_rows)
+passes.register(["split", "SliceChannel"], split_rows,
+                when=lambda args, kwargs: len(args) != 1 or not (
+                    type(kwargs.get("axis", 1)) is int and kwargs.get("axis", 1) > 0))
 passes.register("stack", stack_rows)
 passes.register("transpose", transpose_units)
 passes.register(["swapaxes", "SwapAxis"], swapaxes_units)

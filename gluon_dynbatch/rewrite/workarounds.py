@@ -48,7 +48,8 @@ def _prelu(ns, data, gamma):
     return ns.where(positive, data, ns.broadcast_mul(gamma, negative))
 
 
-passes.register("LeakyReLU", prelu)
+passes.register("LeakyReLU", prelu,
+                when=lambda args, kwargs: len(args) > 2 or kwargs.get("act_type") == "prelu")
 
 
 def dense_embedding_gradient(rec, op, args, kwargs):
@@ -63,4 +64,5 @@ def dense_embedding_gradient(rec, op, args, kwargs):
     return rec.call_op(op, args, dict(kwargs, sparse_grad=False))
 
 
-passes.register("Embedding", dense_embedding_gradient)
+passes.register("Embedding", dense_embedding_gradient,
+                when=lambda args, kwargs: len(args) != 2 or bool(kwargs.get("sparse_grad")))
