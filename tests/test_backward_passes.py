@@ -255,10 +255,17 @@ class TwoHeads(gdb.DynBatchBlock):
         return self.out(h), h
 
 
-def _two_passes(model, xs, batching, second, between=False):
+def _two_passes(model, xs, batching, second, between=None):
     """Gradients after ``l1.backward(retain_graph=True)`` then ``l2.backward()``;
-    ``between``: another scope of the model under ``autograd.record()`` between
-    the passes, whose outputs no loss uses (a forward pass to monitor)."""
+    ``between`` the passes: ``"scope"``, another scope of the model under
+    ``autograd.record()`` whose outputs no loss uses (a forward pass to
+    monitor); ``"another model's step"``, a Trainer step of another model."""
+    other = nn.Dense(2, in_units=3)
+    other.initialize()
+    trainer = gluon.Trainer(other.collect_params(), "sgd", {"learning_rate": 0.1})
+    with autograd.record():
+        loss = other(nd.ones((1, 3))).sum()
+    loss.backward()
     with autograd.record():
         with batching():
             outs = [model(x) for x in xs]
@@ -266,15 +273,17 @@ def _two_passes(model, xs, batching, second, between=False):
         l2 = nd.add_n(*[(h * h).sum() if second == "features" else (o * o).sum()
                         for o, h in outs])
     l1.backward(retain_graph=True)
-    if between:
+    if between == "scope":
         with autograd.record():
             with batching():
                 [model(x * 2) for x in xs]
+    elif between:
+        trainer.step(1)
     l2.backward()
     return {name: p.grad().asnumpy() for name, p in model.collect_params().items()}
 
 
-@pytest.mark.parametrize("between", [False, True], ids=["", "scope between"])
+@pytest.mark.parametrize("between", [None, "scope", "another model's step"])
 @pytest.mark.parametrize("second", ["features", "scores"])
 @pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "agenda"}])
 def test_a_second_pass_leaves_what_it_does_not_reach_as_the_first_wrote_it(

@@ -532,8 +532,12 @@ def _updating(self, *args, **kwargs):
     wrote are used, so a later pass keeps none of them where it leaves zeros
     (``_written_gradients``): it belongs to the next training step (each
     step's loss passed with ``retain_graph=True``; a term weighted 0 or a gate
-    closed for the whole batch gives zeros, as eagerly)."""
-    TLS.retained = False
+    closed for the whole batch gives zeros, as eagerly).  A Trainer of other
+    parameters (another model's) ends nothing."""
+    if TLS.retained:
+        noted = TLS.batched_params
+        if any(id(param) in noted for param in getattr(self, "_params", ())):
+            TLS.retained = False
     return _TRAINER_UPDATE(self, *args, **kwargs)
 
 
