@@ -344,13 +344,71 @@ def test_the_calls_a_pass_may_rewrite_include_attributes_given_by_position():
     embedding = passes.applies("Embedding")
     assert embedding((ids, table, 3, 2, "float32", True), {})
     assert embedding((ids, table), {"input_dim": 3, "output_dim": 2, "sparse_grad": True})
-    assert not embedding((ids, table), {"input_dim": 3, "output_dim": 2})
     leaky = passes.applies("LeakyReLU")
     assert leaky((ids, table, "prelu"), {}) and leaky((ids,), {"act_type": "prelu"})
     assert not leaky((ids,), {"act_type": "leaky", "slope": 0.1})
     split = passes.applies("split")
     assert split((table, 3, 0), {}) and split((table,), {"num_outputs": 3, "axis": 0})
     assert passes.applies("tanh") is True and passes.applies("dot") is False
+
+
+class LookupOf(gdb.DynBatchBlock):
+    """A lookup of a table whose gradient's storage and the lookup's
+    ``sparse_grad`` differ: ``how`` is ``"dense lookup"`` (``F.Embedding``
+    without ``sparse_grad``) or ``"contrib"`` (``F.contrib.SparseEmbedding``,
+    always sparse); the table is a Parameter (``grad_stype``) or an array
+    given to every sample (``table``), looked up once per sample or per word."""
+
+    def __init__(self, how, grad_stype="default", per_word=False, **kwargs):
+        super().__init__(**kwargs)
+        self.how, self.per_word = how, per_word
+        self.table = self.params.get("table", shape=(10, 4), grad_stype=grad_stype)
+
+    def hybrid_forward(self, F, words, given=None, table=None):
+        table = given if given is not None else table
+        lookup = F.contrib.SparseEmbedding if self.how == "contrib" else F.Embedding
+        parts = [words[k:k + 1] for k in range(words.shape[0])] if self.per_word else [words]
+        return F.add_n(*[F.sum(F.tanh(lookup(w, table, input_dim=10, output_dim=4)), axis=0)
+                         for w in parts])
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"compiled": "step"},
+                                     {"granularity": "op"}, {"strategy": "reference"}],
+                         ids=str)
+@pytest.mark.parametrize("case", ["dense lookup of a row-sparse parameter",
+                                  "dense lookup of a row-sparse array, per sample",
+                                  "dense lookup of a row-sparse array, per word",
+                                  "contrib lookup of a dense parameter"])
+def test_a_lookup_whose_sparse_grad_is_not_its_tables_gradient_storage(case, options):
+    """Eager MXNet falls back to the table's storage (adding the calls' dense
+    gradients); a graph's backward pass refused "sparse_grad = 0, while stype of
+    gradients w.r.t embedding weight is row_sparse", a compiled plan "Expected
+    row sparse storage type"."""
+    array = "array" in case
+    model = LookupOf("contrib" if case.startswith("contrib") else "dense",
+                     "row_sparse" if "parameter" in case and "row-sparse" in case
+                     else "default", per_word=case.endswith("per word"))
+    model.initialize(mx.init.Uniform(0.5))
+    table = nd.array(np.random.RandomState(0).uniform(-0.5, 0.5, (10, 4)))
+    table.attach_grad(stype="row_sparse")
+    samples = [nd.array(v) for v in ([1, 2, 3], [4], [1, 5])]
+    runs = []
+    for batched in (False, True):
+        with autograd.record():
+            given = (table,) if array else ()
+            if batched:
+                with gdb.batching(**options):
+                    outs = [model(x, *given) for x in samples]
+            else:
+                outs = [model(x, *given) for x in samples]
+            loss = nd.add_n(*[(o * o).sum() for o in outs])
+        loss.backward()
+        grad = table.grad if array else model.table.grad()
+        runs.append(([o.asnumpy() for o in outs], grad.tostype("default").asnumpy().copy()))
+    for got, want in zip(runs[1][0], runs[0][0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert np.abs(runs[0][1]).sum() > 0
+    np.testing.assert_allclose(runs[1][1], runs[0][1], rtol=1e-5, atol=1e-6)
 
 
 class ArgmaxOfScaled(gdb.DynBatchBlock):

@@ -11,6 +11,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.base import MXNetError
 
 import gluon_dynbatch as gdb
+from gluon_dynbatch import logs
 from gluon_dynbatch.scope import READS_BEFORE_EAGER
 from dynbatch_testing import (DenseForms, DenseTanh, Tree, assert_batched_equals_eager,
                               assert_same, check_all_strategies, outputs_of, run_model)
@@ -3459,3 +3460,37 @@ def test_code_asking_whether_F_is_mx_nd_takes_eagers_branch(where, options):
     model.initialize(mx.init.Uniform(0.5))
     samples = [(nd.array(np.arange(2 * n).reshape(n, 2) / 4.0),) for n in (1, 3, 2)]
     assert_batched_equals_eager(model, samples, options)
+
+
+class DoubledWeight(gluon.Parameter):
+    """A Parameter whose ``data()`` is its own (as gluonnlp's weight drop's):
+    twice the stored weight."""
+
+    def data(self, ctx=None):
+        return super().data(ctx) * 2
+
+
+class DoubledDense(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=4)
+        self.dense.weight.__class__ = DoubledWeight
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"granularity": "op"},
+                                     {"strategy": "reference"}], ids=str)
+def test_a_parameter_whose_data_is_its_own_is_read_once_a_flush_and_said_so(
+        options, caplog, monkeypatch):
+    monkeypatch.setattr(logs, "_WARNED", set())     # told once a process
+    model = DoubledDense()
+    model.initialize(mx.init.Uniform(0.5))
+    r = np.random.RandomState(2)
+    samples = [(nd.array(r.randn(k + 1, 4)),) for k in range(4)]
+    with caplog.at_level("WARNING", logger="gluon_dynbatch"):
+        assert_batched_equals_eager(model, samples, options)
+    told = [r.getMessage() for r in caplog.records if "whose data() is its own" in r.getMessage()]
+    assert len(told) == 1 and "DoubledWeight" in told[0]

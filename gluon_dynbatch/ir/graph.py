@@ -172,6 +172,7 @@ class Graph:
         self.literal_parts = {}    # (such a leaf, first row) -> the literal's values
         self.known_leaves = {}     # leaf -> whether it is a constant (literals.py)
         self.sparse_leaves = set()  # leaves of sparse arrays (CSR, row-sparse)
+        self.sparse_grad_leaves = set()     # leaves whose attached gradient is sparse
         self.weight_calls = {}     # call on weights only -> its node (weight_calls.py)
         self.weight_nodes = set()  # those nodes
         self.derived = {}          # id of such a node -> its outputs' DerivedWeights
@@ -206,6 +207,7 @@ class Graph:
         self.literal_parts = {}
         self.known_leaves = {}
         self.sparse_leaves = set()
+        self.sparse_grad_leaves = set()
         self.weight_calls = {}
         self.weight_nodes = set()
         self.derived = {}

@@ -67,6 +67,19 @@ def _never_computed():
         "record it again in a new scope")
 
 
+_PARAMETER_DATA = gluon.Parameter.data
+
+
+def _warn_data_read_once(parameter):
+    """Say that ``parameter``'s own ``data()`` (gluonnlp's ``WeightDropParameter``
+    draws a dropout mask in it) is read once a flush, not once a call."""
+    warn_once(("own data", type(parameter)),
+              "parameter %s is a %s, whose data() is its own: inside a scope it is read "
+              "once a flush, so the samples of a flush share its value (a weight-drop mask "
+              "is shared as in a batched model), where eager reads it at every call",
+              parameter.name, type(parameter).__name__)
+
+
 class Recorder(RecorderCore):
     """Records the calls of one batching scope on this thread."""
 
@@ -250,9 +263,11 @@ class Recorder(RecorderCore):
         node.value = array
         # ``x.attach_grad()``: see ``context._variables`` (read as MXNet reads it,
         # not noted as the samples' code reading a gradient)
-        given = context.GRAD_OF(array) is not None
-        if given:
+        grad = context.GRAD_OF(array)
+        if grad is not None:
             graph.variables[id(array)] = array
+            if grad.stype != "default":     # ``attach_grad(stype="row_sparse")``
+                graph.sparse_grad_leaves.add(node)
         if type(array) is LazyArray and array.history_freed():
             node.value = array.detach()      # as eager uses it: a constant
             warn_once("freed", "%s: a value computed in an earlier batch is used after a "
@@ -588,6 +603,8 @@ class Recorder(RecorderCore):
         if getattr(parameter, "_data", True) is None \
                 and not getattr(parameter, "_deferred_init", ()):
             parameter.data()        # never initialised: Gluon's error, as eager raises it
+        if type(parameter).data is not _PARAMETER_DATA:
+            _warn_data_read_once(parameter)
         node = graph.add(Node(graph, LEAF))
         node.param = parameter
         graph.parameters[id(parameter)] = parameter

@@ -7,15 +7,21 @@ bounds it is also given (a prelu ignores them), is recorded as
 (two of them in one graph, or one beside another input), and programs and
 compiled plans are CachedOps.
 
-``F.Embedding(..., sparse_grad=True)`` of a weight whose gradient is stored
-dense (a Parameter without ``grad_stype="row_sparse"``) is recorded with
-``sparse_grad=False``: eager MXNet falls back to a dense gradient, a graph
-refuses the call in its backward pass; the gradient's values are the same.
+A lookup's ``sparse_grad`` is recorded as its weight's gradient is stored:
+``F.Embedding(..., sparse_grad=True)`` (and ``F.contrib.SparseEmbedding``) of a
+weight whose gradient is dense (a Parameter without ``grad_stype="row_sparse"``,
+a computed table) with ``sparse_grad=False``, and ``F.Embedding`` without it of a
+weight whose gradient is row-sparse (such a Parameter, an array given
+``attach_grad(stype="row_sparse")``) with ``sparse_grad=True``.  Eager MXNet
+falls back to the stored kind (adding the dense gradients of several calls);
+a graph refuses the call in its backward pass.  The values are the same.
 """
 from mxnet.ndarray import NDArray
 
+from ..ir.ops import opdef
 from ..record import passes
 from ..record.frames import one_call
+from ..record.lazy import LazyArray
 
 
 # LeakyReLU's arguments in order; a prelu ignores the slope and bounds.
@@ -52,17 +58,52 @@ passes.register("LeakyReLU", prelu,
                 when=lambda args, kwargs: len(args) > 2 or kwargs.get("act_type") == "prelu")
 
 
-def dense_embedding_gradient(rec, op, args, kwargs):
-    """``F.Embedding(data, weight, ..., sparse_grad=True)`` where ``weight`` is no
-    Parameter with a row-sparse gradient."""
-    if not kwargs.get("sparse_grad") or len(args) < 2:
+def embedding_gradient(rec, op, args, kwargs):
+    """``F.Embedding(data, weight, ...)`` whose ``sparse_grad`` is not how
+    ``weight``'s gradient is stored, with the one that is."""
+    if len(args) < 2:
         return None
-    node, _ = rec.value_of(args[1])
+    sparse = _row_sparse_gradient(rec, args[1])
+    if bool(kwargs.get("sparse_grad")) == sparse:
+        return None
+    return rec.call_op(op, args, dict(kwargs, sparse_grad=sparse))
+
+
+def dense_sparse_embedding(rec, op, args, kwargs):
+    """``F.contrib.SparseEmbedding(data, weight, ...)`` (a lookup whose gradient is
+    always row-sparse) of a weight whose gradient is dense: ``F.Embedding``."""
+    if len(args) != 2 or not set(kwargs) <= {"input_dim", "output_dim", "dtype"} \
+            or _row_sparse_gradient(rec, args[1]):
+        return None
+    return rec.call_op(_EMBEDDING, args, dict(kwargs, sparse_grad=False))
+
+
+_EMBEDDING = opdef("Embedding")
+
+
+def _row_sparse_gradient(rec, weight):
+    """Whether ``weight``'s gradient is stored row-sparse: a Parameter declared so
+    (and trained), or an array given ``attach_grad(stype="row_sparse")``."""
+    node, _ = rec.value_of(weight)
     param = getattr(node, "param", None)
-    if param is not None and getattr(param, "_grad_stype", "default") == "row_sparse":
-        return None
-    return rec.call_op(op, args, dict(kwargs, sparse_grad=False))
+    if param is not None:
+        return getattr(param, "_grad_stype", "default") == "row_sparse" \
+            and param.grad_req != "null"
+    return node in rec.graph.sparse_grad_leaves
 
 
-passes.register("Embedding", dense_embedding_gradient,
-                when=lambda args, kwargs: len(args) != 2 or bool(kwargs.get("sparse_grad")))
+def _may_change_gradient(args, kwargs):
+    """Whether ``embedding_gradient`` may rewrite an ``F.Embedding`` call: one whose
+    attributes are given by position, asks a sparse gradient, or reads a table
+    whose gradient is row-sparse."""
+    if len(args) != 2 or kwargs.get("sparse_grad"):
+        return True
+    node = args[1]._node if type(args[1]) is LazyArray else None
+    param = getattr(node, "param", None)
+    if param is not None:
+        return getattr(param, "_grad_stype", "default") != "default"
+    return node is None or node in getattr(getattr(node, "graph", None), "sparse_grad_leaves", ())
+
+
+passes.register("Embedding", embedding_gradient, when=_may_change_gradient)
+passes.register(["SparseEmbedding", "_contrib_SparseEmbedding"], dense_sparse_embedding)

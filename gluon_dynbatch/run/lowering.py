@@ -274,7 +274,8 @@ class Lowering(SegmentWalker):
         self.leaf_ids = {}
         self.feeds = {}           # variable name -> NDArray (leaves, segment matrices)
         self.param_names = set()
-        self.sparse_grads = []    # names of parameters with sparse gradients
+        self.sparse_grads = []    # names of parameters (and leaves) with sparse gradients
+        self.unhoisted = set()    # sources of leaves with sparse gradients
         self.index_parts = []     # (variable name, int32 numpy array)
         self.steps = []           # (kind, node0, nodes, input descriptions, output sources)
         self.outputs = []         # (group description, [(node, idx, lazy)])
@@ -310,6 +311,9 @@ class Lowering(SegmentWalker):
             sid = self._new_source(("leaf", dtype_name(node.out_dtypes[0]),
                                     len(node.out_shapes[0])), rows)
             self.feeds["s%d" % sid] = leaf_value(node, self.constants)
+            if node in node.graph.sparse_grad_leaves:
+                self.sparse_grads.append("an array given to the samples")
+                self.unhoisted.add(sid)
         self.leaf_ids[node] = sid
         return sid
 
@@ -489,7 +493,7 @@ class Lowering(SegmentWalker):
         """The sorted rows of leaf ``sid`` its takes ``names`` read, when two or
         more read at most half of it (not a parameter with sparse gradients)."""
         source = self.source_desc[sid]
-        if len(names) < 2 or source[0] not in ("param", "leaf") or \
+        if len(names) < 2 or source[0] not in ("param", "leaf") or sid in self.unhoisted or \
                 source[0] == "param" and source[1] in self.sparse_grads:
             return None
         rows = np.unique(np.concatenate([index[name] for name in names]))
