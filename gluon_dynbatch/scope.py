@@ -133,6 +133,10 @@ os.register_at_fork(after_in_child=_OPEN_SCOPES.after_fork)
 #: Reads in most samples of a scope, after which it runs its samples eagerly.
 READS_BEFORE_EAGER = 4
 
+#: Seconds a read in another thread waits for the scope's thread to finish
+#: recording a sample (``BatchingScope.read``).
+OTHER_THREAD_WAIT = 10
+
 #: What ``strategy=`` takes: the planners, and the reference executor.
 STRATEGIES = PLANNERS + ("reference",)
 
@@ -169,7 +173,6 @@ class BatchingScope:
         self.recorder = None
         self._outer = None
         self._thread = None         # the thread that entered it
-        self._others_reading = threading.Lock()    # reads from other threads, one at a time
         self._mark = None
         self._executor = None       # compiled=True: this scope's (``run.choice``)
         self._reads = self._reads_counted = 0     # values read (``read``)
@@ -299,22 +302,11 @@ class BatchingScope:
         """
         self._reads += 1
         tasks = self.recorder.tasks
-        if tasks.current is not None:
-            if threading.get_ident() != self._thread:
-                # A sample of this scope runs on its stack in the scope's
-                # thread: this thread cannot wait in its place.
-                raise BatchingError(
-                    "a value of a batching scope open in another thread is read while that "
-                    "thread records a sample: read it after the scope has ended, or in the "
-                    "scope's thread (or hand it over computed: .asnumpy() there)")
-            tasks.wait()            # the sample waits; the others record (``tasks.py``)
-            return
         if threading.get_ident() != self._thread:
-            # Values read from other threads (a pool mapping over the results):
-            # one flush at a time; a thread that waited finds its value
-            # computed by the other's flush (this one runs what is left).
-            with self._others_reading:
-                self.flush()
+            self._read_in_another_thread(tasks)
+            return
+        if tasks.current is not None:
+            tasks.wait()            # the sample waits; the others record (``tasks.py``)
             return
         self._own_reads += 1
         if self._where_read is None:
@@ -335,6 +327,22 @@ class BatchingScope:
                 "so samples do not batch; the rest of this scope runs eagerly, one sample "
                 "at a time. Read values after the scope to batch.", self._where_read)
 
+    def _read_in_another_thread(self, tasks):
+        """A value is read in another thread than the scope's (a pool mapping over
+        the results): it flushes when the scope's thread records no sample and
+        runs no flush (``Tasks.lock``); a thread that waited finds its value
+        computed by the other's flush (this one runs what is left)."""
+        if not tasks.lock.acquire(timeout=OTHER_THREAD_WAIT):
+            raise BatchingError(
+                "a value of a batching scope open in another thread is read while that "
+                "thread has recorded a sample for %g s (is the sample waiting for this "
+                "thread?): read it after the scope has ended, or in the scope's thread"
+                % OTHER_THREAD_WAIT)
+        try:
+            self.flush()
+        finally:
+            tasks.lock.release()
+
     def flush(self):
         """Plan and run everything pending; fill in the live LazyArrays."""
         if self._outer is not None:             # a nested scope: the outer one's flush
@@ -342,6 +350,10 @@ class BatchingScope:
             if outer is not None:
                 outer.flush()
             return
+        with self.recorder.tasks.lock:
+            self._flush_now()
+
+    def _flush_now(self):
         rec = self.recorder
         graph = rec.graph
         start = time.perf_counter()

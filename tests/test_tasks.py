@@ -2735,3 +2735,78 @@ def test_values_of_a_scope_read_by_several_threads_at_once():
                 got = list(pool.map(lambda out: out.asnumpy(), outs))
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+class RowsLoop(gdb.DynBatchBlock):
+    """A recurrence over the rows of the sample: no read."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(8, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        h = F.zeros((1, 8))
+        for t in range(x.shape[0]):
+            h = F.tanh(self.dense(x[t:t + 1]) + h)
+        return h
+
+
+@pytest.mark.parametrize("own_reads", [False, True], ids=["pool only", "scope reads too"])
+def test_a_pool_reads_each_result_while_the_scope_records_the_next(own_reads):
+    # Each result goes to a worker thread as soon as it is returned; with
+    # ``own_reads`` the scope's thread also reads one now and then.  Two
+    # flushes ran at once ("internal error: value not produced by its flush",
+    # every run), or a worker read while a sample recorded (refused).
+    import concurrent.futures
+    model = RowsLoop()
+    model.initialize(mx.init.Uniform(0.5))
+    rs = np.random.RandomState(0)
+    xs = [nd.array(rs.randn(int(n), 3)) for n in rs.randint(1, 12, 40)]
+    want = [model(x).asnumpy() for x in xs]
+    for _ in range(4):
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            with gdb.batching():
+                futures = []
+                for k, x in enumerate(xs):
+                    out = model(x)
+                    futures.append(pool.submit(lambda v: v.asnumpy(), out))
+                    if own_reads and k % 7 == 6:
+                        out.asnumpy()
+                got = [f.result() for f in futures]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+class WaitsForAPool(gdb.DynBatchBlock):
+    """A sample that hands its own value to a worker thread and waits for it."""
+
+    def __init__(self, pool, **kwargs):
+        super().__init__(**kwargs)
+        self.pool = pool
+        with self.name_scope():
+            self.dense = nn.Dense(2, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        h = self.dense(x)
+        return h * float(self.pool.submit(lambda v: v.sum().asscalar(), h).result())
+
+
+def test_a_sample_waiting_for_a_thread_that_reads_its_value_gets_an_error(monkeypatch):
+    import concurrent.futures
+    from gluon_dynbatch import scope as scope_module
+    monkeypatch.setattr(scope_module, "OTHER_THREAD_WAIT", 0.5)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        model = WaitsForAPool(pool)
+        model.initialize()
+        x = nd.ones((2, 3))
+        assert np.isfinite(model(x).asnumpy()).all()     # eager runs
+        # Batched, the worker waits for the sample, which waits for the worker.
+        with pytest.raises(gdb.BatchingError, match="is the sample waiting for this thread"):
+            with gdb.batching():
+                model(x).asnumpy()
+    other = SummedDense()
+    other.initialize()
+    with gdb.batching():            # the next scope works
+        out = other(nd.ones((2, 4)))
+    np.testing.assert_allclose(out.asnumpy(), other(nd.ones((2, 4))).asnumpy(), rtol=1e-5)

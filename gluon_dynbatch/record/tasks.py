@@ -163,6 +163,9 @@ class Tasks:
         self.rec = rec
         self._flush = flush
         self.thread = threading.get_ident()     # the scope's: tasks switch on its stacks
+        # Held while a task records and while a flush runs: a read from another
+        # thread (a pool mapping over the results) flushes between those.
+        self.lock = threading.RLock()
         self.current = None         # the task running now; None: the scope's own code
         self.waiting = []           # tasks waiting at a read, in the order they stopped
         self._given = (None, {}, None)  # the arrays they were given (``holding``)
@@ -226,6 +229,10 @@ class Tasks:
 
     def _switch(self, task):
         """Run ``task`` until it finishes or waits, in its recording state."""
+        with self.lock:
+            self._switch_locked(task)
+
+    def _switch_locked(self, task):
         outer, outer_task = self._state(), self.current
         entry = _scoped_state()
         self.current = task
