@@ -10,6 +10,9 @@ from .run.choice import ExecutorChoice
 from .scope import STRATEGIES, check_compiled, check_granularity, check_max_pending
 
 
+_ASKS = {}      # class -> (its hybrid_forward, whether its code asks ``F is mx.nd``)
+
+
 class DynBatchBlock(gluon.HybridBlock):
     """A HybridBlock whose ``hybrid_forward`` handles one sample in plain Python.
 
@@ -74,11 +77,24 @@ class DynBatchBlock(gluon.HybridBlock):
             setattr(cls, name, helper_frames(vars(cls)[name]))
         if "hybrid_forward" in vars(cls):
             cls._closure_codes = recursive_closures(cls.hybrid_forward)
-        cls._asks_namespace = any(dispatch.asks_namespace(f) for f in dispatch.own_functions(cls))
 
     _closure_codes = frozenset()     # recursive closures of ``hybrid_forward``
-    # Its code asks ``F is mx.nd``: inside a scope it is given ``mx.nd`` itself.
-    _asks_namespace = False
+
+    @property
+    def _asks_namespace(self):
+        """Whether its code asks ``F is mx.nd`` (``dispatch.asks_namespace``):
+        inside a scope it is given ``mx.nd`` itself.  Read at a call, once the
+        module defining its helpers has run, and read again when its
+        ``hybrid_forward`` is replaced (on the block, or its class)."""
+        cls = type(self)
+        own = self.__dict__.get("hybrid_forward")
+        current = own if own is not None else cls.hybrid_forward
+        found = _ASKS.get(cls)
+        if found is None or found[0] is not current:
+            asks = any(dispatch.asks_namespace(f) for f in dispatch.own_functions(cls)) \
+                or own is not None and dispatch.asks_namespace(own)
+            found = _ASKS[cls] = (current, asks)
+        return found[1]
 
     def forward(self, *args):
         """Eager, one-sample call (outside a batching scope); traced into a
@@ -142,4 +158,4 @@ def _context_of(args):
     return mx.current_context()
 
 
-_core.bind_forward(DynBatchBlock.forward, mx.nd)
+_core.bind_forward(DynBatchBlock.forward, mx.nd, _ASKS)

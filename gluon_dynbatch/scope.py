@@ -197,6 +197,7 @@ class BatchingScope:
             self.recorder = outer
             return self
         patches.install()
+        dispatch.forget_replaced()
         self._executor = None
         self.recorder = Recorder(self.flush, read=self.read, recipe_for=recipe_for)
         self.recorder.scope = self

@@ -3448,17 +3448,90 @@ class PoolsItself(gdb.DynBatchBlock):
         return F.slice_axis(h, axis=0, begin=0, end=1)
 
 
-@pytest.mark.parametrize("where", ["child's helper", "HybridLambda", "own code"])
+class PoolsInARecursiveHelper(gdb.DynBatchBlock):
+    """Asks in a recursive helper method (wrapped by the class to record frames)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(2, in_units=2)
+
+    def encode(self, F, h, depth):
+        if depth:
+            return self.encode(F, F.tanh(self.dense(h)), depth - 1)
+        if F is mx.nd:
+            return F.mean(h, axis=0, keepdims=True)
+        return F.slice_axis(h, axis=0, begin=0, end=1)
+
+    def hybrid_forward(self, F, x):
+        return self.encode(F, x, 2)
+
+
+class PoolsLater(gdb.DynBatchBlock):
+    """Asks in a function of the module defined after the class, two calls deep."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(2, in_units=2)
+
+    def hybrid_forward(self, F, x):
+        return _pools_later(F, F.tanh(self.dense(x)))
+
+
+class PoolsInAClosure(PoolsLater):
+    """Asks in a closure, comparing with an alias of ``mx.nd``."""
+
+    def hybrid_forward(self, F, x):
+        def pool(h):
+            if F is _ND_ALIAS:
+                return F.mean(h, axis=0, keepdims=True)
+            return F.slice_axis(h, axis=0, begin=0, end=1)
+        return pool(F.tanh(self.dense(x)))
+
+
+def _pools_later(F, h):
+    return _pooled(F, h)
+
+
+_ND_ALIAS = mx.ndarray
+
+
+class PoolsLaterChild(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(2, in_units=2)
+
+    def hybrid_forward(self, F, x):
+        return F.tanh(self.dense(x))
+
+
+ASKING = {
+    "child's helper": lambda: HoldsAPooler(PoolsInAHelper()),
+    "HybridLambda": lambda: HoldsAPooler(gluon.nn.HybridLambda(_pooled)),
+    "lambda calling a helper": lambda: HoldsAPooler(
+        gluon.nn.HybridLambda(lambda F, h: _pools_later(F, h))),
+    "own code": PoolsItself,
+    "recursive helper": PoolsInARecursiveHelper,
+    "function defined after the class": PoolsLater,
+    "closure comparing an alias": PoolsInAClosure,
+    "child's class replaced after a scope": lambda: HoldsAPooler(PoolsLaterChild()),
+}
+
+
+@pytest.mark.parametrize("where", sorted(ASKING))
 @pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"strategy": "reference"},
                                      "map"], ids=str)
-def test_code_asking_whether_F_is_mx_nd_takes_eagers_branch(where, options):
-    if where == "own code":
-        model = PoolsItself()
-    else:
-        model = HoldsAPooler(PoolsInAHelper() if where == "child's helper"
-                             else gluon.nn.HybridLambda(_pooled))
+def test_code_asking_whether_F_is_mx_nd_takes_eagers_branch(where, options, monkeypatch):
+    model = ASKING[where]()
     model.initialize(mx.init.Uniform(0.5))
     samples = [(nd.array(np.arange(2 * n).reshape(n, 2) / 4.0),) for n in (1, 3, 2)]
+    if where.startswith("child's class replaced"):
+        with gdb.batching():
+            [model(*sample) for sample in samples]
+        monkeypatch.setattr(PoolsLaterChild, "hybrid_forward",
+                            lambda self, F, x: _pooled(F, F.tanh(self.dense(x))))
     assert_batched_equals_eager(model, samples, options)
 
 

@@ -1509,22 +1509,25 @@ cdef object NOT_RECORDED = None    # frames.NOT_RECORDED
 cdef dict WRAPPERS = None          # kind -> the ``forward`` that only wraps ``hybrid_forward``
 cdef object FORWARD = None         # DynBatchBlock.forward (``bind_forward``)
 cdef object ND = None              # mx.nd
+cdef object ASKS = None            # dispatch.asks_namespace
+cdef dict ASKED = None             # class -> (its hybrid_forward, whether its code asks)
 
 
-def bind_forward(forward, nd):
+def bind_forward(forward, nd, dict asked):
     """``DynBatchBlock.forward``: a block whose ``forward`` is another (replaced on
     the block or its class since) runs it inside a scope, as eagerly; and
-    ``mx.nd``, the ``F`` of a block whose code asks ``F is mx.nd``."""
-    global FORWARD, ND
-    FORWARD, ND = forward, nd
+    ``mx.nd``, the ``F`` of a block whose code asks ``F is mx.nd``, which
+    ``asked`` knows per class (``DynBatchBlock._asks_namespace``)."""
+    global FORWARD, ND, ASKED
+    FORWARD, ND, ASKED = forward, nd, asked
 
 
 def bind_dispatch(tls, kinds, kind_of, original_call, dispatch, top_call, frame_class,
-                  irregular, watch, stop, not_recorded, wrappers):
+                  irregular, watch, stop, not_recorded, wrappers, asks):
     """What the compiled ``Block.__call__`` needs of ``dispatch.py`` and its neighbours."""
     global TLS, KINDS, KIND_OF, ORIGINAL_CALL, DISPATCH, TOP_CALL, FRAME, IRREGULAR
-    global WATCH, STOP, NOT_RECORDED, WRAPPERS
-    NOT_RECORDED, WRAPPERS = not_recorded, wrappers
+    global WATCH, STOP, NOT_RECORDED, WRAPPERS, ASKS
+    NOT_RECORDED, WRAPPERS, ASKS = not_recorded, wrappers, asks
     TLS, KINDS, KIND_OF, ORIGINAL_CALL = tls, kinds, kind_of, original_call
     DISPATCH, TOP_CALL, FRAME, IRREGULAR, WATCH, STOP = (dispatch, top_call, frame_class,
                                                          irregular, watch, stop)
@@ -1552,8 +1555,11 @@ def dispatching_call(self, *args):
             return record_frame(self, <RecorderCore>rec, args)
         return TOP_CALL(self, rec, args)
     if (kind == "traced" or kind == "cell") and (
-            "forward" in self.__dict__ or getattr(cls, "forward") is not WRAPPERS[kind]):
-        kind = "opaque"     # its ``forward`` replaced since (on the block, or its class)
+            "forward" in self.__dict__ or getattr(cls, "forward") is not WRAPPERS[kind]
+            or "hybrid_forward" in self.__dict__ and ASKS(self.__dict__["hybrid_forward"])):
+        # Its ``forward`` replaced since (on the block, or its class), or its
+        # ``hybrid_forward`` on the block by code asking ``F is mx.nd``.
+        kind = "opaque"
     frame = (<RecorderCore>rec).frame
     if (kind == "traced" or kind == "cell") and frame is not None \
             and not self._forward_pre_hooks and not self._forward_hooks:
@@ -1587,7 +1593,14 @@ cpdef object record_frame(object block, RecorderCore rec, tuple args):
 cdef object _hybrid_forward(object block, RecorderCore rec, tuple args):
     # Code asking ``F is mx.nd`` is given ``mx.nd``, whose operators on pending
     # values are recorded too (through ``namespace._recording_invoke``).
-    cdef object F = ND if block._asks_namespace else rec.F
+    cdef object cls = type(block), F = rec.F
+    cdef PyObject* hit = PyDict_GetItem(ASKED, cls)
+    if hit == NULL or (<tuple><object>hit)[0] is not getattr(cls, "hybrid_forward") \
+            or "hybrid_forward" in block.__dict__:
+        if block._asks_namespace:
+            F = ND
+    elif (<tuple><object>hit)[1]:
+        F = ND
     if not block._reg_params:   # a recursive model's own block often has none
         return block.hybrid_forward(F, *args)
     return block.hybrid_forward(F, *args, **rec.params_dict(block))

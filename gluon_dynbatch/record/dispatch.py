@@ -160,6 +160,7 @@ def _has_lazy(args):
 
 
 _KINDS = {}     # block class -> how its calls are recorded (asked on every call)
+_KIND_OF = {}   # block class -> the ``hybrid_forward`` its kind was found for
 
 
 _DYNBATCH, _TRACED, _CELL, _OPAQUE, _PLAIN = "dynbatch", "traced", "cell", "opaque", "plain"
@@ -202,7 +203,18 @@ def _kind(cls):
         else:
             found = _PLAIN
         _KINDS[cls] = found
+        _KIND_OF[cls] = getattr(cls, "hybrid_forward", None)
     return found
+
+
+def forget_replaced():
+    """Forget the kinds of classes whose ``hybrid_forward`` was replaced since
+    they were found (a notebook cell assigning ``Cls.hybrid_forward``): a
+    scope's first call of them finds their kind again."""
+    for cls, function in list(_KIND_OF.items()):
+        if getattr(cls, "hybrid_forward", None) is not function:
+            _KINDS.pop(cls, None)
+            del _KIND_OF[cls]
 
 
 def _tests_identity_of_F(function):
@@ -242,45 +254,123 @@ def _identity_operands(code):
 
 
 def own_functions(cls):
-    """The functions of ``cls``'s own code (not Gluon's or this package's), and
-    the module functions they call by name."""
+    """The functions of ``cls``'s own code (not Gluon's or this package's)."""
     for klass in cls.__mro__:
-        if (klass.__module__ or "").startswith(("mxnet.", "gluon_dynbatch.")):
+        if (klass.__module__ or "").startswith(_LIBRARIES):
             continue
         for value in vars(klass).values():
             if isinstance(value, (staticmethod, classmethod)):
                 value = value.__func__
-            code = getattr(value, "__code__", None)
-            if code is None:
-                continue
-            yield value
-            called = getattr(value, "__globals__", {})
-            for name in code.co_names:
-                function = called.get(name)
-                if isinstance(function, types.FunctionType) and not (
-                        function.__module__ or "").startswith(("mxnet.", "gluon_dynbatch.")):
-                    yield function
+            if getattr(value, "__code__", None) is not None:
+                yield value
 
 
+_LIBRARIES = ("mxnet.", "gluon_dynbatch.")
 _NAMESPACES = frozenset(["nd", "sym", "ndarray", "symbol"])
-_ASKS = {}          # code object -> whether it asks ``... is mx.nd`` (``asks_namespace``)
+_NAMESPACE_MODULES = (mx.nd, mx.sym, mx.ndarray, mx.symbol)
+_ASKS = {}          # function -> whether it asks ``... is mx.nd`` (``asks_namespace``)
+MAX_CALL_DEPTH = 4
+"""How deep ``asks_namespace`` follows the functions a function calls."""
 
 
 def asks_namespace(function):
-    """Whether ``function`` compares something with MXNet's namespaces by
-    identity (``if F is mx.nd:``, ``F is nd``, ``mx.sym is F``): given the
-    recording ``F`` it would take the symbolic branch."""
-    code = getattr(function, "__code__", None)
-    if code is None:
-        return False
-    found = _ASKS.get(code)
+    """Whether ``function``, a function it defines (closures, lambdas) or a
+    function it calls by a name of its module (``helper(F, x)``,
+    ``helpers.pool(F, x)``; up to ``MAX_CALL_DEPTH`` calls deep) compares
+    something with MXNet's namespaces by identity (``if F is mx.nd:``, ``F is
+    nd``, ``mx.sym is F``, an alias ``F is mnd``): given the recording ``F`` it
+    would take the symbolic branch.  Wrapped functions are read through their
+    ``__wrapped__`` (the recursive helpers of ``recursion.py``)."""
+    found = _ASKS.get(function)
     if found is None:
-        found = _ASKS[code] = any(
-            head.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and (
-                attrs and attrs[-1] in _NAMESPACES and head.argval in ("mx", "mxnet")
-                or not attrs and head.argval in _NAMESPACES)
-            for head, attrs in _identity_operands(code))
+        found = _asks(function, MAX_CALL_DEPTH, set())
+        try:
+            _ASKS[function] = found
+        except TypeError:           # an unhashable callable
+            pass
     return found
+
+
+def _asks(function, depth, seen):
+    while hasattr(function, "__wrapped__"):
+        function = function.__wrapped__
+    code = getattr(function, "__code__", None)
+    if code is None or code in seen:
+        return False
+    seen.add(code)
+    names = _names_of(function)
+    for inner in _codes(code):
+        operands = list(_identity_operands(inner))
+        if any(_namespace(head, attrs, names) for head, attrs in operands):
+            return True
+        if depth > 0 and any(_asks(called, depth - 1, seen)
+                             for called in _called_functions(inner, names)):
+            return True
+    return False
+
+
+def _names_of(function):
+    """What the names ``function``'s code loads stand for: its module's globals
+    and the contents of its closure's cells."""
+    names = dict(getattr(function, "__globals__", None) or {})
+    cells = getattr(function, "__closure__", None) or ()
+    for name, cell in zip(function.__code__.co_freevars, cells):
+        try:
+            names[name] = cell.cell_contents
+        except ValueError:          # an empty cell (defined later)
+            pass
+    return names
+
+
+def _codes(code):
+    """``code`` and the code objects defined in it (closures, lambdas)."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+def _resolved(head, attrs, names):
+    """The object an instruction loading a name, then ``attrs``, stands for, or None."""
+    if head.opname not in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"):
+        return None
+    value = names.get(head.argval)
+    for attr in attrs:
+        if value is None:
+            return None
+        value = getattr(value, attr, None)
+    return value
+
+
+def _namespace(head, attrs, names):
+    """Whether an operand of ``is`` is one of MXNet's namespaces, by its name
+    (``mx.nd``, ``nd``) or by what it stands for (an alias)."""
+    if head.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and (
+            attrs and attrs[-1] in _NAMESPACES and head.argval in ("mx", "mxnet")
+            or not attrs and head.argval in _NAMESPACES):
+        return True
+    value = _resolved(head, attrs, names)
+    return value is not None and any(value is module for module in _NAMESPACE_MODULES)
+
+
+def _called_functions(code, names):
+    """The Python functions of user code that names in ``code`` stand for
+    (``helper``, ``helpers.pool``): a loaded name and the attributes after it."""
+    instructions = list(dis.get_instructions(code))
+    for k, ins in enumerate(instructions):
+        if ins.opname not in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"):
+            continue
+        attrs = []
+        for nxt in instructions[k + 1:]:
+            if nxt.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
+                break
+            attrs.append(nxt.argval)
+        value = _resolved(ins, attrs, names)
+        if isinstance(value, types.MethodType):
+            value = value.__func__
+        if isinstance(value, types.FunctionType) \
+                and not (value.__module__ or "").startswith(_LIBRARIES):
+            yield value
 
 
 _ORIGINAL_CALL = gluon.Block.__call__
@@ -511,4 +601,4 @@ def detach_call():
 
 _core.bind_dispatch(context.TLS, _KINDS, _kind, _ORIGINAL_CALL, dispatch, record_call, Frame,
                     tell_irregular, watch_closures, stop_watching, NOT_RECORDED,
-                    {kind: forward for forward, kind in _WRAPPERS.items()})
+                    {kind: forward for forward, kind in _WRAPPERS.items()}, asks_namespace)
