@@ -3355,6 +3355,66 @@ def test_boolean_arrays_gathered_across_samples(how, options):
     assert_batched_equals_eager(model, samples, options)
 
 
+BOOLEAN_CALLS = {
+    "tile": lambda F, h, b, flags: F.cast(F.tile(b, (2, 1)), "float32"),
+    "sum along rows": lambda F, h, b, flags: F.cast(F.sum(b, axis=0, keepdims=True),
+                                                    "float32") * h,
+    "max": lambda F, h, b, flags: F.cast(F.max(b), "float32") * h,
+    "expand_dims": lambda F, h, b, flags: F.cast(F.expand_dims(b, 0), "float32")
+    * F.expand_dims(h, 0),
+    "rows of a given mask": lambda F, h, b, flags: h[-1:] * F.cast(flags[-1:], "float32"),
+    "boolean_mask": lambda F, h, b, flags: F.contrib.boolean_mask(   # (never empty)
+        h, F.cast(F.broadcast_lesser_equal(F.sum(h, axis=1), F.mean(F.sum(h, axis=1))),
+                  "bool")),
+    "returned": lambda F, h, b, flags: (h, b),
+}
+
+
+class BooleanCalls(gdb.DynBatchBlock):
+    """Booleans a sample computes (or is given) through operators eager MXNet
+    runs on booleans."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(5, in_units=4)
+
+    def hybrid_forward(self, F, x, flags):
+        h = self.dense(x)
+        return BOOLEAN_CALLS[self.how](F, h, F.cast(h > 0, "bool"), flags)
+
+
+@pytest.mark.parametrize("how", sorted(BOOLEAN_CALLS))
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": True},
+                                     {"granularity": "op"}, {"strategy": "reference"},
+                                     "map"], ids=str)
+def test_booleans_a_sample_computes_through_operators_that_take_them(how, options):
+    # Batched, MXNet's kernels without booleans (slice_axis, split, pad)
+    # raised "Unknown type enum 7" when the engine ran them, naming no
+    # sample, and the error came back at the next unrelated backward pass.
+    model = BooleanCalls(how)
+    model.initialize(mx.init.Uniform(0.5))
+    rs = np.random.RandomState(0)
+    samples = [(nd.array(rs.randn(n, 4)), nd.array(rs.randint(0, 2, (n, 5)), dtype="bool"))
+               for n in (1, 3, 2)]
+    if how != "returned":
+        assert_batched_equals_eager(model, samples, options)
+        return
+    want = [model(*sample)[1].asnumpy() for sample in samples]
+    if options == "map":
+        outs = gdb.map(lambda sample: model(*sample)[1], samples)
+        first = [out[0].asnumpy() for out in outs]
+    else:
+        with gdb.batching(**options):
+            outs = [model(*sample)[1] for sample in samples]
+            first = [out[0].asnumpy() for out in outs]      # indexed inside the scope
+    for out, row, value in zip(outs, first, want):
+        assert out.dtype == np.bool_
+        np.testing.assert_array_equal(row, value[0])
+        np.testing.assert_array_equal(out[1:].asnumpy(), value[1:])
+
+
 def _forward_replacements():
     """A child class and a DynBatchBlock class holding it, made anew (their
     ``forward`` is replaced by the tests)."""

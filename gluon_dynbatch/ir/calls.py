@@ -160,6 +160,9 @@ def analyse(node, in_shapes, in_dtypes):
     deferred = _finish_deferred(node.inputs, inferred)
     node.out_shapes, node.out_dtypes, node.attrs = out_shapes, out_dtypes, attrs
     signature = rule_for(op.name).signature(node)
+    if signature is not None and _booleans(in_dtypes, out_dtypes) \
+            and signature[1].batching != "view":
+        signature = None    # runs alone: MXNet's gathers have no boolean kernels
     info = CallInfo(op, out_shapes, out_dtypes, attrs, signature,
                     cacheable=not deferred and op.name not in MODAL)
     info.link = info.kind == OP and is_link(op.name, node, in_shapes, in_dtypes,
@@ -167,6 +170,15 @@ def analyse(node, in_shapes, in_dtypes):
     if info.shared_pos and op.name.startswith("broadcast_") and len(out_shapes[0]) >= 2:
         info.low = tuple(k for k in info.shared_pos if len(in_shapes[k]) < len(out_shapes[0]))
     return info
+
+
+def _booleans(in_dtypes, out_dtypes):
+    """Whether a call reads or makes booleans.  MXNet 1.9.1 has no boolean
+    kernel for what batching a call needs (``concat``, ``slice_axis``, ``split``,
+    ``pad``: "Unknown type enum 7", raised when the engine runs it): such a call
+    runs alone, as recorded, as eager runs it."""
+    return any(np.dtype(dtype) == np.bool_ for dtype in in_dtypes) \
+        or any(np.dtype(dtype) == np.bool_ for dtype in out_dtypes)
 
 
 _NO_CPU_FLOAT16 = frozenset(("dot", "batch_dot", "FullyConnected", "Convolution",

@@ -189,3 +189,11 @@ _CPU = mx.cpu(0)
 _DLPACK_TYPES = {np.dtype(name): (code, np.dtype(name).itemsize * 8) for name, code in (
     ("int8", 0), ("int32", 0), ("int64", 0), ("uint8", 1),
     ("float16", 2), ("float32", 2), ("float64", 2))}
+
+
+def row_slice(array, begin, end):
+    """Rows ``begin:end`` of NDArray ``array`` (``slice_axis``; ``slice`` for
+    booleans, which ``slice_axis`` has no kernel for in MXNet 1.9.1)."""
+    if array.dtype == np.bool_:
+        return mx.nd.slice(array, begin=(begin,), end=(end,))
+    return mx.nd.slice_axis(array, axis=0, begin=begin, end=end)

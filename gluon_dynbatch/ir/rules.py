@@ -28,6 +28,7 @@ adds rules for more operators.
 import threading
 from collections import namedtuple
 
+import numpy as np
 from mxnet.symbol import Symbol
 
 from .ops import by_name
@@ -124,6 +125,10 @@ def call_as_recorded(F, node, inputs, extra_kwargs=None):
     if extra_kwargs:
         kwargs.update(extra_kwargs)
     args, kwargs = by_name(node.op, args, kwargs)
+    if node.op.name == "slice_axis" and args and getattr(args[0], "dtype", None) == np.bool_ \
+            and kwargs.get("axis") in (0, -len(args[0].shape)):
+        # Rows of booleans (``flags[-1:]``): ``slice_axis`` has no boolean kernel.
+        fn, kwargs = F.slice, {"begin": (kwargs["begin"],), "end": (kwargs["end"],)}
     out = fn(*args, **kwargs)
     if isinstance(out, (list, tuple)):
         return list(out)

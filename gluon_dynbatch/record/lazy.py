@@ -17,7 +17,7 @@ from mxnet import autograd, nd
 from mxnet.base import _LIB, check_call
 
 from ..errors import BatchingError
-from ..ir.known import autograd_symbol, device_array
+from ..ir.known import autograd_symbol, device_array, row_slice
 
 def check_dispatch(ndarray_class):
     """Raise ImportError when MXNet dispatches operators through its own Cython
@@ -505,7 +505,7 @@ class Rows:
         """Value ``k``'s rows of the output, as a new array (recorded as the flush was)."""
         begin, end = self.bounds[k]
         with autograd._RecordingStateScope(*self._recorded_as()):  # pylint: disable=W0212
-            return nd.slice_axis(self.array, axis=0, begin=begin, end=end)
+            return row_slice(self.array, begin, end)
 
 
 def split_rows(array, counts):
@@ -516,6 +516,10 @@ def split_rows(array, counts):
     """
     if len(counts) == 1:
         return [array]
+    if array.dtype == np.bool_:         # (``split`` has no boolean kernel)
+        bounds = np.cumsum([0] + list(counts))
+        return [nd.slice(array, begin=(int(b),), end=(int(e),))
+                for b, e in zip(bounds[:-1], bounds[1:])]
     if counts.count(counts[0]) == len(counts):
         return nd.split(array, num_outputs=len(counts), axis=0)
     bounds = np.cumsum(counts)[:-1]

@@ -26,7 +26,7 @@ from ..ir.graph import LEAF
 from ..errors import BatchingError, describe_call
 from ..logs import warn_once
 from ..ir.ops import first_line
-from ..ir.known import constant_array
+from ..ir.known import constant_array, row_slice
 from ..ir.rules import KNOWN, ZERO_GRADIENT_INPUTS, call_as_recorded, keeps_outputs, \
     zero_gradient
 
@@ -494,8 +494,7 @@ def _gather(desc, values, feeds):
     if kind == "rows":                  # delivered as rows of step outputs, not gathered
         return [(values[sid], begin, end) for sid, begin, end in desc[1]]
     if kind == "slice":
-        return mx.nd.slice_axis(_gather(("direct", desc[1]), values, feeds), axis=0,
-                                begin=desc[2], end=desc[3])
+        return row_slice(_gather(("direct", desc[1]), values, feeds), desc[2], desc[3])
     sources = [_gather(("direct", sid), values, feeds) for sid in desc[1]]
     table = sources[0] if len(sources) == 1 else _concat_rows(sources)
     return mx.nd.take(table, feeds[desc[2]], axis=0)
