@@ -21,7 +21,7 @@ import gluon_dynbatch as gdb
 import idiom_models as im
 from gluon_dynbatch.ir.rules import rule_for
 from dynbatch_testing import (DenseTanh, Tree, assert_same, check_all_strategies, make_model,
-                              outputs_of, run_model)
+                              output_of_script, outputs_of, run_model)
 
 H = 4
 
@@ -404,6 +404,48 @@ def test_recursion_deeper_than_the_limit_raises_a_short_error():
     with gdb.batching():                         # the next scope records as usual
         out = model(_chain(3), table)
     assert out.shape == (1, 3)
+
+
+_DEEP_CHAIN = r"""
+import sys
+import mxnet as mx
+from mxnet import gluon, nd
+import gluon_dynbatch as gdb
+
+class Node:
+    def __init__(self, word, children=()):
+        self.word, self.children = word, list(children)
+
+class Chain(gdb.DynBatchBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=4)
+    def hybrid_forward(self, F, tree, emb):
+        x = emb[tree.word:tree.word + 1]
+        for child in tree.children:
+            x = x + self(child, emb)
+        return F.tanh(self.dense(x))
+
+model = Chain()
+model.initialize()
+tree = Node(0)
+for k in range(7999):
+    tree = Node(k % 7, [tree])
+sys.setrecursionlimit(10000)
+try:
+    with gdb.batching():
+        model(tree, nd.ones((7, 4))).asnumpy()
+    print("recorded")
+except RecursionError:
+    print("RecursionError")
+"""
+
+
+def test_a_raised_recursion_limit_is_raised_no_further_than_the_stack_allows():
+    # Eager raises RecursionError on this chain; recording raised the limit
+    # four times over, and the C stack overflowed (a segfault).
+    assert output_of_script(_DEEP_CHAIN).split() == ["RecursionError"]
 
 
 # --------------------------------------------------------------------------

@@ -394,7 +394,7 @@ cdef class State:
     cdef public object dropped         # a cut point's calls learned before it was one, or None
     cdef public bint single
     cdef public object shape, dtype
-    cdef object _parent, _start
+    cdef object _parent, _start, _root
     cdef object __weakref__
 
     def __init__(self, step=None, State parent=None, State start=None, counter=None):
@@ -408,6 +408,8 @@ cdef class State:
         # freed at once (its states are held from the root down).
         self._parent = None if parent is None else weakref.ref(parent)
         self._start = None if start is None or start is self else weakref.ref(start)
+        # (kept: a long loop's path is a chain of states, walked at every call)
+        self._root = None if parent is None else weakref.ref(parent.root())
         self.counter = counter if counter is not None else (
             parent.counter if parent is not None else [0])
         self.counter[0] += 1
@@ -427,9 +429,15 @@ cdef class State:
         """The state where this state's segment began (a root or a cut)."""
         return self if self._start is None else self._start()
 
-    def root(self):
+    cpdef State root(self):
         """The root of this state's trie."""
-        state = self
+        cdef object found
+        if self._root is None:
+            return self
+        found = self._root()
+        if found is not None:
+            return found
+        state = self            # (a root freed while this state is still held)
         while state.parent is not None:
             state = state.parent
         return state

@@ -26,6 +26,7 @@ block with hooks); recording goes on in a new segment.  A frame that meets
 something templates cannot describe falls back: it is cut and the rest of its
 calls are recorded one node per operator, as outside frames.
 """
+import itertools
 import inspect
 
 import numpy as np
@@ -574,7 +575,11 @@ class Frame(FrameCore):
             rec.tainted = outer_taint or rec.tainted
         if ok and len(before.written) < MAX_WRITTEN:
             reads = []
-            for ident, pos in list(self.ext.items())[ext_before:]:
+            # The outside arrays the call read first, in order (taken from the
+            # end: a long loop's frame holds thousands).
+            added = list(itertools.islice(reversed(self.ext.items()),
+                                          max(len(self.ext) - ext_before, 0)))
+            for ident, pos in reversed(added):
                 k = unread.get(ident)
                 if k is None:
                     return out                  # it read something else from outside

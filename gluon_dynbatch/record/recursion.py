@@ -28,6 +28,11 @@ from . import context
 FRAMES_PER_LEVEL = 4
 # And this many beyond the deepest call: analysing a call, inferring shapes.
 HEADROOM = 200
+# Never raised past this many frames (unless the user's limit is higher): the
+# compiled recording's calls take C stack the limit does not count, and a
+# limit raised further let a deep recursion overflow it (a segfault where
+# eager raises RecursionError).
+MOST_FRAMES = 16000
 _LIMIT_LOCK = threading.Lock()
 _RAISED = [0, None]     # top-level calls recording, and the limit before the first
 
@@ -153,7 +158,8 @@ def raise_limit():
     with _LIMIT_LOCK:
         if not _RAISED[0]:
             _RAISED[1] = limit = sys.getrecursionlimit()
-            sys.setrecursionlimit(limit * FRAMES_PER_LEVEL + HEADROOM)
+            sys.setrecursionlimit(max(limit, min(limit * FRAMES_PER_LEVEL + HEADROOM,
+                                                 MOST_FRAMES)))
         _RAISED[0] += 1
 
 
