@@ -88,7 +88,8 @@ class DynBatchBlock(gluon.HybridBlock):
         ``hybrid_forward`` is replaced (on the block, or its class)."""
         cls = type(self)
         own = self.__dict__.get("hybrid_forward")
-        current = own if own is not None else cls.hybrid_forward
+        # (a method set on the block is kept as its function: not holding the block)
+        current = dispatch.plain_function(own) if own is not None else cls.hybrid_forward
         found = _ASKS.get(cls)
         if found is None or found[0] is not current:
             asks = any(dispatch.asks_namespace(f) for f in dispatch.own_functions(cls)) \

@@ -135,7 +135,7 @@ READS_BEFORE_EAGER = 4
 
 #: Seconds a read in another thread waits for the scope's thread to finish
 #: recording a sample (``BatchingScope.read``).
-OTHER_THREAD_WAIT = 10
+OTHER_THREAD_WAIT = 30
 
 #: What ``strategy=`` takes: the planners, and the reference executor.
 STRATEGIES = PLANNERS + ("reference",)
@@ -302,7 +302,10 @@ class BatchingScope:
         Later scopes of the same model give up at their first such read.
         """
         self._reads += 1
-        tasks = self.recorder.tasks
+        rec = self.recorder
+        if rec is None:                 # ended meanwhile (read in another thread)
+            return
+        tasks = rec.tasks
         if threading.get_ident() != self._thread:
             self._read_in_another_thread(tasks)
             return
@@ -333,14 +336,17 @@ class BatchingScope:
         the results): it flushes when the scope's thread records no sample and
         runs no flush (``Tasks.lock``); a thread that waited finds its value
         computed by the other's flush (this one runs what is left)."""
-        if not tasks.lock.acquire(timeout=OTHER_THREAD_WAIT):
-            raise BatchingError(
-                "a value of a batching scope open in another thread is read while that "
-                "thread has recorded a sample for %g s (is the sample waiting for this "
-                "thread?): read it after the scope has ended, or in the scope's thread"
-                % OTHER_THREAD_WAIT)
+        while not tasks.lock.acquire(timeout=OTHER_THREAD_WAIT):
+            rec = self.recorder
+            if rec is None or not rec.flushing:     # (a long flush: wait on)
+                raise BatchingError(
+                    "a value of a batching scope open in another thread is read while that "
+                    "thread has recorded a sample for %g s (is the sample waiting for this "
+                    "thread?): read it after the scope has ended, or in the scope's thread"
+                    % OTHER_THREAD_WAIT)
         try:
-            self.flush()
+            if self.recorder is not None:   # (else the scope's end computed it)
+                self.flush()
         finally:
             tasks.lock.release()
 
@@ -383,7 +389,7 @@ class BatchingScope:
                 with context.modes_within(graph.mode):
                     self._run(graph, live, needed, stats)
                     if mx.autograd.is_recording():
-                        context.note_batched(graph)
+                        context.note_batched(graph, self._thread)
         except Exception as err:
             graph.error = "%s: %s" % (type(err).__name__, err)
             if isinstance(err, (BatchingError, MemoryError)):

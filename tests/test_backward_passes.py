@@ -269,11 +269,17 @@ def _two_passes(model, xs, batching, second, between=None):
     with autograd.record():
         with batching():
             outs = [model(x) for x in xs]
+            if between == "a pool read the outputs":     # (its flush: in a worker thread)
+                import concurrent.futures
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    list(pool.map(lambda out: out[0].asnumpy(), outs))
         l1 = nd.add_n(*[o.sum() for o, _ in outs])
         l2 = nd.add_n(*[(h * h).sum() if second == "features" else (o * o).sum()
                         for o, h in outs])
     l1.backward(retain_graph=True)
-    if between == "scope":
+    if between == "a pool read the outputs":
+        pass
+    elif between == "scope":
         with autograd.record():
             with batching():
                 [model(x * 2) for x in xs]
@@ -283,7 +289,8 @@ def _two_passes(model, xs, batching, second, between=None):
     return {name: p.grad().asnumpy() for name, p in model.collect_params().items()}
 
 
-@pytest.mark.parametrize("between", [None, "scope", "another model's step"])
+@pytest.mark.parametrize("between", [None, "scope", "another model's step",
+                                     "a pool read the outputs"])
 @pytest.mark.parametrize("second", ["features", "scores"])
 @pytest.mark.parametrize("options", [{}, {"compiled": True}, {"strategy": "agenda"}])
 def test_a_second_pass_leaves_what_it_does_not_reach_as_the_first_wrote_it(

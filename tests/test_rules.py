@@ -366,10 +366,12 @@ class LookupOf(gdb.DynBatchBlock):
 
     def hybrid_forward(self, F, words, given=None, table=None):
         table = given if given is not None else table
-        lookup = F.contrib.SparseEmbedding if self.how == "contrib" else F.Embedding
+        lookup, extra = F.Embedding, {}
+        if self.how == "contrib":
+            lookup, extra = F.contrib.SparseEmbedding, {"deterministic": True}
         parts = [words[k:k + 1] for k in range(words.shape[0])] if self.per_word else [words]
-        return F.add_n(*[F.sum(F.tanh(lookup(w, table, input_dim=10, output_dim=4)), axis=0)
-                         for w in parts])
+        return F.add_n(*[F.sum(F.tanh(lookup(w, table, input_dim=10, output_dim=4, **extra)),
+                               axis=0) for w in parts])
 
 
 @pytest.mark.parametrize("options", [{}, {"compiled": True}, {"compiled": "step"},

@@ -2810,3 +2810,20 @@ def test_a_sample_waiting_for_a_thread_that_reads_its_value_gets_an_error(monkey
     with gdb.batching():            # the next scope works
         out = other(nd.ones((2, 4)))
     np.testing.assert_allclose(out.asnumpy(), other(nd.ones((2, 4))).asnumpy(), rtol=1e-5)
+
+
+def test_values_read_by_a_pool_while_the_scope_ends():
+    # Reads submitted inside the scope, collected after it: a read that waited
+    # for the scope's end flush found the scope gone (AttributeError).
+    import concurrent.futures
+    model = RowsLoop()
+    model.initialize(mx.init.Uniform(0.5))
+    rs = np.random.RandomState(1)
+    xs = [nd.array(rs.randn(n, 3)) for n in (2, 5, 1, 3)]
+    want = [model(x).asnumpy() for x in xs]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for _ in range(20):
+            with gdb.batching():
+                futures = [pool.submit(lambda v: v.asnumpy(), model(x)) for x in xs]
+            for future, w in zip(futures, want):
+                np.testing.assert_allclose(future.result(), w, rtol=1e-5, atol=1e-6)

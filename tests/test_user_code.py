@@ -1,6 +1,7 @@
 """Code written the way users write it: containers, aliases, in-place updates, kept values."""
 import collections
 import contextlib
+import functools
 import gc
 import re
 
@@ -3557,6 +3558,27 @@ def _pools_later(F, h):
 _ND_ALIAS = mx.ndarray
 
 
+def _pools_unless(F, h, keep):
+    if F is mx.nd and not keep:
+        return F.mean(h, axis=0, keepdims=True)
+    return F.slice_axis(h, axis=0, begin=0, end=1)
+
+
+_pools_partially = functools.partial(_pools_unless, keep=False)
+
+
+class PoolsThroughAPartial(gdb.DynBatchBlock):
+    """Asks in a function reached through a ``functools.partial``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(2, in_units=2)
+
+    def hybrid_forward(self, F, x):
+        return _pools_partially(F, F.tanh(self.dense(x)))
+
+
 class PoolsLaterChild(gluon.HybridBlock):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -3576,6 +3598,7 @@ ASKING = {
     "recursive helper": PoolsInARecursiveHelper,
     "function defined after the class": PoolsLater,
     "closure comparing an alias": PoolsInAClosure,
+    "function through a partial": PoolsThroughAPartial,
     "child's class replaced after a scope": lambda: HoldsAPooler(PoolsLaterChild()),
 }
 
@@ -3627,3 +3650,24 @@ def test_a_parameter_whose_data_is_its_own_is_read_once_a_flush_and_said_so(
         assert_batched_equals_eager(model, samples, options)
     told = [r.getMessage() for r in caplog.records if "whose data() is its own" in r.getMessage()]
     assert len(told) == 1 and "DoubledWeight" in told[0]
+
+
+def _own_forward(self, F, x):
+    return F.tanh(self.dense(x))
+
+
+def test_a_block_given_a_hybrid_forward_of_its_own_is_freed_after_its_scope():
+    import types
+    import weakref
+    refs = []
+    for _ in range(3):
+        model = PoolsLater()
+        model.initialize()
+        model.hybrid_forward = types.MethodType(_own_forward, model)
+        with gdb.batching():
+            out = model(nd.ones((2, 2)))
+        np.testing.assert_allclose(out.asnumpy(), model(nd.ones((2, 2))).asnumpy(), rtol=1e-6)
+        refs.append(weakref.ref(model))
+        del model, out
+    gc.collect()
+    assert not [ref for ref in refs if ref() is not None]

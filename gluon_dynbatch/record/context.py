@@ -177,13 +177,37 @@ the graph: a loop recording under autograd that never runs a pass keeps the
 newest only (of each)."""
 
 
-def note_batched(graph):
+_HANDED = {}        # thread id -> notes of flushes other threads ran for its scopes
+_HANDED_LOCK = threading.Lock()
+
+
+def note_batched(graph, thread=None):
     """Note that ``graph`` ran under autograd: its parameters and arrays with
-    gradients are reached by batched steps a later pass runs through."""
+    gradients are reached by batched steps a later pass runs through.  A
+    flush run by another thread than the scope's (``thread``: a read in a
+    pool) hands the note to the scope's thread, whose passes ask."""
+    if thread is not None and thread != threading.get_ident():
+        with _HANDED_LOCK:
+            _HANDED.setdefault(thread, []).append((dict(graph.parameters),
+                                                   dict(graph.variables)))
+        return
+    _note(graph.parameters, graph.variables)
+
+
+def _take_handed():
+    """Note what flushes run by other threads for this thread's scopes noted."""
+    if _HANDED:
+        with _HANDED_LOCK:
+            handed = _HANDED.pop(threading.get_ident(), ())
+        for parameters, variables in handed:
+            _note(parameters, variables)
+
+
+def _note(parameters, variables):
     TLS.batched_history = True
     TLS.param_data = None
-    for noted, new in ((TLS.batched_params, graph.parameters),
-                       (TLS.batched_variables, graph.variables)):
+    for noted, new in ((TLS.batched_params, parameters),
+                       (TLS.batched_variables, variables)):
         noted.update(new)
         excess = len(noted) - MAX_VARIABLES
         if excess > 0:                  # the oldest first (insertion order)
@@ -231,6 +255,7 @@ def _counting_backward(backward, position=2, to_variables=False):
     other samples' arrays' gradients as they were.
     """
     def wrapper(*args, **kwargs):
+        _take_handed()
         heads = args[0] if args else kwargs.get("heads")
         create = to_variables and bool(kwargs.get("create_graph",
                                                   args[4] if len(args) > 4 else False))
@@ -534,6 +559,7 @@ def _updating(self, *args, **kwargs):
     step's loss passed with ``retain_graph=True``; a term weighted 0 or a gate
     closed for the whole batch gives zeros, as eagerly).  A Trainer of other
     parameters (another model's) ends nothing."""
+    _take_handed()
     if TLS.retained:
         noted = TLS.batched_params
         if any(id(param) in noted for param in getattr(self, "_params", ())):

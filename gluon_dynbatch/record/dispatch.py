@@ -21,9 +21,11 @@ states records its ``F.RNN`` without state outputs, so calls of every length
 share one padded call (``rules.layers.PaddedRNNRule``).
 """
 import dis
+import functools
 import logging
 import sys
 import types
+import weakref
 
 import greenlet
 import mxnet as mx
@@ -268,7 +270,9 @@ def own_functions(cls):
 _LIBRARIES = ("mxnet.", "gluon_dynbatch.")
 _NAMESPACES = frozenset(["nd", "sym", "ndarray", "symbol"])
 _NAMESPACE_MODULES = (mx.nd, mx.sym, mx.ndarray, mx.symbol)
-_ASKS = {}          # function -> whether it asks ``... is mx.nd`` (``asks_namespace``)
+# function -> whether it asks ``... is mx.nd`` (``asks_namespace``); weak: a
+# block's own ``hybrid_forward`` set on it is a bound method of the block.
+_ASKS = weakref.WeakKeyDictionary()
 MAX_CALL_DEPTH = 4
 """How deep ``asks_namespace`` follows the functions a function calls."""
 
@@ -281,19 +285,33 @@ def asks_namespace(function):
     nd``, ``mx.sym is F``, an alias ``F is mnd``): given the recording ``F`` it
     would take the symbolic branch.  Wrapped functions are read through their
     ``__wrapped__`` (the recursive helpers of ``recursion.py``)."""
-    found = _ASKS.get(function)
+    function = plain_function(function)
+    try:
+        found = _ASKS.get(function)
+    except TypeError:               # (not weakly referable)
+        return _asks(function, MAX_CALL_DEPTH, set())
     if found is None:
-        found = _asks(function, MAX_CALL_DEPTH, set())
-        try:
-            _ASKS[function] = found
-        except TypeError:           # an unhashable callable
-            pass
+        found = _ASKS[function] = _asks(function, MAX_CALL_DEPTH, set())
     return found
 
 
+def plain_function(function):
+    """The function that runs when ``function`` is called: through bound methods,
+    ``functools.partial`` and wrappers (``__wrapped__``)."""
+    for _ in range(MAX_CALL_DEPTH * 4):
+        if isinstance(function, types.MethodType):
+            function = function.__func__
+        elif isinstance(function, functools.partial):
+            function = function.func
+        elif hasattr(function, "__wrapped__"):
+            function = function.__wrapped__
+        else:
+            break
+    return function
+
+
 def _asks(function, depth, seen):
-    while hasattr(function, "__wrapped__"):
-        function = function.__wrapped__
+    function = plain_function(function)
     code = getattr(function, "__code__", None)
     if code is None or code in seen:
         return False
@@ -365,9 +383,7 @@ def _called_functions(code, names):
             if nxt.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
                 break
             attrs.append(nxt.argval)
-        value = _resolved(ins, attrs, names)
-        if isinstance(value, types.MethodType):
-            value = value.__func__
+        value = plain_function(_resolved(ins, attrs, names))
         if isinstance(value, types.FunctionType) \
                 and not (value.__module__ or "").startswith(_LIBRARIES):
             yield value

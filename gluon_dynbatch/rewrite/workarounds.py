@@ -72,10 +72,13 @@ def embedding_gradient(rec, op, args, kwargs):
 def dense_sparse_embedding(rec, op, args, kwargs):
     """``F.contrib.SparseEmbedding(data, weight, ...)`` (a lookup whose gradient is
     always row-sparse) of a weight whose gradient is dense: ``F.Embedding``."""
-    if len(args) != 2 or not set(kwargs) <= {"input_dim", "output_dim", "dtype"} \
+    if len(args) != 2 or not set(kwargs) <= {"input_dim", "output_dim", "dtype",
+                                             "deterministic", "name"} \
             or _row_sparse_gradient(rec, args[1]):
         return None
-    return rec.call_op(_EMBEDDING, args, dict(kwargs, sparse_grad=False))
+    # (``deterministic`` orders the sparse gradient's rows: a dense one has no order)
+    kept = {k: v for k, v in kwargs.items() if k not in ("deterministic", "name")}
+    return rec.call_op(_EMBEDDING, args, dict(kept, sparse_grad=False))
 
 
 _EMBEDDING = opdef("Embedding")
