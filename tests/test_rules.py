@@ -11,7 +11,8 @@ from mxnet import autograd, gluon, nd
 
 import gluon_dynbatch as gdb
 from dynbatch_testing import (assert_batched_equals_eager, assert_same, check_all_strategies,
-                              make_model, outputs_of, reference_run, rng, run_model)
+                              make_model, output_of_script, outputs_of, reference_run, rng,
+                              run_model)
 
 
 class OneOp(gdb.DynBatchBlock):
@@ -411,6 +412,53 @@ def test_a_lookup_whose_sparse_grad_is_not_its_tables_gradient_storage(case, opt
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert np.abs(runs[0][1]).sum() > 0
     np.testing.assert_allclose(runs[1][1], runs[0][1], rtol=1e-5, atol=1e-6)
+
+
+_COMPUTED_INDICES = r"""
+import sys
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+import gluon_dynbatch as gdb
+
+class Lookup(gdb.DynBatchBlock):
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(6, in_units=4, flatten=False)
+            self.table = self.params.get("table", shape=(10, 6))
+    def hybrid_forward(self, F, x, table):
+        h = self.dense(x)
+        idx = F.clip(F.floor(F.abs(h[:, 0]) * 5), 0, 9)
+        e = F.Embedding(idx, table, input_dim=10, output_dim=6) if self.how == "embedding" \
+            else F.take(table, idx)
+        return h * F.sum(e, axis=0, keepdims=True) + e.sum()
+
+model = Lookup(sys.argv[1])
+model.initialize(mx.init.Uniform(0.5))
+rs = np.random.RandomState(0)
+xs = [nd.array(rs.randn(n, 4)) for n in (1, 3, 2, 4)]
+for options in (None, dict(granularity="op", compiled="step", max_pending_nodes=5)):
+    with autograd.record():
+        if options is None:
+            outs = [model(x) for x in xs]
+        else:
+            with gdb.batching(**options):
+                outs = [model(x) for x in xs]
+        loss = nd.add_n(*[o.sum() for o in outs])
+    loss.backward()
+    print(float(loss.asscalar()), float(model.table.grad().sum().asscalar()))
+"""
+
+
+@pytest.mark.parametrize("how", ["embedding", "take"])
+def test_compiled_steps_of_a_lookup_by_indices_the_sample_computes(how):
+    # The gather of the indices took a zero gradient only, inside a compiled
+    # step: MXNet's backward pass crashed the process (a segfault).
+    eager, batched = [[float(v) for v in line.split()]
+                      for line in output_of_script(_COMPUTED_INDICES, how).split("\n")[:2]]
+    np.testing.assert_allclose(batched, eager, rtol=1e-5)
 
 
 class ArgmaxOfScaled(gdb.DynBatchBlock):

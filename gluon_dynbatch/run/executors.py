@@ -617,8 +617,11 @@ def run_steps(plan, live, ctx, cache, stats):
         zero = zero_gradient(node0.op.name, node0.args, node0.kwargs)
         if zero:
             detached.append((ins, range(len(ins))))
+        # Inputs no gradient goes back to (read only through detach(); an index,
+        # a shape): their arrays are detached, as ``run_interpreted`` gathers
+        # them (MXNet's backward crashed where only a zero reached a gather).
         unread = _unread_program_inputs(node0, len(ins), len(outs)) if kind == "program" \
-            else ()
+            else _zero_gradient_positions(kind, node0, len(ins))
         if unread:
             detached.append((ins, unread))
         arrays, shape = [], []
