@@ -1368,11 +1368,14 @@ class WaitsForAReader(gdb.DynBatchBlock):
         return F.tanh(self.dense(x[k:k + 2]))
 
 
-def test_a_value_read_from_another_thread_while_a_sample_records_is_refused():
+def test_a_value_read_from_another_thread_while_a_sample_records_is_refused(monkeypatch):
     """The reader switched to the recording sample's stack from its own thread:
     a greenlet error there, and the recording thread's scope failed at its end
-    (its results lost)."""
+    (its results lost).  A reader waits for the sample to finish; this sample
+    waits for the reader, which gets an error after a while."""
     import threading
+    from gluon_dynbatch import scope as scope_module
+    monkeypatch.setattr(scope_module, "OTHER_THREAD_WAIT", 0.5)
     started, tried = threading.Event(), threading.Event()
     mx.random.seed(0)
     model = WaitsForAReader(2, started, tried)

@@ -4,6 +4,8 @@ Each case records the same operator for several samples with different row
 counts and checks every strategy, imperative and compiled, against the
 reference executor, outputs and gradients.
 """
+import random
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -459,6 +461,38 @@ def test_compiled_steps_of_a_lookup_by_indices_the_sample_computes(how):
     eager, batched = [[float(v) for v in line.split()]
                       for line in output_of_script(_COMPUTED_INDICES, how).split("\n")[:2]]
     np.testing.assert_allclose(batched, eager, rtol=1e-5)
+
+
+class VectorLM(gdb.DynBatchBlock):
+    """A language model on 1-d vectors, DyNet's way: ``pickneglogsoftmax`` as
+    ``-F.pick(F.log_softmax(v), F.array([y]), axis=0)``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.E = self.params.get("E", shape=(9, 4))
+        self.W = self.params.get("W", shape=(4, 4))
+        self.R = self.params.get("R", shape=(9, 4))
+
+    def hybrid_forward(self, F, sentence, E, W, R):
+        h, losses = F.zeros((4,)), []
+        for word, nxt in zip(sentence, sentence[1:] + [0]):
+            h = F.tanh(F.dot(W, h) + E[word])
+            losses.append(-F.pick(F.log_softmax(F.dot(R, h)), F.array([nxt]), axis=0))
+        return F.add_n(*losses)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"granularity": "op"}], ids=str)
+def test_picks_of_1d_vectors_batch(options):
+    model = VectorLM()
+    model.initialize(mx.init.Uniform(0.3))
+    r = random.Random(0)
+    samples = [([r.randrange(1, 9) for _ in range(r.randint(2, 7))],) for _ in range(8)]
+    assert_batched_equals_eager(model, samples, options)
+    with gdb.batching(**options) as scope:
+        outs = [model(*sample) for sample in samples]
+    assert all(np.isfinite(out.asnumpy()).all() for out in outs)
+    picks = sum(len(sample[0]) for sample in samples)
+    assert scope.stats.steps < picks        # (each pick ran as a step of its own)
 
 
 class ArgmaxOfScaled(gdb.DynBatchBlock):

@@ -1,4 +1,5 @@
-"""``F.dot`` of 1-d vectors (code ported from DyNet) and of attention scores.
+"""``F.dot`` and ``F.pick`` of 1-d vectors (code ported from DyNet), and
+``F.dot`` of attention scores.
 
 A vector's rows are its elements, so ``F.dot(W, x)`` of a matrix and a 1-d
 vector ``x`` does not batch along axis 0 as it is.  Of a weight ``W`` (a
@@ -73,5 +74,23 @@ def _as_row_product(rec, op, vector, matrix, transpose):
     return ns.reshape(out, shape=(-1,))
 
 
+def vector_pick(rec, op, args, kwargs):
+    """``F.pick(v, i, axis=0)`` of a pending 1-d vector and one index (DyNet's
+    ``pickneglogsoftmax``), as the pick of one row: ``F.pick(v.reshape((1, -1)),
+    i.reshape((1,)), axis=1)``, the same (1,) value and gradients.  A vector's
+    rows are its elements: the call as written runs alone."""
+    if len(args) != 2 or not set(kwargs) <= {"axis", "keepdims", "mode"} \
+            or not _vector(args[0]) or not isinstance(args[1], NDArray) \
+            or args[1].size != 1 or kwargs.get("axis", -1) not in (0, -1):
+        return None
+    return one_call(rec, _row_pick, rec.F, args[0], args[1], kwargs.get("mode", "clip"))
+
+
+def _row_pick(ns, vector, index, mode):
+    return ns.pick(ns.reshape(vector, shape=(1, -1)), ns.reshape(index, shape=(1,)),
+                   axis=1, mode=mode)
+
+
 passes.register("dot", vector_dot)
 passes.register("dot", attention_dot)
+passes.register("pick", vector_pick)
