@@ -3344,15 +3344,20 @@ class BooleanMasks(gdb.DynBatchBlock):
         return h, F.cast(F.cast(h > 0, "bool"), "float32")
 
 
+def _boolean_samples():
+    """Three samples of 1-3 rows: values and a boolean mask of their own."""
+    rs = np.random.RandomState(0)
+    return [(nd.array(rs.randn(n, 4)), nd.array(rs.randint(0, 2, (n, 5)), dtype="bool"))
+            for n in (1, 3, 2)]
+
+
 @pytest.mark.parametrize("how", ["given", "literal"])
 @pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": True},
                                      {"granularity": "op"}, "map"], ids=str)
 def test_boolean_arrays_gathered_across_samples(how, options):
     model = BooleanMasks(how)
     model.initialize(mx.init.Uniform(0.5))
-    rs = np.random.RandomState(0)
-    samples = [(nd.array(rs.randn(n, 4)), nd.array(rs.randint(0, 2, (n, 5)), dtype="bool"))
-               for n in (1, 3, 2)]
+    samples = _boolean_samples()
     assert_batched_equals_eager(model, samples, options)
 
 
@@ -3396,9 +3401,7 @@ def test_booleans_a_sample_computes_through_operators_that_take_them(how, option
     # sample, and the error came back at the next unrelated backward pass.
     model = BooleanCalls(how)
     model.initialize(mx.init.Uniform(0.5))
-    rs = np.random.RandomState(0)
-    samples = [(nd.array(rs.randn(n, 4)), nd.array(rs.randint(0, 2, (n, 5)), dtype="bool"))
-               for n in (1, 3, 2)]
+    samples = _boolean_samples()
     if how != "returned":
         assert_batched_equals_eager(model, samples, options)
         return
