@@ -8,9 +8,9 @@ import pytest
 from mxnet import gluon, nd
 
 import gluon_dynbatch as gdb
-from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, TanhDense, Tree, assert_same,
-                              make_model, output_of_script, random_tree, reference_run, rng,
-                              run_model)
+from dynbatch_testing import (ChildSumCell, ChildSumTreeLSTM, DenseTanh, TanhDense, Tree,
+                              assert_same, make_model, output_of_script, random_tree,
+                              reference_run, rng, run_model)
 from gluon_dynbatch.run.cache import PlanCache
 
 
@@ -715,3 +715,17 @@ def test_a_plan_longer_than_the_whole_plan_bound_runs_as_compiled_steps_under_pl
         sys.setrecursionlimit(limit)
     assert_same(got, expected)
     assert bool(whole_runs) == whole, (whole_runs, got[2])
+
+
+def test_the_memos_of_call_shapes_stay_bounded_under_ever_new_shapes(monkeypatch):
+    # A server seeing new row counts at every batch grew them without bound.
+    from gluon_dynbatch.ir import calls, ops
+    monkeypatch.setattr(ops, "MAX_INFERRED", 50)
+    monkeypatch.setattr(calls, "MAX_INFOS", 50)
+    model = make_model(DenseTanh)
+    for rows in range(1, 40):
+        x = nd.array(np.random.RandomState(rows).randn(rows, 3))
+        with gdb.batching():
+            out = model(x)
+        np.testing.assert_allclose(out.asnumpy(), model(x).asnumpy(), rtol=1e-5, atol=1e-6)
+        assert len(ops.INFER._cache) <= 50 and len(calls.INFOS) <= 50

@@ -49,6 +49,7 @@ ADDS = frozenset(["broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_
 NARY = frozenset(["add_n", "ElementWiseSum"])
 
 INFOS = {}          # call shape -> CallInfo (of cacheable calls)
+MAX_INFOS = 100000  # kept at most: ever new shapes start it over, not grow it without bound
 _INFOS_LOCK = threading.Lock()
 
 
@@ -382,6 +383,8 @@ def remember(key, info, facts=None):
             return
         key = (key, facts)
     with _INFOS_LOCK:
+        if len(INFOS) >= MAX_INFOS:     # (cleared in place: the compiled core holds it)
+            INFOS.clear()
         INFOS[key] = info
 
 

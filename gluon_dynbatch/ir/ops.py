@@ -247,6 +247,11 @@ def hashable(value):
     return value
 
 
+MAX_INFERRED = 100000
+"""Call shapes whose inferred outputs are kept (``_InferCache``): a server seeing
+ever new input shapes starts over past it, rather than growing without bound."""
+
+
 class _InferCache:
     """Output shapes and dtypes per (op, attributes, input shapes, dtypes)."""
 
@@ -268,6 +273,8 @@ class _InferCache:
             _check_axis(op.name, node.kwargs, in_shapes)
         if all(all(s > 0 for s in shape) for shape in in_shapes):
             with self._lock:
+                if len(self._cache) >= MAX_INFERRED:
+                    self._cache.clear()
                 self._cache[key] = result
         return result
 
