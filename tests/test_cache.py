@@ -723,7 +723,7 @@ def test_the_memos_of_call_shapes_stay_bounded_under_ever_new_shapes(monkeypatch
     monkeypatch.setattr(ops, "MAX_INFERRED", 50)
     monkeypatch.setattr(calls, "MAX_INFOS", 50)
     model = make_model(DenseTanh)
-    for rows in range(1, 40):
+    for rows in range(301, 340):        # (row counts no other test records)
         x = nd.array(np.random.RandomState(rows).randn(rows, 3))
         with gdb.batching():
             out = model(x)
