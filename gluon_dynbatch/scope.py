@@ -178,6 +178,7 @@ class BatchingScope:
         self._reads = self._reads_counted = 0     # values read (``read``)
         self._own_reads = 0                         # of them, by the scope's own code
         self._where_read = None
+        self._closing = False       # ended by an exception: waiting samples unwind
         self._opened_by = None      # the thread that opened it (``_OpenScopes``)
 
     def __enter__(self):
@@ -198,6 +199,7 @@ class BatchingScope:
             return self
         patches.install()
         dispatch.forget_replaced()
+        self._closing = False
         self._executor = None
         self.recorder = Recorder(self.flush, read=self.read, recipe_for=recipe_for)
         self.recorder.scope = self
@@ -231,6 +233,7 @@ class BatchingScope:
                 tasks.raise_first_error()
             else:
                 why = _error_text(exc_type, exc)
+                self._closing = True
                 tasks.close(why)
                 self._discard(why)
         except BaseException as err:
@@ -311,6 +314,9 @@ class BatchingScope:
             return
         if tasks.current is not None:
             tasks.wait()            # the sample waits; the others record (``tasks.py``)
+            return
+        if self._closing:           # a waiting sample's ``finally`` as the scope unwinds
+            self.flush()
             return
         self._own_reads += 1
         if self._where_read is None:

@@ -2827,3 +2827,39 @@ def test_values_read_by_a_pool_while_the_scope_ends():
                 futures = [pool.submit(lambda v: v.asnumpy(), model(x)) for x in xs]
             for future, w in zip(futures, want):
                 np.testing.assert_allclose(future.result(), w, rtol=1e-5, atol=1e-6)
+
+
+class ReadsInFinally(gdb.DynBatchBlock):
+    """Reads a value, then reads another in a ``finally`` block."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = nn.Dense(2, in_units=3)
+
+    def hybrid_forward(self, F, x):
+        h = F.tanh(self.dense(x))
+        try:
+            return h * float(h.sum().asscalar())
+        finally:
+            self.last = float(h.mean().asscalar())
+
+
+def test_a_scope_ended_by_an_error_lets_waiting_samples_read_without_a_warning(caplog):
+    # Reads in the samples' finally blocks as the scope unwound were taken for
+    # the scope's own code reading (a warning blaming it, the rest run eagerly).
+    model = ReadsInFinally()
+    model.initialize()
+    xs = [nd.ones((n, 3)) * n for n in (1, 2, 3, 1, 2, 3, 1, 2)]
+    with caplog.at_level("WARNING", logger="gluon_dynbatch"):
+        for _ in range(3):
+            with pytest.raises(KeyError):
+                with gdb.batching():
+                    [model(x) for x in xs]
+                    raise KeyError("the loop's own error")
+    assert not [r for r in caplog.records if "read while recording" in r.getMessage()]
+    with gdb.batching() as scope:
+        outs = [model(x) for x in xs]
+    for out, x in zip(outs, xs):
+        np.testing.assert_allclose(out.asnumpy(), model(x).asnumpy(), rtol=1e-5)
+    assert scope.stats.eager_samples == 0
