@@ -3468,11 +3468,16 @@ def test_a_forward_replaced_after_a_first_scope_runs_inside_scopes(whose, where)
         assert_batched_equals_eager(model, samples, options)
 
 
-def _pooled(F, h):
-    """Mean of the rows eagerly; the first row symbolically (a helper's branch)."""
-    if F is mx.nd:
+def _either(F, h, imperative):
+    """Mean of the rows on the imperative branch; the first row on the other."""
+    if imperative:
         return F.mean(h, axis=0, keepdims=True)
     return F.slice_axis(h, axis=0, begin=0, end=1)
+
+
+def _pooled(F, h):
+    """``_either`` as ``F is mx.nd`` says (a helper's branch)."""
+    return _either(F, h, F is mx.nd)
 
 
 class PoolsInAHelper(gluon.HybridBlock):
@@ -3499,58 +3504,46 @@ class HoldsAPooler(gdb.DynBatchBlock):
         return self.child(self.dense(x))
 
 
-class PoolsItself(gdb.DynBatchBlock):
+class _WithDense(gdb.DynBatchBlock):
+    """A Dense layer of two units; its subclasses ask ``F is mx.nd`` each in
+    another place (none inherits another's asking code)."""
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         with self.name_scope():
             self.dense = gluon.nn.Dense(2, in_units=2)
 
+
+class PoolsItself(_WithDense):
     def hybrid_forward(self, F, x):
-        h = F.tanh(self.dense(x))
-        if F is mx.nd:
-            return F.mean(h, axis=0, keepdims=True)
-        return F.slice_axis(h, axis=0, begin=0, end=1)
+        return _either(F, F.tanh(self.dense(x)), F is mx.nd)
 
 
-class PoolsInARecursiveHelper(gdb.DynBatchBlock):
+class PoolsInARecursiveHelper(_WithDense):
     """Asks in a recursive helper method (wrapped by the class to record frames)."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(2, in_units=2)
 
     def encode(self, F, h, depth):
         if depth:
             return self.encode(F, F.tanh(self.dense(h)), depth - 1)
-        if F is mx.nd:
-            return F.mean(h, axis=0, keepdims=True)
-        return F.slice_axis(h, axis=0, begin=0, end=1)
+        return _either(F, h, F is mx.nd)
 
     def hybrid_forward(self, F, x):
         return self.encode(F, x, 2)
 
 
-class PoolsLater(gdb.DynBatchBlock):
+class PoolsLater(_WithDense):
     """Asks in a function of the module defined after the class, two calls deep."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(2, in_units=2)
 
     def hybrid_forward(self, F, x):
         return _pools_later(F, F.tanh(self.dense(x)))
 
 
-class PoolsInAClosure(PoolsLater):
+class PoolsInAClosure(_WithDense):
     """Asks in a closure, comparing with an alias of ``mx.nd``."""
 
     def hybrid_forward(self, F, x):
         def pool(h):
-            if F is _ND_ALIAS:
-                return F.mean(h, axis=0, keepdims=True)
-            return F.slice_axis(h, axis=0, begin=0, end=1)
+            return _either(F, h, F is _ND_ALIAS)
         return pool(F.tanh(self.dense(x)))
 
 
@@ -3562,27 +3555,22 @@ _ND_ALIAS = mx.ndarray
 
 
 def _pools_unless(F, h, keep):
-    if F is mx.nd and not keep:
-        return F.mean(h, axis=0, keepdims=True)
-    return F.slice_axis(h, axis=0, begin=0, end=1)
+    return _either(F, h, F is mx.nd and not keep)
 
 
 _pools_partially = functools.partial(_pools_unless, keep=False)
 
 
-class PoolsThroughAPartial(gdb.DynBatchBlock):
+class PoolsThroughAPartial(_WithDense):
     """Asks in a function reached through a ``functools.partial``."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.dense = gluon.nn.Dense(2, in_units=2)
 
     def hybrid_forward(self, F, x):
         return _pools_partially(F, F.tanh(self.dense(x)))
 
 
 class PoolsLaterChild(gluon.HybridBlock):
+    """A child whose class's ``hybrid_forward`` the test replaces by code asking."""
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         with self.name_scope():

@@ -20,6 +20,7 @@ Gluon's recurrent cells and fused RNN layers make their zero states with
 states records its ``F.RNN`` without state outputs, so calls of every length
 share one padded call (``rules.layers.PaddedRNNRule``).
 """
+import collections
 import dis
 import functools
 import logging
@@ -269,7 +270,8 @@ def own_functions(cls):
 
 _LIBRARIES = ("mxnet.", "gluon_dynbatch.")
 _NAMESPACES = frozenset(["nd", "sym", "ndarray", "symbol"])
-_NAMESPACE_MODULES = (mx.nd, mx.sym, mx.ndarray, mx.symbol)
+_NAMESPACE_MODULES = (mx.nd, mx.sym)      # (``mx.ndarray``, ``mx.symbol``: the same)
+_NAME_LOADS = ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF")
 # function -> whether it asks ``... is mx.nd`` (``asks_namespace``); weak: a
 # block's own ``hybrid_forward`` set on it is a bound method of the block.
 _ASKS = weakref.WeakKeyDictionary()
@@ -311,7 +313,7 @@ def plain_function(function):
 
 
 def _asks(function, depth, seen):
-    function = plain_function(function)
+    """``asks_namespace`` of a plain function, following calls ``depth`` deep."""
     code = getattr(function, "__code__", None)
     if code is None or code in seen:
         return False
@@ -330,14 +332,14 @@ def _asks(function, depth, seen):
 def _names_of(function):
     """What the names ``function``'s code loads stand for: its module's globals
     and the contents of its closure's cells."""
-    names = dict(getattr(function, "__globals__", None) or {})
-    cells = getattr(function, "__closure__", None) or ()
-    for name, cell in zip(function.__code__.co_freevars, cells):
+    cells = {}
+    for name, cell in zip(function.__code__.co_freevars,
+                          getattr(function, "__closure__", None) or ()):
         try:
-            names[name] = cell.cell_contents
+            cells[name] = cell.cell_contents
         except ValueError:          # an empty cell (defined later)
             pass
-    return names
+    return collections.ChainMap(cells, getattr(function, "__globals__", None) or {})
 
 
 def _codes(code):
@@ -350,7 +352,7 @@ def _codes(code):
 
 def _resolved(head, attrs, names):
     """The object an instruction loading a name, then ``attrs``, stands for, or None."""
-    if head.opname not in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"):
+    if head.opname not in _NAME_LOADS:
         return None
     value = names.get(head.argval)
     for attr in attrs:
@@ -363,7 +365,7 @@ def _resolved(head, attrs, names):
 def _namespace(head, attrs, names):
     """Whether an operand of ``is`` is one of MXNet's namespaces, by its name
     (``mx.nd``, ``nd``) or by what it stands for (an alias)."""
-    if head.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and (
+    if head.opname in _NAME_LOADS and (
             attrs and attrs[-1] in _NAMESPACES and head.argval in ("mx", "mxnet")
             or not attrs and head.argval in _NAMESPACES):
         return True
@@ -376,13 +378,12 @@ def _called_functions(code, names):
     (``helper``, ``helpers.pool``): a loaded name and the attributes after it."""
     instructions = list(dis.get_instructions(code))
     for k, ins in enumerate(instructions):
-        if ins.opname not in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"):
+        if ins.opname not in _NAME_LOADS:
             continue
-        attrs = []
-        for nxt in instructions[k + 1:]:
-            if nxt.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
-                break
-            attrs.append(nxt.argval)
+        attrs, j = [], k + 1
+        while j < len(instructions) and instructions[j].opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            attrs.append(instructions[j].argval)
+            j += 1
         value = plain_function(_resolved(ins, attrs, names))
         if isinstance(value, types.FunctionType) \
                 and not (value.__module__ or "").startswith(_LIBRARIES):

@@ -517,9 +517,8 @@ def split_rows(array, counts):
     if len(counts) == 1:
         return [array]
     if array.dtype == np.bool_:         # (``split`` has no boolean kernel)
-        bounds = np.cumsum([0] + list(counts))
-        return [nd.slice(array, begin=(int(b),), end=(int(e),))
-                for b, e in zip(bounds[:-1], bounds[1:])]
+        bounds = np.cumsum([0] + list(counts)).tolist()
+        return [row_slice(array, b, e) for b, e in zip(bounds[:-1], bounds[1:])]
     if counts.count(counts[0]) == len(counts):
         return nd.split(array, num_outputs=len(counts), axis=0)
     bounds = np.cumsum(counts)[:-1]

@@ -85,27 +85,28 @@ _EMBEDDING = opdef("Embedding")
 
 
 def _row_sparse_gradient(rec, weight):
-    """Whether ``weight``'s gradient is stored row-sparse: a Parameter declared so
-    (and trained), or an array given ``attach_grad(stype="row_sparse")``."""
-    node, _ = rec.value_of(weight)
+    """Whether ``weight``'s gradient is stored row-sparse."""
+    return _stored_row_sparse(rec.value_of(weight)[0])
+
+
+def _stored_row_sparse(node):
+    """Whether the gradient of graph node ``node`` is stored row-sparse: a
+    Parameter declared so (and trained), or a leaf of an array given
+    ``attach_grad(stype="row_sparse")``."""
     param = getattr(node, "param", None)
     if param is not None:
         return getattr(param, "_grad_stype", "default") == "row_sparse" \
             and param.grad_req != "null"
-    return node in rec.graph.sparse_grad_leaves
+    return node in getattr(getattr(node, "graph", None), "sparse_grad_leaves", ())
 
 
 def _may_change_gradient(args, kwargs):
     """Whether ``embedding_gradient`` may rewrite an ``F.Embedding`` call: one whose
     attributes are given by position, asks a sparse gradient, or reads a table
-    whose gradient is row-sparse."""
+    that is not a recorded value or whose gradient is row-sparse."""
     if len(args) != 2 or kwargs.get("sparse_grad"):
         return True
-    node = args[1]._node if type(args[1]) is LazyArray else None
-    param = getattr(node, "param", None)
-    if param is not None:
-        return getattr(param, "_grad_stype", "default") != "default"
-    return node is None or node in getattr(getattr(node, "graph", None), "sparse_grad_leaves", ())
+    return type(args[1]) is not LazyArray or _stored_row_sparse(args[1]._node)
 
 
 passes.register("Embedding", embedding_gradient, when=_may_change_gradient)
