@@ -193,9 +193,11 @@ class BatchingScope:
             context.set_current(None)
             outer = None
         if outer is not None:
-            # Nested scope: it joins the outer one and flushes when it ends.
+            # Nested scope: it joins the outer one; when it ends, the samples it
+            # started finish (their errors raised there) and what is pending runs.
             self._outer = outer
             self.recorder = outer
+            self._tasks_before = {id(task) for task in outer.tasks.started}
             return self
         patches.install()
         dispatch.forget_replaced()
@@ -219,8 +221,9 @@ class BatchingScope:
             # yielding from a scope of its own, consumed in turn.  Its end ran
             # what this one recorded.)
             outer = self._outer.scope
-            self._outer = self.recorder = None
+            rec, self._outer, self.recorder = self._outer, None, None
             if outer is not None and (exc_type is None or exc_type is GeneratorExit):
+                _finish_own_tasks(rec.tasks, self._tasks_before)
                 outer.flush()
             return False
         tasks = self.recorder.tasks
@@ -566,6 +569,25 @@ def map(fn, samples, *args, **options):  # pylint: disable=redefined-builtin
         return _map_tasks(rec.tasks, fn, samples, args)
     with scope:
         return _map_tasks(scope.recorder.tasks, fn, samples, args)
+
+
+def _finish_own_tasks(tasks, before):
+    """A nested scope's end: the samples started inside it (not among the ids
+    ``before``) finish, as at a scope's end, and the first error among them is
+    raised there, not at the outer scope's end."""
+    mine = [task for task in tasks.started if id(task) not in before]
+    if not mine:
+        return
+    if tasks.current is None:
+        tasks.drain()
+    else:                           # inside a sample: it waits for each of them
+        for task in mine:
+            tasks.drain(task)
+    ids = {id(task) for task in mine}
+    tasks.started = [task for task in tasks.started if id(task) not in ids]
+    for task in mine:
+        if task.error is not None:
+            raise task.error
 
 
 def _map_tasks(tasks, fn, samples, args):

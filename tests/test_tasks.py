@@ -2863,3 +2863,161 @@ def test_a_scope_ended_by_an_error_lets_waiting_samples_read_without_a_warning(c
     for out, x in zip(outs, xs):
         np.testing.assert_allclose(out.asnumpy(), model(x).asnumpy(), rtol=1e-5)
     assert scope.stats.eager_samples == 0
+
+
+class Scale(gluon.HybridBlock):
+    """``x * self.k``: a setting its parent gives it per sample."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.k = 1
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        return x * self.k
+
+
+class SetsAfterPause(gdb.DynBatchBlock):
+    """Computes something under ``autograd.pause()`` (or ``predict_mode()``), then
+    sets its child's setting and calls it at once: no read in the sample's code."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        with self.name_scope():
+            self.scale = Scale()
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        with autograd.pause() if self.how == "pause" else autograd.predict_mode():
+            b = x * 3
+        self.scale.k = x.shape[0]
+        return F.sum(self.scale(x + b))
+
+
+@pytest.mark.parametrize("how", ["pause", "predict_mode"])
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"compiled": "step"},
+                                     {"strategy": "reference"}])
+def test_a_setting_written_after_a_change_of_modes_reaches_its_samples_own_call(how, options):
+    """A sample waits for its round at a change of autograd's modes: before it
+    writes a block's attribute, not after (the other samples' writes reached
+    its call: the last sample's setting, silently)."""
+    model = SetsAfterPause(how)
+    model.initialize()
+    xs = [nd.ones((n, 2)) for n in (1, 2, 3)]
+    with autograd.record():
+        want = [float(o.asscalar()) for o in (model(x) for x in xs)]
+    assert want == [8.0, 32.0, 72.0]
+    for _ in range(2):          # (the second scope starts with the last sample's setting)
+        with autograd.record():
+            with gdb.batching(**options):
+                outs = [model(x) for x in xs]
+        assert [float(o.asscalar()) for o in outs] == want
+
+
+class NotesAfterReading(gdb.DynBatchBlock):
+    """Reads a value, then notes its sample in a list, or raises for one sample."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seen = []
+        self.fail = None
+        with self.name_scope():
+            self.dense = nn.Dense(2, in_units=2)
+
+    def hybrid_forward(self, F, x, k):  # pylint: disable=arguments-differ
+        h = self.dense(x)
+        if float(F.sum(h).asscalar()) > 1e9:
+            h = h * 2
+        if k == self.fail:
+            raise ValueError("sample %d failed on purpose" % k)
+        self.seen.append(k)
+        return F.sum(h)
+
+
+def test_a_nested_scope_finishes_the_samples_it_started_when_it_ends():
+    """Its samples' side effects are done and their errors raised at the inner
+    block's end, as a scope of its own would (they finished at the outer
+    scope's end: the code after the inner block saw nothing noted, and an
+    error came out of the outer block)."""
+    model = NotesAfterReading()
+    model.initialize()
+    xs = [nd.ones((1, 2)) * k for k in range(3)]
+    with gdb.batching():
+        with gdb.batching():
+            outs = [model(x, k) for k, x in enumerate(xs)]
+        assert sorted(model.seen) == [0, 1, 2]
+        model.fail, model.seen = 1, []
+        after = []
+        with pytest.raises(ValueError, match="sample 1 failed"):
+            with gdb.batching():
+                [model(x, k) for k, x in enumerate(xs)]    # pylint: disable=W0106
+            after.append("ran")
+        assert after == []
+    assert len(outs) == 3 and all(np.isfinite(o.asscalar()) for o in outs)
+
+
+class ReturnsNumpyArray(gdb.DynBatchBlock):
+    """Returns its value as an ``mx.np`` array (numpy semantics off), after a read."""
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        h = F.tanh(x)
+        if float(F.sum(h).asscalar()) > 1e9:
+            h = h * 2
+        return h.as_np_ndarray()
+
+
+def test_an_mx_np_result_in_a_plain_loop_is_a_clear_error_and_map_returns_it():
+    """A placeholder of a plain loop cannot stand for an ``mx.np`` array: a
+    BatchingError naming the sample and the way out (MXNet's TypeError of
+    ``identity`` before); ``gdb.map`` returns the array as eager does."""
+    model = ReturnsNumpyArray()
+    xs = [nd.ones((n, 2)) for n in (1, 2)]
+    with pytest.raises(gdb.BatchingError, match=r"sample \d.*mx\.np array.*gdb\.map"):
+        with gdb.batching():
+            [model(x) for x in xs]      # pylint: disable=W0106
+    with gdb.batching():
+        outs = gdb.map(model, xs)
+    assert [type(o).__name__ for o in outs] == ["ndarray", "ndarray"]
+    for out, x in zip(outs, xs):
+        np.testing.assert_allclose(out.asnumpy(), np.tanh(x.asnumpy()), rtol=1e-6)
+
+
+def test_gluon_layers_under_numpy_semantics_run_as_eager():
+    """Under ``npx.set_np()`` Gluon's layers call ``mx.npx`` operators, which take
+    ``mx.np`` arrays only: they run on concrete values, one call at a time
+    (MXNet's TypeError about legacy arrays before)."""
+    script = """
+import numpy as onp
+import mxnet as mx
+from mxnet import autograd, gluon, np, npx
+import gluon_dynbatch as gdb
+npx.set_np()
+
+class M(gdb.DynBatchBlock):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.d = gluon.nn.Dense(4, in_units=4, flatten=False)
+    def hybrid_forward(self, F, x):
+        return F.np.tanh(self.d(x)).sum(axis=0)
+
+m = M(); m.initialize()
+rs = onp.random.RandomState(0)
+xs = [np.array(rs.randn(n, 4), dtype="float32") for n in (2, 3)]
+def run(batched):
+    m.collect_params().zero_grad()
+    with autograd.record():
+        if batched:
+            with gdb.batching():
+                outs = [m(x) for x in xs]
+        else:
+            outs = [m(x) for x in xs]
+        loss = outs[0].sum() + outs[1].sum()
+    loss.backward()
+    return [o.asnumpy() for o in outs] + [m.d.weight.grad().asnumpy()]
+want = run(False)
+for _ in range(2):
+    for g, w in zip(run(True), want):
+        onp.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+print("same")
+"""
+    assert output_of_script(script).strip().endswith("same")

@@ -517,6 +517,7 @@ cdef class RecorderCore:
     cdef public object rows_token        # marks values this scope's flushes handed out
     cdef public bint closed              # its scope has ended (``Recorder.close``)
     cdef public object forwarding        # the block whose own ``forward`` runs now
+    cdef public bint numpy_semantics     # ``npx.set_np()`` was on at the scope's start
 
     cdef object root_of(self, object block):
         """``Recorder.frame_root(block)``: this scope's root while the modes hold."""
@@ -1558,6 +1559,10 @@ def dispatching_call(self, *args):
     cls = type(self)
     hit = PyDict_GetItem(KINDS, cls)
     kind = <object>hit if hit != NULL else KIND_OF(cls)
+    if (<RecorderCore>rec).numpy_semantics and kind != "dynbatch":
+        # Gluon's layers call ``mx.npx`` operators under numpy semantics, which
+        # take ``mx.np`` arrays only: such a block runs on concrete values.
+        kind = "opaque"
     if kind == "dynbatch":
         if (<RecorderCore>rec).depth > 0:
             return record_frame(self, <RecorderCore>rec, args)

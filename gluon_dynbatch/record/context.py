@@ -422,13 +422,41 @@ def _attach_grad(self, grad_req="write", stype=None):
     """``NDArray.attach_grad``: inside a scope the array is a leaf of its own from
     now on (not one found before); inside a sample, its gradient array is kept
     so that other samples' backward passes leave it as they found it."""
-    _ATTACH_GRAD(self, grad_req, stype)
     rec = TLS.recorder
+    if rec is not None and not rec.flushing and type(self) is NDArray:
+        rec.before_new_gradient(self)
+    _ATTACH_GRAD(self, grad_req, stype)
     if rec is not None:
         rec.graph.leaf_by_id.pop(id(self), None)
         if rec.tasks is not None and rec.tasks.current is not None:
             rec.tasks.variables.append((rec.tasks.current, self.grad))
             rec.tasks.variable_ids.add(id(self))
+
+
+def attach_to_given(lazy, grad_req, stype):
+    """``lazy.attach_grad()`` where ``lazy`` is a sample's input standing for an
+    array the caller gave (a leaf of the graph): eager's call made the caller's
+    array a variable of autograd, whose gradient the caller reads after its
+    pass; so here the caller's array gets the gradient, and ``lazy`` stands for
+    it as a new leaf (calls recorded before run first, without it, as eager's
+    did).  False for any other value (it becomes an array of its own)."""
+    rec = TLS.recorder
+    node = lazy._node
+    given = getattr(lazy, "_given", None)
+    if rec is None or rec.closed or node is None or node.kind != "leaf" \
+            or type(given) is not NDArray or node.value is not given:
+        return False
+    rec.before_new_gradient(given, warn=False)     # calls reading it run first
+    _attach_grad(given, grad_req, stype)
+    fresh = rec.leaf(given)                 # its leaf found before is forgotten
+    copy = getattr(lazy, "_h", None)
+    lazy._h, lazy._rows = None, None        # the leaf's pending value, not a copy held
+    if copy is not None:
+        NDArray(copy)                       # (freed with this wrapper)
+    lazy._node, lazy._idx = fresh._node, fresh._idx
+    fresh._node = None
+    rec.graph.leaf_by_id[id(given)] = (lazy._node, lazy, given)
+    return True
 
 
 def _mark_variables(variables, gradients, grad_reqs="write"):
@@ -535,6 +563,7 @@ def install():
     """Count changes of autograd's modes and graph-freeing backward passes
     (``autograd.grad`` too); keep the gradients of arrays samples attach them to
     (``attach_grad``, ``autograd.mark_variables``)."""
+    lazy_mod.ATTACH_TO_GIVEN = attach_to_given
     NDArray.attach_grad = _attach_grad
     NDArray.grad = property(_noted_grad, doc=NDArray.grad.__doc__)
     gluon.Parameter.grad = _noted_parameter_grad

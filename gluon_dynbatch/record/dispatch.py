@@ -531,12 +531,20 @@ def _watching_setattr(self, name, value):
     an attribute that was None given a value makes the scope's block tokens
     anew, so that no call replays what the block recorded before.  Set by the
     scope's own code while samples wait at reads, it waits for them to finish
-    first, as eager code finished them before."""
+    first, as eager code finished them before; set by a sample that changed
+    autograd's modes, the sample waits for its round first."""
     rec = context.TLS.recorder
     if rec is not None:
+        tasks = rec.tasks
+        if tasks.current is not None and rec._mode_seen != context.MODE_CHANGES[0] \
+                and not tasks.restoring and not rec.flushing and not trie.is_bookkeeping(name):
+            # A sample that changed autograd's modes waits at its next call
+            # (``Recorder.sync_mode``): before this write (of the same value
+            # too), so that the other samples' writes meanwhile do not reach
+            # its call.
+            rec.sync_mode()
         old = self.__dict__.get(name, _MISSING)
         if old is not value:
-            tasks = rec.tasks
             if tasks.current is None and tasks.waiting and not tasks.restoring \
                     and not rec.flushing and not trie.is_bookkeeping(name):
                 warn_once("block set while waiting", "%s.%s is set by the scope's code while "

@@ -117,6 +117,11 @@ def epoch_stamp():
     return (count, count[0])
 
 
+ATTACH_TO_GIVEN = None
+"""``context.attach_to_given``: ``attach_grad`` of a sample's input standing for an
+array the caller gave gives that array the gradient (set when installed)."""
+
+
 class LazyArray(nd.NDArray):
     """An NDArray produced by a recorded call, materialised on demand."""
 
@@ -216,6 +221,8 @@ class LazyArray(nd.NDArray):
         array of its own (a variable of autograd: ``x = h.detach();
         x.attach_grad()`` for a gradient inside a sample): later graphs read it
         as such, not as rows of the batched output that computed it."""
+        if ATTACH_TO_GIVEN is not None and ATTACH_TO_GIVEN(self, grad_req, stype):
+            return
         self.own_array()
         nd.NDArray.attach_grad(self, grad_req, stype)    # (``context._attach_grad``)
 

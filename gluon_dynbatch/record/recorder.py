@@ -117,6 +117,11 @@ class Recorder(RecorderCore):
         self.lazy_pool = []         # dead provisional LazyArrays, reused by frames
         self.eager = False          # reads flush every sample: run the rest eagerly
         self.flushing = False       # a flush runs (``scope.flush``)
+        self.numpy_semantics = mx.util.is_np_array()
+        if self.numpy_semantics:
+            warn_once("numpy semantics", "numpy semantics are on (npx.set_np()): Gluon "
+                      "blocks other than DynBatchBlocks run on concrete values, one "
+                      "call at a time, as do mx.np operators")
         self.black_box = None       # (opaque block, caller's frame) of the call running
         self.mode = None            # autograd's (recording, training) of new calls
         self._mode_seen = None      # MODE_CHANGES[0] when self.mode was read
@@ -531,19 +536,55 @@ class Recorder(RecorderCore):
         return any(self._read_by_pending(array, with_frame) for array in arrays) \
             or any(aliases.shares_with_pending(self, array, with_frame) for array in arrays)
 
-    def before_replace(self, parameter):
+    def before_replace(self, parameter, what=None):
         """``parameter``'s arrays are about to be replaced by new ones
-        (``initialize(force_reinit=True)``, ``cast``, ``reset_ctx``): pending
-        calls that read them run first, with the old arrays, as eager code ran
-        them; later calls read the new ones."""
+        (``initialize(force_reinit=True)``, ``cast``, ``reset_ctx``), or its
+        gradient arrays (``grad_req`` set: ``what`` says so): pending calls that
+        read them run first, with the old arrays, as eager code ran them; later
+        calls read the new ones.  Samples waiting at a read finish first when the
+        scope's own code replaces them, as eager's samples had; inside a sample,
+        while other samples have started, it is refused (see ``before_write``)."""
         self._param_tables.clear()
+        arrays = list(getattr(parameter, "_data", None) or ())
+        what = what or ("a parameter that recorded calls read is given new arrays "
+                        "(initialize(force_reinit=True), cast, reset_ctx)")
+        tasks = self.tasks
+        read = self._weights_among(arrays) or any(self._read_by_pending(a) for a in arrays)
         found = self.graph.leaf_by_id.get(id(parameter))
-        if found is not None and found[2] is parameter or \
-                any(self._read_by_pending(a) for a in getattr(parameter, "_data", None) or ()):
-            self._run_pending("replaced", "a parameter that recorded calls read is given new "
-                              "arrays (initialize(force_reinit=True), cast, reset_ctx); they "
-                              "run first, with its old ones, as in eager code",
-                              "a parameter it read is given new arrays")
+        read = read or found is not None and found[2] is parameter
+        if not read:
+            return
+        if tasks.current is None and tasks.waiting:
+            warn_once("weights replaced while waiting", "%s while samples wait at a read; "
+                      "they finish first, with its old arrays, as in eager code" % what)
+            tasks.drain()
+        now = tasks.current is not None
+        if now and self._other_samples():
+            raise BatchingError(
+                "%s: %s inside a sample while other samples have started and not finished "
+                "(waiting at a read or at a change of autograd's mode, or in gdb.map): they "
+                "may have read it already, where eager code runs each sample's change "
+                "before the next sample starts and after the one before it ends. Change it "
+                "outside the samples' calls (in the scope's own code between them, or "
+                "after the scope), or run such a model eagerly" % (self._where(), what))
+        if any(self._read_by_pending(a) for a in arrays) or \
+                found is not None and found[2] is parameter:
+            self._run_pending("replaced", "%s; they run first, with its old arrays, as in "
+                              "eager code" % what, "a parameter it read is given new arrays",
+                              now)
+
+    def before_new_gradient(self, array, warn=True):
+        """``array`` is about to be given a gradient (``attach_grad``): pending calls
+        that read it run first, as eager ran them, without it (a gradient
+        attached later reaches only the calls made after).  ``warn``: say so
+        (not for a sample's own input, which a sample gives its gradient at its
+        start, as a rule)."""
+        if not self._read_by_pending(array):
+            return
+        now = self.tasks.current is not None and not self._other_samples()
+        self._run_pending("new gradient", "an array that recorded calls read is given a "
+                          "gradient (attach_grad); they run first, without it, as in eager "
+                          "code", "an array it read is given a gradient", now, warn)
 
     def _read_by_pending(self, array, with_frame=True):
         """Whether a pending call (of the current frame too: ``with_frame``) reads
@@ -554,12 +595,14 @@ class Recorder(RecorderCore):
             or graph.param_arrays.get(id(array)) is array \
             or frame is not None and frame.vals.get(frame.ext.get(id(array))) is array
 
-    def _run_pending(self, kind, what, reason, now=False):
+    def _run_pending(self, kind, what, reason, now=False, warn=True):
         """Run what is pending (see ``before_write``), warning once per ``kind`` of
-        ``what``: a sample waits for it, unless ``now`` (a flush)."""
-        warn_once(kind, "%s: %s (calls recorded before it do not batch with those "
-                  "after it: give each sample an array of its own to batch them)",
-                  describe_call(self.sample, self.path), what)
+        ``what`` (unless not ``warn``): a sample waits for it, unless ``now`` (a
+        flush)."""
+        if warn:
+            warn_once(kind, "%s: %s (calls recorded before it do not batch with those "
+                      "after it: give each sample an array of its own to batch them)",
+                      describe_call(self.sample, self.path), what)
         if self.frame is not None:
             self.frame.cut(reason)
         if self.tasks.current is not None and not now:

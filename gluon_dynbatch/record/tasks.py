@@ -21,6 +21,7 @@ error: the other tasks finish first.
 """
 import collections
 import contextvars
+import ctypes
 import dataclasses
 import enum
 import gc
@@ -37,7 +38,7 @@ import greenlet
 import numpy as np
 from mxnet import autograd, gluon, nd
 from mxnet.context import Context
-from mxnet.base import integer_types, numeric_types
+from mxnet.base import _LIB, NDArrayHandle, check_call, integer_types, numeric_types
 from mxnet.ndarray import NDArray
 from mxnet.ndarray.sparse import BaseSparseNDArray
 
@@ -48,6 +49,11 @@ from .handlers import caught_at
 from .lazy import LazyArray
 from ..errors import BatchingError, describe_call
 from ..logs import warn_once
+
+try:
+    from mxnet.numpy import ndarray as _NP_NDARRAY
+except ImportError:             # (a build of MXNet without its numpy interface)
+    _NP_NDARRAY = None
 
 _IDENTITY = opdef("identity")
 _FORMS = weakref.WeakKeyDictionary()     # block -> {settings: the form of its calls' results}
@@ -910,10 +916,23 @@ class Pending(LazyArray):
         if not isinstance(value, NDArray):
             raise BatchingError("a sample's call returned %r where an array was expected"
                                 % (type(value).__name__,))
+        if _NP_NDARRAY is not None and isinstance(value, _NP_NDARRAY):
+            raise BatchingError(
+                "%s returned an mx.np array (numpy semantics), which the placeholder the "
+                "call returned inside the scope (a legacy NDArray) cannot stand for; "
+                "run the samples with gdb.map(model, samples), which returns each "
+                "sample's result as it is, or return legacy arrays (x.as_nd_ndarray())"
+                % describe_call(self._task.sample if self._task is not None else None,
+                                self._path or ()))
         sparse = sparse_array(value)
         if sparse is not None:
             # This placeholder is a dense array: it holds the value densely.
             self._set_result(nd.cast_storage(sparse, stype="default"))
+        elif _is_variable(value):
+            # A variable of autograd (``e.attach_grad()`` on a value the sample
+            # returns): the placeholder shares its array and its gradient, as
+            # the caller's handle of eager's result was the variable itself.
+            self._set_result(_shallow_copy(value))
         elif isinstance(value, LazyArray) and value._node is not None:
             # A copy of its own: a call on weights alone is one node for every
             # sample (``weights.shared_call``), which each placeholder would take.
@@ -963,6 +982,23 @@ class Pending(LazyArray):
         if self._task is not None and not self._task.done:
             return "<Pending array of a sample waiting at a read>"
         return LazyArray.__repr__(self)
+
+
+def _is_variable(value):
+    """Whether ``value``, a sample's result, is an array of its own with a gradient
+    attached (not a pending value, nor rows of a batched output)."""
+    if isinstance(value, LazyArray) and (value._h is None or value._node is not None
+                                         or value._rows is not None):
+        return False
+    return NDArray.grad.fget(value) is not None
+
+
+def _shallow_copy(value):
+    """A new NDArray handle of ``value``'s array and autograd entry (its memory,
+    its history, its gradient)."""
+    handle = NDArrayHandle()
+    check_call(_LIB.MXShallowCopyNDArray(value.handle, ctypes.byref(handle)))
+    return NDArray(handle)
 
 
 def _on_value(fn, reflected=False):

@@ -166,11 +166,30 @@ def install():
     from mxnet.gluon import Parameter  # pylint: disable=import-outside-toplevel
     for name in ("initialize", "_init_impl", "cast"):
         setattr(Parameter, name, _replacing(getattr(Parameter, name)))
+    Parameter.grad_req = _setting_grad_req(Parameter.grad_req)
     from mxnet.kvstore import KVStore  # pylint: disable=import-outside-toplevel
     for name, place in (("pull", 1), ("row_sparse_pull", 1), ("pushpull", 2),
                         ("broadcast", 2)):
         if hasattr(KVStore, name):
             setattr(KVStore, name, _pulling(getattr(KVStore, name), place))
+
+
+def _setting_grad_req(prop):
+    """``Parameter.grad_req`` whose setter, inside a scope, first runs the pending
+    calls that read the parameter when its gradient changes (``"null"`` to
+    ``"write"``: a layer frozen for the first samples, trained on the next
+    ones): they ran with the old setting in eager code."""
+    from . import context  # pylint: disable=import-outside-toplevel
+
+    def setter(self, req):
+        rec = context.current()
+        if rec is not None and getattr(self, "_data", None) and req != self._grad_req \
+                and (self._differentiable or self._grad_req != "null"):
+            rec.before_replace(self, "a parameter that recorded calls read has its grad_req "
+                                     "set (%r to %r)" % (self._grad_req, req))
+        prop.fset(self, req)
+
+    return property(prop.fget, setter, prop.fdel, prop.__doc__)
 
 
 def _pulling(original, place):
