@@ -139,3 +139,60 @@ class TokenLossMean(gdb.DynBatchBlock):
         tags = F.array([w % self.classes for w in words])
         losses = -F.pick(logp, tags, axis=1)                                    # (T,)
         return F.reshape(F.mean(losses) + 0.01 * F.sum(F.square(h)), (1, 1))
+
+
+class TensorTree(gdb.DynBatchBlock):
+    """Socher et al.'s recursive neural tensor network (2013) over binary trees: an
+    inner node composes its children's (1, d) vectors ``ab`` as
+    ``tanh(ab V ab^T + W ab)``, the bilinear term two ``batch_dot`` calls against
+    the 3-d parameter ``V`` (d, 2d, 2d), as the paper's equation reads."""
+
+    def __init__(self, vocab, dim, **kwargs):
+        super().__init__(**kwargs)
+        self.dim = dim
+        with self.name_scope():
+            self.embed = nn.Embedding(vocab, dim)
+            self.compose = nn.Dense(dim, in_units=2 * dim)
+        self.tensor = self.params.get("tensor", shape=(dim, 2 * dim, 2 * dim))
+
+    def hybrid_forward(self, F, tree, tensor):  # pylint: disable=arguments-differ
+        if not tree.children:
+            return self.embed(F.array([tree.word]))
+        ab = F.concat(*[self(child) for child in tree.children], dim=1)
+        stacked = F.broadcast_to(F.expand_dims(ab, 0), (self.dim, 1, 2 * self.dim))
+        bilinear = F.batch_dot(F.batch_dot(stacked, tensor), stacked, transpose_b=True)
+        return F.tanh(F.reshape(bilinear, (1, self.dim)) + self.compose(ab))
+
+
+class MatrixTreeParser(gdb.DynBatchBlock):
+    """The loss of a sentence's gold non-projective dependency tree under the
+    matrix-tree theorem (Koo et al. 2007; structured attention, Kim et al. 2017):
+    arc scores ``h h^T`` of its words' vectors, the Laplacian of their
+    exponentials with the root scores as its first row, ``log Z`` its
+    ``F.linalg.slogdet``, minus the gold arcs' scores."""
+
+    def __init__(self, hidden, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = nn.Dense(hidden, flatten=False)
+            self.root = nn.Dense(1, flatten=False)
+
+    def hybrid_forward(self, F, sample, emb):  # pylint: disable=arguments-differ
+        words, heads = sample           # heads[j]: 0 for the root, else i + 1
+        n = len(words)
+        h = F.tanh(self.proj(F.concat(*[emb[w:w + 1] for w in words], dim=0)))
+        scores = F.dot(h, h, transpose_b=True)                  # [i, j]: arc i -> j
+        root = F.reshape(self.root(h), (1, n))
+        weights = F.exp(scores) * F.array(1 - np.eye(n))
+        laplacian = F.broadcast_mul(F.array(np.eye(n)), F.sum(weights, axis=0, keepdims=True)) \
+            - weights
+        laplacian = F.concat(F.exp(root), F.slice_axis(laplacian, axis=0, begin=1, end=n), dim=0)
+        _, log_z = F.linalg.slogdet(laplacian)
+        arcs, roots = np.zeros((n, n)), np.zeros((1, n))
+        for j, head in enumerate(heads):
+            if head:
+                arcs[head - 1, j] = 1
+            else:
+                roots[0, j] = 1
+        gold = F.sum(scores * F.array(arcs)) + F.sum(root * F.array(roots))
+        return log_z - gold

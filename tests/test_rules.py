@@ -1483,3 +1483,121 @@ def test_where_with_a_flag_per_row_shared_by_the_samples(kind, options):
     rs = np.random.RandomState(0)
     samples = [(nd.array(rs.randn(2, 3)),) for _ in range(3)]
     assert_batched_equals_eager(model, samples, options)
+
+
+class Bilinear(gdb.DynBatchBlock):
+    """An RNTN's bilinear term: ``batch_dot`` of a sample's (H, 1, 2H) stack against a
+    3-d parameter every sample shares, on either side."""
+
+    def __init__(self, hidden=4, left=False, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden, self.left = hidden, left
+        self.v = self.params.get("v", shape=(hidden, 2 * hidden, 2 * hidden))
+
+    def hybrid_forward(self, F, ab, v):  # pylint: disable=arguments-differ
+        h = self.hidden
+        abk = F.broadcast_to(F.expand_dims(ab, 0), (h, ab.shape[0], 2 * h))
+        if self.left:       # V . ab^T: (H, 2H, n)
+            return F.sum(F.batch_dot(v, F.transpose(abk, axes=(0, 2, 1))), axis=1)
+        return F.batch_dot(F.batch_dot(abk, v), abk, transpose_b=True).reshape((h, -1))
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["shared on the right", "shared on the left"])
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": True}], ids=str)
+def test_batch_dot_against_shared_3d_weights_passes_them_once(left, options):
+    """Each call's matrices go side by side within the weights' entries: exact, and
+    the step's inputs hold the weights once (they were copied once per call)."""
+    model = Bilinear(left=left)
+    model.initialize(mx.init.Uniform(0.3))
+    r = np.random.RandomState(0)
+    samples = [(nd.array(r.uniform(-1, 1, (n, 8))),) for n in (1, 2, 1, 3, 2, 1)]
+    assert_batched_equals_eager(model, samples, options)
+    with gdb.batching(keep_plan=True, **options) as scope:
+        outs = [model(*sample) for sample in samples]
+    assert all(np.isfinite(out.asnumpy()).all() for out in outs)
+    steps = [s for s in scope.last_plan.steps if s.nodes[0].op.name == "batch_dot"]
+    shared = [s for s in steps if type(s.nodes[0].rule).__name__ == "SharedBatchDotRule"]
+    assert sum(len(s.nodes) for s in shared) == len(samples)     # one such call a sample
+    assert len(shared) == 3                 # one step per row count
+
+
+class LogDet(gdb.DynBatchBlock):
+    """A sample's (n, n) positive definite matrix through ``F.linalg``: its
+    log-determinant two ways, its inverse and a per-sample product."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.proj = gluon.nn.Dense(6, in_units=3)
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        h = self.proj(x)
+        a = F.dot(h, h, transpose_b=True) + 4 * F.ones_like(F.dot(x, x, transpose_b=True)) \
+            * F.array(np.eye(x.shape[0]))
+        sign, logdet = F.linalg.slogdet(a)
+        chol = F.linalg.potrf(a)
+        inv = F.linalg.inverse(a)
+        both = F.linalg.gemm2(inv, a, transpose_b=True)
+        return F.concat(logdet * sign, F.linalg.sumlogdiag(chol),
+                        F.sum(inv).reshape((1,)), F.sum(both).reshape((1,)), dim=0)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": "step"}, {"compiled": True},
+                                     {"strategy": "reference"}], ids=str)
+def test_linalg_calls_on_matrices_of_a_size_run_as_one_stack(options):
+    """``slogdet``, ``sumlogdiag`` and ``gemm2`` of each sample's own matrix: one
+    step per operator and matrix size (one per call before), exact; ``potrf``
+    and ``inverse``, which LAPACK refuses for some values, run alone."""
+    model = LogDet()
+    model.initialize(mx.init.Uniform(0.3))
+    r = np.random.RandomState(1)
+    sizes = (2, 3, 2, 4, 3, 2, 4, 3)
+    samples = [(nd.array(r.uniform(-1, 1, (n, 3))),) for n in sizes]
+    assert_batched_equals_eager(model, samples, options, rtol=1e-4, atol=1e-5)
+    if options.get("strategy") == "reference":
+        return
+    with gdb.batching(keep_plan=True, **options) as scope:
+        outs = [model(*sample) for sample in samples]
+    assert all(np.isfinite(out.asnumpy()).all() for out in outs)
+    for name in ("slogdet", "sumlogdiag", "gemm2"):
+        steps = [s for s in scope.last_plan.steps if s.nodes[0].op.name == name]
+        assert 0 < len(steps) <= len(set(sizes)), name
+
+
+class MergesWords(gdb.DynBatchBlock):
+    """A lattice cell's merge: the character's row repeated to the rows of the words
+    ending there (``broadcast_like`` over given axes, or ``broadcast_to``)."""
+
+    def __init__(self, like, **kwargs):
+        super().__init__(**kwargs)
+        self.like = like
+        with self.name_scope():
+            self.link = gluon.nn.Dense(4, in_units=8)
+
+    def hybrid_forward(self, F, x, words):  # pylint: disable=arguments-differ
+        cw = F.tanh(words)
+        if self.like:
+            xb = F.broadcast_like(x, cw, lhs_axes=(0,), rhs_axes=(0,))
+        else:
+            xb = F.broadcast_to(x, (cw.shape[0], x.shape[1]))
+        w = F.softmax(self.link(F.concat(xb, cw, dim=1)), axis=0)
+        return F.sum(w * cw, axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"granularity": "op"}], ids=str)
+def test_broadcast_like_over_given_axes_batches_as_broadcast_to(options):
+    """Each call ran as a step of its own (no rule takes axes); recorded as the
+    ``broadcast_to`` it makes, it batches as that form does."""
+    r = np.random.RandomState(0)
+    samples = [(nd.array(r.uniform(-1, 1, (1, 4))), nd.array(r.uniform(-1, 1, (k, 4))))
+               for k in (1, 2, 3, 2, 1, 3)]
+    steps = []
+    for like in (True, False):
+        model = MergesWords(like)
+        model.initialize(mx.init.Uniform(0.3))
+        assert_batched_equals_eager(model, samples, options)
+        with gdb.batching(**options) as scope:
+            outs = [model(*sample) for sample in samples]
+        assert all(np.isfinite(out.asnumpy()).all() for out in outs)
+        steps.append(scope.stats.steps)
+    assert steps[0] == steps[1]

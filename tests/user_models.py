@@ -22,7 +22,8 @@ import gluon_dynbatch as gdb
 from dynbatch_testing import Tree, random_binary_tree, random_tree
 from examples.sick_model import OpByOpTreeLSTM
 import gluonnlp_models as gm
-from matrix_models import (DecomposableAttention, GraphAttention, SelfAttention, TextCNN,
+from matrix_models import (DecomposableAttention, GraphAttention, MatrixTreeParser,
+                           SelfAttention, TensorTree, TextCNN,
                            TokenLossMean, VectorContext)
 from idiom_models import (ActivationTree, AdjacencyGCN, AttentivePooling, BiGRUTagger,
                           CharWordTagger, ClosureTree, ConcatChildren, CRFTagger,
@@ -732,6 +733,32 @@ def case_memory_hops(seed=0, n=6, hidden=HIDDEN):
                 notes="a memory network: sentences summed from word rows, three hops")
 
 
+def case_tensor_tree(seed=0, n=6, hidden=HIDDEN):
+    r = random.Random(seed)
+    trees = [random_binary_tree(r, VOCAB, r.randint(1, 9)) for _ in range(n)]
+    return Case(_init(TensorTree(VOCAB, hidden), seed), trees, [],
+                notes="a recursive neural tensor network: batch_dot against a 3-d parameter")
+
+
+def _dependency_trees(seed, n):
+    """(word ids, head of each word: 0 the root, else a word's position + 1) per
+    sample: 2-7 words, each head an earlier word or the root (one root word)."""
+    r = random.Random(seed)
+    samples = []
+    for _ in range(n):
+        count = r.randint(2, 7)
+        heads = [0] + [r.randint(1, j) for j in range(1, count)]
+        samples.append(([r.randrange(VOCAB) for _ in range(count)], heads))
+    return samples
+
+
+def case_matrix_tree(seed=0, n=6, hidden=HIDDEN):
+    return Case(_init(MatrixTreeParser(hidden), seed), _dependency_trees(seed, n),
+                [_table(seed)],
+                notes="a dependency tree's loss by the matrix-tree theorem: slogdet of a "
+                      "Laplacian per sentence")
+
+
 def case_held_vectors(seed=0, n=6, hidden=HIDDEN):
     return Case(_init(HeldVectors(_table(seed), hidden), seed), _sentences(seed, n), [],
                 notes="rows of word vectors the model holds as a plain NDArray")
@@ -1053,6 +1080,8 @@ CASES = {
     "biaffine_arcs": case_biaffine_arcs,
     "routed_tokens": case_routed_tokens,
     "memory_hops": case_memory_hops,
+    "tensor_tree": case_tensor_tree,
+    "matrix_tree": case_matrix_tree,
     "held_vectors": case_held_vectors,
     "mixed_children": case_mixed_children,
     "dropout_p0": case_dropout_p0,

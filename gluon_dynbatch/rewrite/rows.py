@@ -12,7 +12,10 @@ recorded that way:
   axis 0 mixes the rows of its inputs, a concatenation and a reshape batch);
 * ``F.transpose`` and ``F.swapaxes`` that only move axes of size 1 (a row
   ``(1, C)`` to a column ``(C, 1)``; Gluon's batch-first RNN layers turn
-  ``(1, T, C)`` into ``(T, 1, C)``): a reshape, which batches row by row.
+  ``(1, T, C)`` into ``(T, 1, C)``): a reshape, which batches row by row;
+* ``F.broadcast_like(x, like, lhs_axes=..., rhs_axes=...)`` of a value the sample
+  computed: ``broadcast_to`` of the shape it makes, which batches (a row
+  repeated to another value's rows).
 """
 from mxnet.ndarray import NDArray
 
@@ -115,6 +118,34 @@ def _unit_move(ns, x, perm):
     return ns.reshape(x, shape=tuple(shape[axis] for axis in perm))
 
 
+def broadcast_like_axes(rec, op, args, kwargs):
+    """``F.broadcast_like(x, like, lhs_axes=..., rhs_axes=...)`` (a row repeated to
+    the rows of another value: a lattice cell's input over its words) as
+    ``broadcast_to`` of the shape it makes, which batches; ``like`` a value the
+    sample computed (its gradient from the call is zero either way, and a
+    variable's gradient would tell a zero from none)."""
+    if len(args) != 2 or set(kwargs) != {"lhs_axes", "rhs_axes"}:
+        return None
+    x, like = args
+    lhs, rhs = kwargs["lhs_axes"], kwargs["rhs_axes"]
+    if not isinstance(x, NDArray) or type(like) is not LazyArray or like._node is None \
+            or not isinstance(lhs, (tuple, list)) or not isinstance(rhs, (tuple, list)) \
+            or len(lhs) != len(rhs) or not lhs:
+        return None
+    shape, like_shape = list(x.shape), like.shape
+    for left, right in zip(lhs, rhs):
+        if type(left) is not int or type(right) is not int \
+                or not -len(shape) <= left < len(shape) \
+                or not -len(like_shape) <= right < len(like_shape):
+            return None
+        if shape[left] not in (1, like_shape[right]):
+            return None             # (MXNet's error, as written)
+        shape[left] = like_shape[right]
+    return rec.F.broadcast_to(x, shape=tuple(shape))
+
+
+passes.register("broadcast_like", broadcast_like_axes,
+                when=lambda args, kwargs: "lhs_axes" in kwargs or "rhs_axes" in kwargs)
 passes.register(["split", "SliceChannel"], split_rows,
                 when=lambda args, kwargs: len(args) != 1 or not (
                     type(kwargs.get("axis", 1)) is int and kwargs.get("axis", 1) > 0))

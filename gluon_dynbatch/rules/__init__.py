@@ -23,6 +23,7 @@ from . import broadcasts  # noqa: F401
 from . import losses  # noqa: F401
 from . import layers  # noqa: F401
 from . import groups  # noqa: F401
+from . import linalg  # noqa: F401
 # What a rule for ``register_rule`` is built from.
 from ..ir.rules import (ALONE, BROW, KNOWN, ROW, SHARED, Rule, Signature,  # noqa: F401,E402
                         register_rule, rule_for)

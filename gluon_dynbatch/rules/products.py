@@ -6,6 +6,8 @@
   of a 1-d vector and shared weights (DyNet's ``W * x``, recorded so by
   ``rewrite.dots``): the vectors of a batch are the rows of one matrix, one
   product;
+* ``SharedBatchDotRule``: ``batch_dot`` of a value of each call and 3-d shared
+  weights, the weights passed once;
 * ``EachDotRule``: ``dot(a, b)`` where ``b`` is a value of each sample's own
   (attention: ``F.dot(q, keys, transpose_b=True)``, then ``F.dot(weights,
   keys)``): calls of the same shapes run as one ``batch_dot``;
@@ -16,7 +18,7 @@
 """
 import numpy as np
 
-from .rows import RowFallback, RowRule, first_row_roles
+from .rows import RowFallback, RowRule, all_row_roles, first_row_roles
 from .segments import _padding, _with_zero_row
 from ..ir.graph import LEAF, weight_node
 from ..ir.known import values_known, values_of
@@ -165,7 +167,63 @@ class Gemm2Rule(RowRule):
         return call_as_recorded(F, node, [inputs[0], F.identity(inputs[1])] + list(inputs[2:]))
 
 
+class SharedBatchDotRule(Rule):
+    """``batch_dot(x, W)`` (or ``batch_dot(W, x)``) of a value of each call and 3-d
+    weights every call shares (an RNTN's bilinear tensor, a parameter): the
+    calls' matrices go side by side within each of ``W``'s entries, one
+    ``batch_dot`` with ``W`` passed once, where a concatenation of every input
+    copies ``W`` once per call, forward and backward."""
+
+    batching = "calls"
+
+    @staticmethod
+    def _side(node):
+        """Which input is the shared weights (1 or 0), or None."""
+        if len(node.inputs) != 2 or node.kwargs.get("transpose_a", False):
+            return None
+        if len(_in_shape(node, 0)) != 3 or len(_in_shape(node, 1)) != 3:
+            return None
+        (a, _), (b, _) = node.inputs
+        if weight_node(b) and not weight_node(a):
+            return 1
+        if weight_node(a) and not weight_node(b) \
+                and not node.kwargs.get("transpose_b", False):
+            return 0
+        return None
+
+    def signature(self, node):
+        side = self._side(node)
+        if side is None:
+            return None
+        key = ("batch_dot_shared", side, _in_shape(node, 1 - side),
+               bool(node.kwargs.get("transpose_b", False)), _in_dtype(node, 0),
+               _in_dtype(node, 1), _shared_key(node, side))
+        return Signature((key,), self, (ROW, SHARED) if side == 1 else (SHARED, ROW))
+
+    def step_key(self, node):
+        return (_in_shape(node, 0), _in_shape(node, 1))     # the batched call reshapes to them
+
+    def batched_call(self, F, node, inputs):
+        out_m, out_n = node.out_shapes[0][1:]
+        if self._side(node) == 1:       # (N b, m, k) . W (b, k, n): (b, N m, k) . W
+            entries, rows, width = _in_shape(node, 0)
+            x = F.reshape(inputs[0], shape=(-1, entries, rows, width))
+            x = F.reshape(F.transpose(x, axes=(1, 0, 2, 3)), shape=(entries, -1, width))
+            out = F.batch_dot(x, inputs[1],
+                              transpose_b=bool(node.kwargs.get("transpose_b", False)))
+            out = F.reshape(out, shape=(entries, -1, out_m, out_n))
+            return [F.reshape(F.transpose(out, axes=(1, 0, 2, 3)), shape=(-1, out_m, out_n))]
+        entries, rows, width = _in_shape(node, 1)   # W (b, m, k) . (N b, k, n)
+        x = F.reshape(inputs[1], shape=(-1, entries, rows, width))
+        x = F.reshape(F.transpose(x, axes=(1, 2, 0, 3)), shape=(entries, rows, -1))
+        out = F.reshape(F.batch_dot(inputs[0], x), shape=(entries, out_m, -1, out_n))
+        return [F.reshape(F.transpose(out, axes=(2, 0, 1, 3)), shape=(-1, out_m, out_n))]
+
+
 register_rule("gemm2", Gemm2Rule(_gemm2_roles))
+_BATCH_DOT = RowFallback(SharedBatchDotRule(), RowRule(all_row_roles))
+_BATCH_DOT.source_dependent = True      # whether an input is weights (see calls.remember)
+register_rule("batch_dot", _BATCH_DOT)
 register_rule("FullyConnected", RowFallback(RowRule(first_row_roles), VectorProductRule()))
 _DOT = RowFallback(VectorProductRule(), RowFallback(
     KnownMatrixDotRule(), RowFallback(EachDotRule(), RowRule(dot_roles))))

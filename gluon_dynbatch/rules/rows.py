@@ -442,7 +442,6 @@ register_rule("UpSampling", RowRule(
 register_rule("BilinearResize2D", RowRule(
     lambda n: first_row_roles(n) if len(n.inputs) == 1 else all_row_roles(n)))
 register_rule("BatchNorm", RowRule(batchnorm_roles))
-register_rule("batch_dot", RowRule(all_row_roles))
 # Gluon's losses (L2, L1, Huber, sigmoid cross-entropy) reshape the label like the prediction.
 register_rule("reshape_like", RowRule(reshape_like_roles))
 register_rule("broadcast_like", RowRule(broadcast_like_roles, broadcasts=True))
