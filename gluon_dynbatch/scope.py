@@ -198,6 +198,7 @@ class BatchingScope:
             self._outer = outer
             self.recorder = outer
             self._tasks_before = {id(task) for task in outer.tasks.started}
+            self._note_nested_options()
             return self
         patches.install()
         dispatch.forget_replaced()
@@ -214,6 +215,20 @@ class BatchingScope:
         context.set_current(self.recorder)
         self._mark = time.perf_counter()
         return self
+
+    def _note_nested_options(self):
+        """A nested scope runs with the outer scope's options and counts into its
+        ``stats``: say so once when it was given options of its own."""
+        given = [name for name, value, default in (
+            ("strategy", self.strategy, None), ("compiled", self.compiled, None),
+            ("max_pending_nodes", self.max_pending_nodes, None),
+            ("keep_plan", self.keep_plan, False), ("replay", self.replay, True),
+            ("analysis_budget", self.analysis_budget, None),
+            ("granularity", self.granularity, None)) if value != default]
+        if given:
+            warn_once("nested options", "a batching scope opened inside another joins it: "
+                      "its options (%s) are the outer scope's, and its calls count in the "
+                      "outer scope's stats" % ", ".join(given))
 
     def __exit__(self, exc_type, exc, tb):
         if self._outer is not None:

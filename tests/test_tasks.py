@@ -27,6 +27,7 @@ from mxnet.gluon import nn, rnn
 
 import gluon_dynbatch as gdb
 import gluon_dynbatch.scope as gdb_scope
+from gluon_dynbatch import logs
 from gluon_dynbatch.record.tasks import PendingValue, live_tasks
 from dynbatch_testing import output_of_script
 
@@ -3021,3 +3022,18 @@ for _ in range(2):
 print("same")
 """
     assert output_of_script(script).strip().endswith("same")
+
+
+def test_a_nested_scope_given_options_of_its_own_says_it_runs_with_the_outer_ones(
+        caplog, monkeypatch):
+    """Its options were ignored without a word (its stats stay empty)."""
+    monkeypatch.setattr(logs, "_WARNED", set())     # told once a process
+    model = NotesAfterReading()
+    model.initialize()
+    with caplog.at_level("WARNING"):
+        with gdb.batching():
+            with gdb.batching(strategy="agenda", keep_plan=True):
+                outs = [model(nd.ones((1, 2)), k) for k in range(2)]
+    assert len(outs) == 2
+    said = [r.getMessage() for r in caplog.records if "joins it" in r.getMessage()]
+    assert said and "strategy" in said[0] and "keep_plan" in said[0]
