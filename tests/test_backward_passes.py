@@ -1884,3 +1884,41 @@ def test_a_gradient_a_sample_attaches_is_read_by_its_caller_as_eager(of_input, m
         for grad, expected in zip(got, want):
             assert grad is not None
             np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-6)
+
+
+class AttachesThenReads(gdb.DynBatchBlock):
+    """Gives its input a gradient, then reads a value (a stop test)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, in_units=3, flatten=False)
+
+    def hybrid_forward(self, F, x):
+        x.attach_grad()
+        h = F.tanh(self.dense(x))
+        if float(F.sum(h).asscalar()) > 0:
+            h = h * 2
+        return F.sum(h)
+
+
+def _one_input_attached_by_each(mode):
+    mx.random.seed(4)
+    model = AttachesThenReads()
+    model.initialize(mx.init.Normal(0.5))
+    x = nd.array(np.random.RandomState(4).randn(2, 3))
+    with autograd.record():
+        with gdb.batching(**mode) if mode is not None else contextlib.nullcontext():
+            outs = [model(x) for _ in range(5)]
+        loss = nd.add_n(*[o * (k + 1) for k, o in enumerate(outs)])
+    loss.backward()
+    return x.grad.asnumpy()
+
+
+@pytest.mark.parametrize("mode", [{}, {"strategy": "reference"}], ids=str)
+def test_one_input_each_sample_gives_a_gradient_holds_the_last_samples_gradient(mode):
+    """Each ``attach_grad`` makes the array a new variable, as eagerly: its gradient
+    is the last sample's (the samples that waited at their reads added theirs)."""
+    want = _one_input_attached_by_each(None)
+    for _ in range(2):
+        np.testing.assert_allclose(_one_input_attached_by_each(mode), want, rtol=1e-5, atol=1e-6)

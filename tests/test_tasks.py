@@ -2984,8 +2984,8 @@ def test_an_mx_np_result_in_a_plain_loop_is_a_clear_error_and_map_returns_it():
 
 def test_gluon_layers_under_numpy_semantics_run_as_eager():
     """Under ``npx.set_np()`` Gluon's layers call ``mx.npx`` operators, which take
-    ``mx.np`` arrays only: they run on concrete values, one call at a time
-    (MXNet's TypeError about legacy arrays before)."""
+    ``mx.np`` arrays only, as do the model's ``F.np`` calls on its parameters:
+    the calls run as eagerly (MXNet's TypeError about legacy arrays before)."""
     script = """
 import numpy as onp
 import mxnet as mx
@@ -2998,8 +2998,9 @@ class M(gdb.DynBatchBlock):
         super().__init__(**kw)
         with self.name_scope():
             self.d = gluon.nn.Dense(4, in_units=4, flatten=False)
-    def hybrid_forward(self, F, x):
-        return F.np.tanh(self.d(x)).sum(axis=0)
+        self.p = self.params.get("p", shape=(4,))
+    def hybrid_forward(self, F, x, p):
+        return F.np.tanh(self.d(x)).sum(axis=0) + F.np.dot(x, p).sum()
 
 m = M(); m.initialize()
 rs = onp.random.RandomState(0)
@@ -3014,7 +3015,7 @@ def run(batched):
             outs = [m(x) for x in xs]
         loss = outs[0].sum() + outs[1].sum()
     loss.backward()
-    return [o.asnumpy() for o in outs] + [m.d.weight.grad().asnumpy()]
+    return [o.asnumpy() for o in outs] + [m.d.weight.grad().asnumpy(), m.p.grad().asnumpy()]
 want = run(False)
 for _ in range(2):
     for g, w in zip(run(True), want):
@@ -3037,3 +3038,69 @@ def test_a_nested_scope_given_options_of_its_own_says_it_runs_with_the_outer_one
     assert len(outs) == 2
     said = [r.getMessage() for r in caplog.records if "joins it" in r.getMessage()]
     assert said and "strategy" in said[0] and "keep_plan" in said[0]
+
+
+class PausesOnItsInput(gdb.DynBatchBlock):
+    """A child computing something under ``autograd.pause()`` from its input (a search
+    it does not differentiate), then its output from the same input."""
+
+    def __init__(self, every, **kwargs):
+        super().__init__(**kwargs)
+        self.every = every
+        with self.name_scope():
+            self.dense = nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, h, k):  # pylint: disable=arguments-differ
+        if self.every or k % 2:
+            with autograd.pause():
+                self.dense(h)
+        return self.dense(h)
+
+
+class EncodesThenPauses(gdb.DynBatchBlock):
+    """Its input encoded by its own layer, given to a child that pauses."""
+
+    def __init__(self, every, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.enc = nn.Dense(4, in_units=3, flatten=False)
+            self.child = PausesOnItsInput(every)
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        return self.child(F.tanh(self.enc(x)), x.shape[0])
+
+
+@pytest.mark.parametrize("every", [False, True], ids=["some samples", "every sample"])
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"compiled": "step"}, "map"],
+                         ids=str)
+def test_a_child_pausing_on_its_parents_value_keeps_the_parents_gradient(every, options):
+    """The parent's calls computing the child's input entered the graph when the
+    child's paused call read it, under the paused modes: no gradient reached the
+    parent's layer from those samples (all zeros when every sample paused)."""
+    mx.random.seed(3)
+    model = EncodesThenPauses(every)
+    model.initialize(mx.init.Normal(0.5))
+    r = np.random.RandomState(3)
+    xs = [nd.array(r.randn(n, 3)) for n in (2, 3, 1, 4)]
+
+    def run(batched):
+        model.collect_params().zero_grad()      # (a pass not reaching a weight leaves it)
+        with autograd.record():
+            if batched == "map":
+                outs = gdb.map(model, xs)
+            elif batched is not None:
+                with gdb.batching(**batched):
+                    outs = [model(x) for x in xs]
+            else:
+                outs = [model(x) for x in xs]
+            loss = nd.add_n(*[o.sum() for o in outs])
+        loss.backward()
+        return [o.asnumpy() for o in outs], model.enc.weight.grad().asnumpy().copy()
+
+    want = run(None)
+    assert np.abs(want[1]).max() > 0
+    for _ in range(2):
+        got = run(options)
+        for out, expected in zip(got[0], want[0]):
+            np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)

@@ -518,6 +518,7 @@ cdef class RecorderCore:
     cdef public bint closed              # its scope has ended (``Recorder.close``)
     cdef public object forwarding        # the block whose own ``forward`` runs now
     cdef public bint numpy_semantics     # ``npx.set_np()`` was on at the scope's start
+    cdef public object innermost         # the innermost Frame open (fallen back or not)
 
     cdef object root_of(self, object block):
         """``Recorder.frame_root(block)``: this scope's root while the modes hold."""
@@ -845,6 +846,7 @@ cdef class FrameCore:
     cdef public list out_shapes, out_dtypes, lazies, pool
     cdef public dict vals, ext
     cdef public bint direct, macro_ok
+    cdef public object parent        # the enclosing Frame (fallen back or not), or None
 
     def __init__(self, RecorderCore rec, State root, block, path):
         # The Python frame that calls the block's ``hybrid_forward`` (``sites.capture``).
@@ -1556,13 +1558,13 @@ def dispatching_call(self, *args):
         # call): the frame falls back and the calls of the old modes go first,
         # before a template learned under other modes could be replayed.
         rec.sync_mode()
+    if (<RecorderCore>rec).numpy_semantics:
+        # Under numpy semantics Gluon's layers and the model's ``F.np`` calls take
+        # ``mx.np`` arrays only, not the recorder's values: calls run as eagerly.
+        return ORIGINAL_CALL(self, *args)
     cls = type(self)
     hit = PyDict_GetItem(KINDS, cls)
     kind = <object>hit if hit != NULL else KIND_OF(cls)
-    if (<RecorderCore>rec).numpy_semantics and kind != "dynbatch":
-        # Gluon's layers call ``mx.npx`` operators under numpy semantics, which
-        # take ``mx.np`` arrays only: such a block runs on concrete values.
-        kind = "opaque"
     if kind == "dynbatch":
         if (<RecorderCore>rec).depth > 0:
             return record_frame(self, <RecorderCore>rec, args)
@@ -1620,7 +1622,7 @@ cdef object _hybrid_forward(object block, RecorderCore rec, tuple args):
 
 
 cdef object _frame_call(object block, RecorderCore rec, tuple args):
-    cdef object outer_path = rec.path, outer_frame = rec.frame
+    cdef object outer_path = rec.path, outer_frame = rec.frame, outer_innermost = rec.innermost
     cdef object frame = None, root, out, tracer = None, outer_forwarding
     rec.depth += 1
     rec.path = outer_path + (block._name,)
@@ -1629,6 +1631,8 @@ cdef object _frame_call(object block, RecorderCore rec, tuple args):
             root = rec.root_of(block)
             if not root.usage.irregular:
                 frame = FRAME(rec, root, block, rec.path)
+                (<FrameCore>frame).parent = outer_innermost
+                rec.innermost = frame
             else:
                 IRREGULAR(block, root)
             if block._closure_codes:
@@ -1652,6 +1656,7 @@ cdef object _frame_call(object block, RecorderCore rec, tuple args):
         if tracer is not None:
             STOP(tracer)
         rec.frame = outer_frame
+        rec.innermost = outer_innermost
         rec.depth -= 1
         rec.path = outer_path
 

@@ -444,18 +444,27 @@ def attach_to_given(lazy, grad_req, stype):
     node = lazy._node
     given = getattr(lazy, "_given", None)
     if rec is None or rec.closed or node is None or node.kind != "leaf" \
-            or type(given) is not NDArray or node.value is not given:
+            or type(given) is not NDArray \
+            or node.value is not given \
+            and rec.snapshots.get(id(node.value), (None, None))[1] is not given:
         return False
     rec.before_new_gradient(given, warn=False)     # calls reading it run first
     _attach_grad(given, grad_req, stype)
     fresh = rec.leaf(given)                 # its leaf found before is forgotten
+    # The sample's calls read the variable as it is now: a handle of its own
+    # (``lazy.shallow_copy``: the same memory and autograd entry).  Another
+    # sample given the same array that attaches a gradient again makes it a new
+    # variable, as eagerly, and the earlier calls keep theirs.
+    fresh._node.value = snapshot = lazy_mod.shallow_copy(given)
+    rec.snapshots[id(snapshot)] = (snapshot, given)     # (for the scope's life)
     copy = getattr(lazy, "_h", None)
     lazy._h, lazy._rows = None, None        # the leaf's pending value, not a copy held
     if copy is not None:
         NDArray(copy)                       # (freed with this wrapper)
     lazy._node, lazy._idx = fresh._node, fresh._idx
     fresh._node = None
-    rec.graph.leaf_by_id[id(given)] = (lazy._node, lazy, given)
+    # (Not found by the array: another sample given it reads its own leaf.)
+    rec.graph.leaf_by_id.pop(id(given), None)
     return True
 
 

@@ -9,12 +9,13 @@ operator writing to ``out=``, ``backward``) reaches for ``handle``, which
 first runs what is pending.
 """
 import contextlib
+import ctypes
 import threading
 import weakref
 
 import numpy as np
 from mxnet import autograd, nd
-from mxnet.base import _LIB, check_call
+from mxnet.base import _LIB, NDArrayHandle, check_call
 
 from ..errors import BatchingError
 from ..ir.known import autograd_symbol, device_array, row_slice
@@ -108,6 +109,14 @@ def given_array(array):
         return array
     given = getattr(array, "_given", None)
     return array if not isinstance(given, nd.NDArray) or given.grad is None else given
+
+
+def shallow_copy(value):
+    """A new NDArray handle of ``value``'s array and autograd entry (its memory,
+    its history, its gradient)."""
+    handle = NDArrayHandle()
+    check_call(_LIB.MXShallowCopyNDArray(value.handle, ctypes.byref(handle)))
+    return nd.NDArray(handle)
 
 
 def epoch_stamp():

@@ -111,6 +111,8 @@ class Recorder(RecorderCore):
         self._called_params = (0, [])   # (blocks, their parameters): ``_called_parameters``
         self.last_stateful = None   # last stateful node recorded (calls.STATEFUL)
         self.frame = None           # the Frame recording now, if any
+        self.innermost = None       # the innermost Frame open, fallen back or not
+        self.snapshots = {}         # id -> (a variable's handle a sample attached, its array)
         self.frames = None          # whether calls are recorded as frames (frames_on)
         self._faithful = None       # whether no pass rewrites calls (``faithful``)
         self.tainted = False        # a pass read known values (``Frame.written``)
@@ -119,9 +121,9 @@ class Recorder(RecorderCore):
         self.flushing = False       # a flush runs (``scope.flush``)
         self.numpy_semantics = mx.util.is_np_array()
         if self.numpy_semantics:
-            warn_once("numpy semantics", "numpy semantics are on (npx.set_np()): Gluon "
-                      "blocks other than DynBatchBlocks run on concrete values, one "
-                      "call at a time, as do mx.np operators")
+            warn_once("numpy semantics", "numpy semantics are on (npx.set_np()): the "
+                      "blocks' calls run as eagerly, one sample at a time, not batched "
+                      "(mx.np operators take mx.np arrays only)")
         self.black_box = None       # (opaque block, caller's frame) of the call running
         self.mode = None            # autograd's (recording, training) of new calls
         self._mode_seen = None      # MODE_CHANGES[0] when self.mode was read
@@ -166,6 +168,12 @@ class Recorder(RecorderCore):
             frame = self.frame
             if frame is not None:       # its calls so far enter the graph under the old modes
                 frame.fallback("autograd's mode changed")
+            outer = self.innermost
+            while outer is not None:
+                # And those of the calls around it: a value of theirs read under
+                # the new modes would enter the graph then, under those.
+                outer.cut("autograd's mode changed")
+                outer = outer.parent
             self.mode = mode
         pending = self.graph.mode
         task = self.tasks.current

@@ -21,7 +21,6 @@ error: the other tasks finish first.
 """
 import collections
 import contextvars
-import ctypes
 import dataclasses
 import enum
 import gc
@@ -38,7 +37,7 @@ import greenlet
 import numpy as np
 from mxnet import autograd, gluon, nd
 from mxnet.context import Context
-from mxnet.base import _LIB, NDArrayHandle, check_call, integer_types, numeric_types
+from mxnet.base import integer_types, numeric_types
 from mxnet.ndarray import NDArray
 from mxnet.ndarray.sparse import BaseSparseNDArray
 
@@ -46,7 +45,7 @@ from ..ir.ops import opdef
 from . import aliases
 from .context import MODE_CHANGES
 from .handlers import caught_at
-from .lazy import LazyArray
+from .lazy import LazyArray, shallow_copy
 from ..errors import BatchingError, describe_call
 from ..logs import warn_once
 
@@ -460,7 +459,7 @@ class Tasks:
         cells = tuple((cell, tuple([getattr(cell, name) for name in names]))
                       for cell, names in self.cells.values()) if self.cells else ()
         return (rec.frame, rec.depth, rec.path, rec.sample, recording, training,
-                sys.gettrace(), sys.stdout, sys.stderr, rec.mode, cells)
+                sys.gettrace(), sys.stdout, sys.stderr, rec.mode, cells, rec.innermost)
 
     def _autograd_modes(self):
         """Autograd's (recording, training), read from MXNet only when a mode may
@@ -475,6 +474,7 @@ class Tasks:
     def _restore(self, state):
         rec = self.rec
         rec.frame, rec.depth, rec.path, rec.sample = state[:4]
+        rec.innermost = state[11]
         recording, training = self._autograd_modes()
         if recording != state[4]:
             autograd.set_recording(state[4])
@@ -932,7 +932,7 @@ class Pending(LazyArray):
             # A variable of autograd (``e.attach_grad()`` on a value the sample
             # returns): the placeholder shares its array and its gradient, as
             # the caller's handle of eager's result was the variable itself.
-            self._set_result(_shallow_copy(value))
+            self._set_result(shallow_copy(value))
         elif isinstance(value, LazyArray) and value._node is not None:
             # A copy of its own: a call on weights alone is one node for every
             # sample (``weights.shared_call``), which each placeholder would take.
@@ -991,14 +991,6 @@ def _is_variable(value):
                                          or value._rows is not None):
         return False
     return NDArray.grad.fget(value) is not None
-
-
-def _shallow_copy(value):
-    """A new NDArray handle of ``value``'s array and autograd entry (its memory,
-    its history, its gradient)."""
-    handle = NDArrayHandle()
-    check_call(_LIB.MXShallowCopyNDArray(value.handle, ctypes.byref(handle)))
-    return NDArray(handle)
 
 
 def _on_value(fn, reflected=False):
