@@ -3104,3 +3104,86 @@ def test_a_child_pausing_on_its_parents_value_keeps_the_parents_gradient(every, 
         for out, expected in zip(got[0], want[0]):
             np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
+class MapsUnderPause(gdb.DynBatchBlock):
+    """Maps a function over two copies of its input, the function calling a child
+    under ``autograd.pause()``; then uses the child's result."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inner = EncodesThenPauses(False)
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        def paused(y):
+            with autograd.pause():
+                return self.inner(y)
+        parts = gdb.map(paused, [x, x * 2])
+        return self.inner(x) + parts[0]
+
+
+@pytest.mark.parametrize("options", [{}, {"compiled": True}, {"compiled": "step"}], ids=str)
+def test_map_inside_a_call_whose_tasks_change_modes_equals_eager(options):
+    """The tasks of ``gdb.map`` inside a sample recorded into the caller's frame,
+    which a change of modes in them ended with values never settled: a
+    RecursionError where eager runs."""
+    mx.random.seed(0)
+    model = MapsUnderPause()
+    model.initialize()
+    xs = [nd.ones((2, 3)), nd.ones((3, 3)) * 0.5]
+    with autograd.record():
+        want = [model(x).asnumpy() for x in xs]
+    for _ in range(2):
+        with autograd.record():
+            with gdb.batching(**options):
+                outs = [model(x) for x in xs]
+        for out, expected in zip(outs, want):
+            np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+class MapsChildrenUnderPause(gdb.DynBatchBlock):
+    """A tree whose marked nodes encode their children with ``gdb.map`` under
+    ``autograd.pause()``, the others in a loop."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.inp = nn.Dense(4, in_units=4)
+
+    def hybrid_forward(self, F, tree, table):  # pylint: disable=arguments-differ
+        if tree.label:
+            with autograd.pause():
+                kids = gdb.map(lambda child: self(child, table), tree.children)
+        else:
+            kids = [self(child, table) for child in tree.children]
+        h = self.inp(table[tree.word:tree.word + 1])
+        for kid in kids:
+            h = h + kid
+        return F.tanh(h)
+
+
+def test_a_tree_mapping_its_childrens_calls_under_pause_equals_eager():
+    """The map's tasks recorded into the marked node's frame, which the change of
+    modes ended: a RecursionError (a value never settled)."""
+    def node(word, children=(), label=0):
+        tree = Tree(word, list(children))
+        tree.label = label
+        return tree
+    leaf = lambda: node(1)      # noqa: E731
+    trees = [node(1, [node(1, [node(1, [leaf(), leaf()]), node(1, [leaf(), leaf()]), leaf()]),
+                      node(1, [node(1, [leaf(), leaf(), leaf()]),
+                               node(1, [leaf(), leaf()], label=1)])]),
+             node(2, [node(3, [leaf()], label=1), leaf()])]
+    mx.random.seed(0)
+    model = MapsChildrenUnderPause()
+    model.initialize(mx.init.Uniform(0.5))
+    table = nd.array(np.random.RandomState(1).uniform(-1, 1, (10, 4)))
+    with autograd.record():
+        want = [model(tree, table).asnumpy() for tree in trees]
+    for _ in range(2):
+        with autograd.record():
+            with gdb.batching():
+                outs = [model(tree, table) for tree in trees]
+        for out, expected in zip(outs, want):
+            np.testing.assert_allclose(out.asnumpy(), expected, rtol=1e-5, atol=1e-6)

@@ -245,6 +245,10 @@ class Tasks:
             self._restore(task.state)
         else:       # its first call compares its modes with the pending calls' (``sync_mode``)
             self.rec._mode_seen = None  # pylint: disable=protected-access
+            # A task ``gdb.map`` starts inside a sample records its own calls, not
+            # into the frame of the caller's call (which a change of modes in the
+            # task would end: its values then never settled).
+            self.rec.frame = None
         if task.scoped is not None:
             _restore_scoped(task.scoped)
         # A wait returns to whoever runs the task now: the scope's rounds, or
