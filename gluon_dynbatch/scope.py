@@ -591,31 +591,31 @@ def _finish_own_tasks(tasks, before):
     ``before``) finish, as at a scope's end, and the first error among them is
     raised there, not at the outer scope's end."""
     mine = [task for task in tasks.started if id(task) not in before]
-    if not mine:
-        return
-    if tasks.current is None:
-        tasks.drain()
-    else:                           # inside a sample: it waits for each of them
-        for task in mine:
-            tasks.drain(task)
-    ids = {id(task) for task in mine}
-    tasks.started = [task for task in tasks.started if id(task) not in ids]
+    _finish(tasks, mine)
     for task in mine:
         if task.error is not None:
             raise task.error
 
 
+def _finish(tasks, mine):
+    """Run the tasks ``mine`` to their end (the scope's code runs every waiting
+    task; a sample waits for each of its own) and collect them: their errors
+    are raised by the caller, not again at the scope's end."""
+    if not mine:
+        return
+    if tasks.current is None:
+        tasks.drain()
+    else:
+        for task in mine:
+            tasks.drain(task)
+    ids = {id(task) for task in mine}
+    tasks.started = [task for task in tasks.started if id(task) not in ids]
+
+
 def _map_tasks(tasks, fn, samples, args):
     call = next(_MAP_CALLS)
     started = [tasks.start(fn, (sample,) + tuple(args)) for sample in samples]
-    if tasks.current is None:
-        tasks.drain()
-    else:                           # inside a sample: it waits for each of its own
-        for task in started:
-            tasks.drain(task)
-    # Their errors are raised here, not again when the scope ends.
-    mine = {id(task) for task in started}
-    tasks.started = [task for task in tasks.started if id(task) not in mine]
+    _finish(tasks, started)
     for index, task in enumerate(started):
         if task.error is not None:
             _note_sample(task.error, index, call)

@@ -420,17 +420,23 @@ _ATTACH_GRAD = NDArray.attach_grad
 
 def _attach_grad(self, grad_req="write", stype=None):
     """``NDArray.attach_grad``: inside a scope the array is a leaf of its own from
-    now on (not one found before); inside a sample, its gradient array is kept
-    so that other samples' backward passes leave it as they found it."""
+    now on (not one found before), pending calls reading it running first;
+    inside a sample, its gradient array is kept so that other samples'
+    backward passes leave it as they found it."""
+    _attach(self, grad_req, stype, warn=True)
+
+
+def _attach(array, grad_req, stype, warn):
+    """``_attach_grad``, saying that pending calls run first only if ``warn``."""
     rec = TLS.recorder
-    if rec is not None and not rec.flushing and type(self) is NDArray:
-        rec.before_new_gradient(self)
-    _ATTACH_GRAD(self, grad_req, stype)
+    if rec is not None and not rec.flushing and type(array) is NDArray:
+        rec.before_new_gradient(array, warn)
+    _ATTACH_GRAD(array, grad_req, stype)
     if rec is not None:
-        rec.graph.leaf_by_id.pop(id(self), None)
+        rec.graph.leaf_by_id.pop(id(array), None)
         if rec.tasks is not None and rec.tasks.current is not None:
-            rec.tasks.variables.append((rec.tasks.current, self.grad))
-            rec.tasks.variable_ids.add(id(self))
+            rec.tasks.variables.append((rec.tasks.current, array.grad))
+            rec.tasks.variable_ids.add(id(array))
 
 
 def attach_to_given(lazy, grad_req, stype):
@@ -448,8 +454,7 @@ def attach_to_given(lazy, grad_req, stype):
             or node.value is not given \
             and rec.snapshots.get(id(node.value), (None, None))[1] is not given:
         return False
-    rec.before_new_gradient(given, warn=False)     # calls reading it run first
-    _attach_grad(given, grad_req, stype)
+    _attach(given, grad_req, stype, warn=False)     # (calls reading it run first)
     fresh = rec.leaf(given)                 # its leaf found before is forgotten
     # The sample's calls read the variable as it is now: a handle of its own
     # (``lazy.shallow_copy``: the same memory and autograd entry).  Another

@@ -556,12 +556,9 @@ class Recorder(RecorderCore):
         arrays = list(getattr(parameter, "_data", None) or ())
         what = what or ("a parameter that recorded calls read is given new arrays "
                         "(initialize(force_reinit=True), cast, reset_ctx)")
-        tasks = self.tasks
-        read = self._weights_among(arrays) or any(self._read_by_pending(a) for a in arrays)
-        found = self.graph.leaf_by_id.get(id(parameter))
-        read = read or found is not None and found[2] is parameter
-        if not read:
+        if not (self._weights_among(arrays) or self._reads_parameter(parameter, arrays)):
             return
+        tasks = self.tasks
         if tasks.current is None and tasks.waiting:
             warn_once("weights replaced while waiting", "%s while samples wait at a read; "
                       "they finish first, with its old arrays, as in eager code" % what)
@@ -575,11 +572,16 @@ class Recorder(RecorderCore):
                 "before the next sample starts and after the one before it ends. Change it "
                 "outside the samples' calls (in the scope's own code between them, or "
                 "after the scope), or run such a model eagerly" % (self._where(), what))
-        if any(self._read_by_pending(a) for a in arrays) or \
-                found is not None and found[2] is parameter:
+        if self._reads_parameter(parameter, arrays):    # (the rounds above may have run them)
             self._run_pending("replaced", "%s; they run first, with its old arrays, as in "
                               "eager code" % what, "a parameter it read is given new arrays",
                               now)
+
+    def _reads_parameter(self, parameter, arrays):
+        """Whether a pending call reads ``parameter`` (as a leaf) or its ``arrays``."""
+        found = self.graph.leaf_by_id.get(id(parameter))
+        return found is not None and found[2] is parameter \
+            or any(self._read_by_pending(a) for a in arrays)
 
     def before_new_gradient(self, array, warn=True):
         """``array`` is about to be given a gradient (``attach_grad``): pending calls
